@@ -1,0 +1,53 @@
+"""Events of the `activation` aggregate: one execution of an agent, from launch to its end.
+
+An activation begins as `session.activation_requested` on its session; the orchestrator then
+writes its lifecycle here. Exactly one terminal event (completed, failed, cancelled, timed_out)
+ends it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from suzumio.contracts.envelope import DomainEvent, event
+from suzumio.contracts.ids import Identifier
+
+
+@event("activation.started")
+class ActivationStarted(DomainEvent):
+    session_id: Identifier
+    project_id: Identifier
+    agent_id: Identifier
+    backend: str
+    sandbox_id: str = ""
+
+
+@event("activation.completed")
+class ActivationCompleted(DomainEvent):
+    text: str
+    usage: dict[str, Any] = Field(default_factory=dict)
+    reason: str = "completed"
+
+
+@event("activation.failed")
+class ActivationFailed(DomainEvent):
+    reason: str
+    exit_code: int | None = None
+    retryable: bool = True
+
+
+@event("activation.cancelled")
+class ActivationCancelled(DomainEvent):
+    reason: str = ""
+
+
+@event("activation.timed_out")
+class ActivationTimedOut(DomainEvent):
+    timeout_seconds: float
+
+
+TERMINAL_ACTIVATION_EVENTS: frozenset[str] = frozenset(
+    {"activation.completed", "activation.failed", "activation.cancelled", "activation.timed_out"}
+)

@@ -1,0 +1,41 @@
+"""Events of the `agent` aggregate: a configured role in a project."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from suzumio.contracts.envelope import DomainEvent, event
+from suzumio.contracts.ids import Identifier
+from suzumio.contracts.values import ModelSpec, Name, Text
+
+
+@event("agent.created")
+class AgentCreated(DomainEvent):
+    project_id: Identifier
+    name: Name
+    role: Name
+    prompt: Text
+    model: ModelSpec
+    fallbacks: tuple[ModelSpec, ...] = ()
+    tools: tuple[str, ...] = ()
+    toolpacks: tuple[str, ...] = ()
+    runtime_profile: str | None = None
+
+
+@event("agent.updated")
+class AgentUpdated(DomainEvent):
+    """Only the fields that changed are set; `None` means unchanged."""
+
+    name: Name | None = None
+    role: Name | None = None
+    prompt: Text | None = None
+    model: ModelSpec | None = None
+    fallbacks: tuple[ModelSpec, ...] | None = None
+    tools: tuple[str, ...] | None = None
+    toolpacks: tuple[str, ...] | None = None
+    runtime_profile: str | None = None
+
+
+@event("agent.disabled")
+class AgentDisabled(DomainEvent):
+    reason: str = Field(default="", max_length=2_000)

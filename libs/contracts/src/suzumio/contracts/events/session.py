@@ -1,0 +1,106 @@
+"""Events of the `session` aggregate: one conversation timeline of an agent.
+
+Signals and the scheduler's decisions live on the session's subject too: appends there are
+conditional, which is what serialises the session service and the scheduler replicas and keeps
+"one live activation per session" true across hosts (DESIGN.md §4, §6).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from suzumio.contracts.envelope import DomainEvent, JsonObject, event, upcaster
+from suzumio.contracts.ids import Identifier
+from suzumio.contracts.values import (
+    ActivationReason,
+    Author,
+    Priority,
+    SignalKind,
+    SignalOutcome,
+    Text,
+)
+
+
+@event("session.opened")
+class SessionOpened(DomainEvent):
+    project_id: Identifier
+    agent_id: Identifier
+    title: str = Field(default="", max_length=500)
+
+
+@event("session.message_appended", schema=2)
+class SessionMessageAppended(DomainEvent):
+    """A visible entry of the session's history (DESIGN.md §7: append-only agent history)."""
+
+    message_id: Identifier
+    author: Author
+    role: str = Field(description="model-facing role: user, assistant, tool or system")
+    text: Text
+
+
+@upcaster("session.message_appended", from_schema=1)
+def _message_appended_v1_v2(data: JsonObject) -> JsonObject:
+    # v1 named the writer with one string ("user:<id>", "agent:<id>") and had no role.
+    kind, _, ident = str(data.get("author", "system:")).partition(":")
+    role = {"user": "user", "agent": "assistant"}.get(kind, "system")
+    lifted: dict[str, Any] = {k: v for k, v in data.items() if k != "author"}
+    lifted["author"] = {"kind": kind if kind in {"user", "agent"} else "system", "id": ident}
+    lifted.setdefault("role", role)
+    return lifted
+
+
+@event("session.closed")
+class SessionClosed(DomainEvent):
+    reason: str = Field(default="", max_length=2_000)
+
+
+@event("session.reopened")
+class SessionReopened(DomainEvent):
+    pass
+
+
+@event("session.signal_recorded")
+class SignalRecorded(DomainEvent):
+    signal_id: Identifier
+    agent_id: Identifier
+    kind: SignalKind
+    priority: Priority
+    payload: JsonObject = Field(default_factory=dict)
+    message_id: Identifier | None = None
+    not_before: datetime | None = Field(
+        default=None, description="delayed work: not deliverable before this instant"
+    )
+
+
+@event("session.signals_delivered")
+class SignalsDelivered(DomainEvent):
+    activation_id: Identifier
+    signal_ids: tuple[Identifier, ...]
+
+
+@event("session.signal_closed")
+class SignalClosed(DomainEvent):
+    signal_id: Identifier
+    outcome: SignalOutcome
+    reason: str = ""
+
+
+@event("session.activation_requested")
+class ActivationRequested(DomainEvent):
+    """The scheduler's decision to start an activation with this ordered batch of signals."""
+
+    activation_id: Identifier
+    agent_id: Identifier
+    signal_ids: tuple[Identifier, ...]
+    reason: ActivationReason = ActivationReason.SIGNALS
+    attempt: int = Field(default=1, ge=1)
+    pool: str | None = None
+
+
+@event("session.activation_cancel_requested")
+class ActivationCancelRequested(DomainEvent):
+    activation_id: Identifier
+    reason: str = ""

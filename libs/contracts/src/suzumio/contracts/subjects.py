@@ -1,0 +1,141 @@
+"""Subjects and streams: where every message of the platform travels (DESIGN.md §4).
+
+A `Topology` names them. The default has no namespace (`EVENTS`, `ev.session.<id>`); a
+namespace prefixes every stream and subject, so several installations (or tests) can share one
+NATS account without seeing each other.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9]{0,31}$")
+
+
+class Storage(StrEnum):
+    FILE = "file"
+    MEMORY = "memory"
+
+
+class Retention(StrEnum):
+    LIMITS = "limits"
+    WORK_QUEUE = "workqueue"
+
+
+class StreamSpec(BaseModel):
+    """What a JetStream stream must look like; created or updated idempotently at start."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    subjects: tuple[str, ...]
+    storage: Storage
+    retention: Retention = Retention.LIMITS
+    max_age_seconds: float = 0.0
+    duplicate_window_seconds: float = 120.0
+    replicas: int = 1
+    allow_atomic: bool = False
+    allow_direct: bool = True
+    description: str = ""
+
+
+class Topology(BaseModel):
+    """The names of streams and subjects for one installation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str = Field(default="", description="lowercase prefix; empty for none")
+    live_max_age_seconds: float = 600.0
+    replicas: int = Field(default=1, ge=1, le=5)
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, value: str) -> str:
+        if value and not _NAMESPACE_RE.fullmatch(value):
+            raise ValueError("namespace must be lowercase letters and digits, starting a letter")
+        return value
+
+    def _subject(self, *tokens: str) -> str:
+        prefix = (self.namespace,) if self.namespace else ()
+        return ".".join((*prefix, *tokens))
+
+    def _stream(self, name: str) -> str:
+        return f"{self.namespace.upper()}_{name}" if self.namespace else name
+
+    # -- streams -------------------------------------------------------------------------
+    @property
+    def events_stream(self) -> str:
+        return self._stream("EVENTS")
+
+    @property
+    def live_stream(self) -> str:
+        return self._stream("LIVE")
+
+    @property
+    def activations_stream(self) -> str:
+        return self._stream("ACTIVATIONS")
+
+    def streams(self) -> tuple[StreamSpec, ...]:
+        return (
+            StreamSpec(
+                name=self.events_stream,
+                subjects=(self._subject("ev", ">"),),
+                storage=Storage.FILE,
+                replicas=self.replicas,
+                allow_atomic=True,
+                description="the event log: every domain event, one subject per aggregate",
+            ),
+            StreamSpec(
+                name=self.live_stream,
+                subjects=(self._subject("live", ">"),),
+                storage=Storage.MEMORY,
+                max_age_seconds=self.live_max_age_seconds,
+                replicas=self.replicas,
+                description="live output (token chunks, tool progress); short retention",
+            ),
+            StreamSpec(
+                name=self.activations_stream,
+                subjects=(self._subject("act", ">"),),
+                storage=Storage.FILE,
+                retention=Retention.WORK_QUEUE,
+                replicas=self.replicas,
+                description="activation dispatches for warm worker pools",
+            ),
+        )
+
+    # -- subjects ------------------------------------------------------------------------
+    def event_subject(self, aggregate: str, aggregate_id: str) -> str:
+        return self._subject("ev", aggregate, aggregate_id)
+
+    def events_filter(self, aggregate: str | None = None) -> str:
+        return self._subject("ev", aggregate, "*") if aggregate else self._subject("ev", ">")
+
+    def parse_event_subject(self, subject: str) -> tuple[str, str]:
+        """The (aggregate, id) an event subject names."""
+        tokens = subject.split(".")
+        if self.namespace:
+            tokens = tokens[1:]
+        if len(tokens) != 3 or tokens[0] != "ev":
+            raise ValueError(f"not an event subject: {subject!r}")
+        return tokens[1], tokens[2]
+
+    def live_subject(self, session_id: str) -> str:
+        return self._subject("live", "session", session_id)
+
+    def activation_subject(self, pool: str) -> str:
+        return self._subject("act", pool)
+
+    def command_subject(self, service: str, verb: str) -> str:
+        return self._subject("cmd", service, verb)
+
+    def command_filter(self, service: str) -> str:
+        return self._subject("cmd", service, "*")
+
+    def command_queue_group(self, service: str) -> str:
+        return self._subject("svc", service)
+
+
+DEFAULT_TOPOLOGY = Topology()

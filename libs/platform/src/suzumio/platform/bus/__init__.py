@@ -1,0 +1,1 @@
+"""The NATS JetStream bus: connection, streams, the event store, commands and consumers."""

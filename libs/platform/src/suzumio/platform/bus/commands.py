@@ -1,0 +1,236 @@
+"""Commands over NATS request/reply: a client that returns typed results or raises typed
+errors, and a server that routes `cmd.<service>.<verb>` to an explicit table of handlers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from pydantic import ValidationError
+
+from suzumio.contracts.commands import (
+    Command,
+    CommandAccepted,
+    CommandRejected,
+    CommandRequest,
+)
+from suzumio.contracts.commands.base import REPLY_ADAPTER
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import (
+    CommandError,
+    CommandTimeoutError,
+    ErrorCode,
+    InternalError,
+    InvalidError,
+    UnavailableError,
+)
+from suzumio.contracts.subjects import Topology
+from suzumio.platform import telemetry
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+
+C = TypeVar("C", bound=Command)
+CommandReplyModel = CommandAccepted | CommandRejected
+
+_commands = telemetry.meter.create_counter(
+    "suzumio_commands", description="commands handled, by service, verb and outcome"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandContext(Generic[C]):
+    """A command as a handler receives it: the typed payload and who sent it, why."""
+
+    command: C
+    request: CommandRequest
+
+    @property
+    def actor(self) -> str:
+        return self.request.actor
+
+    def meta(self) -> EventMeta:
+        """Metadata for the events this command appends (caused by the request)."""
+        return EventMeta(
+            actor=self.request.actor,
+            correlation_id=self.request.correlation_id,
+            causation_id=self.request.idempotency_key,
+        )
+
+
+Handler = Callable[[CommandContext[C]], Awaitable[CommandAccepted]]
+
+
+class CommandClient:
+    """Sends commands to their owning service and waits for the reply."""
+
+    def __init__(self, nc: NATS, topology: Topology, *, timeout: float = 10.0) -> None:
+        self._nc = nc
+        self._topology = topology
+        self._timeout = timeout
+
+    async def send(
+        self,
+        command: Command,
+        *,
+        actor: str,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        timeout: float | None = None,
+    ) -> CommandAccepted:
+        """The accepted reply, or raise the typed `CommandError` the service answered with.
+
+        Raises:
+            UnavailableError: no instance of the owning service is subscribed.
+            CommandTimeoutError: no reply in time (the command may still have been applied).
+        """
+        extra: dict[str, Any] = {}
+        if idempotency_key:
+            extra["idempotency_key"] = idempotency_key
+        if correlation_id:
+            extra["correlation_id"] = correlation_id
+        request = CommandRequest(
+            service=command.service,
+            verb=command.verb,
+            actor=actor,
+            data=command.model_dump(mode="json"),
+            **extra,
+        )
+        subject = self._topology.command_subject(command.service, command.verb)
+        try:
+            msg = await self._nc.request(
+                subject,
+                request.model_dump_json().encode(),
+                timeout=timeout or self._timeout,
+                headers=telemetry.inject({}),
+            )
+        except NoRespondersError:
+            raise UnavailableError(f"no {command.service} service is answering") from None
+        except NatsTimeoutError:
+            raise CommandTimeoutError(
+                f"{command.service}.{command.verb} got no reply in time",
+                idempotency_key=request.idempotency_key,
+            ) from None
+        reply = REPLY_ADAPTER.validate_json(msg.data)
+        if isinstance(reply, CommandRejected):
+            raise CommandError.from_body(reply.error)
+        return reply
+
+
+class CommandRouter:
+    """The explicit table of a service's command handlers (grep finds them all here)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self._routes: dict[str, tuple[type[Command], Handler[Any]]] = {}
+
+    def register(self, command_type: type[C], handler: Handler[C]) -> None:
+        if command_type.service != self.service:
+            raise ValueError(f"{command_type.__name__} belongs to {command_type.service}")
+        if command_type.verb in self._routes:
+            raise ValueError(f"{self.service}.{command_type.verb} has a handler already")
+        self._routes[command_type.verb] = (command_type, handler)
+
+    @property
+    def verbs(self) -> tuple[str, ...]:
+        return tuple(self._routes)
+
+    async def dispatch(self, request: CommandRequest) -> CommandReplyModel:
+        route = self._routes.get(request.verb)
+        if route is None or request.service != self.service:
+            return _rejected(InvalidError(f"unknown command {request.service}.{request.verb}"))
+        command_type, handler = route
+        try:
+            command = command_type.model_validate(request.data)
+        except ValidationError as exc:
+            return _rejected(_invalid(exc))
+        try:
+            return await handler(CommandContext(command, request))
+        except CommandError as exc:
+            return _rejected(exc)
+        except Exception:
+            log.exception(
+                "command.crashed", verb=request.verb, correlation_id=request.correlation_id
+            )
+            return _rejected(InternalError("the command failed unexpectedly"))
+
+
+def _invalid(exc: ValidationError) -> InvalidError:
+    errors = [
+        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+    return InvalidError("the command is not valid", errors=errors)
+
+
+def _rejected(error: CommandError) -> CommandRejected:
+    return CommandRejected(error=error.to_body())
+
+
+class CommandServer:
+    """Answers `cmd.<service>.*` in a queue group, so replicas share the load."""
+
+    def __init__(
+        self, nc: NATS, topology: Topology, router: CommandRouter, *, max_in_flight: int = 256
+    ) -> None:
+        self._nc = nc
+        self._topology = topology
+        self._router = router
+        self._sub: Subscription | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_in_flight)
+
+    async def start(self) -> None:
+        service = self._router.service
+        self._sub = await self._nc.subscribe(
+            self._topology.command_filter(service),
+            queue=self._topology.command_queue_group(service),
+            cb=self._on_request,
+        )
+
+    async def _on_request(self, msg: Msg) -> None:
+        # Callbacks of one subscription run one after another; handle each in its own task.
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(msg))
+        self._in_flight.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        verb = msg.subject.rsplit(".", 1)[-1]
+        with telemetry.tracer.start_as_current_span(
+            f"command {self._router.service}.{verb}",
+            context=telemetry.extract(msg.headers),
+            kind=SpanKind.SERVER,
+        ) as span:
+            try:
+                request = CommandRequest.model_validate_json(msg.data)
+            except ValidationError as exc:
+                reply: CommandReplyModel = _rejected(_invalid(exc))
+            else:
+                reply = await self._router.dispatch(request)
+            outcome = "ok" if isinstance(reply, CommandAccepted) else reply.error.code.value
+            if isinstance(reply, CommandRejected) and reply.error.code == ErrorCode.INTERNAL:
+                span.set_status(Status(StatusCode.ERROR))
+        _commands.add(1, {"service": self._router.service, "verb": verb, "outcome": outcome})
+        if msg.reply:
+            await msg.respond(REPLY_ADAPTER.dump_json(reply))
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking commands and let the ones in hand finish (up to `timeout` seconds)."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=timeout)

@@ -1,0 +1,85 @@
+"""Reading stored messages by subject with JetStream's Direct Get (streams allow_direct)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from suzumio.platform.bus.jsapi import API_PREFIX
+from suzumio.platform.errors import PlatformError
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    seq: int
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+
+
+def _stored(msg: Msg) -> StoredMessage | None:
+    headers = msg.headers or {}
+    status = headers.get("Status")
+    if status in {"404", "204"}:
+        return None
+    if status:
+        raise PlatformError(f"direct get failed with status {status}")
+    return StoredMessage(
+        seq=int(headers["Nats-Sequence"]),
+        subject=headers["Nats-Subject"],
+        headers=dict(headers),
+        data=msg.data,
+    )
+
+
+async def last_for_subject(
+    nc: NATS, stream: str, subject: str, *, timeout: float = 5.0
+) -> StoredMessage | None:
+    """The newest message stored on `subject`, or None when there is none."""
+    msg = await nc.request(f"{API_PREFIX}.DIRECT.GET.{stream}.{subject}", b"", timeout=timeout)
+    return _stored(msg)
+
+
+async def first_after(
+    nc: NATS, stream: str, subject: str, seq: int, *, timeout: float = 5.0
+) -> StoredMessage | None:
+    """The first message on `subject` with a stream sequence above `seq`."""
+    body = json.dumps({"seq": seq + 1, "next_by_subj": subject}).encode()
+    msg = await nc.request(f"{API_PREFIX}.DIRECT.GET.{stream}", body, timeout=timeout)
+    return _stored(msg)
+
+
+async def iter_subject(
+    nc: NATS,
+    stream: str,
+    subject: str,
+    *,
+    after_seq: int = 0,
+    batch: int = 256,
+    timeout: float = 5.0,
+) -> AsyncIterator[StoredMessage]:
+    """Every message on `subject` after `after_seq`, in order, up to `batch` per round trip."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    try:
+        start = after_seq + 1
+        pending = 1
+        while pending:
+            body = {"seq": start, "next_by_subj": subject, "batch": batch}
+            await nc.publish(f"{API_PREFIX}.DIRECT.GET.{stream}", json.dumps(body).encode(), inbox)
+            while True:
+                msg = await sub.next_msg(timeout=timeout)
+                headers = msg.headers or {}
+                if headers.get("Status") in {"204", "404"}:  # end of batch / nothing (more)
+                    pending = int(headers.get("Nats-Num-Pending", "0"))
+                    break
+                stored = _stored(msg)
+                assert stored is not None
+                start = stored.seq + 1
+                yield stored
+    finally:
+        await sub.unsubscribe()

@@ -1,0 +1,409 @@
+"""The event store: conditional appends to, and reads of, one subject per aggregate on EVENTS.
+
+An append carries `Nats-Expected-Last-Subject-Sequence` (the aggregate's last stream sequence
+as the writer knows it) so JetStream itself refuses a writer that did not see the latest event,
+and `Nats-Msg-Id` (the event id) so a publish retried after a lost ack is stored once. Several
+events of one append are published as one atomic batch: all are stored or none.
+
+Callers speak in aggregate versions; the store maps a version to the stream sequence the
+server checks, from what it has seen itself or, on a miss, from the last stored message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from suzumio.contracts.commands import EventRef
+from suzumio.contracts.envelope import (
+    DomainEvent,
+    EventEnvelope,
+    EventMeta,
+    RecordedEvent,
+    decode_data,
+    envelope_for,
+)
+from suzumio.contracts.errors import CommandTimeoutError, ConflictError, InvalidError
+from suzumio.contracts.ids import is_valid_id, new_id
+from suzumio.contracts.subjects import DEFAULT_TOPOLOGY, Topology
+from suzumio.platform import telemetry
+from suzumio.platform.bus.acks import AckRequester
+from suzumio.platform.bus.direct_get import StoredMessage, first_after, iter_subject
+from suzumio.platform.bus.direct_get import last_for_subject as _last_for_subject
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.errors import JetStreamApiError, PlatformError
+
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+HDR_BATCH_ID = "Nats-Batch-Id"
+HDR_BATCH_SEQ = "Nats-Batch-Sequence"
+HDR_BATCH_COMMIT = "Nats-Batch-Commit"
+HDR_TYPE = "Suzumio-Type"
+HDR_VERSION = "Suzumio-Version"
+
+ERR_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+ERR_BATCH_DUPLICATE_MSG_ID = 10201
+ERR_BATCH_TOO_MANY_INFLIGHT = 10210
+MAX_BATCH = 1_000  # JetStream's limit of messages in one atomic batch
+
+_appends = telemetry.meter.create_counter(
+    "suzumio_event_appends", description="event appends by outcome (ok, conflict, error)"
+)
+_append_seconds = telemetry.meter.create_histogram(
+    "suzumio_event_append_duration",
+    unit="s",
+    description="append round trip",
+    explicit_bucket_boundaries_advisory=telemetry.LATENCY_BUCKETS,
+)
+
+
+class ConcurrencyConflictError(ConflictError):
+    """Another writer appended to the aggregate first; reload it and decide again."""
+
+    def __init__(self, aggregate: str, aggregate_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"{aggregate} {aggregate_id} is at version {actual}, not {expected}",
+            aggregate=aggregate,
+            aggregate_id=aggregate_id,
+            expected_version=expected,
+            actual_version=actual,
+        )
+        self.expected_version = expected
+        self.actual_version = actual
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    events: tuple[EventRef, ...]
+
+    @property
+    def version(self) -> int:
+        return self.events[-1].version
+
+    @property
+    def seq(self) -> int:
+        return self.events[-1].seq
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """Where an aggregate stands: its version and the stream sequence of its last event."""
+
+    version: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateStream:
+    aggregate: str
+    aggregate_id: str
+    events: tuple[RecordedEvent[DomainEvent], ...]
+
+    @property
+    def version(self) -> int:
+        return self.events[-1].version if self.events else 0
+
+    @property
+    def seq(self) -> int:
+        return self.events[-1].seq if self.events else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    subject: str
+    aggregate: str
+    aggregate_id: str
+    expected_version: int
+    expected_seq: int
+    envelopes: tuple[EventEnvelope, ...]
+    payloads: tuple[bytes, ...]
+
+
+class EventStore:
+    """Appends and reads events of aggregates on the EVENTS stream of a topology.
+
+    Appends to different aggregates may run concurrently from one process (they pipeline over
+    the one connection); appends to the same aggregate are serialised by the server.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology = DEFAULT_TOPOLOGY,
+        *,
+        timeout: float = 5.0,
+        attempts: int = 4,
+        cache_size: int = 200_000,
+        max_inflight_batches: int = 32,
+    ) -> None:
+        self._nc = nc
+        self.topology = topology
+        self._stream = topology.events_stream
+        self._timeout = timeout
+        self._attempts = attempts
+        self._heads: OrderedDict[str, Head] = OrderedDict()
+        self._cache_size = cache_size
+        self._batches = asyncio.Semaphore(max_inflight_batches)
+        self._acks = AckRequester(nc)
+
+    # -- appending -----------------------------------------------------------------------
+    async def append(
+        self,
+        aggregate_id: str,
+        events: Sequence[DomainEvent],
+        expected_version: int,
+        meta: EventMeta | None = None,
+    ) -> AppendResult:
+        """Append `events` to the aggregate if it is still at `expected_version`.
+
+        Raises:
+            ConcurrencyConflictError: the aggregate moved on (or is not at that version).
+            CommandTimeoutError: the server never confirmed, and the events are not stored.
+        """
+        prepared = await self.prepare(aggregate_id, events, expected_version, meta)
+        return await self.commit(prepared)
+
+    async def append_next(
+        self,
+        aggregate_id: str,
+        events: Sequence[DomainEvent],
+        meta: EventMeta | None = None,
+        *,
+        attempts: int = 20,
+    ) -> AppendResult:
+        """Append at whatever version the aggregate has, for append-only logs with no rules."""
+        aggregate = events[0].aggregate if events else ""
+        for _ in range(attempts):
+            head = await self.head(aggregate, aggregate_id)
+            try:
+                return await self.append(aggregate_id, events, head.version, meta)
+            except ConcurrencyConflictError:
+                await asyncio.sleep(0)
+        raise ConflictError(f"{aggregate} {aggregate_id} kept moving; gave up appending")
+
+    async def prepare(
+        self,
+        aggregate_id: str,
+        events: Sequence[DomainEvent],
+        expected_version: int,
+        meta: EventMeta | None = None,
+    ) -> _Prepared:
+        """Build the messages of an append (ids fixed from here on, so retries are harmless)."""
+        if not events:
+            raise InvalidError("an append needs at least one event")
+        if len(events) > MAX_BATCH:
+            raise InvalidError(f"at most {MAX_BATCH} events per append")
+        aggregate = events[0].aggregate
+        if any(e.aggregate != aggregate for e in events):
+            raise InvalidError("all events of an append must belong to one aggregate")
+        if not is_valid_id(aggregate_id):
+            raise InvalidError(f"invalid aggregate id {aggregate_id!r}")
+        if expected_version < 0:
+            raise InvalidError("expected_version must be >= 0")
+        subject = self.topology.event_subject(aggregate, aggregate_id)
+        expected_seq = await self._expected_seq(subject, aggregate, aggregate_id, expected_version)
+        meta = meta or EventMeta()
+        envelopes = tuple(
+            envelope_for(e, aggregate_id=aggregate_id, version=expected_version + i, meta=meta)
+            for i, e in enumerate(events, start=1)
+        )
+        payloads = tuple(env.model_dump_json(by_alias=True).encode() for env in envelopes)
+        return _Prepared(
+            subject, aggregate, aggregate_id, expected_version, expected_seq, envelopes, payloads
+        )
+
+    async def commit(self, prepared: _Prepared) -> AppendResult:
+        """Publish a prepared append; calling it again for the same one is harmless."""
+        # No span of its own: an append is one hop inside the command's span, whose context
+        # rides along in the first message's headers to every consumer of the event.
+        started = time.perf_counter()
+        try:
+            seq = await self._publish(prepared)
+        except ConflictError:
+            _appends.add(1, {"outcome": "conflict"})
+            raise
+        except Exception:
+            _appends.add(1, {"outcome": "error"})
+            raise
+        _appends.add(1, {"outcome": "ok"})
+        _append_seconds.record(time.perf_counter() - started)
+        count = len(prepared.envelopes)
+        self._remember(prepared.subject, Head(prepared.expected_version + count, seq))
+        first = seq - count + 1
+        return AppendResult(
+            tuple(
+                EventRef(
+                    id=env.id,
+                    type=env.type,
+                    aggregate=env.aggregate,
+                    aggregate_id=env.aggregate_id,
+                    version=env.version,
+                    seq=first + i,
+                )
+                for i, env in enumerate(prepared.envelopes)
+            )
+        )
+
+    async def _publish(self, p: _Prepared) -> int:
+        for attempt in range(self._attempts):
+            try:
+                reply = await self._send(p)
+            except (TimeoutError, NatsTimeoutError, NoRespondersError):
+                # The ack may be lost while the events were stored: look before retrying.
+                stored = await self._find_own(p, tolerate_errors=True)
+                if stored is not None:
+                    return stored
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            error = reply.get("error")
+            if not error:
+                return int(reply["seq"])  # also for `"duplicate": true`: the first copy's seq
+            err_code = int(error.get("err_code", 0))
+            if err_code in ERR_WRONG_LAST_SEQUENCE or err_code == ERR_BATCH_DUPLICATE_MSG_ID:
+                stored = await self._find_own(p)
+                if stored is not None:
+                    return stored
+                raise await self._conflict(p)
+            if err_code == ERR_BATCH_TOO_MANY_INFLIGHT:
+                await asyncio.sleep(min(0.01 * 2**attempt, 0.5))
+                continue
+            raise JetStreamApiError(int(error.get("code", 0)), err_code, error["description"])
+        stored = await self._find_own(p, tolerate_errors=True)
+        if stored is not None:
+            return stored
+        raise CommandTimeoutError(
+            f"event store did not confirm the append to {p.subject}", subject=p.subject
+        )
+
+    def _headers(self, p: _Prepared, index: int, batch_id: str | None) -> dict[str, str]:
+        env = p.envelopes[index]
+        headers = {HDR_MSG_ID: env.id, HDR_TYPE: env.type, HDR_VERSION: str(env.version)}
+        if index == 0:
+            headers[HDR_EXPECTED_LAST_SUBJECT_SEQ] = str(p.expected_seq)
+            telemetry.inject_if_tracing(headers)
+        if batch_id is not None:
+            headers[HDR_BATCH_ID] = batch_id
+            headers[HDR_BATCH_SEQ] = str(index + 1)
+            if index == len(p.envelopes) - 1:
+                headers[HDR_BATCH_COMMIT] = "1"
+        return headers
+
+    async def _send(self, p: _Prepared) -> dict[str, Any]:
+        if len(p.payloads) == 1:
+            msg = await self._acks.request(
+                p.subject, p.payloads[0], self._headers(p, 0, None), self._timeout
+            )
+            return dict(orjson.loads(msg.data))
+        async with self._batches:
+            batch_id = new_id()
+            last = len(p.payloads) - 1
+            for i in range(last):
+                await self._nc.publish(
+                    p.subject, p.payloads[i], headers=self._headers(p, i, batch_id)
+                )
+            msg = await self._acks.request(
+                p.subject, p.payloads[last], self._headers(p, last, batch_id), self._timeout
+            )
+            return dict(orjson.loads(msg.data))
+
+    async def _find_own(self, p: _Prepared, *, tolerate_errors: bool = False) -> int | None:
+        """The seq of our last event if the append was stored after all, else None.
+
+        A conditional append that succeeded is exactly the next message on the subject after
+        the sequence it expected, so one read answers whether a lost ack hid a success.
+        """
+        try:
+            stored = await first_after(self._nc, self._stream, p.subject, p.expected_seq)
+        except (TimeoutError, NatsTimeoutError, NoRespondersError, PlatformError):
+            if tolerate_errors:
+                return None
+            raise
+        if stored is None or stored.headers.get(HDR_MSG_ID) != p.envelopes[0].id:
+            return None
+        return stored.seq + len(p.envelopes) - 1
+
+    async def _conflict(self, p: _Prepared) -> ConcurrencyConflictError:
+        self._heads.pop(p.subject, None)
+        head = await self._head_of(p.subject)
+        return ConcurrencyConflictError(
+            p.aggregate, p.aggregate_id, p.expected_version, head.version
+        )
+
+    # -- versions and sequences ----------------------------------------------------------
+    async def _expected_seq(
+        self, subject: str, aggregate: str, aggregate_id: str, expected_version: int
+    ) -> int:
+        cached = self._heads.get(subject)
+        if cached is not None:
+            if cached.version == expected_version:
+                self._heads.move_to_end(subject)
+                return cached.seq
+            if cached.version > expected_version:  # versions only grow: the caller is stale
+                raise ConcurrencyConflictError(
+                    aggregate, aggregate_id, expected_version, cached.version
+                )
+        if expected_version == 0:
+            return 0
+        head = await self._head_of(subject)
+        if head.version != expected_version:
+            raise ConcurrencyConflictError(aggregate, aggregate_id, expected_version, head.version)
+        return head.seq
+
+    async def head(self, aggregate: str, aggregate_id: str) -> Head:
+        """The aggregate's current version and last sequence, read from the server."""
+        return await self._head_of(self.topology.event_subject(aggregate, aggregate_id))
+
+    async def _head_of(self, subject: str) -> Head:
+        stored = await _last_for_subject(self._nc, self._stream, subject, timeout=self._timeout)
+        head = Head(0, 0) if stored is None else Head(_version_of(stored), stored.seq)
+        self._remember(subject, head)
+        return head
+
+    def _remember(self, subject: str, head: Head) -> None:
+        cached = self._heads.get(subject)
+        if cached is None or head.version >= cached.version:
+            self._heads[subject] = head
+            self._heads.move_to_end(subject)
+            if len(self._heads) > self._cache_size:
+                self._heads.popitem(last=False)
+
+    # -- reading -------------------------------------------------------------------------
+    async def load(self, aggregate: str, aggregate_id: str) -> AggregateStream:
+        """Every event of one aggregate, typed and upcast, in version order.
+
+        Raises:
+            UnknownEventTypeError: an event of a type this code does not know.
+        """
+        subject = self.topology.event_subject(aggregate, aggregate_id)
+        events: list[RecordedEvent[DomainEvent]] = []
+        async for stored in iter_subject(self._nc, self._stream, subject, timeout=self._timeout):
+            envelope = EventEnvelope.model_validate_json(stored.data)
+            if envelope.version != len(events) + 1:
+                raise PlatformError(
+                    f"{subject}: version {envelope.version} at position {len(events) + 1}"
+                )
+            events.append(RecordedEvent(envelope, decode_data(envelope), stored.seq))
+        stream = AggregateStream(aggregate, aggregate_id, tuple(events))
+        if events:
+            self._remember(subject, Head(stream.version, stream.seq))
+        return stream
+
+    async def last_position(self) -> int:
+        """The stream's last sequence: the position a reader must reach to see everything."""
+        return await stream_last_seq(self._nc, self._stream, timeout=self._timeout)
+
+
+def _version_of(stored: StoredMessage) -> int:
+    version = stored.headers.get(HDR_VERSION)
+    if version is not None:
+        return int(version)
+    return EventEnvelope.model_validate_json(stored.data).version

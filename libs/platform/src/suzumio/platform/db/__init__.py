@@ -1,0 +1,1 @@
+"""Postgres: connection pools and idempotent SQL migrations."""

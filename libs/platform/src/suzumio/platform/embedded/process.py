@@ -1,0 +1,119 @@
+"""Child processes that die with their parent and can be stopped in order."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+_PR_SET_PDEATHSIG = 1
+_libc: ctypes.CDLL | None
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not Linux
+    _libc = None
+
+
+def child_setup(death_signal: int) -> Callable[[], None]:
+    """A `preexec_fn`: own process group, and `death_signal` when the parent thread dies.
+
+    The own group keeps a terminal's Ctrl-C away from children, so the parent stops them in
+    order (services first, servers last); the death signal means a parent killed with SIGKILL
+    still leaves no orphans. Start children from the main thread: the signal fires when the
+    *thread* that forked them exits.
+    """
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if _libc is not None:
+            _libc.prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+
+    return setup
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: IO[bytes] | int | None,
+    stop_signal: int,
+    env: dict[str, str] | None = None,
+    user: str | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
+        env=env,
+        user=user,
+        cwd=cwd,
+        preexec_fn=child_setup(stop_signal),  # noqa: PLW1509 - prctl needs it; main thread
+    )
+
+
+def stop_process(process: subprocess.Popen[bytes], stop_signal: int, timeout: float) -> int:
+    """Ask politely with `stop_signal`, then SIGKILL after `timeout` seconds; the exit code."""
+    if process.poll() is None:
+        try:
+            process.send_signal(stop_signal)
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        except ProcessLookupError:
+            pass
+    return process.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (callers retry if someone took it since)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+@dataclass
+class RunningServer:
+    """A server this process started (and stops), or one found running and only borrowed."""
+
+    name: str
+    url: str
+    pid: int
+    process: subprocess.Popen[bytes] | None = None
+    stop_signal: int = signal.SIGTERM
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def owned(self) -> bool:
+        return self.process is not None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is not None:
+            stop_process(self.process, self.stop_signal, timeout)

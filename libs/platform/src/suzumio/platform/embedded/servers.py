@@ -1,0 +1,89 @@
+"""The embedded servers of one data directory, shared by every process that uses it.
+
+`suzumio up` owns them; a service started alone with no URLs configured borrows the ones
+already running in the data directory, or starts its own. A lock file serialises the check.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from suzumio.platform.embedded.nats import start_nats
+from suzumio.platform.embedded.postgres import start_postgres
+from suzumio.platform.embedded.process import RunningServer, pid_alive
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass
+class EmbeddedServers:
+    """NATS and Postgres under `data_dir` (`nats/`, `postgres/`)."""
+
+    data_dir: Path
+    durable: bool = True
+    nats: RunningServer | None = None
+    postgres: RunningServer | None = None
+    _started: list[RunningServer] = field(default_factory=list)
+
+    @property
+    def _state_file(self) -> Path:
+        return self.data_dir / "embedded.json"
+
+    def ensure(self, *, need_nats: bool = True, need_postgres: bool = True) -> EmbeddedServers:
+        """Borrow or start what is needed. Call from the main thread (see `child_setup`)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(self.data_dir / "embedded.lock"):
+            state = self._read_state()
+            if need_nats:
+                self.nats = self._borrow(state.get("nats")) or self._own(
+                    start_nats(self.data_dir / "nats")
+                )
+                state["nats"] = {"url": self.nats.url, "pid": self.nats.pid}
+            if need_postgres:
+                self.postgres = self._own(
+                    start_postgres(self.data_dir / "postgres", durable=self.durable)
+                )
+                state["postgres"] = {"url": self.postgres.url, "pid": self.postgres.pid}
+            self._state_file.write_text(json.dumps(state, indent=2))
+        return self
+
+    def _read_state(self) -> dict[str, dict[str, object]]:
+        try:
+            loaded = json.loads(self._state_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    @staticmethod
+    def _borrow(entry: dict[str, object] | None) -> RunningServer | None:
+        if not entry:
+            return None
+        pid, url = entry.get("pid"), entry.get("url")
+        if isinstance(pid, int) and isinstance(url, str) and pid_alive(pid):
+            return RunningServer(name="nats", url=url, pid=pid)
+        return None
+
+    def _own(self, server: RunningServer) -> RunningServer:
+        if server.owned:
+            self._started.append(server)
+        return server
+
+    def stop(self) -> None:
+        """Stop the servers this object started (not borrowed ones), Postgres last."""
+        for server in sorted(self._started, key=lambda s: s.name == "postgres"):
+            server.stop()
+        self._started.clear()

@@ -1,0 +1,107 @@
+"""Applying a batch of log entries to projections, one savepoint per projection.
+
+A projection that fails on a batch is retried event by event to find the culprit. A culprit
+that keeps failing (or cannot even be decoded) is parked for that projection and skipped, so
+one bad event never stops a projection; anything else aborts the batch to be retried whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from suzumio.platform.db.pool import Connection
+from suzumio.platform.projections.base import Projection
+from suzumio.platform.projections.decoding import LogEntry
+
+# Failures that say nothing about the event: the connection or the server is in trouble.
+INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    OSError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    projection: str
+    seq: int
+    subject: str
+    type: str
+    error: str
+
+
+class RetryBatchError(RuntimeError):
+    """An event failed but has attempts left: roll back and try the batch again later."""
+
+
+@dataclass
+class PoisonTracker:
+    """Counts failures per (projection, seq) across retries of a batch."""
+
+    max_attempts: int = 3
+    _failures: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def spent(self, projection: str, seq: int) -> bool:
+        key = (projection, seq)
+        self._failures[key] = self._failures.get(key, 0) + 1
+        return self._failures[key] >= self.max_attempts
+
+    def forget_through(self, seq: int) -> None:
+        self._failures = {k: v for k, v in self._failures.items() if k[1] > seq}
+
+
+async def apply_entries(
+    conn: Connection,
+    projection: Projection,
+    schema: str,
+    entries: Sequence[LogEntry],
+    tracker: PoisonTracker,
+) -> list[Parked]:
+    """Apply the entries this projection handles; returns what had to be parked."""
+    parked = [
+        Parked(projection.name, e.seq, e.subject, e.type, e.error)
+        for e in entries
+        if e.error is not None and e.type in projection.handles
+    ]
+    events = [e for e in entries if e.event is not None and e.type in projection.handles]
+    if not events:
+        return parked
+    try:
+        async with conn.transaction():  # a savepoint inside the batch transaction
+            await projection.apply(conn, schema, [e.event for e in events if e.event])
+    except INFRASTRUCTURE_ERRORS:
+        raise
+    except Exception:
+        return parked + await _one_by_one(conn, projection, schema, events, tracker)
+    return parked
+
+
+async def _one_by_one(
+    conn: Connection,
+    projection: Projection,
+    schema: str,
+    entries: list[LogEntry],
+    tracker: PoisonTracker,
+) -> list[Parked]:
+    parked: list[Parked] = []
+    for entry in entries:
+        event = entry.event
+        assert event is not None
+        try:
+            async with conn.transaction():
+                await projection.apply(conn, schema, [event])
+        except INFRASTRUCTURE_ERRORS:
+            raise
+        except Exception as exc:
+            if not tracker.spent(projection.name, event.seq):
+                raise RetryBatchError(f"{projection.name} failed on seq {event.seq}") from exc
+            error = f"{type(exc).__name__}: {exc}"[:2_000]
+            parked.append(Parked(projection.name, event.seq, entry.subject, event.type, error))
+    return parked

@@ -1,0 +1,67 @@
+"""The `suzumio.projection_checkpoints` rows: where each projection stands in the log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from suzumio.platform.db.pool import Connection, Pool
+from suzumio.platform.projections.base import Projection, live_schema
+
+NOT_BUILT = 0  # version of a row whose projection has never been built
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    name: str
+    position: int
+    version: int
+    rebuilt_at: datetime | None = None
+
+
+async def ensure_rows(conn: Connection, projections: Iterable[Projection]) -> None:
+    await conn.executemany(
+        "INSERT INTO suzumio.projection_checkpoints (name, position, version, schema_name)"
+        " VALUES ($1, 0, $2, $3) ON CONFLICT (name) DO NOTHING",
+        [(p.name, NOT_BUILT, live_schema(p.name)) for p in projections],
+    )
+
+
+_SELECT = (
+    "SELECT name, position, version, rebuilt_at FROM suzumio.projection_checkpoints"
+    " WHERE name = ANY($1::text[]) ORDER BY name"
+)
+
+
+async def read_rows(conn: Connection, names: list[str]) -> dict[str, Checkpoint]:
+    return _by_name(await conn.fetch(_SELECT, names))
+
+
+async def lock_rows(conn: Connection, names: list[str]) -> dict[str, Checkpoint]:
+    """Read and row-lock the checkpoints until the transaction ends (in name order, so that
+    lockers never deadlock)."""
+    return _by_name(await conn.fetch(_SELECT + " FOR UPDATE", names))
+
+
+def _by_name(rows: list[Any]) -> dict[str, Checkpoint]:
+    return {
+        r["name"]: Checkpoint(r["name"], r["position"], r["version"], r["rebuilt_at"]) for r in rows
+    }
+
+
+async def move(conn: Connection, positions: Mapping[str, int]) -> None:
+    await conn.executemany(
+        "UPDATE suzumio.projection_checkpoints SET position = $2, updated_at = now()"
+        " WHERE name = $1",
+        list(positions.items()),
+    )
+
+
+async def read_all(pool: Pool) -> dict[str, Checkpoint]:
+    return _by_name(
+        await pool.fetch(
+            "SELECT name, position, version, rebuilt_at FROM suzumio.projection_checkpoints"
+        )
+    )

@@ -1,0 +1,275 @@
+"""The live projector: one durable consumer of the whole log feeding a set of projections.
+
+Exactly-once effect: each batch is applied in one transaction that also moves every
+projection's checkpoint, and acknowledged only after commit; an event at or below a
+projection's checkpoint is skipped, so redelivery and replay change nothing. Order: the log's
+sequences are contiguous (EVENTS denies deletes), so a batch that does not continue exactly
+where the checkpoints stand is refused and the consumer is reset to the right place.
+
+One projector leads per projector name across all replicas: it holds a Postgres advisory lock
+on the very connection that runs its transactions, so a leader that lost its connection has
+lost both its lock and any chance to commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from suzumio.contracts.subjects import Topology
+from suzumio.platform import telemetry
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.db import pool as db
+from suzumio.platform.db.pool import Connection
+from suzumio.platform.logging import get_logger
+from suzumio.platform.projections import checkpoints
+from suzumio.platform.projections.apply import (
+    INFRASTRUCTURE_ERRORS,
+    Parked,
+    PoisonTracker,
+    RetryBatchError,
+    apply_entries,
+)
+from suzumio.platform.projections.base import Projection, live_schema
+from suzumio.platform.projections.decoding import LogEntry, decode_entry
+from suzumio.platform.projections.parking import record_parked
+from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
+
+log = get_logger(__name__)
+
+_applied = telemetry.meter.create_counter(
+    "suzumio_projector_events", description="log entries the projector went through"
+)
+_batch_seconds = telemetry.meter.create_histogram(
+    "suzumio_projector_batch_duration",
+    unit="s",
+    description="one batch transaction",
+    explicit_bucket_boundaries_advisory=telemetry.LATENCY_BUCKETS,
+)
+
+
+_RECOVERABLE: tuple[type[BaseException], ...] = (TimeoutError, NatsError, *INFRASTRUCTURE_ERRORS)
+
+
+class _ResetError(Exception):
+    def __init__(self, seq: int, why: str) -> None:
+        super().__init__(why)
+        self.seq = seq
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to `seconds`; True if `stop` was set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()
+
+
+class Projector:
+    def __init__(
+        self,
+        nc: NATS,
+        dsn: str,
+        topology: Topology,
+        projections: Sequence[Projection],
+        store: EventStore,
+        *,
+        durable: str = "projector",
+        batch: int = 1_000,
+    ) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._dsn = dsn
+        self._topology = topology
+        self._projections = list(projections)
+        self._names = sorted(p.name for p in projections)
+        self._store = store
+        self._durable = durable
+        self._batch = batch
+        self._next = 1
+        self._tracker = PoisonTracker()
+        self._build_task: asyncio.Task[None] | None = None
+        self.leading = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Lead (or stand by) until `stop` is set, surviving NATS and Postgres outages."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                await self._lead(stop)
+                delay = 0.5
+            except _RECOVERABLE as exc:
+                log.warning("projector.interrupted", error=repr(exc))
+            finally:
+                self.leading = False
+            if await _wait(stop, delay):
+                return
+            delay = min(delay * 2, 10.0)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        conn = await db.connect(self._dsn, f"suzumio-{self._durable}")
+        try:
+            lock = "SELECT pg_try_advisory_lock(hashtext('suzumio.projector.' || $1))"
+            while not await conn.fetchval(lock, self._durable):
+                if await _wait(stop, 2.0):
+                    return
+            self.leading = True
+            log.info("projector.leading", projector=self._durable, projections=self._names)
+            await checkpoints.ensure_rows(conn, self._projections)
+            await self._consume(conn, stop)
+        finally:
+            if self._build_task is not None:
+                self._build_task.cancel()
+                self._build_task = None
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    # -- building projections whose tables are missing or outdated ---------------------------
+    async def _start_builds(self, conn: Connection) -> None:
+        rows = await checkpoints.read_rows(conn, self._names)
+        stale = [p for p in self._projections if rows[p.name].version != p.version]
+        if stale and (self._build_task is None or self._build_task.done()):
+            self._build_task = asyncio.create_task(self._build(stale))
+
+    async def _build(self, projections: list[Projection]) -> None:
+        """Build outdated projections from the log, aside, while the others keep going."""
+        while True:
+            try:
+                results = await rebuild(self._nc, self._dsn, self._topology, projections)
+            except RebuildInProgressError:
+                await asyncio.sleep(2.0)  # someone else rebuilds; their swap enables it
+                rows = await self._read_rows()
+                projections = [p for p in projections if rows[p.name].version != p.version]
+                if not projections:
+                    return
+                continue
+            except Exception:
+                log.exception("projector.build_failed", projections=[p.name for p in projections])
+                await asyncio.sleep(5.0)
+                continue
+            parked = [x for r in results for x in r.parked]
+            await record_parked(self._store, parked, consumer=self._durable, attempts=1)
+            return
+
+    async def _read_rows(self) -> dict[str, checkpoints.Checkpoint]:
+        conn = await db.connect(self._dsn, f"suzumio-{self._durable}-probe")
+        try:
+            return await checkpoints.read_rows(conn, self._names)
+        finally:
+            await conn.close()
+
+    # -- the consume loop ------------------------------------------------------------------
+    async def _consume(self, conn: Connection, stop: asyncio.Event) -> None:
+        await self._start_builds(conn)
+        await self._ensure_consumer()
+        self._next = await self._start_position(conn)
+        psub = await self._bind(self._next)
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await psub.fetch(self._batch, timeout=1.0)
+                except TimeoutError:
+                    continue
+                try:
+                    await self._handle(conn, msgs)
+                except _ResetError as reset:
+                    log.warning("projector.reset", to_seq=reset.seq, why=str(reset))
+                    await psub.unsubscribe()
+                    self._next = reset.seq
+                    psub = await self._bind(reset.seq)
+        finally:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _ensure_consumer(self) -> None:
+        config = ConsumerConfig(
+            durable_name=self._durable,
+            ack_policy=AckPolicy.ALL,
+            deliver_policy=DeliverPolicy.ALL,
+            filter_subject=self._topology.events_filter(),
+            ack_wait=120.0,
+            max_ack_pending=-1,
+            max_deliver=-1,
+        )
+        await self._js.add_consumer(self._topology.events_stream, config)
+
+    async def _start_position(self, conn: Connection) -> int:
+        rows = await checkpoints.read_rows(conn, self._names)
+        enabled = [
+            rows[p.name].position for p in self._projections if rows[p.name].version == p.version
+        ]
+        if enabled:
+            return min(enabled) + 1
+        return await stream_last_seq(self._nc, self._topology.events_stream) + 1
+
+    async def _bind(self, seq: int) -> JetStreamContext.PullSubscription:
+        """Point the durable consumer at `seq` and subscribe afresh (dropping stale pulls)."""
+        try:
+            await self._js.reset_consumer(self._topology.events_stream, self._durable, seq=seq)
+        except NotFoundError:
+            await self._ensure_consumer()
+            await self._js.reset_consumer(self._topology.events_stream, self._durable, seq=seq)
+        return await self._js.pull_subscribe_bind(
+            self._durable, stream=self._topology.events_stream
+        )
+
+    async def _handle(self, conn: Connection, msgs: list[Msg]) -> None:
+        if not msgs:
+            return
+        fresh = [m for m in msgs if m.metadata.sequence.stream >= self._next]
+        if not fresh:
+            await msgs[-1].ack()  # redeliveries of what is applied already
+            return
+        seqs = [m.metadata.sequence.stream for m in fresh]
+        if seqs[0] != self._next or seqs[-1] - seqs[0] != len(seqs) - 1:
+            raise _ResetError(self._next, f"expected seq {self._next}, got {seqs[0]}..")
+        wanted = frozenset().union(*(p.handles for p in self._projections))
+        entries = [
+            decode_entry(s, m.subject, m.headers, m.data, wanted)
+            for s, m in zip(seqs, fresh, strict=True)
+        ]
+        started = time.perf_counter()
+        try:
+            parked = await self._apply(conn, entries)
+        except RetryBatchError as exc:
+            log.warning("projector.retrying_batch", error=str(exc), cause=repr(exc.__cause__))
+            await asyncio.sleep(1.0)
+            raise _ResetError(self._next, "retrying a failed batch") from exc
+        _batch_seconds.record(time.perf_counter() - started)
+        await fresh[-1].ack()  # AckAll: acknowledges the whole batch, after commit
+        self._next = seqs[-1] + 1
+        self._tracker.forget_through(seqs[-1])
+        _applied.add(len(entries), {"projector": self._durable})
+        await record_parked(
+            self._store, parked, consumer=self._durable, attempts=self._tracker.max_attempts
+        )
+
+    async def _apply(self, conn: Connection, entries: list[LogEntry]) -> list[Parked]:
+        first, last = entries[0].seq, entries[-1].seq
+        parked: list[Parked] = []
+        async with conn.transaction():
+            rows = await checkpoints.lock_rows(conn, self._names)
+            moves: dict[str, int] = {}
+            for p in self._projections:
+                row = rows[p.name]
+                if row.version != p.version:
+                    continue  # being built; the build's swap will bring it up to date
+                if row.position < first - 1:
+                    raise _ResetError(row.position + 1, f"{p.name} stands at {row.position}")
+                todo = [e for e in entries if e.seq > row.position]
+                if todo:
+                    parked += await apply_entries(
+                        conn, p, f'"{live_schema(p.name)}"', todo, self._tracker
+                    )
+                    moves[p.name] = last
+            await checkpoints.move(conn, moves)
+        return parked

@@ -1,0 +1,6 @@
+"""The skeleton every service process shares: settings, logs, telemetry, connections,
+health endpoints, and a SIGTERM that drains in-flight work before exiting."""
+
+from suzumio.platform.service.runtime import ServiceRuntime, run_service
+
+__all__ = ["ServiceRuntime", "run_service"]

@@ -1,0 +1,96 @@
+"""Liveness and readiness: `/healthz` says the process runs, `/readyz` that it can serve.
+
+Ready means NATS is connected, Postgres answers, the streams exist and the projection lag is
+known (the checkpoints can be read against the log's last sequence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from opentelemetry.metrics import CallbackOptions, Observation
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from suzumio.contracts.subjects import Topology
+from suzumio.platform import telemetry
+from suzumio.platform.bus.jsapi import stream_state
+from suzumio.platform.db.pool import Pool
+from suzumio.platform.projections import checkpoints
+
+
+@dataclass
+class Readiness:
+    service: str
+    nc: NATS
+    pool: Pool
+    topology: Topology
+    extra_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    lag: dict[str, int] = field(default_factory=dict)
+    draining: bool = False
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        report: dict[str, Any] = {"service": self.service, "checks": {}}
+        checks: dict[str, Any] = report["checks"]
+        checks["draining"] = not self.draining
+        checks["nats"] = self.nc.is_connected
+        checks["postgres"] = await _ok(self.pool.fetchval("SELECT 1"))
+        last_seq: int | None = None
+        streams_ok = True
+        for spec in self.topology.streams():
+            try:
+                state = await asyncio.wait_for(stream_state(self.nc, spec.name, timeout=2), 3)
+            except Exception:
+                streams_ok = False
+                continue
+            if spec.name == self.topology.events_stream:
+                last_seq = int(state["last_seq"])
+        checks["streams"] = streams_ok
+        checks["projection_lag_known"] = False
+        if last_seq is not None and checks["postgres"]:
+            try:
+                rows = await asyncio.wait_for(checkpoints.read_all(self.pool), 3)
+            except Exception:
+                rows = {}
+            if rows:
+                self.lag = {name: max(last_seq - cp.position, 0) for name, cp in rows.items()}
+                report["projection_lag"] = self.lag
+                report["log_position"] = last_seq
+                checks["projection_lag_known"] = True
+        for name, probe in self.extra_checks.items():
+            checks[name] = probe()
+        return all(bool(v) for v in checks.values()), report
+
+    def observe_lag(self, _: CallbackOptions) -> list[Observation]:
+        return [Observation(lag, {"projection": name}) for name, lag in self.lag.items()]
+
+    def routes(self) -> list[Route]:
+        async def healthz(_: Request) -> Response:
+            return JSONResponse({"status": "ok", "service": self.service})
+
+        async def readyz(_: Request) -> Response:
+            ready, report = await self.check()
+            report["ready"] = ready
+            return JSONResponse(report, status_code=200 if ready else 503)
+
+        async def metrics(_: Request) -> Response:
+            return Response(telemetry.prometheus_text(), media_type=telemetry.METRICS_CONTENT_TYPE)
+
+        return [
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ]
+
+
+async def _ok(awaitable: Any, timeout: float = 2.0) -> bool:
+    try:
+        await asyncio.wait_for(awaitable, timeout)
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,242 @@
+"""One service process from start to a drained exit.
+
+`run_service` reads settings, configures logs and telemetry, finds or starts the embedded
+servers when no URLs are set, then runs the service's `setup` inside a `ServiceRuntime`, which
+owns the connections, the health endpoints, the background tasks and the shutdown order:
+on SIGTERM (or SIGINT) it stops taking work, lets in-flight work finish within the drain
+period, and exits well inside the 10 s a supervisor or Kubernetes gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import uvicorn
+from nats.aio.client import Client as NATS
+from starlette.applications import Starlette
+from starlette.types import ASGIApp
+
+from suzumio.contracts.subjects import Topology
+from suzumio.platform import telemetry
+from suzumio.platform.bus import connection
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.jsapi import ensure_streams
+from suzumio.platform.db import pool as db
+from suzumio.platform.db.migrations import apply_migrations, platform_migrations
+from suzumio.platform.db.pool import Pool
+from suzumio.platform.embedded import EmbeddedServers
+from suzumio.platform.logging import configure_logging, get_logger
+from suzumio.platform.service.health import Readiness
+from suzumio.platform.settings import PlatformSettings, ServiceSettings
+
+log = get_logger(__name__)
+
+S = TypeVar("S", bound=ServiceSettings)
+Task = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+Drainer = Callable[[float], Awaitable[None]]
+Setup = Callable[["ServiceRuntime"], Awaitable[ASGIApp | None]]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the runtime decides when HTTP stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class ServiceRuntime:
+    """Connections and lifecycle of one service process (tests build it the same way)."""
+
+    def __init__(
+        self, name: str, settings: ServiceSettings, *, nats_url: str, database_url: str
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.topology: Topology = settings.topology()
+        self.nats_url = nats_url
+        self.database_url = database_url
+        self.instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
+        self._tasks: list[tuple[str, Task]] = []
+        self._drainers: list[Drainer] = []
+        self._nc: NATS | None = None
+        self._pool: Pool | None = None
+        self._store: EventStore | None = None
+        self._readiness: Readiness | None = None
+        self.http_port: int | None = None
+
+    # -- what services use -------------------------------------------------------------
+    @property
+    def nc(self) -> NATS:
+        assert self._nc is not None, "runtime not opened"
+        return self._nc
+
+    @property
+    def pool(self) -> Pool:
+        assert self._pool is not None, "runtime not opened"
+        return self._pool
+
+    @property
+    def store(self) -> EventStore:
+        assert self._store is not None, "runtime not opened"
+        return self._store
+
+    @property
+    def readiness(self) -> Readiness:
+        assert self._readiness is not None, "runtime not opened"
+        return self._readiness
+
+    def commands(self, timeout: float = 10.0) -> CommandClient:
+        return CommandClient(self.nc, self.topology, timeout=timeout)
+
+    def background(self, name: str, task: Task) -> None:
+        """Run `task(stop)` while the service runs; it must return soon after `stop` is set."""
+        self._tasks.append((name, task))
+
+    def on_drain(self, drainer: Drainer) -> None:
+        """Call `drainer(seconds_left)` at shutdown, before background tasks are stopped."""
+        self._drainers.append(drainer)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def open(self) -> None:
+        self._nc = await connection.connect(self.nats_url, f"suzumio-{self.name}")
+        await ensure_streams(self._nc, self.topology.streams())
+        self._pool = await db.create_pool(
+            self.database_url, f"suzumio-{self.name}", max_size=self.settings.db_pool_max
+        )
+        await apply_migrations(self._pool, platform_migrations())
+        self._store = EventStore(self._nc, self.topology)
+        self._readiness = Readiness(self.name, self._nc, self._pool, self.topology)
+        telemetry.meter.create_observable_gauge(
+            "suzumio_projection_lag",
+            callbacks=[self._readiness.observe_lag],
+            description="events in the log not yet applied, per projection",
+        )
+
+    async def close(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._nc.drain(), 2.0)
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.close(), 2.0)
+
+    async def serve(self, app: ASGIApp | None = None, stop: asyncio.Event | None = None) -> None:
+        """Serve HTTP and the background tasks until SIGTERM/SIGINT (or `stop`), then drain."""
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        http_app = app or Starlette(routes=self.readiness.routes())
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.settings.http_host, self.settings.http_port))
+        self.http_port = sock.getsockname()[1]
+        server = _Server(
+            uvicorn.Config(
+                http_app,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=max(int(self.settings.drain_seconds) - 2, 1),
+            )
+        )
+        http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
+        running = [asyncio.create_task(task(stop), name=n) for n, task in self._tasks]
+        log.info(
+            "service.started",
+            http=f"http://{self.settings.http_host}:{self.http_port}",
+            instance=self.instance,
+        )
+        watch = [asyncio.create_task(stop.wait()), http, *running]
+        done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+        crashed = [t for t in done if t is not watch[0] and t.exception() is not None]
+        for task in crashed:
+            log.error("service.task_crashed", task=task.get_name(), exc_info=task.exception())
+        stop.set()
+        await self._drain(server, http, running)
+        if crashed:
+            raise SystemExit(1)
+
+    async def _drain(
+        self, server: _Server, http: asyncio.Task[None], running: list[asyncio.Task[None]]
+    ) -> None:
+        deadline = asyncio.get_running_loop().time() + self.settings.drain_seconds
+        self.readiness.draining = True
+        log.info("service.draining", seconds=self.settings.drain_seconds)
+
+        def left() -> float:
+            return max(deadline - asyncio.get_running_loop().time(), 0.1)
+
+        for drainer in self._drainers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(drainer(left()), left())
+        if running:
+            _, late = await asyncio.wait(running, timeout=left())
+            for task in late:
+                log.warning("service.task_cancelled", task=task.get_name())
+                task.cancel()
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(http, left())
+        await self.close()
+        log.info("service.stopped")
+
+
+def resolve_endpoints(settings: PlatformSettings) -> tuple[str, str, EmbeddedServers | None]:
+    """The NATS and Postgres URLs: configured ones, else the data directory's embedded servers."""
+    nats_url = settings.nats_url
+    database_url = settings.database_url.get_secret_value() if settings.database_url else None
+    if nats_url and database_url:
+        return nats_url, database_url, None
+    servers = EmbeddedServers(settings.data_dir).ensure(
+        need_nats=nats_url is None, need_postgres=database_url is None
+    )
+    nats_url = nats_url or (servers.nats.url if servers.nats else None)
+    database_url = database_url or (servers.postgres.url if servers.postgres else None)
+    assert nats_url
+    assert database_url
+    return nats_url, database_url, servers
+
+
+def run_service(name: str, settings: S, setup: Setup) -> None:
+    """The body of `python -m suzumio.<name>`."""
+    configure_logging(name, level=settings.log_level, fmt=settings.log_format)
+    nats_url, database_url, servers = resolve_endpoints(settings)
+    runtime = ServiceRuntime(name, settings, nats_url=nats_url, database_url=database_url)
+    telemetry_handle = telemetry.setup_telemetry(name, runtime.instance)
+
+    async def main() -> None:
+        try:
+            await runtime.open()
+            app = await setup(runtime)
+            await runtime.serve(app)
+        finally:
+            await runtime.close()
+
+    try:
+        _run(main())
+    finally:
+        telemetry_handle.shutdown()
+        if servers is not None:
+            servers.stop()
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    if sys.platform != "win32":
+        import uvloop  # noqa: PLC0415 - optional speed-up where available
+
+        uvloop.run(coro)
+    else:  # pragma: no cover
+        asyncio.run(coro)

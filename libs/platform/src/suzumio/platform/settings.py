@@ -1,0 +1,42 @@
+"""Settings from the environment (prefix `SUZUMIO_`), shared by every process of the platform."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from suzumio.contracts.subjects import Topology
+
+
+class PlatformSettings(BaseSettings):
+    """What every Suzumio process needs to find NATS, Postgres and its data directory.
+
+    With `nats_url` / `database_url` unset, the embedded servers in `data_dir` are used (and
+    started if none runs there yet); with them set, nothing embedded starts.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SUZUMIO_", extra="ignore")
+
+    nats_url: str | None = None
+    database_url: SecretStr | None = None
+    data_dir: Path = Field(default=Path(".suzumio"), description="embedded servers' data")
+    namespace: str = Field(default="", description="prefix of every stream and subject")
+    replicas: int = Field(default=1, ge=1, le=5, description="stream replicas (3 in a cluster)")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    db_pool_max: int = Field(default=10, ge=1, le=200)
+
+    def topology(self) -> Topology:
+        return Topology(namespace=self.namespace, replicas=self.replicas)
+
+
+class ServiceSettings(PlatformSettings):
+    """A service process: the platform settings plus its health/metrics HTTP listener."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=0, ge=0, le=65_535, description="0 picks a free port")
+    drain_seconds: float = Field(default=8.0, gt=0, le=60, description="SIGTERM grace period")
+    instance: str = Field(default="", description="replica name in logs; defaults to host:pid")

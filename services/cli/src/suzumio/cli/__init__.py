@@ -1,0 +1,1 @@
+"""The `suzumio` command, and the all-in-one supervisor behind `suzumio up`."""

@@ -1,0 +1,73 @@
+"""`suzumio projections ...`: look at and rebuild the read models."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from suzumio.cli.connected import Platform, with_platform
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.projections import load_projections
+from suzumio.platform.projections.checkpoints import read_all
+from suzumio.platform.projections.parking import record_parked
+from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
+from suzumio.platform.projections.registry import UnknownProjectionError
+
+app = typer.Typer(help="Read models in Postgres, built from the event log.", no_args_is_help=True)
+console = Console()
+
+
+@app.command("rebuild")
+def rebuild_command(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="projections to rebuild (default: all)")
+    ] = None,
+) -> None:
+    """Replay the log from sequence 1 into fresh tables and swap them in atomically."""
+    try:
+        projections = load_projections(names or None)
+    except UnknownProjectionError as exc:
+        known = ", ".join(p.name for p in load_projections())
+        console.print(f"[red]{exc}[/red] (known: {known})")
+        raise typer.Exit(2) from None
+
+    async def run(platform: Platform) -> None:
+        listed = ", ".join(p.name for p in projections)
+        with console.status(f"rebuilding {listed} ..."):
+            results = await rebuild(platform.nc, platform.dsn, platform.topology, projections)
+        store = EventStore(platform.nc, platform.topology)
+        for result in results:
+            await record_parked(store, result.parked, consumer="rebuild", attempts=1)
+            skipped = f", [yellow]{len(result.parked)} skipped[/yellow]" if result.parked else ""
+            console.print(
+                f"[green]{result.projection}[/green]: rebuilt to position {result.position}"
+                f" ({result.events} events read in {result.seconds:.2f}s){skipped}"
+            )
+
+    try:
+        with_platform(run)
+    except RebuildInProgressError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+
+
+@app.command("status")
+def status_command() -> None:
+    """Each projection's position in the log and how far behind it is."""
+
+    async def run(platform: Platform) -> None:
+        last = await stream_last_seq(platform.nc, platform.topology.events_stream)
+        rows = await read_all(platform.pool)
+        table = Table("projection", "version", "position", "lag", "rebuilt at")
+        for name, cp in sorted(rows.items()):
+            rebuilt = cp.rebuilt_at.isoformat(timespec="seconds") if cp.rebuilt_at else ""
+            lag = str(max(last - cp.position, 0))
+            table.add_row(name, str(cp.version), str(cp.position), lag, rebuilt)
+        console.print(f"log position: {last}")
+        console.print(table)
+
+    with_platform(run)

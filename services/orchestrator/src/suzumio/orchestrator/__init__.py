@@ -1,0 +1,2 @@
+"""The orchestrator service: launches, watches and cancels activations on sandbox backends
+(DESIGN.md §8)."""

@@ -1,0 +1,1 @@
+"""The toolbroker: the one door from a sandbox into the platform (DESIGN.md §7)."""

@@ -1,0 +1,77 @@
+"""`make bench`: measure the figures of DESIGN.md / the issues and print them as JSON.
+
+Runs against real servers started here (embedded NATS, a durable embedded Postgres) in a
+temporary directory; each figure is measured on a fresh namespace and database. Progress goes
+to stderr, the JSON document to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from suzumio.platform.embedded import start_nats, start_postgres
+from tests.bench import eventlog, services
+
+Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
+SECTIONS: dict[str, Section] = {
+    "event_append": eventlog.appends,
+    "projector": eventlog.projector,
+    "rebuild": eventlog.rebuild_100k,
+    "idle_rss": services.idle_rss,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="make bench")
+    parser.add_argument("sections", nargs="*", help=f"some of: {', '.join(SECTIONS)}")
+    args = parser.parse_args()
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    args.sections = args.sections or list(SECTIONS)
+    with tempfile.TemporaryDirectory(prefix="suzumio-bench-") as tmp:
+        root = Path(tmp)
+        nats = start_nats(root / "nats")
+        postgres = start_postgres(root / "pg", durable=True)
+        try:
+            results = _run(nats.url, postgres.url, root, args.sections)
+        finally:
+            nats.stop()
+            postgres.stop()
+    report = {
+        "machine": {"cpus": _cpus(), "python": platform.python_version()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **results,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _run(nats_url: str, pg_url: str, root: Path, sections: list[str]) -> dict[str, Any]:
+    async def run_all() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in sections:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            out[name] = await SECTIONS[name](nats_url, pg_url, root)
+        return out
+
+    return uvloop.run(run_all())
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""`suzumio up` from nothing: embedded servers, five services, all ready; SIGTERM leaves no
+process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from suzumio.platform.embedded.process import free_port
+from suzumio.testing.processes import http_status
+
+
+async def wait_for_line(
+    stream_path: Path, text: str, process: subprocess.Popen[bytes], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in stream_path.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(stream_path.read_text(errors="replace")[-5000:])
+        await asyncio.sleep(0.2)
+
+
+async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
+    ports = {"api": free_port(), "broker": free_port()}
+    internal = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUZUMIO_")}
+    env |= {"SUZUMIO_DATA_DIR": str(tmp_path / "data"), "SUZUMIO_LOG_FORMAT": "json"}
+    out = tmp_path / "up.log"
+    with out.open("wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "suzumio.cli", "up", "--api-port", str(ports["api"]),
+             "--broker-port", str(ports["broker"]), "--internal-ports-from", str(internal)],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        await wait_for_line(out, "Suzumio is up.", up, timeout=120)
+        for port in (ports["api"], ports["broker"], internal, internal + 1, internal + 2):
+            assert await http_status(port, "/readyz") == 200
+        descendants = psutil.Process(up.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in descendants)
+        for expected in (
+            "nats-server",
+            "postgres",
+            "suzumio.gateway",
+            "suzumio.session",
+            "suzumio.scheduler",
+            "suzumio.orchestrator",
+            "suzumio.toolbroker",
+        ):
+            assert expected in names
+
+        started = time.monotonic()
+        up.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(up.wait, 30)
+        elapsed = time.monotonic() - started
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+    assert code == 0, out.read_text()[-5000:]
+    assert elapsed < 20
+    _, alive = psutil.wait_procs(descendants, timeout=5)
+    assert alive == [], [p.cmdline() for p in alive]

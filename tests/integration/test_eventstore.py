@@ -1,0 +1,212 @@
+"""The event store against a real NATS server: conditional appends, atomic batches, lost acks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import InvalidError
+from suzumio.contracts.events import (
+    ProjectCreated,
+    ProjectRenamed,
+    SessionOpened,
+)
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import (
+    HDR_MSG_ID,
+    ConcurrencyConflictError,
+    EventStore,
+)
+from suzumio.platform.bus.jsapi import stream_last_seq
+from tests.support import eventually
+
+
+def created(name: str = "p") -> ProjectCreated:
+    return ProjectCreated(name=name, owner_id="user-1")
+
+
+async def test_append_and_load_round_trip(store: EventStore) -> None:
+    pid = new_id()
+    meta = EventMeta(actor="user:u1", correlation_id="corr-1")
+    first = await store.append(pid, [created()], 0, meta)
+    second = await store.append(pid, [ProjectRenamed(name="q"), ProjectRenamed(name="r")], 1)
+
+    assert [r.version for r in first.events + second.events] == [1, 2, 3]
+    seqs = [r.seq for r in first.events + second.events]
+    assert seqs == sorted(seqs)
+    assert seqs[2] - seqs[1] == 1  # a batch is stored contiguously
+    stream = await store.load("project", pid)
+    assert [e.version for e in stream.events] == [1, 2, 3]
+    assert [type(e.data) for e in stream.events] == [ProjectCreated, ProjectRenamed, ProjectRenamed]
+    assert stream.events[2].data == ProjectRenamed(name="r")
+    assert stream.events[0].envelope.actor == "user:u1"
+    assert stream.events[0].envelope.correlation_id == "corr-1"
+    assert stream.version == 3
+    assert stream.seq == seqs[-1]
+
+
+async def test_load_of_unknown_aggregate_is_empty(store: EventStore) -> None:
+    stream = await store.load("project", new_id())
+    assert stream.events == ()
+    assert stream.version == 0
+
+
+async def test_stale_expected_version_is_a_conflict(store: EventStore) -> None:
+    pid = new_id()
+    await store.append(pid, [created()], 0)
+    await store.append(pid, [ProjectRenamed(name="b")], 1)
+
+    with pytest.raises(ConcurrencyConflictError) as info:
+        await store.append(pid, [ProjectRenamed(name="c")], 1)
+    assert (info.value.expected_version, info.value.actual_version) == (1, 2)
+    with pytest.raises(ConcurrencyConflictError):
+        await store.append(pid, [created()], 0)  # the aggregate exists already
+
+
+async def test_conflict_detected_by_the_server_between_two_stores(
+    nc: NATS, topology: Topology
+) -> None:
+    # Two processes' worth of stores: each has only its own cache, so the server must refuse.
+    a, b = EventStore(nc, topology), EventStore(nc, topology)
+    pid = new_id()
+    await a.append(pid, [created()], 0)
+    await b.append(pid, [ProjectRenamed(name="from b")], 1)
+
+    with pytest.raises(ConcurrencyConflictError) as info:
+        await a.append(pid, [ProjectRenamed(name="from a")], 1)
+    assert info.value.actual_version == 2
+    versions = [e.version for e in (await a.load("project", pid)).events]
+    assert versions == [1, 2]
+
+
+async def test_atomic_batch_is_all_or_nothing(nc: NATS, topology: Topology) -> None:
+    a, b = EventStore(nc, topology), EventStore(nc, topology)
+    pid = new_id()
+    await a.append(pid, [created()], 0)
+    await b.append(pid, [ProjectRenamed(name="b")], 1)
+
+    with pytest.raises(ConcurrencyConflictError):
+        await a.append(pid, [ProjectRenamed(name=f"a{i}") for i in range(5)], 1)
+    stream = await a.load("project", pid)
+    assert [e.version for e in stream.events] == [1, 2]
+
+
+async def test_events_of_two_aggregates_cannot_share_an_append(store: EventStore) -> None:
+    with pytest.raises(InvalidError):
+        await store.append(new_id(), [created(), SessionOpened(project_id="p", agent_id="a")], 0)
+    with pytest.raises(InvalidError):
+        await store.append("not a valid.id", [created()], 0)
+    with pytest.raises(InvalidError):
+        await store.append(new_id(), [], 0)
+
+
+async def test_publish_retried_after_a_lost_ack_stores_one_event(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    pid = new_id()
+    prepared = await store.prepare(pid, [created()], 0)
+    # The first attempt reaches the server, but its ack goes nowhere: published without a
+    # reply subject, exactly what the writer sees when the ack is lost on the way back.
+    await nc.publish(
+        prepared.subject, prepared.payloads[0], headers=store._headers(prepared, 0, None)
+    )
+    await nc.flush()
+    stored = await eventually(
+        lambda: store.load("project", pid), lambda s: s.version == 1, what="the lost append"
+    )
+    last_before = stored.seq
+
+    result = await store.commit(prepared)  # the writer retries the same append
+
+    assert result.seq == last_before
+    assert await stream_last_seq(nc, topology.events_stream) == last_before
+    assert [e.id for e in (await store.load("project", pid)).events] == [result.events[0].id]
+
+
+async def test_retry_after_lost_ack_succeeds_even_if_others_wrote_since(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    pid = new_id()
+    prepared = await store.prepare(pid, [created(), ProjectRenamed(name="x")], 0)
+    batch_headers = [store._headers(prepared, i, "lost-batch") for i in range(2)]
+    for payload, headers in zip(prepared.payloads, batch_headers, strict=True):
+        await nc.publish(prepared.subject, payload, headers=headers)
+    await nc.flush()
+    other = EventStore(nc, topology)
+    await eventually(  # the lost batch was stored...
+        lambda: other.load("project", pid), lambda s: s.version == 2, what="the lost batch"
+    )
+    await other.append(pid, [ProjectRenamed(name="later")], 2)  # ...and someone built on it
+
+    result = await store.commit(prepared)
+
+    assert [r.version for r in result.events] == [1, 2]
+    loaded = await store.load("project", pid)
+    assert [e.id for e in loaded.events[:2]] == [r.id for r in result.events]
+    assert loaded.version == 3
+
+
+async def test_message_ids_are_event_ids(nc: NATS, store: EventStore, topology: Topology) -> None:
+    pid = new_id()
+    result = await store.append(pid, [created()], 0)
+    msg = await nc.jetstream().get_last_msg(
+        topology.events_stream, topology.event_subject("project", pid)
+    )
+    assert msg.headers is not None
+    assert msg.headers[HDR_MSG_ID] == result.events[0].id
+
+
+async def test_appends_to_many_aggregates_pipeline_concurrently(store: EventStore) -> None:
+    ids = [new_id() for _ in range(300)]
+    results = await asyncio.gather(*(store.append(i, [created()], 0) for i in ids))
+    assert len({r.seq for r in results}) == 300
+    await asyncio.gather(*(store.append(i, [ProjectRenamed(name="n")], 1) for i in ids))
+    heads = await asyncio.gather(*(store.head("project", i) for i in ids))
+    assert {h.version for h in heads} == {2}
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    writers=st.integers(min_value=2, max_value=6),
+    rounds=st.integers(min_value=1, max_value=6),
+    batch=st.integers(min_value=1, max_value=3),
+)
+async def test_concurrent_writers_one_winner_per_version(
+    nc: NATS, topology: Topology, writers: int, rounds: int, batch: int
+) -> None:
+    """Writers that all read version v and append race: exactly one wins each round, the
+    others get a conflict, and the aggregate's versions have no gaps and no forks."""
+    stores = [EventStore(nc, topology) for _ in range(writers)]
+    pid = new_id()
+    await stores[0].append(pid, [created()], 0)
+    version = 1
+    winners: list[int] = []
+    for _ in range(rounds):
+        outcomes = await asyncio.gather(
+            *(
+                s.append(pid, [ProjectRenamed(name=f"w{i}") for _ in range(batch)], version)
+                for i, s in enumerate(stores)
+            ),
+            return_exceptions=True,
+        )
+        won = [i for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+        lost = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(won) == 1
+        assert all(isinstance(o, ConcurrencyConflictError) for o in lost)
+        winners.append(won[0])
+        version += batch
+
+    stream = await stores[0].load("project", pid)
+    assert [e.version for e in stream.events] == list(range(1, version + 1))
+    names = [e.data.name for e in stream.events[1:] if isinstance(e.data, ProjectRenamed)]
+    assert names == [f"w{w}" for w in winners for _ in range(batch)]

@@ -1,0 +1,258 @@
+"""The projections framework on real NATS and Postgres: exactly-once application, skipping
+of unknown types, parking of poison events, rebuilds that equal the live tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import ClassVar
+
+from nats.aio.client import Client as NATS
+from structlog.testing import capture_logs
+
+from suzumio.contracts.events import MessageParked, ProjectCreated, ProjectRenamed
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import HDR_MSG_ID, HDR_TYPE, HDR_VERSION, EventStore
+from suzumio.platform.db import pool as db
+from suzumio.platform.db.pool import Connection, Pool
+from suzumio.platform.projections import load_projections
+from suzumio.platform.projections.base import Events, Projection
+from suzumio.platform.projections.checkpoints import read_all
+from suzumio.platform.projections.decoding import decode_entry
+from suzumio.platform.projections.projector import Projector
+from suzumio.platform.projections.reader import LogReader
+from suzumio.platform.projections.rebuild import rebuild
+from suzumio.platform.projections.verify import verify
+from suzumio.session.projections.projects import ProjectsProjection
+from tests.integration.projector_support import caught_up, running_projector
+from tests.scenario import Scenario, write
+from tests.support import eventually
+
+ALL = load_projections()
+
+
+async def assert_equal_to_rebuild(
+    nc: NATS, database_url: str, topology: Topology, projections: list[Projection]
+) -> None:
+    for result in await verify(nc, database_url, topology, projections):
+        assert result.equal, result
+
+
+async def test_projections_follow_the_log_and_equal_a_rebuild(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    scenario = Scenario(seed=11)
+    async with running_projector(nc, database_url, topology, store, ALL):
+        await write(store, scenario.appends(600))
+        await caught_up(nc, pool, topology, ALL)
+
+    opened = len(scenario.sessions)
+    assert await pool.fetchval("SELECT count(*) FROM proj_sessions.sessions") == opened
+    messages = await pool.fetchval("SELECT count(*) FROM proj_sessions.messages")
+    assert messages > 0
+    assert await pool.fetchval("SELECT sum(message_count) FROM proj_sessions.sessions") == messages
+    statuses = await pool.fetch("SELECT DISTINCT status FROM proj_activations.activations")
+    assert {r["status"] for r in statuses} <= {"completed", "failed"}
+    pending = await pool.fetchval(
+        "SELECT count(*) FROM proj_signals.signals WHERE kind = 'custom' AND status <> 'done'"
+        " AND status <> 'failed'"
+    )
+    assert pending == 0
+    await assert_equal_to_rebuild(nc, database_url, topology, ALL)
+
+
+async def snapshot(pool: Pool) -> tuple[object, ...]:
+    return (
+        await pool.fetchval("SELECT count(*) FROM proj_sessions.messages"),
+        await pool.fetchval("SELECT sum(message_count) FROM proj_sessions.sessions"),
+        await pool.fetchval("SELECT count(*) FROM proj_signals.signals"),
+        await pool.fetchval("SELECT count(*) FROM proj_activations.activations"),
+    )
+
+
+async def test_redelivered_and_replayed_events_never_apply_twice(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    async with running_projector(nc, database_url, topology, store, ALL) as projector:
+        await write(store, Scenario(seed=5).appends(200))
+        last = await caught_up(nc, pool, topology, ALL)
+        before = await snapshot(pool)
+
+        # Redelivery: the server sends everything again from sequence 1.
+        await nc.jetstream().reset_consumer(topology.events_stream, "projector", seq=1)
+        await write(store, Scenario(seed=6).appends(5))
+        await caught_up(nc, pool, topology, ALL)
+
+        # Replay straight into the apply step: the checkpoints must refuse it all.
+        async with LogReader(nc, topology, start_seq=1) as reader:
+            msgs = await reader.fetch()
+        handles = frozenset().union(*(p.handles for p in ALL))
+        entries = [
+            decode_entry(m.metadata.sequence.stream, m.subject, m.headers, m.data, handles)
+            for m in msgs
+            if m.metadata.sequence.stream <= last
+        ]
+        conn = await db.connect(database_url, "test")
+        try:
+            parked = await projector._apply(conn, entries)
+        finally:
+            await conn.close()
+        assert parked == []
+
+    extra = Scenario(seed=6)
+    extra_messages = sum(
+        1 for a in extra.appends(5) for e in a.events if e.event_type == "session.message_appended"
+    )
+    after = await snapshot(pool)
+    assert after[0] == before[0] + extra_messages  # type: ignore[operator]
+    await assert_equal_to_rebuild(nc, database_url, topology, ALL)
+
+
+async def test_unknown_event_type_is_skipped_with_a_warning(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    pid = new_id()
+    future_type = f"project.teleported_{new_id()[:8]}"
+    envelope = {
+        "id": new_id(), "type": future_type, "aggregate": "project", "aggregate_id": pid,
+        "version": 2, "occurred_at": "2030-01-01T00:00:00Z", "actor": "system:future",
+        "correlation_id": "c", "schema": 1, "data": {"where": "mars"},
+    }  # fmt: skip
+    await store.append(pid, [ProjectCreated(name="earth", owner_id="u")], 0)
+    await nc.jetstream().publish(
+        topology.event_subject("project", pid),
+        json.dumps(envelope).encode(),
+        headers={HDR_MSG_ID: envelope["id"], HDR_TYPE: future_type, HDR_VERSION: "2"},
+    )
+    await store.append(pid, [ProjectRenamed(name="still earth")], 2)
+
+    with capture_logs() as logs:
+        async with running_projector(nc, database_url, topology, store, ALL):
+            await caught_up(nc, pool, topology, ALL)
+
+    assert await pool.fetchval("SELECT name FROM proj_projects.projects WHERE id = $1", pid) == (
+        "still earth"
+    )
+    warnings = [r for r in logs if r["event"] == "event.unknown_type_skipped"]
+    assert [w["type"] for w in warnings] == [future_type]
+
+
+class BrittleProjects(ProjectsProjection):
+    """The projects projection with a bug: it cannot digest a project named 'poison'."""
+
+    name: ClassVar[str] = "brittle"
+
+    async def apply(self, conn: Connection, schema: str, events: Events) -> None:
+        for e in events:
+            if isinstance(e.data, ProjectCreated) and e.data.name == "poison":
+                raise ValueError("indigestible")
+        await super().apply(conn, schema, events)
+
+
+async def test_poison_event_is_parked_and_the_projection_moves_on(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    projections: list[Projection] = [BrittleProjects()]
+    names = ["a", "poison", "b"]
+    ids = [new_id() for _ in names]
+    async with running_projector(nc, database_url, topology, store, projections):
+        appended = [
+            await store.append(i, [ProjectCreated(name=n, owner_id="u")], 0)
+            for i, n in zip(ids, names, strict=True)
+        ]
+        await caught_up(nc, pool, topology, projections)
+
+    rows = await pool.fetch("SELECT name FROM proj_brittle.projects ORDER BY name")
+    assert [r["name"] for r in rows] == ["a", "b"]
+    parked = await eventually(
+        lambda: store.load("consumer", "projector-brittle"),
+        lambda s: s.version == 1,
+        what="parked record",
+    )
+    record = parked.events[0].data
+    assert isinstance(record, MessageParked)
+    assert record.subject == topology.event_subject("project", ids[1])
+    assert record.stream_seq == appended[1].seq
+    assert "indigestible" in record.error
+
+
+async def test_rebuild_swaps_in_while_the_projector_runs(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    scenario = Scenario(seed=3)
+    appends = scenario.appends(800)
+    sessions = next(p for p in ALL if p.name == "sessions")
+    async with running_projector(nc, database_url, topology, store, ALL):
+        await write(store, (a for _, a in zip(range(400), appends, strict=False)))
+        writing = asyncio.create_task(write(store, appends, window=8))
+        [result] = await rebuild(nc, database_url, topology, [sessions])
+        await writing
+        await caught_up(nc, pool, topology, ALL)
+
+    assert result.swapped
+    assert result.position > 0
+    rows = await read_all(pool)
+    assert rows["sessions"].rebuilt_at is not None
+    await assert_equal_to_rebuild(nc, database_url, topology, ALL)
+
+
+class ProjectsV2(ProjectsProjection):
+    version: ClassVar[int] = 2
+
+    def ddl(self, schema: str) -> str:
+        return super().ddl(schema) + f"\nALTER TABLE {schema}.projects ADD COLUMN note text;"
+
+
+async def test_a_new_projection_version_is_built_from_the_log(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    await write(store, Scenario(seed=9).appends(150))
+    async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
+        await caught_up(nc, pool, topology, [ProjectsProjection()])
+    projects = await pool.fetchval("SELECT count(*) FROM proj_projects.projects")
+
+    async with running_projector(nc, database_url, topology, store, [ProjectsV2()]):
+        await caught_up(nc, pool, topology, [ProjectsV2()])
+        await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
+        await caught_up(nc, pool, topology, [ProjectsV2()])
+
+    assert (await read_all(pool))["projects"].version == 2
+    assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == projects + 1
+    assert await pool.fetchval("SELECT count(note) FROM proj_projects.projects") == 0
+    await assert_equal_to_rebuild(nc, database_url, topology, [ProjectsV2()])
+
+
+async def test_one_projector_leads_and_a_standby_takes_over(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    projections: list[Projection] = [ProjectsProjection()]
+    replicas = [Projector(nc, database_url, topology, projections, store) for _ in range(2)]
+    stops = [asyncio.Event(), asyncio.Event()]
+    tasks = [asyncio.create_task(r.run(s)) for r, s in zip(replicas, stops, strict=True)]
+    try:
+        leader = await eventually(
+            lambda: _leaders(replicas), lambda found: len(found) == 1, what="one leader"
+        )
+        await asyncio.sleep(0.5)
+        assert len(await _leaders(replicas)) == 1  # the other stands by
+        await store.append(new_id(), [ProjectCreated(name="one", owner_id="u")], 0)
+        await caught_up(nc, pool, topology, projections)
+
+        stops[leader[0]].set()
+        await tasks[leader[0]]
+        await eventually(
+            lambda: _leaders(replicas), lambda found: found == [1 - leader[0]], timeout=15,
+            what="the standby to take over",
+        )  # fmt: skip
+        await store.append(new_id(), [ProjectCreated(name="two", owner_id="u")], 0)
+        await caught_up(nc, pool, topology, projections)
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*tasks)
+    assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 2
+
+
+async def _leaders(replicas: list[Projector]) -> list[int]:
+    return [i for i, r in enumerate(replicas) if r.leading]

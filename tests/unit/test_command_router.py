@@ -1,0 +1,71 @@
+"""Routing of commands to handlers and the typed error replies (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from suzumio.contracts.commands import (
+    CommandAccepted,
+    CommandRejected,
+    CommandRequest,
+    CreateProject,
+    OpenSession,
+)
+from suzumio.contracts.errors import CommandError, ErrorCode, ForbiddenError
+from suzumio.platform.bus.commands import CommandContext, CommandRouter
+
+
+def request(verb: str, data: dict[str, object], service: str = "session") -> CommandRequest:
+    return CommandRequest(service=service, verb=verb, actor="user:u", data=data)
+
+
+async def accept(ctx: CommandContext[CreateProject]) -> CommandAccepted:
+    return CommandAccepted(result={"name": ctx.command.name})
+
+
+async def test_dispatch_validates_and_calls_the_handler() -> None:
+    router = CommandRouter("session")
+    router.register(CreateProject, accept)
+    reply = await router.dispatch(request("create_project", {"name": "  spaced  "}))
+    assert isinstance(reply, CommandAccepted)
+    assert reply.result == {"name": "spaced"}
+
+
+@pytest.mark.parametrize(
+    ("data", "loc"),
+    [({}, "name"), ({"name": ""}, "name"), ({"name": "x", "typo": 1}, "typo")],
+)
+async def test_invalid_payloads_are_refused_with_locations(
+    data: dict[str, object], loc: str
+) -> None:
+    router = CommandRouter("session")
+    router.register(CreateProject, accept)
+    reply = await router.dispatch(request("create_project", data))
+    assert isinstance(reply, CommandRejected)
+    assert reply.error.code == ErrorCode.INVALID
+    assert reply.error.details["errors"][0]["loc"] == loc
+
+
+async def test_errors_keep_their_code_and_details() -> None:
+    async def refuse(_: CommandContext[CreateProject]) -> CommandAccepted:
+        raise ForbiddenError("not a member", project_id="p1")
+
+    router = CommandRouter("session")
+    router.register(CreateProject, refuse)
+    reply = await router.dispatch(request("create_project", {"name": "x"}))
+    assert isinstance(reply, CommandRejected)
+    error = CommandError.from_body(reply.error)
+    assert isinstance(error, ForbiddenError)
+    assert error.details == {"project_id": "p1"}
+
+
+async def test_a_router_only_takes_its_own_services_commands() -> None:
+    router = CommandRouter("scheduler")
+    with pytest.raises(ValueError, match="belongs to session"):
+        router.register(OpenSession, accept)  # type: ignore[arg-type]
+    router = CommandRouter("session")
+    router.register(CreateProject, accept)
+    with pytest.raises(ValueError, match="has a handler"):
+        router.register(CreateProject, accept)
+    reply = await router.dispatch(request("create_project", {"name": "x"}, service="gateway"))
+    assert isinstance(reply, CommandRejected)
