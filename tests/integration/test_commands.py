@@ -46,7 +46,10 @@ async def test_reply_carries_the_handlers_result_and_context(
     await serve(nc, topology, router)
 
     reply = await commands.send(
-        CreateProject(name="alpha"), actor="user:u1", idempotency_key="k1", correlation_id="c1"
+        CreateProject(project_id="p1", name="alpha"),
+        actor="user:u1",
+        idempotency_key="k1",
+        correlation_id="c1",
     )
 
     assert reply.result == {"name": "alpha"}
@@ -98,7 +101,7 @@ async def test_payload_that_fails_validation_is_invalid_with_locations(
 
     router.register(CreateProject, create)
     await serve(nc, topology, router)
-    bad = CreateProject.model_construct(name="")  # bypasses client-side validation
+    bad = CreateProject.model_construct(project_id="p1", name="")  # bypasses client-side validation
 
     with pytest.raises(InvalidError) as info:
         await commands.send(bad, actor="user:u1")
@@ -110,12 +113,12 @@ async def test_unknown_verb_is_invalid(
 ) -> None:
     await serve(nc, topology, CommandRouter("session"))
     with pytest.raises(InvalidError, match="unknown command"):
-        await commands.send(CreateProject(name="a"), actor="user:u1")
+        await commands.send(CreateProject(project_id="p1", name="a"), actor="user:u1")
 
 
 async def test_nobody_listening_is_unavailable(commands: CommandClient) -> None:
     with pytest.raises(UnavailableError):
-        await commands.send(CreateProject(name="a"), actor="user:u1")
+        await commands.send(CreateProject(project_id="p1", name="a"), actor="user:u1")
 
 
 async def test_slow_service_times_out(nc: NATS, topology: Topology) -> None:
@@ -131,7 +134,9 @@ async def test_slow_service_times_out(nc: NATS, topology: Topology) -> None:
     client = CommandClient(nc, topology, timeout=0.3)
 
     with pytest.raises(CommandTimeoutError):
-        await client.send(CreateProject(name="a"), actor="user:u1", idempotency_key="slow-1")
+        await client.send(
+            CreateProject(project_id="p1", name="a"), actor="user:u1", idempotency_key="slow-1"
+        )
     release.set()
     await server.drain(2.0)
 
@@ -149,14 +154,16 @@ async def test_drain_finishes_commands_in_hand(
     router = CommandRouter("session")
     router.register(CreateProject, create)
     server = await serve(nc, topology, router)
-    pending = asyncio.create_task(commands.send(CreateProject(name="a"), actor="user:u1"))
+    pending = asyncio.create_task(
+        commands.send(CreateProject(project_id="p1", name="a"), actor="user:u1")
+    )
     await started.wait()
 
     await server.drain(5.0)
 
     assert (await pending).result == {"done": True}
     with pytest.raises(UnavailableError):  # and no new command is taken
-        await commands.send(CreateProject(name="b"), actor="user:u1")
+        await commands.send(CreateProject(project_id="p1", name="b"), actor="user:u1")
 
 
 async def test_replicas_share_commands_in_a_queue_group(
@@ -176,7 +183,9 @@ async def test_replicas_share_commands_in_a_queue_group(
         router.register(CreateProject, handler(name))
         await serve(nc, topology, router)
 
-    await asyncio.gather(*(commands.send(CreateProject(name="x"), actor="u") for _ in range(40)))
+    await asyncio.gather(
+        *(commands.send(CreateProject(project_id="p1", name="x"), actor="u") for _ in range(40))
+    )
 
     assert len(handled) == 40  # each command handled once, not once per replica
     assert set(handled) == {"a", "b"}

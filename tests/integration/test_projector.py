@@ -198,7 +198,7 @@ async def test_rebuild_swaps_in_while_the_projector_runs(
 
 
 class ProjectsV2(ProjectsProjection):
-    version: ClassVar[int] = 2
+    version: ClassVar[int] = ProjectsProjection.version + 1
 
     def ddl(self, schema: str) -> str:
         return super().ddl(schema) + f"\nALTER TABLE {schema}.projects ADD COLUMN note text;"
@@ -217,7 +217,7 @@ async def test_a_new_projection_version_is_built_from_the_log(
         await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
         await caught_up(nc, pool, topology, [ProjectsV2()])
 
-    assert (await read_all(pool))["projects"].version == 2
+    assert (await read_all(pool))["projects"].version == ProjectsV2.version
     assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == projects + 1
     assert await pool.fetchval("SELECT count(note) FROM proj_projects.projects") == 0
     await assert_equal_to_rebuild(nc, database_url, topology, [ProjectsV2()])

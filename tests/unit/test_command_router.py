@@ -26,14 +26,20 @@ async def accept(ctx: CommandContext[CreateProject]) -> CommandAccepted:
 async def test_dispatch_validates_and_calls_the_handler() -> None:
     router = CommandRouter("session")
     router.register(CreateProject, accept)
-    reply = await router.dispatch(request("create_project", {"name": "  spaced  "}))
+    reply = await router.dispatch(
+        request("create_project", {"project_id": "p1", "name": "  spaced  "})
+    )
     assert isinstance(reply, CommandAccepted)
     assert reply.result == {"name": "spaced"}
 
 
 @pytest.mark.parametrize(
     ("data", "loc"),
-    [({}, "name"), ({"name": ""}, "name"), ({"name": "x", "typo": 1}, "typo")],
+    [
+        ({"project_id": "p"}, "name"),
+        ({"project_id": "p", "name": ""}, "name"),
+        ({"project_id": "p", "name": "x", "typo": 1}, "typo"),
+    ],
 )
 async def test_invalid_payloads_are_refused_with_locations(
     data: dict[str, object], loc: str
@@ -52,7 +58,7 @@ async def test_errors_keep_their_code_and_details() -> None:
 
     router = CommandRouter("session")
     router.register(CreateProject, refuse)
-    reply = await router.dispatch(request("create_project", {"name": "x"}))
+    reply = await router.dispatch(request("create_project", {"project_id": "p1", "name": "x"}))
     assert isinstance(reply, CommandRejected)
     error = CommandError.from_body(reply.error)
     assert isinstance(error, ForbiddenError)
@@ -67,5 +73,7 @@ async def test_a_router_only_takes_its_own_services_commands() -> None:
     router.register(CreateProject, accept)
     with pytest.raises(ValueError, match="has a handler"):
         router.register(CreateProject, accept)
-    reply = await router.dispatch(request("create_project", {"name": "x"}, service="gateway"))
+    reply = await router.dispatch(
+        request("create_project", {"project_id": "p1", "name": "x"}, service="gateway")
+    )
     assert isinstance(reply, CommandRejected)

@@ -137,5 +137,10 @@ class Topology(BaseModel):
     def command_queue_group(self, service: str) -> str:
         return self._subject("svc", service)
 
+    # -- key-value buckets and object stores ----------------------------------------------
+    def bucket(self, name: str) -> str:
+        """A KV bucket or object store of this installation (`idempotency`, `services`, ...)."""
+        return f"{self.namespace}_{name}" if self.namespace else name
+
 
 DEFAULT_TOPOLOGY = Topology()

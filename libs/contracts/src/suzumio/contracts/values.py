@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-Text = Annotated[str, StringConstraints(max_length=1_000_000)]
+
+def _no_nul(value: str) -> str:
+    # Postgres text and jsonb cannot hold NUL, and no person means one: refuse it at the edge
+    # rather than let it reach the log and poison a projection.
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    return value
+
+
+def _no_nul_json(value: Any) -> Any:
+    if isinstance(value, str):
+        _no_nul(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _no_nul(str(key))
+            _no_nul_json(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _no_nul_json(item)
+    return value
+
+
+Clean = Annotated[str, AfterValidator(_no_nul)]
+"""Any text we store: refuses NUL characters."""
+CleanJson = Annotated[dict[str, Any], AfterValidator(_no_nul_json)]
+"""A JSON object we store: refuses NUL characters in keys and strings, however deep."""
+Name = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(_no_nul),
+]
+Text = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(_no_nul)]
 
 
 class Priority(StrEnum):
@@ -71,3 +101,126 @@ class ActivationReason(StrEnum):
     PREEMPT = "preempt"  # a P0 signal cancelled the live one
     RETRY = "retry"
     NUDGE = "nudge"
+
+
+Slug = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+"""A short lowercase name used in URLs and references (`gpu-large`, `openai-main`)."""
+
+
+class Role(StrEnum):
+    """A member's role in a project; each role can do everything the ones below it can."""
+
+    OWNER = "owner"  # + manage owners
+    ADMIN = "admin"  # + agents, profiles, providers, mount grants, members, settings
+    MEMBER = "member"  # + sessions, messages, signals, artifacts, replies
+    VIEWER = "viewer"  # read everything in the project
+
+    @property
+    def rank(self) -> int:
+        return _ROLE_RANK[self]
+
+    def at_least(self, other: Role) -> bool:
+        return self.rank >= other.rank
+
+
+_ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
+
+class Backend(StrEnum):
+    PROCESS = "process"
+    DOCKER = "docker"
+    KUBERNETES = "kubernetes"
+    POOL = "pool"
+
+
+class NetworkProfile(StrEnum):
+    NONE = "none"  # no network at all
+    EGRESS = "egress"  # outbound only (the tool-broker and model providers)
+    FULL = "full"
+
+
+class ResourceLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpus: float = Field(default=1.0, gt=0, le=128)
+    memory_mb: int = Field(default=1_024, ge=64, le=1_048_576)
+    disk_mb: int = Field(default=4_096, ge=16, le=10_485_760)
+    pids: int = Field(default=512, ge=16, le=1_000_000)
+
+
+class Timeouts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wall_clock_seconds: int = Field(default=3_600, ge=1, le=7 * 86_400)
+    idle_seconds: int = Field(default=600, ge=1, le=7 * 86_400)
+
+
+class RuntimeProfileSpec(BaseModel):
+    """How to start an agent's sandbox (DESIGN.md §1: runtime profile)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Backend = Backend.PROCESS
+    image: Clean | None = Field(default=None, max_length=500, description="docker/kubernetes")
+    entry: tuple[Annotated[Clean, StringConstraints(max_length=1_000)], ...] = Field(
+        default=(), max_length=64, description="command to run instead of the image's default"
+    )
+    pool: Slug | None = Field(default=None, description="worker pool, for backend 'pool'")
+    limits: ResourceLimits = ResourceLimits()
+    network: NetworkProfile = NetworkProfile.EGRESS
+    timeouts: Timeouts = Timeouts()
+
+
+class EncryptedSecret(BaseModel):
+    """A secret sealed with the platform's secret key (Fernet); never the plaintext."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ciphertext: str = Field(max_length=20_000)
+    key_id: str = Field(max_length=64, description="fingerprint of the key that sealed it")
+
+
+class ProviderSpec(BaseModel):
+    """Settings of a model provider: where to call and with which (sealed) key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["openai", "anthropic"] = Field(
+        default="openai", description="'openai' means any OpenAI-compatible endpoint"
+    )
+    base_url: Annotated[str, StringConstraints(pattern=r"^https?://[^\s\x00]+$", max_length=2_000)]
+    model: Name
+    fallbacks: tuple[ModelSpec, ...] = Field(default=(), max_length=16)
+    api_key: EncryptedSecret | None = None
+
+
+class WorkspaceMode(StrEnum):
+    COPY = "copy"  # inputs are copied into the activation's workspace
+    MOUNT = "mount"  # granted host directories are mounted
+
+
+class ToolPolicy(StrEnum):
+    ALLOW = "allow"
+    ASK = "ask"  # an approval pending action first
+    DENY = "deny"
+
+
+class MountMode(StrEnum):
+    READ_ONLY = "ro"
+    READ_WRITE = "rw"
+
+
+class AssetRef(BaseModel):
+    """A file of an agent package, stored content-addressed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: Clean = Field(max_length=1_000)
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size: int = Field(ge=0)
+
+
+class PendingKind(StrEnum):
+    QUESTION = "question"
+    APPROVAL = "approval"
+    ARTIFACT_REQUEST = "artifact_request"

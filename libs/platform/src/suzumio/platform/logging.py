@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any, Literal
@@ -16,6 +17,31 @@ def _add_trace_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableM
     if ctx.is_valid:
         event.setdefault("trace_id", format(ctx.trace_id, "032x"))
         event.setdefault("span_id", format(ctx.span_id, "016x"))
+    return event
+
+
+_SECRET_FIELD = re.compile(
+    r"(^|_)(secret|password|passwd|token|api_?key|authorization|cookie)($|_)", re.IGNORECASE
+)
+_SECRET_TEXT = re.compile(
+    r"(szm_[A-Za-z0-9]+_[A-Za-z0-9_-]{16,}|sk-[A-Za-z0-9_-]{16,}|gAAAAA[A-Za-z0-9_=-]{20,})"
+)
+REDACTED = "<redacted>"
+
+
+def redact_text(text: str) -> str:
+    """`text` with anything that looks like a Suzumio API key, a provider key or a sealed
+    secret replaced."""
+    return _SECRET_TEXT.sub(REDACTED, text)
+
+
+def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Keep secrets out of logs: fields named like secrets, and key-shaped strings anywhere."""
+    for key, value in list(event.items()):
+        if isinstance(key, str) and key != "event" and _SECRET_FIELD.search(key):
+            event[key] = REDACTED
+        elif isinstance(value, str):
+            event[key] = redact_text(value)
     return event
 
 
@@ -34,6 +60,7 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _add_trace_ids,
+        _redact,
     ]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()

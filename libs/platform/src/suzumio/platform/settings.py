@@ -28,6 +28,9 @@ class PlatformSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     db_pool_max: int = Field(default=10, ge=1, le=200)
+    secret_key: SecretStr | None = Field(
+        default=None, description="Fernet key(s), comma-separated, current first"
+    )
 
     def topology(self) -> Topology:
         return Topology(namespace=self.namespace, replicas=self.replicas)

@@ -7,6 +7,8 @@ from typing import Annotated
 import typer
 
 from suzumio.cli import projections
+from suzumio.cli.admin import bootstrap_admin
+from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
 from suzumio.platform.logging import configure_logging
 from suzumio.platform.settings import PlatformSettings
@@ -42,3 +44,18 @@ def up(
         ServiceSpec("gateway", api_port),
     )
     raise typer.Exit(Supervisor(PlatformSettings(), host=host, services=services).run())
+
+
+@app.command("bootstrap-admin")
+def bootstrap_admin_command() -> None:
+    """Create the platform's first admin and print its API key (once). `suzumio up` does this
+    by itself; use this where the services run elsewhere (Compose, Kubernetes)."""
+
+    async def run(platform: Platform) -> str | None:
+        return await bootstrap_admin(platform.nc, platform.topology, None)
+
+    key = with_platform(run)
+    if key is None:
+        print("The platform has an admin already.")
+        raise typer.Exit(1)
+    print(key)

@@ -17,9 +17,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from suzumio.cli.admin import ADMIN_KEY_FILE, bootstrap_admin
+from suzumio.platform.bus import connection
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.embedded.process import child_setup
 from suzumio.platform.logging import get_logger
+from suzumio.platform.secrets import secret_keys
 from suzumio.platform.service.probe import get_status
 from suzumio.platform.settings import PlatformSettings
 
@@ -72,6 +75,7 @@ class Supervisor:
             db_url = db_url or (servers.postgres.url if servers.postgres else None)
         assert nats_url
         assert db_url
+        secret_keys(self.settings)  # made once here, before the children race to make it
         env = {
             **os.environ,
             "SUZUMIO_NATS_URL": nats_url,
@@ -155,6 +159,7 @@ class Supervisor:
             names = ", ".join(sorted(s.name for s in waiting))
             print(f"Still not ready after {self.ready_timeout:.0f}s: {names}", flush=True)
             return
+        admin = await self._bootstrap_admin(nats_url)
         api = next(s for s in self.services if s.name == "gateway")
         broker = next(s for s in self.services if s.name == "toolbroker")
         print(
@@ -162,9 +167,26 @@ class Supervisor:
             f"  API and web page: http://{self.host}:{api.port}  (OpenAPI: /docs)\n"
             f"  tool-broker:      http://{self.host}:{broker.port}\n"
             f"  NATS:             {nats_url}\n"
+            f"{admin}"
             "Press Ctrl-C to stop.\n",
             flush=True,
         )
+
+    async def _bootstrap_admin(self, nats_url: str) -> str:
+        data_dir = self.settings.data_dir.resolve()
+        nc = await connection.connect(nats_url, "suzumio-supervisor")
+        try:
+            key = await bootstrap_admin(nc, self.settings.topology(), data_dir)
+        finally:
+            await nc.close()
+        if key is not None:
+            return (
+                f"  admin API key:    {key}\n"
+                f"                    (shown once; also in {data_dir / ADMIN_KEY_FILE})\n"
+            )
+        if (data_dir / ADMIN_KEY_FILE).exists():
+            return f"  admin API key:    in {data_dir / ADMIN_KEY_FILE}\n"
+        return "  admin API key:    the platform has an admin already\n"
 
     async def _stop_all(self) -> None:
         # Reverse start order: the gateway stops taking requests first, the session service

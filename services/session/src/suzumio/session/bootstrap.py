@@ -1,4 +1,4 @@
-"""Wires the session service: its command server and the projector."""
+"""Wires the session service: the command handlers, the projector and the expiry clock."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ from suzumio.platform.bus.commands import CommandServer
 from suzumio.platform.projections import load_projections
 from suzumio.platform.projections.projector import Projector
 from suzumio.platform.service import ServiceRuntime
+from suzumio.session.expiry import ExpiryClock
 from suzumio.session.handlers import build_router
+from suzumio.session.handlers.base import Context, utcnow
+from suzumio.session.repository import Repository
 from suzumio.session.settings import SessionSettings
 
 
 async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     settings = runtime.settings
     assert isinstance(settings, SessionSettings)
-    server = CommandServer(runtime.nc, runtime.topology, build_router(runtime.store))
+    context = Context(Repository(runtime.store), settings.allowed_mount_roots(), utcnow)
+    router = build_router(context)
+    expiry = ExpiryClock(runtime.pool, router, utcnow)
+    context.on_pending_action = expiry.notify
+    server = CommandServer(runtime.nc, runtime.topology, router)
     await server.start()
     runtime.on_drain(server.drain)
+    runtime.background("expiry", expiry.run)
     if settings.run_projector:
         projector = Projector(
             runtime.nc,

@@ -6,13 +6,31 @@ from suzumio.contracts.events.activation import (
     ActivationFailed,
     ActivationStarted,
     ActivationTimedOut,
+    ToolCallFinished,
+    ToolCallStarted,
 )
-from suzumio.contracts.events.agent import AgentCreated, AgentDisabled, AgentUpdated
+from suzumio.contracts.events.agent import AgentCreated, AgentDisabled, AgentEnabled, AgentUpdated
+from suzumio.contracts.events.artifact import ArtifactDeleted, ArtifactRecorded
 from suzumio.contracts.events.consumer import MessageParked
+from suzumio.contracts.events.pending_action import (
+    PendingActionAnswered,
+    PendingActionCancelled,
+    PendingActionCreated,
+    PendingActionExpired,
+)
 from suzumio.contracts.events.project import (
+    MemberAdded,
+    MemberRemoved,
+    MemberRoleChanged,
+    MountGranted,
+    MountRevoked,
     ProjectCreated,
     ProjectLimitsChanged,
     ProjectRenamed,
+    ProviderRemoved,
+    ProviderSet,
+    RuntimeProfileRemoved,
+    RuntimeProfileSet,
 )
 from suzumio.contracts.events.session import (
     ActivationCancelRequested,
@@ -25,6 +43,7 @@ from suzumio.contracts.events.session import (
     SignalRecorded,
     SignalsDelivered,
 )
+from suzumio.contracts.events.user import ApiKeyCreated, ApiKeyRevoked, UserCreated
 
 __all__ = [
     "ActivationCancelRequested",
@@ -36,11 +55,29 @@ __all__ = [
     "ActivationTimedOut",
     "AgentCreated",
     "AgentDisabled",
+    "AgentEnabled",
     "AgentUpdated",
+    "ApiKeyCreated",
+    "ApiKeyRevoked",
+    "ArtifactDeleted",
+    "ArtifactRecorded",
+    "MemberAdded",
+    "MemberRemoved",
+    "MemberRoleChanged",
     "MessageParked",
+    "MountGranted",
+    "MountRevoked",
+    "PendingActionAnswered",
+    "PendingActionCancelled",
+    "PendingActionCreated",
+    "PendingActionExpired",
     "ProjectCreated",
     "ProjectLimitsChanged",
     "ProjectRenamed",
+    "ProviderRemoved",
+    "ProviderSet",
+    "RuntimeProfileRemoved",
+    "RuntimeProfileSet",
     "SessionClosed",
     "SessionMessageAppended",
     "SessionOpened",
@@ -48,4 +85,7 @@ __all__ = [
     "SignalClosed",
     "SignalRecorded",
     "SignalsDelivered",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "UserCreated",
 ]

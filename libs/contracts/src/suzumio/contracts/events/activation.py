@@ -7,7 +7,7 @@ ends it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -51,3 +51,23 @@ class ActivationTimedOut(DomainEvent):
 TERMINAL_ACTIVATION_EVENTS: frozenset[str] = frozenset(
     {"activation.completed", "activation.failed", "activation.cancelled", "activation.timed_out"}
 )
+
+
+@event("activation.tool_call_started")
+class ToolCallStarted(DomainEvent):
+    """Audit record of a tool call (written by the tool-broker)."""
+
+    call_id: str = Field(max_length=200)
+    tool: str = Field(max_length=200)
+    arguments_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    arguments_size: int = Field(ge=0)
+
+
+@event("activation.tool_call_finished")
+class ToolCallFinished(DomainEvent):
+    call_id: str = Field(max_length=200)
+    status: Literal["ok", "error", "denied", "timeout", "cancelled"]
+    result_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    result_size: int = Field(default=0, ge=0)
+    duration_ms: int = Field(ge=0)
+    error: str = Field(default="", max_length=2_000)

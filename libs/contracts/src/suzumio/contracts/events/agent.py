@@ -6,7 +6,15 @@ from pydantic import Field
 
 from suzumio.contracts.envelope import DomainEvent, event
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.values import ModelSpec, Name, Text
+from suzumio.contracts.values import (
+    AssetRef,
+    ModelSpec,
+    Name,
+    Slug,
+    Text,
+    ToolPolicy,
+    WorkspaceMode,
+)
 
 
 @event("agent.created")
@@ -19,7 +27,12 @@ class AgentCreated(DomainEvent):
     fallbacks: tuple[ModelSpec, ...] = ()
     tools: tuple[str, ...] = ()
     toolpacks: tuple[str, ...] = ()
-    runtime_profile: str | None = None
+    runtime_profile: Slug | None = None
+    description: str = ""
+    permissions: dict[str, ToolPolicy] = Field(default_factory=dict)
+    env_facts: dict[str, str] = Field(default_factory=dict)
+    workspace_mode: WorkspaceMode = WorkspaceMode.COPY
+    assets: tuple[AssetRef, ...] = ()
 
 
 @event("agent.updated")
@@ -33,9 +46,19 @@ class AgentUpdated(DomainEvent):
     fallbacks: tuple[ModelSpec, ...] | None = None
     tools: tuple[str, ...] | None = None
     toolpacks: tuple[str, ...] | None = None
-    runtime_profile: str | None = None
+    runtime_profile: Slug | None = None
+    description: str | None = None
+    permissions: dict[str, ToolPolicy] | None = None
+    env_facts: dict[str, str] | None = None
+    workspace_mode: WorkspaceMode | None = None
+    assets: tuple[AssetRef, ...] | None = None
 
 
 @event("agent.disabled")
 class AgentDisabled(DomainEvent):
     reason: str = Field(default="", max_length=2_000)
+
+
+@event("agent.enabled")
+class AgentEnabled(DomainEvent):
+    pass

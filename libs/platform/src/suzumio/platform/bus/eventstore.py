@@ -377,19 +377,26 @@ class EventStore:
                 self._heads.popitem(last=False)
 
     # -- reading -------------------------------------------------------------------------
-    async def load(self, aggregate: str, aggregate_id: str) -> AggregateStream:
-        """Every event of one aggregate, typed and upcast, in version order.
+    async def load(
+        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+    ) -> AggregateStream:
+        """The events of one aggregate, typed and upcast, in version order; with `after`,
+        only those newer than that head (to bring a cached state up to date).
 
         Raises:
             UnknownEventTypeError: an event of a type this code does not know.
         """
         subject = self.topology.event_subject(aggregate, aggregate_id)
+        after = after or Head(0, 0)
         events: list[RecordedEvent[DomainEvent]] = []
-        async for stored in iter_subject(self._nc, self._stream, subject, timeout=self._timeout):
+        async for stored in iter_subject(
+            self._nc, self._stream, subject, after_seq=after.seq, timeout=self._timeout
+        ):
             envelope = EventEnvelope.model_validate_json(stored.data)
-            if envelope.version != len(events) + 1:
+            expected = after.version + len(events) + 1
+            if envelope.version != expected:
                 raise PlatformError(
-                    f"{subject}: version {envelope.version} at position {len(events) + 1}"
+                    f"{subject}: version {envelope.version} where {expected} was due"
                 )
             events.append(RecordedEvent(envelope, decode_data(envelope), stored.seq))
         stream = AggregateStream(aggregate, aggregate_id, tuple(events))

@@ -43,6 +43,7 @@ from suzumio.platform.projections.apply import (
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import LogEntry, decode_entry
 from suzumio.platform.projections.parking import record_parked
+from suzumio.platform.projections.positions import notify
 from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
 
 log = get_logger(__name__)
@@ -272,4 +273,5 @@ class Projector:
                     )
                     moves[p.name] = last
             await checkpoints.move(conn, moves)
+            await notify(conn, last)
         return parked

@@ -25,6 +25,7 @@ from suzumio.platform.projections import checkpoints
 from suzumio.platform.projections.apply import Parked, PoisonTracker, apply_entries
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import decode_entry
+from suzumio.platform.projections.positions import notify
 from suzumio.platform.projections.reader import LogReader
 
 log = get_logger(__name__)
@@ -81,6 +82,7 @@ async def rebuild(
                     await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
                     for p in projections:
                         await _swap_in(conn, p, targets[p.name], replay.position)
+                    await notify(conn, replay.position)
         seconds = time.perf_counter() - started
         log.info(
             "projections.rebuilt",

@@ -15,6 +15,18 @@ from typing import Any
 from suzumio.platform.db.pool import Connection
 
 
+def clean(value: Any) -> Any:
+    """`value` with NUL characters replaced (U+FFFD), however deep: Postgres text and jsonb
+    cannot hold NUL, and a projection must never stall on what a writer let through."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value
+
+
 @dataclass
 class _Row:
     inserted: bool = False
@@ -35,10 +47,10 @@ class RowChanges:
         self._rows: dict[Hashable, _Row] = {}
 
     def insert(self, key: Hashable, **values: Any) -> None:
-        self._rows[key] = _Row(inserted=True, values=dict(values))
+        self._rows[key] = _Row(inserted=True, values={k: clean(v) for k, v in values.items()})
 
     def set(self, key: Hashable, **values: Any) -> None:
-        self._rows.setdefault(key, _Row()).values.update(values)
+        self._rows.setdefault(key, _Row()).values.update({k: clean(v) for k, v in values.items()})
 
     def incr(self, key: Hashable, **deltas: int) -> None:
         row = self._rows.setdefault(key, _Row())

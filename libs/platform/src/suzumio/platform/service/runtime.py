@@ -29,11 +29,13 @@ from suzumio.platform.bus import connection
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.bus.jsapi import ensure_streams
+from suzumio.platform.bus.kv import ensure_kv
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.logging import configure_logging, get_logger
+from suzumio.platform.service import heartbeat
 from suzumio.platform.service.health import Readiness
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
 
@@ -115,11 +117,26 @@ class ServiceRuntime:
         await apply_migrations(self._pool, platform_migrations())
         self._store = EventStore(self._nc, self.topology)
         self._readiness = Readiness(self.name, self._nc, self._pool, self.topology)
+        services = await ensure_kv(
+            self._nc.jetstream(),
+            self.topology.bucket(heartbeat.BUCKET),
+            ttl=heartbeat.TTL_SECONDS,
+            replicas=self.settings.replicas,
+        )
+        beat = heartbeat.Heartbeat(services, self.name, self.instance, self._describe)
+        self.background("heartbeat", beat.run)
         telemetry.meter.create_observable_gauge(
             "suzumio_projection_lag",
             callbacks=[self._readiness.observe_lag],
             description="events in the log not yet applied, per projection",
         )
+
+    def _describe(self) -> dict[str, Any]:
+        return {
+            "http": f"http://{self.settings.http_host}:{self.http_port}",
+            "pid": os.getpid(),
+            "draining": self._readiness.draining if self._readiness else False,
+        }
 
     async def close(self) -> None:
         if self._nc is not None and not self._nc.is_closed:

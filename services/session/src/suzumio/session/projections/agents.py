@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from suzumio.contracts.events import AgentCreated, AgentDisabled, AgentUpdated
+from suzumio.contracts.events import AgentCreated, AgentDisabled, AgentEnabled, AgentUpdated
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Events, Projection
 from suzumio.platform.projections.writes import RowChanges
@@ -12,9 +12,9 @@ from suzumio.platform.projections.writes import RowChanges
 
 class AgentsProjection(Projection):
     name: ClassVar[str] = "agents"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
     handles: ClassVar[frozenset[str]] = frozenset(
-        {AgentCreated.event_type, AgentUpdated.event_type, AgentDisabled.event_type}
+        c.event_type for c in (AgentCreated, AgentUpdated, AgentDisabled, AgentEnabled)
     )
     tables: ClassVar[tuple[str, ...]] = ("agents",)
 
@@ -26,10 +26,15 @@ class AgentsProjection(Projection):
             name text NOT NULL,
             role text NOT NULL,
             prompt text NOT NULL,
+            description text NOT NULL,
             model jsonb NOT NULL,
             fallbacks jsonb NOT NULL,
             tools jsonb NOT NULL,
             toolpacks jsonb NOT NULL,
+            permissions jsonb NOT NULL,
+            env_facts jsonb NOT NULL,
+            assets jsonb NOT NULL,
+            workspace_mode text NOT NULL,
             runtime_profile text,
             disabled boolean NOT NULL DEFAULT false,
             disabled_reason text NOT NULL DEFAULT '',
@@ -38,7 +43,7 @@ class AgentsProjection(Projection):
             version integer NOT NULL,
             position bigint NOT NULL
         );
-        CREATE INDEX ON {schema}.agents (project_id);
+        CREATE INDEX ON {schema}.agents (project_id, created_at);
         """
 
     async def apply(self, conn: Connection, schema: str, events: Events) -> None:
@@ -54,8 +59,11 @@ class AgentsProjection(Projection):
                         **stamp,
                     )
                 case AgentUpdated() as d:
-                    changed = d.model_dump(mode="json", exclude_none=True)
-                    rows.set(e.aggregate_id, **changed, **stamp)
+                    rows.set(
+                        e.aggregate_id, **d.model_dump(mode="json", exclude_none=True), **stamp
+                    )
                 case AgentDisabled() as d:
                     rows.set(e.aggregate_id, disabled=True, disabled_reason=d.reason, **stamp)
+                case AgentEnabled():
+                    rows.set(e.aggregate_id, disabled=False, disabled_reason="", **stamp)
         await rows.flush(conn)

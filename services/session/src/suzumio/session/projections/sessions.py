@@ -12,7 +12,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Events, Projection
-from suzumio.platform.projections.writes import RowChanges
+from suzumio.platform.projections.writes import RowChanges, clean
 
 
 class SessionsProjection(Projection):
@@ -83,16 +83,19 @@ class SessionsProjection(Projection):
                     )
                 case SessionMessageAppended() as d:
                     messages.append(
-                        (
-                            e.aggregate_id,
-                            e.version,
-                            d.message_id,
-                            d.author.kind,
-                            d.author.id,
-                            d.role,
-                            d.text,
-                            e.occurred_at,
-                            e.seq,
+                        tuple(
+                            clean(v)
+                            for v in (
+                                e.aggregate_id,
+                                e.version,
+                                d.message_id,
+                                d.author.kind,
+                                d.author.id,
+                                d.role,
+                                d.text,
+                                e.occurred_at,
+                                e.seq,
+                            )
                         )
                     )
                     sessions.incr(e.aggregate_id, message_count=1)

@@ -1,0 +1,74 @@
+"""Read-your-writes: waiting until the read models reached a position of the log.
+
+The projector notifies `suzumio_projections` on every commit; a `PositionWatcher` keeps the
+lowest checkpoint of all projections and wakes whoever waits for a position at or below it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from suzumio.platform.db import pool as db
+from suzumio.platform.db.pool import Connection
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+CHANNEL = "suzumio_projections"
+MIN_POSITION = "SELECT coalesce(min(position), 0) FROM suzumio.projection_checkpoints"
+
+
+async def notify(conn: Connection, position: int) -> None:
+    """Tell watchers (at commit) that read models moved; call inside the batch transaction."""
+    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, str(position))
+
+
+class PositionWatcher:
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self.position = 0
+        self._changed = asyncio.Condition()
+        self._conn: Connection | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Listen (reconnecting as needed) until `stop` is set."""
+        while not stop.is_set():
+            try:
+                self._conn = await db.connect(self._dsn, "suzumio-positions")
+                await self._conn.add_listener(CHANNEL, self._on_notify)
+                await self._refresh()
+                while not stop.is_set() and not self._conn.is_closed():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 5.0)
+                    await self._refresh()  # also a safety net for a lost notification
+            except Exception as exc:
+                log.warning("positions.listener_failed", error=repr(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+            finally:
+                if self._conn is not None:
+                    with contextlib.suppress(Exception):
+                        await self._conn.close()
+
+    def _on_notify(self, *_: object) -> None:
+        asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        if self._conn is None or self._conn.is_closed():
+            return
+        position = int(await self._conn.fetchval(MIN_POSITION))
+        if position != self.position:
+            self.position = position
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def wait_for(self, position: int, timeout: float) -> bool:
+        """True once every read model reflects `position`; False after `timeout` seconds."""
+        if self.position >= position:
+            return True
+        try:
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(lambda: self.position >= position)
+        except TimeoutError:
+            return False
+        return True

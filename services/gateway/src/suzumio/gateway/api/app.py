@@ -1,0 +1,66 @@
+"""The FastAPI application: routers, problem handlers, the idempotency middleware."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi import FastAPI
+from starlette.routing import BaseRoute
+
+from suzumio.gateway.api.idempotency import IdempotencyMiddleware
+from suzumio.gateway.api.problems import HANDLERS
+from suzumio.gateway.api.routes import (
+    agents,
+    artifacts,
+    cluster,
+    mounts,
+    pending_actions,
+    projects,
+    sessions,
+    stream,
+    users,
+)
+from suzumio.gateway.state import Gateway
+
+ROUTERS = (
+    users.router,
+    projects.router,
+    mounts.router,
+    agents.router,
+    sessions.router,
+    stream.router,
+    artifacts.router,
+    pending_actions.router,
+    cluster.router,
+)
+
+DESCRIPTION = """\
+The public API of Suzumio, a control plane for LLM agents.
+
+* **Auth**: every call carries an API key: `Authorization: Bearer szm_...` (or `X-API-Key`).
+* **Errors** are `application/problem+json` with a stable `code`.
+* **Not yours = not there**: an object of a project you are not a member of answers 404.
+* **Idempotency**: send `Idempotency-Key` with any POST; a retry gets the first answer.
+* **Read your writes**: writes answer with a `Suzumio-Position` header; pass it back as
+  `?min_position=` (or `Suzumio-Min-Position`) and the read waits until it is reflected.
+* **Lists** are paged: `?limit=&cursor=`, answered with `{items, next_cursor}`.
+"""
+
+
+def create_app(gateway: Gateway, extra_routes: Sequence[BaseRoute]) -> FastAPI:
+    app = FastAPI(
+        title="Suzumio API",
+        version="0.1.0",
+        description=DESCRIPTION,
+        exception_handlers=HANDLERS,  # type: ignore[arg-type]
+    )
+    app.state.gateway = gateway
+    for router in ROUTERS:
+        app.include_router(router)
+    app.router.routes.extend(extra_routes)
+    app.add_middleware(
+        IdempotencyMiddleware,
+        kv=lambda: app.state.gateway.idempotency,
+        box=lambda: app.state.gateway.secrets,
+    )
+    return app

@@ -1,0 +1,120 @@
+"""Dependencies of the routes, as `Annotated` aliases (FastAPI's full-stack template style)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Query, Request, Response
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from suzumio.contracts.values import Role
+from suzumio.gateway.api.auth import Principal
+from suzumio.gateway.api.problems import ApiError, not_found
+from suzumio.gateway.state import Gateway
+from suzumio.platform.bus.jsapi import stream_last_seq
+
+POSITION_HEADER = "Suzumio-Position"
+MIN_POSITION_HEADER = "Suzumio-Min-Position"
+
+_bearer = HTTPBearer(auto_error=False, description="an API key: `Bearer szm_...`")
+_api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="an API key")
+
+
+def gateway(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+
+
+async def authenticate(gw: Gateway, key: str | None) -> Principal:
+    if not key:
+        raise ApiError(401, "an API key is required", headers={"WWW-Authenticate": "Bearer"})
+    principal = await gw.keys.principal(key)
+    if principal is None and gw.positions.position < await _log_end(gw):
+        # A key created a moment ago may not be in the read model yet: let it catch up.
+        await gw.positions.wait_for(await _log_end(gw), 2.0)
+        principal = await gw.keys.principal(key, refresh=True)
+    if principal is None:
+        raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+async def _log_end(gw: Gateway) -> int:
+    return await stream_last_seq(gw.nc, gw.topology.events_stream)
+
+
+async def principal(
+    gw: GatewayDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_api_key)],
+) -> Principal:
+    return await authenticate(gw, bearer.credentials if bearer else api_key)
+
+
+PrincipalDep = Annotated[Principal, Depends(principal)]
+
+
+async def read_position(
+    gw: GatewayDep,
+    response: Response,
+    min_position: Annotated[
+        int | None,
+        Query(ge=0, description="wait until the read models reflect this log position"),
+    ] = None,
+    header: Annotated[int | None, Header(alias=MIN_POSITION_HEADER, ge=0)] = None,
+) -> int:
+    """Read-your-writes: waits for the position a write answered with, then reads."""
+    wanted = max(min_position or 0, header or 0)
+    if wanted > gw.positions.position and wanted > await _log_end(gw):
+        raise ApiError(422, f"position {wanted} is beyond the end of the log")
+    if wanted and not await gw.positions.wait_for(wanted, gw.settings.read_your_writes_timeout):
+        raise ApiError(504, f"the read models have not reached position {wanted} yet")
+    response.headers[POSITION_HEADER] = str(gw.positions.position)
+    return gw.positions.position
+
+
+ReadPosition = Annotated[int, Depends(read_position)]
+
+
+def require_admin(who: PrincipalDep) -> Principal:
+    if not who.admin:
+        raise ApiError(403, "only a platform admin may do this")
+    return who
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]
+
+
+async def role_in_project(gw: Gateway, who: Principal, project_id: str) -> Role | None:
+    if who.admin:
+        exists = await gw.pool.fetchval(
+            "SELECT true FROM proj_projects.projects WHERE id = $1", project_id
+        )
+        return Role.OWNER if exists else None
+    role = await gw.pool.fetchval(
+        "SELECT role FROM proj_projects.members WHERE project_id = $1 AND user_id = $2",
+        project_id,
+        who.user_id,
+    )
+    return Role(role) if role else None
+
+
+async def require_role(
+    gw: Gateway, who: Principal, project_id: str, needed: Role, what: str
+) -> Role:
+    """The caller's role in the project if at least `needed`: 404 when the caller cannot see
+    the project at all (exactly like a missing object), 403 when they see it but may not."""
+    role = await role_in_project(gw, who, project_id)
+    if role is None:
+        raise not_found(what)
+    if not role.at_least(needed):
+        raise ApiError(403, f"a {needed.value} of the project may do this; you are {role.value}")
+    return role
+
+
+def written(response: Response, position: int) -> None:
+    """Tell the client where its write is in the log (pass it back as `min_position`)."""
+    if position:
+        response.headers[POSITION_HEADER] = str(position)

@@ -1,0 +1,178 @@
+"""`Idempotency-Key` on every POST: a retried request gets the first one's response.
+
+The first response (status, body, the headers that matter) is kept in a KV bucket for 24 h,
+keyed by the caller's credentials, the path and the key, sealed with the platform's secret key
+(some first responses show a new API key once; the bucket must not hold it in the clear).
+The same key with a different body is refused (422); a retry while the first is still
+running gets 409. Server errors are not kept, so a retry after one runs again. As ASGI
+middleware, no POST route can forget it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from suzumio.gateway.api.problems import problem_response
+from suzumio.platform.logging import get_logger
+from suzumio.platform.secrets import SecretBox
+
+log = get_logger(__name__)
+HEADER = b"idempotency-key"
+KEPT_HEADERS = {b"content-type", b"location", b"suzumio-position"}
+STALE_PENDING_SECONDS = 60.0
+MAX_BUFFERED_BODY = 16 * 1024 * 1024
+
+
+class IdempotencyMiddleware:
+    def __init__(
+        self, app: ASGIApp, kv: Callable[[], KeyValue], box: Callable[[], SecretBox]
+    ) -> None:
+        self.app = app
+        self._kv = kv
+        self._box = box
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        key = headers.get(HEADER)
+        if key is None:
+            await self.app(scope, receive, send)
+            return
+        if not 1 <= len(key) <= 255 or not all(33 <= c <= 126 for c in key):
+            await problem_response(
+                422, "invalid", "Idempotency-Key must be 1-255 visible ASCII characters"
+            )(scope, receive, send)
+            return
+        credentials = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+        path = scope["path"].encode() + b"?" + scope.get("query_string", b"")
+        slot = hashlib.sha256(b"\n".join([credentials, path, key])).hexdigest()
+        receive, fingerprint = await _fingerprint(headers, path, receive)
+        await self._handle(slot, fingerprint, scope, receive, send)
+
+    async def _handle(
+        self, slot: str, fingerprint: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        kv = self._kv()
+        pending = json.dumps({"state": "pending", "fp": fingerprint, "at": time.time()}).encode()
+        try:
+            await kv.create(slot, pending)
+        except KeyWrongLastSequenceError:
+            answered = await self._existing(kv, slot, fingerprint, pending)
+            if answered is not None:
+                await answered(scope, receive, send)
+                return
+        recorded = _Recorder(send)
+        try:
+            await self.app(scope, receive, recorded.send)
+        finally:
+            await self._keep(kv, slot, fingerprint, recorded)
+
+    async def _existing(
+        self, kv: KeyValue, slot: str, fingerprint: str, pending: bytes
+    ) -> ASGIApp | None:
+        entry = await kv.get(slot)
+        record = json.loads(entry.value or b"{}")
+        if record.get("fp") != fingerprint:
+            return problem_response(
+                422, "invalid", "this Idempotency-Key was used with a different request"
+            )
+        if record.get("state") == "done":
+            return _replay(record, self._box())
+        if time.time() - record.get("at", 0) < STALE_PENDING_SECONDS:
+            return problem_response(
+                409, "conflict", "a request with this Idempotency-Key is still in progress"
+            )
+        try:  # the first attempt died mid-way: take over
+            await kv.update(slot, pending, last=entry.revision)
+        except KeyWrongLastSequenceError:
+            return problem_response(
+                409, "conflict", "a request with this Idempotency-Key is still in progress"
+            )
+        return None
+
+    async def _keep(self, kv: KeyValue, slot: str, fingerprint: str, recorded: _Recorder) -> None:
+        try:
+            if recorded.status is None or recorded.status >= 500 or recorded.too_big:
+                await kv.delete(slot)
+                return
+            record = {
+                "state": "done",
+                "fp": fingerprint,
+                "status": recorded.status,
+                "headers": [[k.decode(), v.decode()] for k, v in recorded.headers],
+                "body": self._box().seal_bytes(bytes(recorded.body)).decode(),
+            }
+            await kv.put(slot, json.dumps(record).encode())
+        except Exception:
+            log.exception("idempotency.keep_failed")
+
+
+async def _fingerprint(
+    headers: dict[bytes, bytes], path: bytes, receive: Receive
+) -> tuple[Receive, str]:
+    content_type = headers.get(b"content-type", b"")
+    if content_type.startswith(b"multipart/"):  # uploads stream through, unbuffered
+        return receive, hashlib.sha256(path + headers.get(b"content-length", b"")).hexdigest()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= MAX_BUFFERED_BODY:
+            chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay_body() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay_body, hashlib.sha256(path + b"\n" + body).hexdigest()
+
+
+class _Recorder:
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = bytearray()
+        self.too_big = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = [(k, v) for k, v in message.get("headers", []) if k in KEPT_HEADERS]
+        elif message["type"] == "http.response.body":
+            if len(self.body) < MAX_BUFFERED_BODY:
+                self.body.extend(message.get("body", b""))
+            else:
+                self.too_big = True
+        await self._send(message)
+
+
+def _replay(record: dict[str, Any], box: SecretBox) -> ASGIApp:
+    body = box.open_bytes(record["body"].encode())
+    headers = [(k.encode(), v.encode()) for k, v in record["headers"]]
+    headers += [(b"content-length", str(len(body)).encode()), (b"idempotent-replayed", b"true")]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG001
+        await send({"type": "http.response.start", "status": record["status"], "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app

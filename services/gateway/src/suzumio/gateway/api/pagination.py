@@ -1,0 +1,72 @@
+"""Cursor pagination: `?limit=&cursor=`, answered with `{items, next_cursor}`.
+
+A cursor is an opaque token naming the last row a page ended on (its sort key and id), so
+pages stay stable while rows are added.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Annotated, Any, Generic, TypeVar
+
+from fastapi import Query
+from pydantic import BaseModel, Field
+
+from suzumio.gateway.api.problems import ApiError
+
+T = TypeVar("T")
+MAX_LIMIT = 200
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: end")
+
+
+class PageRequest(BaseModel):
+    limit: int
+    after: tuple[Any, str] | None  # (sort key, id) of the last row already seen
+
+
+def page_request(
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size")] = 50,
+    cursor: Annotated[str | None, Query(max_length=500, description="from `next_cursor`")] = None,
+) -> PageRequest:
+    return PageRequest(limit=limit, after=decode_cursor(cursor) if cursor else None)
+
+
+def encode_cursor(sort_key: Any, row_id: str) -> str:
+    value = sort_key.isoformat() if isinstance(sort_key, datetime) else sort_key
+    raw = json.dumps([value, row_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[Any, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        sort_key, row_id = json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise ApiError(422, "the cursor is not one this API gave out") from exc
+    if not isinstance(row_id, str):
+        raise ApiError(422, "the cursor is not one this API gave out")
+    return sort_key, row_id
+
+
+def as_datetime(value: Any) -> datetime:
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(422, "the cursor is not one this API gave out") from exc
+
+
+def page_of(rows: Sequence[Any], limit: int, sort_key: str, build: Any) -> Page[Any]:
+    """The page for `rows` fetched with LIMIT limit+1 (the extra row says: there is more)."""
+    items = [build(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    last = rows[limit - 1] if more else None
+    return Page(
+        items=items, next_cursor=encode_cursor(last[sort_key], last["id"]) if last else None
+    )

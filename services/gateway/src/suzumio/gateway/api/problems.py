@@ -1,0 +1,177 @@
+"""Errors as RFC 9457 problem details, with a stable `code` clients can switch on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from suzumio.contracts.errors import CommandError, ErrorCode
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+PROBLEM_JSON = "application/problem+json"
+
+STATUS_BY_CODE = {
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.INVALID: 422,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.INTERNAL: 500,
+}
+CODE_BY_STATUS = {
+    400: "invalid",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+    429: "rate_limited",
+    500: "internal",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
+class Problem(BaseModel):
+    """What every error response carries (RFC 9457)."""
+
+    type: str = Field(default="about:blank")
+    title: str
+    status: int
+    code: str = Field(description="stable machine-readable error code")
+    detail: str = ""
+    errors: list[dict[str, Any]] | None = Field(default=None, description="per-field errors")
+
+
+class ApiError(Exception):
+    """An error a route raises directly (not from a command)."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code or CODE_BY_STATUS.get(status, "error")
+        self.detail = detail
+        self.headers = headers
+        self.extra = extra
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, f"{what} not found")
+
+
+def problem_response(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    errors: list[dict[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    title = {
+        404: "Not Found",
+        409: "Conflict",
+        422: "Unprocessable Content",
+        401: "Unauthorized",
+        403: "Forbidden",
+        413: "Content Too Large",
+        503: "Service Unavailable",
+        504: "Gateway Timeout",
+        500: "Internal Server Error",
+    }.get(status, "Error")
+    body = Problem(title=title, status=status, code=code, detail=detail, errors=errors)
+    return JSONResponse(
+        body.model_dump(exclude_none=True),
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+async def _command_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CommandError)
+    errors = exc.details.get("errors") if isinstance(exc.details.get("errors"), list) else None
+    return problem_response(
+        STATUS_BY_CODE.get(exc.code, 500), exc.code.value, exc.message, errors=errors
+    )
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return problem_response(exc.status, exc.code, exc.detail, headers=exc.headers)
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = CODE_BY_STATUS.get(exc.status_code, "error")
+    return problem_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {
+            "loc": ".".join(str(p) for p in e.get("loc", ())),
+            "msg": e.get("msg", ""),
+            "type": e.get("type", ""),
+        }
+        for e in exc.errors()
+    ]
+    return problem_response(422, "invalid", "the request is not valid", errors=errors)
+
+
+async def _model_error(_: Request, exc: Exception) -> JSONResponse:
+    """A value that passed the request schema but not a command's (e.g. an id's syntax)."""
+    assert isinstance(exc, ValidationError)
+    errors = [
+        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+    return problem_response(422, "invalid", "the request is not valid", errors=errors)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("api.unexpected_error", path=request.url.path, exc_info=exc)
+    return problem_response(500, "internal", "the request failed unexpectedly")
+
+
+HANDLERS = {
+    CommandError: _command_error,
+    ApiError: _api_error,
+    StarletteHTTPException: _http_error,
+    RequestValidationError: _validation_error,
+    ValidationError: _model_error,
+    Exception: _unexpected,
+}
+
+# Documented on every route, so the OpenAPI document says what errors look like.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "description": desc, "content": {PROBLEM_JSON: {}}}
+    for status, desc in {
+        401: "missing or invalid API key",
+        403: "not allowed",
+        404: "not found (or not yours)",
+        409: "conflicts with the current state",
+        422: "invalid request",
+        503: "a service is unavailable",
+        504: "timed out",
+    }.items()
+}

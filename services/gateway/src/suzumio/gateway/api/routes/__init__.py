@@ -1,0 +1,1 @@
+"""One module per resource; `ROUTERS` lists them all for the app."""

@@ -1,0 +1,190 @@
+"""Artifacts: files uploaded to a project (or one of its sessions), content-addressed."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+
+from suzumio.contracts.commands import DeleteArtifact, RecordArtifact
+from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.values import Clean, Role
+from suzumio.gateway.api.auth import Principal
+from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
+from suzumio.gateway.api.models import ArtifactOut, Uploaded
+from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
+from suzumio.gateway.api.problems import ApiError, not_found
+from suzumio.gateway.api.routes.common import RESPONSES, send, settle
+from suzumio.gateway.queries.rows import page
+from suzumio.gateway.state import Gateway
+from suzumio.gateway.uploads import receive_form
+from suzumio.platform.bus.objects import put_blob, read_chunks
+
+router = APIRouter(tags=["artifacts"], responses=RESPONSES)
+Paging = Annotated[PageRequest, Depends(page_request)]
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                            "description": "files; each part's filename is its relative path",
+                        },
+                        "session_id": {"type": "string", "description": "attach to this session"},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _artifact(row: Any) -> ArtifactOut:
+    return ArtifactOut(
+        id=row["id"],
+        project_id=row["project_id"],
+        session_id=row["session_id"],
+        path=row["path"],
+        sha256=row["sha256"],
+        size=row["size"],
+        content_type=row["content_type"],
+        source=row["source"],
+        created_at=row["created_at"],
+    )
+
+
+def _relative(path: str) -> str:
+    norm = posixpath.normpath(path.replace("\\", "/"))
+    if path.startswith("/") or norm in {".", ""} or norm.startswith("..") or "\x00" in path:
+        raise ApiError(422, f"file name {path!r} must be a relative path inside the upload")
+    return norm
+
+
+@router.post(
+    "/v1/projects/{project_id}/artifacts",
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=UPLOAD_BODY,
+)
+async def upload(
+    project_id: Identifier, request: Request, gw: GatewayDep, who: PrincipalDep, response: Response
+) -> Uploaded:
+    """Upload files (multipart, streamed). A part's filename is kept as its relative path
+    (`docs/a.md`); the bytes are stored once per SHA-256."""
+    await require_role(gw, who, project_id, Role.MEMBER, "project")
+    form = await receive_form(
+        request.headers.get("content-type"),
+        request.stream(),
+        max_file_bytes=gw.settings.max_upload_bytes,
+    )
+    try:
+        if not form.files:
+            raise ApiError(422, "the upload holds no file")
+        session_id = form.fields.get("session_id") or None
+        paths = [_relative(f.filename) for f in form.files]
+        for received in form.files:
+            await put_blob(gw.artifacts, received.sha256, received.file)  # type: ignore[arg-type]
+        ids, position = [], 0
+        for received, path in zip(form.files, paths, strict=True):
+            artifact_id = new_id()
+            command = RecordArtifact(
+                project_id=project_id,
+                artifact_id=artifact_id,
+                session_id=session_id,
+                path=path,
+                sha256=received.sha256,
+                size=received.size,
+                content_type=received.content_type,
+            )
+            position = max(position, (await send(gw, who, command, response)).position)
+            ids.append(artifact_id)
+    finally:
+        form.close()
+    response.headers["Suzumio-Position"] = str(position)
+    if not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
+        raise ApiError(504, "stored, but the read models have not caught up yet")
+    rows = await gw.pool.fetch(
+        "SELECT * FROM proj_artifacts.artifacts WHERE id = ANY($1::text[])", ids
+    )
+    by_id = {r["id"]: r for r in rows}
+    return Uploaded(items=[_artifact(by_id[i]) for i in ids])
+
+
+@router.get("/v1/projects/{project_id}/artifacts")
+async def list_artifacts(
+    project_id: Identifier,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    _: ReadPosition,
+    paging: Paging,
+    session_id: Annotated[Identifier | None, Query()] = None,
+    path_prefix: Annotated[Clean | None, Query(max_length=1_000)] = None,
+) -> Page[ArtifactOut]:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    where, args = ["project_id = $1", "deleted_at IS NULL"], [project_id]
+    if session_id is not None:
+        args.append(session_id)
+        where.append(f"session_id = ${len(args)}")
+    if path_prefix:
+        args.append(path_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        where.append(f"path LIKE ${len(args)}")
+    rows = await page(gw.pool, "SELECT * FROM proj_artifacts.artifacts", where, args, paging)
+    return page_of(rows, paging.limit, "created_at", _artifact)
+
+
+async def _visible(gw: Gateway, who: Principal, artifact_id: Identifier, needed: Role) -> Any:
+    row = await gw.pool.fetchrow(
+        "SELECT * FROM proj_artifacts.artifacts WHERE id = $1 AND deleted_at IS NULL",
+        artifact_id,
+    )
+    if row is None:
+        raise not_found("artifact")
+    await require_role(gw, who, row["project_id"], needed, "artifact")
+    return row
+
+
+@router.get("/v1/artifacts/{artifact_id}")
+async def get_artifact(
+    artifact_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> ArtifactOut:
+    return _artifact(await _visible(gw, who, artifact_id, Role.VIEWER))
+
+
+@router.get(
+    "/v1/artifacts/{artifact_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "the bytes"}},
+)
+async def download(
+    artifact_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> StreamingResponse:
+    """The artifact's bytes, streamed."""
+    row = await _visible(gw, who, artifact_id, Role.VIEWER)
+    js = gw.nc.jetstream()
+    chunks: AsyncIterator[bytes] = read_chunks(js, gw.artifacts, gw.artifacts_bucket, row["sha256"])
+    name = posixpath.basename(row["path"]).replace('"', "")
+    return StreamingResponse(
+        chunks,
+        media_type=row["content_type"] or "application/octet-stream",
+        headers={
+            "Content-Length": str(row["size"]),
+            "ETag": f'"{row["sha256"]}"',
+            "Content-Disposition": f'attachment; filename="{name}"',
+        },
+    )
+
+
+@router.delete("/v1/artifacts/{artifact_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_artifact(
+    artifact_id: Identifier, gw: GatewayDep, who: PrincipalDep, response: Response
+) -> None:
+    await _visible(gw, who, artifact_id, Role.MEMBER)
+    await settle(gw, await send(gw, who, DeleteArtifact(artifact_id=artifact_id), response))

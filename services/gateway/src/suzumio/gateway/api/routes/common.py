@@ -1,0 +1,30 @@
+"""Sending a command for a route, and waiting until its effect can be read back."""
+
+from __future__ import annotations
+
+from fastapi import Response
+
+from suzumio.contracts.commands import Command, CommandAccepted
+from suzumio.gateway.api.auth import Principal
+from suzumio.gateway.api.deps import written
+from suzumio.gateway.api.problems import ERROR_RESPONSES, ApiError
+from suzumio.gateway.state import Gateway
+
+RESPONSES = ERROR_RESPONSES
+
+
+async def send(
+    gw: Gateway, who: Principal, command: Command, response: Response
+) -> CommandAccepted:
+    reply = await gw.commands.send(command, actor=who.actor, timeout=gw.settings.command_timeout)
+    written(response, reply.position)
+    return reply
+
+
+async def settle(gw: Gateway, reply: CommandAccepted) -> None:
+    """Wait until the read models show the command's effect, so what a write returns is what
+    a read returns."""
+    if reply.position and not await gw.positions.wait_for(
+        reply.position, gw.settings.read_your_writes_timeout
+    ):
+        raise ApiError(504, "the change was made but the read models have not caught up yet")

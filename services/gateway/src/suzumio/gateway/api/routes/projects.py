@@ -1,0 +1,339 @@
+"""Projects, their members, runtime profiles and providers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response, status
+
+from suzumio.contracts.commands import (
+    ChangeProjectLimits,
+    CreateProject,
+    RemoveMember,
+    RemoveProvider,
+    RemoveRuntimeProfile,
+    RenameProject,
+    SetMember,
+    SetProvider,
+    SetRuntimeProfile,
+)
+from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.values import ProjectLimits, ProviderSpec, Role, RuntimeProfileSpec, Slug
+from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
+from suzumio.gateway.api.models import (
+    MemberIn,
+    MemberOut,
+    ProjectIn,
+    ProjectOut,
+    ProjectPatch,
+    ProviderIn,
+    ProviderOut,
+    RuntimeProfileOut,
+)
+from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
+from suzumio.gateway.api.problems import not_found
+from suzumio.gateway.api.routes.common import RESPONSES, send, settle
+from suzumio.gateway.queries.rows import page
+from suzumio.gateway.state import Gateway
+
+router = APIRouter(prefix="/v1/projects", tags=["projects"], responses=RESPONSES)
+Paging = Annotated[PageRequest, Depends(page_request)]
+# A platform admin sees every project, as an owner would.
+PROJECT_SQL = (
+    "SELECT p.*, coalesce(m.role, 'owner') AS role FROM proj_projects.projects p"
+    " LEFT JOIN proj_projects.members m ON m.project_id = p.id AND m.user_id = $1"
+)
+MEMBER_PROJECTS_SQL = (
+    "SELECT p.*, m.role FROM proj_projects.projects p"
+    " JOIN proj_projects.members m ON m.project_id = p.id AND m.user_id = $1"
+)
+
+
+def _project(row: Any) -> ProjectOut:
+    limits = ProjectLimits(max_concurrent_activations=row["max_concurrent_activations"])
+    return ProjectOut(
+        id=row["id"],
+        name=row["name"],
+        owner_id=row["owner_id"],
+        limits=limits,
+        role=Role(row["role"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+async def _read_project(gw: Gateway, user_id: Identifier, project_id: Identifier) -> ProjectOut:
+    row = await gw.pool.fetchrow(PROJECT_SQL + " WHERE p.id = $2", user_id, project_id)
+    if row is None:
+        raise not_found("project")
+    return _project(row)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def create_project(
+    body: ProjectIn, gw: GatewayDep, who: PrincipalDep, response: Response
+) -> ProjectOut:
+    """Create a project; the caller becomes its owner."""
+    project_id = new_id()
+    reply = await send(
+        gw, who, CreateProject(project_id=project_id, name=body.name, limits=body.limits), response
+    )
+    await settle(gw, reply)
+    response.headers["Location"] = f"/v1/projects/{project_id}"
+    return await _read_project(gw, who.user_id, project_id)
+
+
+@router.get("")
+async def list_projects(
+    gw: GatewayDep, who: PrincipalDep, _: ReadPosition, paging: Paging
+) -> Page[ProjectOut]:
+    """The projects the caller is a member of (all of them, for a platform admin)."""
+    select = PROJECT_SQL if who.admin else MEMBER_PROJECTS_SQL
+    rows = await page(gw.pool, select, [], [who.user_id], paging)
+    return page_of(rows, paging.limit, "created_at", _project)
+
+
+@router.get("/{project_id}")
+async def get_project(
+    project_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> ProjectOut:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    return await _read_project(gw, who.user_id, project_id)
+
+
+@router.patch("/{project_id}")
+async def update_project(
+    project_id: Identifier,
+    body: ProjectPatch,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+) -> ProjectOut:
+    """Rename the project or change its limits (admins)."""
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    position = 0
+    if body.name is not None:
+        position = (
+            await send(gw, who, RenameProject(project_id=project_id, name=body.name), response)
+        ).position
+    if body.limits is not None:
+        limits = ChangeProjectLimits(project_id=project_id, limits=body.limits)
+        position = max(position, (await send(gw, who, limits, response)).position)
+    if position:
+        response.headers["Suzumio-Position"] = str(position)
+        await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout)
+    return await _read_project(gw, who.user_id, project_id)
+
+
+# -- members ----------------------------------------------------------------------------------
+def _member(row: Any) -> MemberOut:
+    return MemberOut(user_id=row["user_id"], role=Role(row["role"]), since=row["since"])
+
+
+@router.get("/{project_id}/members")
+async def list_members(
+    project_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> list[MemberOut]:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    rows = await gw.pool.fetch(
+        "SELECT * FROM proj_projects.members WHERE project_id = $1 ORDER BY since, user_id",
+        project_id,
+    )
+    return [_member(r) for r in rows]
+
+
+@router.put("/{project_id}/members/{user_id}")
+async def set_member(
+    project_id: Identifier,
+    user_id: Identifier,
+    body: MemberIn,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+) -> MemberOut:
+    """Add a user to the project or change their role (admins; owners for owner roles)."""
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    reply = await send(
+        gw, who, SetMember(project_id=project_id, user_id=user_id, role=body.role), response
+    )
+    await settle(gw, reply)
+    row = await gw.pool.fetchrow(
+        "SELECT * FROM proj_projects.members WHERE project_id = $1 AND user_id = $2",
+        project_id,
+        user_id,
+    )
+    if row is None:
+        raise not_found("member")
+    return _member(row)
+
+
+@router.delete("/{project_id}/members/{user_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def remove_member(
+    project_id: Identifier,
+    user_id: Identifier,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+) -> None:
+    """Remove a member (admins), or leave the project yourself."""
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    await settle(
+        gw, await send(gw, who, RemoveMember(project_id=project_id, user_id=user_id), response)
+    )
+
+
+# -- runtime profiles -------------------------------------------------------------------------
+def _profile(row: Any) -> RuntimeProfileOut:
+    return RuntimeProfileOut(
+        name=row["name"],
+        spec=RuntimeProfileSpec.model_validate(row["spec"]),
+        updated_at=row["updated_at"],
+    )
+
+
+@router.get("/{project_id}/runtime-profiles", tags=["runtime profiles"])
+async def list_profiles(
+    project_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> list[RuntimeProfileOut]:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    rows = await gw.pool.fetch(
+        "SELECT * FROM proj_projects.runtime_profiles WHERE project_id = $1 ORDER BY name",
+        project_id,
+    )
+    return [_profile(r) for r in rows]
+
+
+async def _read_profile(gw: Gateway, project_id: Identifier, name: str) -> RuntimeProfileOut:
+    row = await gw.pool.fetchrow(
+        "SELECT * FROM proj_projects.runtime_profiles WHERE project_id = $1 AND name = $2",
+        project_id,
+        name,
+    )
+    if row is None:
+        raise not_found("runtime profile")
+    return _profile(row)
+
+
+@router.get("/{project_id}/runtime-profiles/{name}", tags=["runtime profiles"])
+async def get_profile(
+    project_id: Identifier, name: Slug, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> RuntimeProfileOut:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    return await _read_profile(gw, project_id, name)
+
+
+@router.put("/{project_id}/runtime-profiles/{name}", tags=["runtime profiles"])
+async def put_profile(
+    project_id: Identifier,
+    name: Slug,
+    body: RuntimeProfileSpec,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+) -> RuntimeProfileOut:
+    """Create or replace a runtime profile: how agents' sandboxes are started."""
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    reply = await send(
+        gw, who, SetRuntimeProfile(project_id=project_id, name=name, spec=body), response
+    )
+    await settle(gw, reply)
+    return await _read_profile(gw, project_id, name)
+
+
+@router.delete(
+    "/{project_id}/runtime-profiles/{name}",
+    tags=["runtime profiles"],
+    status_code=status.HTTP_204_NO_CONTENT,
+)
+async def delete_profile(
+    project_id: Identifier, name: Slug, gw: GatewayDep, who: PrincipalDep, response: Response
+) -> None:
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    await settle(
+        gw, await send(gw, who, RemoveRuntimeProfile(project_id=project_id, name=name), response)
+    )
+
+
+# -- providers ------------------------------------------------------------------------------
+def _provider(row: Any) -> ProviderOut:
+    return ProviderOut(
+        name=row["name"],
+        kind=row["kind"],
+        base_url=row["base_url"],
+        model=row["model"],
+        fallbacks=row["fallbacks"],
+        api_key_set=row["api_key_set"],
+        updated_at=row["updated_at"],
+    )
+
+
+@router.get("/{project_id}/providers", tags=["providers"])
+async def list_providers(
+    project_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> list[ProviderOut]:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    rows = await gw.pool.fetch(
+        "SELECT * FROM proj_projects.providers WHERE project_id = $1 ORDER BY name", project_id
+    )
+    return [_provider(r) for r in rows]
+
+
+async def _read_provider(gw: Gateway, project_id: Identifier, name: str) -> ProviderOut:
+    row = await gw.pool.fetchrow(
+        "SELECT * FROM proj_projects.providers WHERE project_id = $1 AND name = $2",
+        project_id,
+        name,
+    )
+    if row is None:
+        raise not_found("provider")
+    return _provider(row)
+
+
+@router.get("/{project_id}/providers/{name}", tags=["providers"])
+async def get_provider(
+    project_id: Identifier, name: Slug, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
+) -> ProviderOut:
+    await require_role(gw, who, project_id, Role.VIEWER, "project")
+    return await _read_provider(gw, project_id, name)
+
+
+@router.put("/{project_id}/providers/{name}", tags=["providers"])
+async def put_provider(
+    project_id: Identifier,
+    name: Slug,
+    body: ProviderIn,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+) -> ProviderOut:
+    """Create or replace provider settings. The API key is sealed here, at the edge, with the
+    platform's secret key: it is never returned, logged, or stored in the clear."""
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    plaintext = body.api_key.get_secret_value() if body.api_key else None
+    spec = ProviderSpec(
+        kind=body.kind,
+        base_url=body.base_url,
+        model=body.model,
+        fallbacks=tuple(body.fallbacks),
+        api_key=gw.secrets.seal(plaintext) if plaintext else None,
+    )
+    command = SetProvider(
+        project_id=project_id,
+        name=name,
+        spec=spec,
+        keep_api_key=plaintext is None and not body.clear_api_key,
+    )
+    await settle(gw, await send(gw, who, command, response))
+    return await _read_provider(gw, project_id, name)
+
+
+@router.delete(
+    "/{project_id}/providers/{name}", tags=["providers"], status_code=status.HTTP_204_NO_CONTENT
+)
+async def delete_provider(
+    project_id: Identifier, name: Slug, gw: GatewayDep, who: PrincipalDep, response: Response
+) -> None:
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    await settle(
+        gw, await send(gw, who, RemoveProvider(project_id=project_id, name=name), response)
+    )

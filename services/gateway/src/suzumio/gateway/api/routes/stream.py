@@ -1,0 +1,109 @@
+"""A session's live timeline: Server-Sent Events, or a WebSocket for clients that prefer it.
+
+Events are the session's log entries (`event:` is the event type, `data:` the envelope) and
+its live output (`event: live`, `data:` a LiveChunk). Every item carries an id `E.L`; send it
+back as `Last-Event-ID` (SSE does so by itself) to resume without gaps or repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+
+from suzumio.contracts.ids import Identifier
+from suzumio.contracts.values import Role
+from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, authenticate
+from suzumio.gateway.api.problems import ApiError
+from suzumio.gateway.api.routes.common import RESPONSES
+from suzumio.gateway.api.routes.sessions import visible_session
+from suzumio.gateway.feed import Cursor, SessionFeed
+
+router = APIRouter(tags=["sessions"], responses=RESPONSES)
+
+
+@router.get(
+    "/v1/sessions/{session_id}/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "the timeline"}},
+)
+async def stream(
+    session_id: Identifier,
+    request: Request,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=50)] = None,
+    since: Annotated[
+        str | None, Query(max_length=50, description="a cursor, like Last-Event-ID")
+    ] = None,
+) -> StreamingResponse:
+    """The session's timeline from its beginning (or from `Last-Event-ID`), then live."""
+    await visible_session(gw, who, session_id, Role.VIEWER)
+    feed = SessionFeed(gw, session_id, Cursor.parse(last_event_id or since))
+    await feed.open()
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield b"retry: 2000\n\n"
+            async for item in feed.items():
+                if await request.is_disconnected():
+                    return
+                if item is None:
+                    yield b": keepalive\n\n"
+                    continue
+                yield (
+                    f"id: {item.cursor}\nevent: {item.event}\ndata: ".encode()
+                    + item.data.replace(b"\n", b"\ndata: ")
+                    + b"\n\n"
+                )
+        finally:
+            await feed.close()
+
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.websocket("/v1/sessions/{session_id}/ws")
+async def stream_ws(
+    websocket: WebSocket,
+    session_id: Identifier,
+    access_token: Annotated[str | None, Query(max_length=500)] = None,
+    last_event_id: Annotated[str | None, Query(max_length=50)] = None,
+) -> None:
+    """The same timeline over a WebSocket: one JSON message `{id, event, data}` per item.
+    Authenticate with `Authorization: Bearer` or `?access_token=` (browsers cannot set
+    headers on WebSockets)."""
+    gw = websocket.app.state.gateway
+    header = websocket.headers.get("authorization", "")
+    key = (
+        header.removeprefix("Bearer ").strip() or websocket.headers.get("x-api-key") or access_token
+    )
+    try:
+        who = await authenticate(gw, key)
+        await visible_session(gw, who, session_id, Role.VIEWER)
+        cursor = Cursor.parse(last_event_id)
+    except ApiError as exc:  # accepted first, so the client learns why (4401, 4404, 4422)
+        await websocket.accept()
+        await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
+        return
+    feed = SessionFeed(gw, session_id, cursor)
+    await feed.open()
+    await websocket.accept()
+    try:
+        async for item in feed.items():
+            if item is None:
+                await websocket.send_json({"event": "keepalive"})
+                continue
+            await websocket.send_text(
+                json.dumps({"id": item.cursor, "event": item.event, "data": json.loads(item.data)})
+            )
+    except WebSocketDisconnect:
+        pass
+    finally:
+        await feed.close()

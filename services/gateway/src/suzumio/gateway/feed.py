@@ -1,0 +1,104 @@
+"""A session's timeline as one ordered feed: its durable events (history, signals, activation
+requests) from EVENTS and its live output from LIVE, resumable from a cursor `E.L` (the last
+EVENTS and LIVE sequences a client has seen)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from suzumio.gateway.api.problems import ApiError
+from suzumio.gateway.state import Gateway
+from suzumio.platform.bus.eventstore import HDR_TYPE
+from suzumio.platform.bus.jsapi import stream_last_seq
+
+KEEPALIVE_SECONDS = 15.0
+QUEUE_SIZE = 1_024
+_CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
+
+
+@dataclass
+class Cursor:
+    events: int = 0
+    live: int | None = None  # None: from now on
+
+    @staticmethod
+    def parse(text: str | None) -> Cursor:
+        if not text:
+            return Cursor()
+        match = _CURSOR.fullmatch(text.strip())
+        if match is None:
+            raise ApiError(422, "Last-Event-ID must look like '<events>.<live>' as sent before")
+        return Cursor(int(match[1]), int(match[2]))
+
+    def __str__(self) -> str:
+        return f"{self.events}.{self.live or 0}"
+
+
+@dataclass(frozen=True)
+class Item:
+    cursor: str
+    event: str
+    data: bytes
+
+
+class SessionFeed:
+    def __init__(self, gw: Gateway, session_id: str, cursor: Cursor) -> None:
+        self._gw = gw
+        self._session_id = session_id
+        self.cursor = cursor
+        self._queue: asyncio.Queue[tuple[str, Msg]] = asyncio.Queue(QUEUE_SIZE)
+        self._subs: list[Subscription] = []
+
+    async def open(self) -> None:
+        js = self._gw.nc.jetstream()
+        topology = self._gw.topology
+        if self.cursor.live is None:
+            self.cursor.live = await stream_last_seq(self._gw.nc, topology.live_stream)
+
+        async def on_event(msg: Msg) -> None:
+            await self._queue.put(("events", msg))
+
+        async def on_live(msg: Msg) -> None:
+            await self._queue.put(("live", msg))
+
+        for subject, start, callback in (
+            (topology.event_subject("session", self._session_id), self.cursor.events, on_event),
+            (topology.live_subject(self._session_id), self.cursor.live, on_live),
+        ):
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1
+            )
+            self._subs.append(
+                await js.subscribe(subject, ordered_consumer=True, config=config, cb=callback)
+            )
+
+    async def close(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+    async def items(self) -> AsyncIterator[Item | None]:
+        """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence."""
+        while True:
+            try:
+                source, msg = await asyncio.wait_for(self._queue.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                yield None
+                continue
+            seq = msg.metadata.sequence.stream
+            if source == "events":
+                self.cursor.events = seq
+                event = (msg.headers or {}).get(HDR_TYPE, "event")
+            else:
+                self.cursor.live = seq
+                event = "live"
+            yield Item(str(self.cursor), event, msg.data)

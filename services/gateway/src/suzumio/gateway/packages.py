@@ -1,0 +1,186 @@
+"""Agent packages: an archive (tar, tar.gz or zip) holding an agent's definition.
+
+    agent.yaml              name, role, model, fallbacks, tools, toolpacks, runtime_profile,
+                            workspace_mode, permissions, description (and optionally prompt)
+    prompt/system.md        the system prompt
+    tools.yaml              extra tool names (a list, or {tools: [...]})
+    env/env_facts.yaml      facts about the environment, a flat mapping of strings
+    anything else           assets: stored content-addressed, listed on the agent
+
+Everything may sit under one top folder. Archives are checked before anything is stored:
+bounded size and entry count, only regular files and folders, no absolute paths, no `..`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import posixpath
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from suzumio.contracts.values import ModelSpec, Name, Slug, ToolPolicy, WorkspaceMode
+
+MAX_ENTRIES = 2_000
+MAX_UNPACKED_BYTES = 100 * 1024 * 1024
+KNOWN = {"agent.yaml", "prompt/system.md", "tools.yaml", "env/env_facts.yaml"}
+
+
+class PackageError(ValueError):
+    """The archive is not a valid agent package; the message says why."""
+
+
+class Manifest(BaseModel):
+    """`agent.yaml`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    role: Name
+    description: str = Field(default="", max_length=10_000)
+    prompt: str | None = Field(default=None, max_length=1_000_000)
+    model: ModelSpec | str
+    fallbacks: list[ModelSpec | str] = Field(default_factory=list, max_length=16)
+    tools: list[str] = Field(default_factory=list, max_length=200)
+    toolpacks: list[str] = Field(default_factory=list, max_length=100)
+    runtime_profile: Slug | None = None
+    workspace_mode: WorkspaceMode = WorkspaceMode.COPY
+    permissions: dict[str, ToolPolicy] = Field(default_factory=dict)
+
+
+@dataclass
+class Asset:
+    path: str
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass
+class Package:
+    fields: dict[str, Any]  # the CreateAgent fields the package defines
+    assets: list[Asset]
+
+
+def _model(value: ModelSpec | str) -> ModelSpec:
+    return ModelSpec(name=value) if isinstance(value, str) else value
+
+
+def _entries(data: bytes) -> dict[str, bytes]:
+    if zipfile.is_zipfile(io.BytesIO(data)):
+        return _zip_entries(data)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+            return _tar_entries(archive)
+    except tarfile.TarError as exc:
+        raise PackageError("the package is not a tar, tar.gz or zip archive") from exc
+
+
+def _safe(name: str) -> str | None:
+    norm = posixpath.normpath(name.replace("\\", "/"))
+    if name.startswith("/") or norm.startswith("..") or "\x00" in name:
+        raise PackageError(f"archive entry {name!r} leaves the package")
+    return None if norm in {".", ""} else norm
+
+
+def _tar_entries(archive: tarfile.TarFile) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    total = 0
+    for i, member in enumerate(archive):
+        if i >= MAX_ENTRIES:
+            raise PackageError(f"a package has at most {MAX_ENTRIES} entries")
+        name = _safe(member.name)
+        if member.isdir() or name is None:
+            continue
+        if not member.isfile():
+            raise PackageError(f"archive entry {member.name!r} is not a regular file")
+        total += member.size
+        if total > MAX_UNPACKED_BYTES:
+            raise PackageError(f"a package unpacks to at most {MAX_UNPACKED_BYTES} bytes")
+        handle = archive.extractfile(member)
+        files[name] = handle.read() if handle else b""
+    return files
+
+
+def _zip_entries(data: bytes) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        infos = archive.infolist()
+        if len(infos) > MAX_ENTRIES:
+            raise PackageError(f"a package has at most {MAX_ENTRIES} entries")
+        if sum(i.file_size for i in infos) > MAX_UNPACKED_BYTES:
+            raise PackageError(f"a package unpacks to at most {MAX_UNPACKED_BYTES} bytes")
+        for info in infos:
+            name = _safe(info.filename)
+            if info.is_dir() or name is None:
+                continue
+            if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                raise PackageError(f"archive entry {info.filename!r} is a symlink")
+            files[name] = archive.read(info)
+    return files
+
+
+def _strip_top_folder(files: dict[str, bytes]) -> dict[str, bytes]:
+    if "agent.yaml" in files:
+        return files
+    tops = {name.split("/", 1)[0] for name in files}
+    if len(tops) == 1 and all("/" in n for n in files):
+        return {name.split("/", 1)[1]: body for name, body in files.items()}
+    return files
+
+
+def _yaml(files: dict[str, bytes], name: str) -> Any:
+    try:
+        return yaml.safe_load(files[name].decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise PackageError(f"{name} is not valid YAML: {exc}") from exc
+
+
+def read_package(data: bytes) -> Package:
+    """Parse and check an agent package archive."""
+    files = _strip_top_folder(_entries(data))
+    if "agent.yaml" not in files:
+        raise PackageError("the package has no agent.yaml")
+    try:
+        manifest = Manifest.model_validate(_yaml(files, "agent.yaml"))
+    except ValidationError as exc:
+        raise PackageError(f"agent.yaml: {exc.errors(include_url=False)}") from exc
+    prompt = manifest.prompt or ""
+    if "prompt/system.md" in files:
+        prompt = files["prompt/system.md"].decode("utf-8", "replace")
+    tools = list(manifest.tools)
+    if "tools.yaml" in files:
+        declared = _yaml(files, "tools.yaml")
+        declared = declared.get("tools", []) if isinstance(declared, dict) else declared
+        if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
+            raise PackageError("tools.yaml must list tool names")
+        tools += [t for t in declared if t not in tools]
+    env_facts: dict[str, str] = {}
+    if "env/env_facts.yaml" in files:
+        raw = _yaml(files, "env/env_facts.yaml") or {}
+        if not isinstance(raw, dict):
+            raise PackageError("env/env_facts.yaml must be a mapping")
+        env_facts = {str(k): str(v) for k, v in raw.items()}
+    fields = {
+        "name": manifest.name,
+        "role": manifest.role,
+        "description": manifest.description,
+        "prompt": prompt,
+        "model": _model(manifest.model),
+        "fallbacks": tuple(_model(m) for m in manifest.fallbacks),
+        "tools": tuple(tools),
+        "toolpacks": tuple(manifest.toolpacks),
+        "runtime_profile": manifest.runtime_profile,
+        "workspace_mode": manifest.workspace_mode,
+        "permissions": manifest.permissions,
+        "env_facts": env_facts,
+    }
+    assets = [Asset(name, body) for name, body in sorted(files.items()) if name not in KNOWN]
+    return Package(fields, assets)

@@ -1,0 +1,33 @@
+"""Everything the routes use, built once by the bootstrap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from suzumio.contracts.subjects import Topology
+from suzumio.gateway.api.auth import KeyCache
+from suzumio.gateway.settings import GatewaySettings
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.db.pool import Pool
+from suzumio.platform.projections.positions import PositionWatcher
+from suzumio.platform.secrets import SecretBox
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    nc: NATS
+    pool: Pool
+    topology: Topology
+    commands: CommandClient
+    positions: PositionWatcher
+    secrets: SecretBox
+    keys: KeyCache
+    artifacts: ObjectStore
+    artifacts_bucket: str
+    services: KeyValue
+    idempotency: KeyValue

@@ -1,0 +1,151 @@
+"""Streaming multipart uploads: each file part is hashed and spooled to disk as it arrives,
+with a size cap enforced while reading, so a huge upload is refused before it fills a disk."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from suzumio.gateway.api.problems import ApiError
+
+if TYPE_CHECKING:  # defined for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
+
+MAX_FIELD_BYTES = 64 * 1024
+
+
+@dataclass
+class ReceivedFile:
+    name: str  # the form field's name
+    filename: str
+    content_type: str
+    size: int = 0
+    sha256: str = ""
+    file: IO[bytes] = field(default_factory=tempfile.TemporaryFile)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class ReceivedForm:
+    files: list[ReceivedFile]
+    fields: dict[str, str]
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+class _FormParser:
+    """python-multipart callbacks that spool file parts and keep text fields."""
+
+    def __init__(self, max_file_bytes: int, max_files: int) -> None:
+        self.form = ReceivedForm([], {})
+        self._max_file_bytes = max_file_bytes
+        self._max_files = max_files
+        self._headers: dict[str, str] = {}
+        self._field = bytearray()
+        self._value = bytearray()
+        self._file: ReceivedFile | None = None
+        self._name = ""
+        self._digest = hashlib.sha256()
+        self._text = bytearray()
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self.part_begin,
+            "on_header_field": self.header_field,
+            "on_header_value": self.header_value,
+            "on_header_end": self.header_end,
+            "on_headers_finished": self.headers_finished,
+            "on_part_data": self.part_data,
+            "on_part_end": self.part_end,
+        }
+
+    def part_begin(self) -> None:
+        self._headers, self._file, self._name = {}, None, ""
+        self._digest, self._text = hashlib.sha256(), bytearray()
+
+    def header_field(self, data: bytes, start: int, end: int) -> None:
+        self._field += data[start:end]
+
+    def header_value(self, data: bytes, start: int, end: int) -> None:
+        self._value += data[start:end]
+
+    def header_end(self) -> None:
+        name = self._field.decode("latin-1").lower()
+        self._headers[name] = self._value.decode("utf-8", "replace")
+        self._field.clear()
+        self._value.clear()
+
+    def headers_finished(self) -> None:
+        _, disposition = parse_options_header(self._headers.get("content-disposition"))
+        self._name = disposition.get(b"name", b"").decode("utf-8", "replace")
+        filename = disposition.get(b"filename")
+        if filename is None:
+            return
+        if len(self.form.files) >= self._max_files:
+            raise ApiError(413, f"at most {self._max_files} files per upload")
+        content_type = self._headers.get("content-type", "application/octet-stream")[:200]
+        self._file = ReceivedFile(self._name, filename.decode("utf-8", "replace"), content_type)
+        self.form.files.append(self._file)
+
+    def part_data(self, data: bytes, start: int, end: int) -> None:
+        chunk = data[start:end]
+        if self._file is None:
+            self._text += chunk
+            if len(self._text) > MAX_FIELD_BYTES:
+                raise ApiError(413, "a form field is too large")
+            return
+        self._file.size += len(chunk)
+        if self._file.size > self._max_file_bytes:
+            raise ApiError(
+                413,
+                f"{self._file.filename} is larger than the limit of {self._max_file_bytes} bytes",
+            )
+        self._digest.update(chunk)
+        self._file.file.write(chunk)
+
+    def part_end(self) -> None:
+        if self._file is not None:
+            self._file.sha256 = self._digest.hexdigest()
+            self._file.file.seek(0)
+        else:
+            self.form.fields[self._name] = self._text.decode("utf-8", "replace")
+
+
+async def receive_form(
+    content_type: str | None,
+    body: AsyncIterator[bytes],
+    *,
+    max_file_bytes: int,
+    max_files: int = 1_000,
+) -> ReceivedForm:
+    """Parse a multipart/form-data body; file parts go to temporary files.
+
+    Raises:
+        ApiError: 415 when not multipart, 413 when a file exceeds `max_file_bytes`, 422 when
+            malformed.
+    """
+    mime, params = parse_options_header(content_type)
+    if mime != b"multipart/form-data" or b"boundary" not in params:
+        raise ApiError(415, "send the files as multipart/form-data")
+    handler = _FormParser(max_file_bytes, max_files)
+    parser = MultipartParser(params[b"boundary"], handler.callbacks())
+    try:
+        async for chunk in body:
+            parser.write(chunk)
+        parser.finalize()
+    except ApiError:
+        handler.form.close()
+        raise
+    except Exception as exc:
+        handler.form.close()
+        raise ApiError(422, f"the multipart body is malformed: {exc}") from exc
+    return handler.form

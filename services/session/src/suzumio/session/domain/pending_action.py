@@ -1,0 +1,120 @@
+"""The pending action aggregate: a question, approval or file request awaiting a person."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import ClassVar
+
+from suzumio.contracts.commands import (
+    AnswerPendingAction,
+    CreatePendingAction,
+    ExpirePendingAction,
+)
+from suzumio.contracts.envelope import DomainEvent
+from suzumio.contracts.errors import ConflictError, InvalidError
+from suzumio.contracts.events import (
+    PendingActionAnswered,
+    PendingActionCreated,
+    PendingActionExpired,
+    SignalRecorded,
+)
+from suzumio.contracts.values import PendingKind, Priority, SignalKind
+from suzumio.session.domain.session import SessionState
+from suzumio.session.domain.state import AggregateState
+
+
+class PendingActionState(AggregateState):
+    aggregate: ClassVar[str] = "pending_action"
+
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.project_id = ""
+        self.session_id = ""
+        self.kind = PendingKind.QUESTION
+        self.options: tuple[str, ...] = ()
+        self.expires_at = datetime.max.replace(tzinfo=UTC)
+        self.status = "open"
+
+    def apply(self, data: DomainEvent) -> None:
+        match data:
+            case PendingActionCreated():
+                self.project_id, self.session_id = data.project_id, data.session_id
+                self.kind, self.options, self.expires_at = data.kind, data.options, data.expires_at
+            case PendingActionAnswered():
+                self.status = "answered"
+            case PendingActionExpired():
+                self.status = "expired"
+
+
+def create(
+    state: PendingActionState, session: SessionState, cmd: CreatePendingAction, now: datetime
+) -> list[DomainEvent]:
+    if state.exists:
+        raise ConflictError("a pending action with this id exists already")
+    if session.closed:
+        raise ConflictError("the session is closed")
+    if cmd.kind is PendingKind.ARTIFACT_REQUEST and not cmd.paths:
+        raise InvalidError("an artifact request names the paths it wants")
+    return [
+        PendingActionCreated(
+            project_id=session.project_id,
+            session_id=session.id,
+            agent_id=session.agent_id,
+            activation_id=cmd.activation_id,
+            kind=cmd.kind,
+            prompt=cmd.prompt,
+            options=cmd.options,
+            paths=cmd.paths,
+            expires_at=now + timedelta(seconds=cmd.timeout_seconds),
+        )
+    ]
+
+
+def _open(state: PendingActionState, now: datetime) -> None:
+    if state.status != "open":
+        raise ConflictError(f"the pending action is {state.status} already")
+    if now >= state.expires_at:
+        raise ConflictError("the pending action has expired")
+
+
+def answer(
+    state: PendingActionState, cmd: AnswerPendingAction, by: str, now: datetime
+) -> list[DomainEvent]:
+    _open(state, now)
+    if state.kind is PendingKind.APPROVAL and cmd.approved is None:
+        raise InvalidError("an approval needs `approved` true or false")
+    if state.kind is PendingKind.ARTIFACT_REQUEST and not cmd.artifact_ids:
+        raise InvalidError("an artifact request is answered with artifact ids")
+    if state.options and cmd.answer and cmd.answer not in state.options:
+        raise InvalidError(f"the answer must be one of {list(state.options)}")
+    return [
+        PendingActionAnswered(
+            answer=cmd.answer, approved=cmd.approved, artifact_ids=cmd.artifact_ids, answered_by=by
+        )
+    ]
+
+
+def expire(state: PendingActionState, _: ExpirePendingAction, now: datetime) -> list[DomainEvent]:
+    if state.status != "open" or now < state.expires_at:
+        return []
+    return [PendingActionExpired()]
+
+
+def resume_signal(
+    state: PendingActionState, session: SessionState, signal_id: str, outcome: DomainEvent
+) -> SignalRecorded:
+    """The signal that wakes the session's agent with the outcome (P1: at its next tool
+    boundary if it still runs, else in a new activation)."""
+    kinds = {
+        PendingKind.APPROVAL: SignalKind.APPROVAL_RESULT,
+        PendingKind.ARTIFACT_REQUEST: SignalKind.ARTIFACT_READY,
+    }
+    payload = {"pending_action_id": state.id, **outcome.model_dump(mode="json")}
+    payload["outcome"] = outcome.event_type.rsplit(".", 1)[-1]
+    return SignalRecorded(
+        signal_id=signal_id,
+        agent_id=session.agent_id,
+        kind=kinds.get(state.kind, SignalKind.USER_MESSAGE),
+        priority=Priority.P1,
+        payload=payload,
+    )

@@ -1,0 +1,78 @@
+"""The user aggregate: a name, the admin flag, and API key digests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import ClassVar
+
+from suzumio.contracts.commands import BootstrapAdmin, CreateApiKey, CreateUser, RevokeApiKey
+from suzumio.contracts.envelope import DomainEvent
+from suzumio.contracts.errors import ConflictError, NotFoundError
+from suzumio.contracts.events import ApiKeyCreated, ApiKeyRevoked, UserCreated
+from suzumio.session.domain.state import AggregateState
+
+BOOTSTRAP_ADMIN_ID = "admin"  # a fixed id: the conditional append makes bootstrap happen once
+MAX_KEYS = 100
+
+
+@dataclass
+class Key:
+    key_id: str
+    revoked: bool = False
+    expires_at: datetime | None = None
+
+
+class UserState(AggregateState):
+    aggregate: ClassVar[str] = "user"
+
+    def __init__(self, aggregate_id: str) -> None:
+        super().__init__(aggregate_id)
+        self.name = ""
+        self.admin = False
+        self.keys: dict[str, Key] = {}
+
+    def apply(self, data: DomainEvent) -> None:
+        match data:
+            case UserCreated():
+                self.name, self.admin = data.name, data.admin
+            case ApiKeyCreated():
+                self.keys[data.key_id] = Key(data.key_id, expires_at=data.expires_at)
+            case ApiKeyRevoked():
+                self.keys[data.key_id].revoked = True
+
+
+def _first_key(key_id: str, digest: str) -> ApiKeyCreated:
+    return ApiKeyCreated(key_id=key_id, name="first key", digest=digest)
+
+
+def bootstrap(state: UserState, cmd: BootstrapAdmin) -> list[DomainEvent]:
+    if state.exists:
+        raise ConflictError("the platform has its first admin already")
+    return [UserCreated(name=cmd.name, admin=True), _first_key(cmd.key_id, cmd.digest)]
+
+
+def create(state: UserState, cmd: CreateUser) -> list[DomainEvent]:
+    if state.exists:
+        raise ConflictError("a user with this id exists already")
+    created = UserCreated(name=cmd.name, email=cmd.email, admin=cmd.admin)
+    return [created, _first_key(cmd.key_id, cmd.digest)]
+
+
+def create_key(state: UserState, cmd: CreateApiKey) -> list[DomainEvent]:
+    if cmd.key_id in state.keys:
+        raise ConflictError("a key with this id exists already")
+    if sum(not k.revoked for k in state.keys.values()) >= MAX_KEYS:
+        raise ConflictError(f"a user has at most {MAX_KEYS} active keys")
+    return [
+        ApiKeyCreated(
+            key_id=cmd.key_id, name=cmd.name, digest=cmd.digest, expires_at=cmd.expires_at
+        )
+    ]
+
+
+def revoke_key(state: UserState, cmd: RevokeApiKey) -> list[DomainEvent]:
+    key = state.keys.get(cmd.key_id)
+    if key is None:
+        raise NotFoundError("API key not found")
+    return [] if key.revoked else [ApiKeyRevoked(key_id=cmd.key_id)]

@@ -1,0 +1,87 @@
+"""Expiring pending actions on time, without a polling loop that burns CPU: the task sleeps
+until the earliest deadline it knows of (from the read model, or from a pending action this
+process just created), expires what is due through the normal command path, and repeats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from suzumio.contracts.commands import CommandRequest, ExpirePendingAction
+from suzumio.contracts.ids import new_id
+from suzumio.platform.bus.commands import CommandRouter
+from suzumio.platform.db.pool import Pool
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+MAX_SLEEP = timedelta(seconds=60)
+TABLE = "proj_pending_actions.pending_actions"
+
+
+class ExpiryClock:
+    def __init__(self, pool: Pool, router: CommandRouter, clock: Callable[[], datetime]) -> None:
+        self._pool = pool
+        self._router = router
+        self._clock = clock
+        self._earliest: datetime | None = None
+        self._wake = asyncio.Event()
+
+    def notify(self, deadline: datetime) -> None:
+        """A pending action was created that expires at `deadline`."""
+        if self._earliest is None or deadline < self._earliest:
+            self._earliest = deadline
+            self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                next_at = await self._expire_due()
+            except Exception:
+                log.exception("expiry.failed")
+                next_at = self._clock() + timedelta(seconds=5)
+            if self._earliest is not None and self._earliest <= self._clock():
+                self._earliest = None
+            candidates = [t for t in (next_at, self._earliest) if t is not None]
+            sleep = min(candidates, default=self._clock() + MAX_SLEEP) - self._clock()
+            seconds = min(max(sleep.total_seconds(), 0.05), MAX_SLEEP.total_seconds())
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_first(stop, self._wake), seconds)
+
+    async def _expire_due(self) -> datetime | None:
+        """Expire what is due; the next deadline after that."""
+        if await self._pool.fetchval("SELECT to_regclass($1)", TABLE) is None:
+            return None  # the projection is still being built
+        now = self._clock()
+        due = await self._pool.fetch(
+            "SELECT id FROM proj_pending_actions.pending_actions"
+            " WHERE status = 'open' AND expires_at <= $1 LIMIT 500",
+            now,
+        )
+        for row in due:
+            request = CommandRequest(
+                service="session",
+                verb=ExpirePendingAction.verb,
+                actor="system:session",
+                data={"pending_action_id": row["id"], "signal_id": new_id()},
+            )
+            await self._router.dispatch(request)
+        if due:
+            log.info("expiry.expired", count=len(due))
+        next_at: datetime | None = await self._pool.fetchval(
+            "SELECT min(expires_at) FROM proj_pending_actions.pending_actions"
+            " WHERE status = 'open' AND expires_at > $1",
+            now,
+        )
+        return next_at
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

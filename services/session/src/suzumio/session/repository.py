@@ -1,0 +1,91 @@
+"""Aggregate states from the event store, cached, with optimistic writes.
+
+A command decides on the cached state and appends conditionally on its version; when another
+writer (another replica, another process) got there first, the append fails, the state is
+brought up to date and the decision is taken again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.platform.bus.eventstore import (
+    AppendResult,
+    ConcurrencyConflictError,
+    EventStore,
+    Head,
+)
+from suzumio.session.domain.state import AggregateState
+
+S = TypeVar("S", bound=AggregateState)
+Decide = Callable[[S], Sequence[DomainEvent]]
+
+
+class Repository:
+    def __init__(self, store: EventStore, *, cache_size: int = 20_000) -> None:
+        self.store = store
+        self._cache: OrderedDict[tuple[str, str], AggregateState] = OrderedDict()
+        self._cache_size = cache_size
+
+    async def get(self, cls: type[S], aggregate_id: str, *, fresh: bool = True) -> S:
+        """The aggregate's state; `fresh` checks with the server that nothing came since."""
+        key = (cls.aggregate, aggregate_id)
+        cached = self._cache.get(key)
+        state = cached if isinstance(cached, cls) else cls(aggregate_id)
+        if cached is not None and not fresh:
+            self._cache.move_to_end(key)
+            return state
+        if cached is not None:
+            head = await self.store.head(cls.aggregate, aggregate_id)
+            if head.version == state.version:
+                self._cache.move_to_end(key)
+                return state
+        stream = await self.store.load(
+            cls.aggregate, aggregate_id, after=Head(state.version, state.seq)
+        )
+        for event in stream.events:
+            state.fold(event.data, event.version, event.seq)
+        self._keep(key, state)
+        return state
+
+    def _keep(self, key: tuple[str, str], state: AggregateState) -> None:
+        self._cache[key] = state
+        self._cache.move_to_end(key)
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    async def execute(
+        self,
+        cls: type[S],
+        aggregate_id: str,
+        decide: Decide[S],
+        meta: EventMeta,
+        *,
+        attempts: int = 4,
+    ) -> tuple[S, AppendResult | None]:
+        """Decide on the state and append the result; retried on a concurrent write.
+
+        Returns the state after the append and the append's result (None: nothing to do).
+        """
+        for attempt in range(attempts):
+            state = await self.get(cls, aggregate_id, fresh=attempt > 0)
+            events = list(decide(state))
+            if not events:
+                return state, None
+            try:
+                result = await self.store.append(aggregate_id, events, state.version, meta)
+            except ConcurrencyConflictError:
+                if attempt == attempts - 1:
+                    raise
+                continue
+            if state.version == result.events[0].version - 1:  # nobody folded meanwhile
+                for data, ref in zip(events, result.events, strict=True):
+                    state.fold(data, ref.version, ref.seq)
+                self._keep((cls.aggregate, aggregate_id), state)
+            else:
+                self._cache.pop((cls.aggregate, aggregate_id), None)
+            return state, result
+        raise AssertionError("unreachable")

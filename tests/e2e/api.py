@@ -1,0 +1,74 @@
+"""Shortcuts for tests that drive the REST API."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tests.e2e.stack import Stack
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, (response.status_code, response.text)
+    return response.json() if response.content else None
+
+
+def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["code"] == code, body
+    assert body["status"] == status
+    return body
+
+
+@dataclass
+class World:
+    """A user with a project, an agent and a session of their own."""
+
+    key: str
+    user_id: str
+    project_id: str
+    agent_id: str
+    session_id: str
+
+
+async def new_user(stack: Stack, name: str, *, admin: bool = False) -> tuple[str, str]:
+    async with stack.client(stack.admin_key) as c:
+        body = ok(await c.post("/v1/users", json={"name": name, "admin": admin}), 201)
+    return body["api_key"], body["id"]
+
+
+async def new_world(stack: Stack, name: str) -> World:
+    key, user_id = await new_user(stack, name)
+    async with stack.client(key) as c:
+        project = ok(await c.post("/v1/projects", json={"name": f"{name}'s project"}), 201)
+        agent = ok(
+            await c.post(
+                f"/v1/projects/{project['id']}/agents",
+                json={"name": "helper", "role": "helper", "model": {"name": "demo"}},
+            ),
+            201,
+        )
+        session = ok(
+            await c.post(
+                f"/v1/projects/{project['id']}/sessions",
+                json={"agent_id": agent["id"], "title": "t"},
+            ),
+            201,
+        )
+    return World(key, user_id, project["id"], agent["id"], session["id"])
+
+
+def tar_gz(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, body in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            archive.addfile(info, io.BytesIO(body))
+    return buffer.getvalue()

@@ -1,0 +1,82 @@
+"""The platform as processes, for end-to-end tests through HTTP: the session service and the
+gateway (the services the API needs), on the test servers, in their own namespace and
+database, with JSON logs in files the tests can read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from nats.aio.client import Client as NATS
+
+from suzumio.cli.admin import bootstrap_admin
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus import connection
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.jsapi import ensure_streams
+from suzumio.platform.secrets import SecretBox
+from suzumio.testing import servers
+from suzumio.testing.processes import ServiceProcess
+
+MAX_UPLOAD = 256 * 1024
+
+
+@dataclass
+class Stack:
+    api: str
+    admin_key: str
+    topology: Topology
+    nats_url: str
+    database_url: str
+    nc: NATS
+    store: EventStore
+    mount_root: Path
+    logs: list[Path]
+    processes: list[ServiceProcess] = field(default_factory=list)
+
+    def client(self, key: str | None = None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.AsyncClient(base_url=self.api, headers=headers, timeout=30.0)
+
+
+@asynccontextmanager
+async def running_stack(nats_url: str, postgres_url: str, tmp: Path) -> AsyncIterator[Stack]:
+    topology = servers.fresh_topology()
+    database_url = await servers.create_database(postgres_url)
+    mount_root = tmp / "mounts"
+    mount_root.mkdir(parents=True)
+    env = {
+        "SUZUMIO_DATA_DIR": str(tmp / "data"),
+        "SUZUMIO_SECRET_KEY": SecretBox.generate_key(),
+        "SUZUMIO_MOUNT_ROOTS": str(mount_root),
+        "SUZUMIO_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
+        "SUZUMIO_READ_YOUR_WRITES_TIMEOUT": "5",
+    }
+    procs = [
+        ServiceProcess(name, nats_url, database_url, topology, tmp / f"{name}.log", env)
+        for name in ("session", "gateway")
+    ]
+    nc = await connection.connect(nats_url, "suzumio-e2e")
+    await ensure_streams(nc, topology.streams())
+    try:
+        for proc in procs:
+            proc.start()
+        await asyncio.gather(*(p.wait_ready() for p in procs))
+        admin_key = await bootstrap_admin(nc, topology, None)
+        assert admin_key is not None
+        yield Stack(
+            api=f"http://127.0.0.1:{procs[1].port}", admin_key=admin_key, topology=topology,
+            nats_url=nats_url, database_url=database_url, nc=nc,
+            store=EventStore(nc, topology), mount_root=mount_root,
+            logs=[p.log_path for p in procs], processes=procs,
+        )  # fmt: skip
+    finally:
+        for proc in procs:
+            if proc.process is not None and proc.process.poll() is None:
+                await proc.terminate()
+        await nc.close()
+        await servers.drop_database(postgres_url, database_url)

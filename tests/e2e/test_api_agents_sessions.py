@@ -1,0 +1,248 @@
+"""Agents (JSON and packages), sessions, messages, signals and activations through HTTP."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+from suzumio.contracts.events import (
+    ActivationCompleted,
+    ActivationRequested,
+    ActivationStarted,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from suzumio.contracts.ids import new_id
+from tests.e2e.api import new_world, ok, problem, tar_gz
+from tests.e2e.stack import Stack
+
+AGENT_YAML = b"""
+name: reviewer
+role: code reviewer
+description: reviews pull requests
+model: {name: gpt-4.1, provider: null}
+fallbacks: [gpt-4.1-mini]
+tools: [file.read]
+permissions: {shell.exec: ask}
+workspace_mode: mount
+"""
+
+
+async def test_agent_json_lifecycle(stack: Stack) -> None:
+    world = await new_world(stack, "jo")
+    async with stack.client(world.key) as c:
+        agent = ok(await c.get(f"/v1/agents/{world.agent_id}"))
+        assert (agent["name"], agent["disabled"]) == ("helper", False)
+        patched = ok(
+            await c.patch(
+                f"/v1/agents/{world.agent_id}", json={"prompt": "Be brief.", "tools": ["file.read"]}
+            )
+        )
+        assert (patched["prompt"], patched["tools"]) == ("Be brief.", ["file.read"])
+        disabled = ok(await c.post(f"/v1/agents/{world.agent_id}/disable", json={"reason": "x"}))
+        assert disabled["disabled"] is True
+        problem(
+            await c.post(
+                f"/v1/projects/{world.project_id}/sessions", json={"agent_id": world.agent_id}
+            ),
+            409,
+            "conflict",
+        )
+        assert ok(await c.post(f"/v1/agents/{world.agent_id}/enable"))["disabled"] is False
+        listed = ok(await c.get(f"/v1/projects/{world.project_id}/agents"))
+        assert [a["id"] for a in listed["items"]] == [world.agent_id]
+        problem(
+            await c.post(
+                f"/v1/projects/{world.project_id}/agents",
+                json={
+                    "name": "a",
+                    "role": "r",
+                    "model": {"name": "m"},
+                    "runtime_profile": "missing",
+                },
+            ),
+            422,
+            "invalid",
+        )
+        problem(
+            await c.post(
+                f"/v1/projects/{world.project_id}/agents", json={"name": "a", "role": "r"}
+            ),
+            422,
+            "invalid",
+        )
+        problem(await c.get("/v1/agents/nope"), 404, "not_found")
+
+
+async def test_agent_package_import(stack: Stack) -> None:
+    world = await new_world(stack, "kim")
+    package = tar_gz(
+        {
+            "reviewer/agent.yaml": AGENT_YAML,
+            "reviewer/prompt/system.md": b"You review code carefully.",
+            "reviewer/tools.yaml": b"- file.search\n",
+            "reviewer/env/env_facts.yaml": b"os: linux\nlanguage: python\n",
+            "reviewer/assets/checklist.md": b"- tests\n- docs\n",
+        }
+    )
+    url = f"/v1/projects/{world.project_id}/agents/import"
+    async with stack.client(world.key) as c:
+        agent = ok(await c.post(url, files={"package": ("r.tgz", package)}), 201)
+        assert agent["name"] == "reviewer"
+        assert agent["prompt"] == "You review code carefully."
+        assert agent["tools"] == ["file.read", "file.search"]
+        assert agent["env_facts"] == {"os": "linux", "language": "python"}
+        assert agent["permissions"] == {"shell.exec": "ask"}
+        assert [m["name"] for m in agent["fallbacks"]] == ["gpt-4.1-mini"]
+        assert [a["path"] for a in agent["assets"]] == ["assets/checklist.md"]
+        zipped = io.BytesIO()
+        with zipfile.ZipFile(zipped, "w") as z:
+            z.writestr("agent.yaml", AGENT_YAML)
+        ok(await c.post(url, files={"package": ("r.zip", zipped.getvalue())}), 201)
+        for bad in (
+            tar_gz({"prompt/system.md": b"x"}),
+            tar_gz({"../agent.yaml": AGENT_YAML}),
+            tar_gz({"agent.yaml": b"name: [unclosed"}),
+            b"not an archive",
+            tar_gz({"agent.yaml": b"name: x\nrole: y\nmodel: m\nsurprise: 1\n"}),
+        ):
+            problem(await c.post(url, files={"package": ("p.tgz", bad)}), 422, "invalid")
+        problem(await c.post(url, files={"other": ("p.tgz", package)}), 422, "invalid")
+        problem(await c.post(url, json={"package": "x"}), 415, "unsupported_media_type")
+
+
+async def test_sessions_messages_and_closing(stack: Stack) -> None:
+    world = await new_world(stack, "lou")
+    sid = world.session_id
+    async with stack.client(world.key) as c:
+        posted = [
+            ok(await c.post(f"/v1/sessions/{sid}/messages", json={"text": f"m{i}"}), 201)
+            for i in range(3)
+        ]
+        page = ok(
+            await c.get(
+                f"/v1/sessions/{sid}/messages",
+                params={"min_position": posted[-1]["position"], "limit": 2},
+            )
+        )
+        rest = ok(
+            await c.get(f"/v1/sessions/{sid}/messages", params={"cursor": page["next_cursor"]})
+        )
+        assert [m["text"] for m in page["items"] + rest["items"]] == ["m0", "m1", "m2"]
+        assert page["items"][0]["author"] == {"kind": "user", "id": world.user_id}
+        signals = ok(await c.get(f"/v1/sessions/{sid}/signals", params={"status": "pending"}))
+        assert {s["priority"] for s in signals["items"]} == {"P1"}
+        assert {s["message_id"] for s in signals["items"]} == {p["message_id"] for p in posted}
+        urgent = ok(
+            await c.post(f"/v1/sessions/{sid}/messages", json={"text": "stop!", "priority": "P0"}),
+            201,
+        )
+        signal = ok(
+            await c.get(f"/v1/sessions/{sid}/signals", params={"min_position": urgent["position"]})
+        )["items"][0]
+        assert (signal["priority"], signal["kind"]) == ("P0", "user.message")
+        timer = ok(
+            await c.post(
+                f"/v1/sessions/{sid}/signals",
+                json={"kind": "timer", "priority": "P2", "not_before": "2030-01-01T00:00:00Z"},
+            ),
+            201,
+        )
+        assert timer["not_before"].startswith("2030-01-01")
+        closed = ok(await c.post(f"/v1/sessions/{sid}/close", json={"reason": "done"}))
+        assert closed["status"] == "closed"
+        problem(
+            await c.post(f"/v1/sessions/{sid}/messages", json={"text": "late"}), 409, "conflict"
+        )
+        problem(await c.post(f"/v1/sessions/{sid}/signals", json={}), 409, "conflict")
+        assert ok(await c.post(f"/v1/sessions/{sid}/reopen"))["status"] == "active"
+        ok(await c.post(f"/v1/sessions/{sid}/messages", json={"text": "back"}), 201)
+        listed = ok(
+            await c.get(
+                f"/v1/projects/{world.project_id}/sessions",
+                params={"status": "active", "agent_id": world.agent_id},
+            )
+        )
+        assert [s["id"] for s in listed["items"]] == [sid]
+        problem(await c.post(f"/v1/sessions/{sid}/messages", json={"text": ""}), 422, "invalid")
+        problem(
+            await c.post(f"/v1/sessions/{sid}/messages", json={"text": "x", "priority": "P9"}),
+            422,
+            "invalid",
+        )
+        problem(
+            await c.post(f"/v1/projects/{world.project_id}/sessions", json={"agent_id": "ghost"}),
+            404,
+            "not_found",
+        )
+        problem(
+            await c.get(f"/v1/sessions/{sid}/messages", params={"min_position": 10**12}),
+            422,
+            "invalid",
+        )
+
+
+async def test_idempotency_key_replays_the_first_response(stack: Stack) -> None:
+    world = await new_world(stack, "max")
+    url = f"/v1/sessions/{world.session_id}/messages"
+    headers = {"Idempotency-Key": f"k-{new_id()}"}
+    async with stack.client(world.key) as c:
+        first = await c.post(url, json={"text": "once"}, headers=headers)
+        again = await c.post(url, json={"text": "once"}, headers=headers)
+        assert (first.status_code, again.status_code) == (201, 201)
+        assert again.json() == first.json()
+        assert again.headers["idempotent-replayed"] == "true"
+        problem(await c.post(url, json={"text": "other"}, headers=headers), 422, "invalid")
+        page = ok(await c.get(url, params={"min_position": first.json()["position"]}))
+        assert [m["text"] for m in page["items"]] == ["once"]
+        created = await c.post("/v1/projects", json={"name": "p"}, headers=headers)
+        replay = await c.post("/v1/projects", json={"name": "p"}, headers=headers)
+        assert replay.json()["id"] == created.json()["id"]  # a key is scoped to its path
+        problem(
+            await c.post(url, json={"text": "x"}, headers={"Idempotency-Key": "a b"}),
+            422,
+            "invalid",
+        )
+
+
+async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:
+    world = await new_world(stack, "ned")
+    activation_id, call_id = new_id(), "call-1"
+    head = await stack.store.head("session", world.session_id)
+    await stack.store.append(
+        world.session_id,
+        [ActivationRequested(activation_id=activation_id, agent_id=world.agent_id, signal_ids=())],
+        head.version,
+    )
+    result = await stack.store.append(
+        activation_id,
+        [
+            ActivationStarted(
+                session_id=world.session_id,
+                project_id=world.project_id,
+                agent_id=world.agent_id,
+                backend="process",
+            ),
+            ToolCallStarted(
+                call_id=call_id, tool="file.read", arguments_digest="a" * 64, arguments_size=10
+            ),
+            ToolCallFinished(call_id=call_id, status="ok", duration_ms=5),
+            ActivationCompleted(text="done", usage={"total_tokens": 42}),
+        ],
+        0,
+    )
+    async with stack.client(world.key) as c:
+        listed = ok(
+            await c.get(
+                f"/v1/sessions/{world.session_id}/activations", params={"min_position": result.seq}
+            )
+        )
+        assert [a["id"] for a in listed["items"]] == [activation_id]
+        activation = ok(await c.get(f"/v1/activations/{activation_id}"))
+        assert (activation["status"], activation["output_text"]) == ("completed", "done")
+        assert activation["usage"] == {"total_tokens": 42}
+        calls = ok(await c.get(f"/v1/activations/{activation_id}/tool-calls"))
+        assert [(t["call_id"], t["status"], t["duration_ms"]) for t in calls] == [
+            (call_id, "ok", 5)
+        ]
+        problem(await c.get("/v1/activations/none"), 404, "not_found")

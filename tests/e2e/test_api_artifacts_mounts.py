@@ -1,0 +1,114 @@
+"""Artifacts (streamed uploads, downloads) and mount grants through HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from tests.e2e.api import new_world, ok, problem
+from tests.e2e.stack import MAX_UPLOAD, Stack
+
+
+async def test_upload_list_download_delete(stack: Stack) -> None:
+    world = await new_world(stack, "ola")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    big = os.urandom(200 * 1024)
+    files = [
+        ("file", ("docs/readme.md", b"# hi\n", "text/markdown")),
+        ("file", ("data/blob.bin", big, "application/octet-stream")),
+        ("file", ("docs/copy.md", b"# hi\n", "text/markdown")),
+    ]
+    async with stack.client(world.key) as c:
+        uploaded = ok(await c.post(base, files=files, data={"session_id": world.session_id}), 201)
+        items = uploaded["items"]
+        assert [i["path"] for i in items] == ["docs/readme.md", "data/blob.bin", "docs/copy.md"]
+        assert items[1]["sha256"] == hashlib.sha256(big).hexdigest()
+        assert items[0]["sha256"] == items[2]["sha256"]  # content-addressed: stored once
+        assert {i["session_id"] for i in items} == {world.session_id}
+        download = await c.get(f"/v1/artifacts/{items[1]['id']}/content")
+        assert download.status_code == 200
+        assert download.content == big
+        assert download.headers["etag"] == f'"{items[1]["sha256"]}"'
+        docs = ok(await c.get(base, params={"path_prefix": "docs/"}))
+        assert sorted(i["path"] for i in docs["items"]) == ["docs/copy.md", "docs/readme.md"]
+        by_session = ok(await c.get(base, params={"session_id": world.session_id}))
+        assert len(by_session["items"]) == 3
+        ok(await c.delete(f"/v1/artifacts/{items[0]['id']}"), 204)
+        problem(
+            await c.get(f"/v1/artifacts/{items[0]['id']}"),
+            404,
+            "not_found",
+        )
+        # The other artifact with the same bytes still downloads.
+        assert (await c.get(f"/v1/artifacts/{items[2]['id']}/content")).content == b"# hi\n"
+
+
+async def test_upload_errors(stack: Stack) -> None:
+    world = await new_world(stack, "pam")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    async with stack.client(world.key) as c:
+        too_big = os.urandom(MAX_UPLOAD + 1)
+        problem(await c.post(base, files={"file": ("big.bin", too_big)}), 413, "too_large")
+        for name in ("../escape.txt", "/etc/passwd", "a/../../b"):
+            problem(await c.post(base, files={"file": (name, b"x")}), 422, "invalid")
+        problem(
+            await c.post(base, data={"session_id": world.session_id}, files={}),
+            415,
+            "unsupported_media_type",
+        )
+        problem(await c.post(base, json={"x": 1}), 415, "unsupported_media_type")
+        problem(
+            await c.post(base, files={"file": ("a.txt", b"x")}, data={"session_id": "ghost"}),
+            422,
+            "invalid",
+        )
+        listed = ok(await c.get(base))
+        assert listed["items"] == []  # nothing of the refused uploads was recorded
+
+
+async def test_mount_grants_are_checked_against_the_allowed_roots(stack: Stack, tmp_path) -> None:
+    world = await new_world(stack, "quin")
+    base = f"/v1/projects/{world.project_id}/mount-grants"
+    inside = stack.mount_root / f"data-{world.project_id}"
+    inside.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (inside / "escape").symlink_to(outside)
+    async with stack.client(world.key) as c:
+        grant = ok(
+            await c.post(base, json={"host_path": str(inside), "target": "/data", "mode": "rw"}),
+            201,
+        )
+        assert (grant["host_path"], grant["mode"], grant["target"]) == (
+            os.path.realpath(inside),
+            "rw",
+            "/data",
+        )
+        assert [g["id"] for g in ok(await c.get(base))] == [grant["id"]]
+        problem(
+            await c.post(base, json={"host_path": str(outside), "target": "/o"}), 403, "forbidden"
+        )
+        problem(
+            await c.post(base, json={"host_path": str(inside / "escape"), "target": "/e"}),
+            403,
+            "forbidden",
+        )
+        problem(
+            await c.post(base, json={"host_path": str(inside / "missing"), "target": "/m"}),
+            422,
+            "invalid",
+        )
+        problem(
+            await c.post(base, json={"host_path": "relative/path", "target": "/m"}), 422, "invalid"
+        )
+        problem(
+            await c.post(base, json={"host_path": str(inside), "target": "/workspace/x"}),
+            422,
+            "invalid",
+        )
+        problem(
+            await c.post(base, json={"host_path": str(inside), "target": "/data"}), 409, "conflict"
+        )
+        ok(await c.delete(f"{base}/{grant['id']}"), 204)
+        problem(await c.get(f"{base}/{grant['id']}"), 404, "not_found")
+        problem(await c.delete(f"{base}/{grant['id']}"), 404, "not_found")
