@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from suzumio.contracts.envelope import DomainEvent
@@ -60,27 +60,37 @@ class Scenario:
     agents: dict[str, tuple[str, int]] = field(default_factory=dict)
     sessions: list[_Session] = field(default_factory=list)
 
-    def appends(self, count: int) -> Iterator[Append]:
-        """`count` appends (each one to three events), in an order a real system could log."""
-        rng = random.Random(self.seed)
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def _groups(self, count: int) -> Iterator[list[Append]]:
+        """`count` groups of appends that belong together (an activation and what follows it);
+        the state moves on by whole groups only, so stopping between two is always safe."""
+        rng = self._rng
         for _ in range(count):
             roll = rng.random()
             if not self.projects or roll < 0.01:
-                yield self._project(rng)
+                yield [self._project(rng)]
             elif not self.agents or roll < 0.03:
-                yield self._agent(rng)
+                yield [self._agent(rng)]
             elif not self.sessions or roll < 0.08:
-                yield self._open_session(rng)
+                yield [self._open_session(rng)]
             else:
-                yield from self._session_activity(rng)
+                yield self._session_activity(rng)
+
+    def appends(self, count: int) -> Iterator[Append]:
+        """The appends of `count` groups (each append one to three events), in an order a real
+        system could log."""
+        for group in self._groups(count):
+            yield from group
 
     def take_events(self, events: int) -> list[Append]:
-        """The shortest run of appends that holds at least `events` events."""
+        """The shortest run of whole groups that holds at least `events` events."""
         taken: list[Append] = []
         total = 0
-        for append in self.appends(10**9):
-            taken.append(append)
-            total += len(append.events)
+        for group in self._groups(10**9):
+            taken += group
+            total += sum(len(a.events) for a in group)
             if total >= events:
                 break
         return taken
@@ -187,7 +197,9 @@ class Scenario:
         ]
 
 
-async def write(store: EventStore, appends: Iterable[Append], *, window: int = 64) -> int:
+async def write(
+    store: EventStore, appends: Iterable[Append] | AsyncIterable[Append], *, window: int = 64
+) -> int:
     """Append everything, pipelining independent appends; returns the number of events."""
     slots = asyncio.Semaphore(window)
     tails: dict[str, asyncio.Task[None]] = {}
@@ -202,7 +214,7 @@ async def write(store: EventStore, appends: Iterable[Append], *, window: int = 6
         finally:
             slots.release()
 
-    for append in appends:
+    async for append in _each(appends):
         await slots.acquire()
         after = [t for t in (tails.get(append.aggregate_id),) if t is not None]
         if append.after_previous and previous is not None:
@@ -211,3 +223,12 @@ async def write(store: EventStore, appends: Iterable[Append], *, window: int = 6
         events += len(append.events)
     await asyncio.gather(*tails.values())
     return events
+
+
+async def _each(appends: Iterable[Append] | AsyncIterable[Append]) -> AsyncIterator[Append]:
+    if isinstance(appends, AsyncIterable):
+        async for append in appends:
+            yield append
+    else:
+        for append in appends:
+            yield append

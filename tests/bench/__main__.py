@@ -21,18 +21,22 @@ from typing import Any
 import uvloop
 
 from suzumio.platform.embedded import start_nats, start_postgres
-from tests.bench import eventlog, services
+from suzumio.platform.logging import configure_logging
+from tests.bench import eventlog, gateway, services
 
 Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
 SECTIONS: dict[str, Section] = {
     "event_append": eventlog.appends,
     "projector": eventlog.projector,
     "rebuild": eventlog.rebuild_100k,
+    "gateway_latency": gateway.api,
+    "sse_fanout": gateway.sse_fanout,
     "idle_rss": services.idle_rss,
 }
 
 
 def main() -> int:
+    configure_logging("bench", level="warning", fmt="console")  # stdout is for the JSON only
     parser = argparse.ArgumentParser(prog="make bench")
     parser.add_argument("sections", nargs="*", help=f"some of: {', '.join(SECTIONS)}")
     args = parser.parse_args()

@@ -181,3 +181,16 @@ async def test_only_admins_change_project_settings(stack: Stack, role: str) -> N
             403,
             "forbidden",
         )
+
+
+async def test_cluster_status_for_admins(stack: Stack) -> None:
+    async with stack.client(stack.admin_key) as c:
+        status = ok(await c.get("/v1/cluster/status"))
+    services = {s["service"] for s in status["services"]}
+    assert {"session", "gateway"} <= services
+    assert all(s["seen_at"] >= s["started_at"] for s in status["services"])
+    assert set(status["projections"]) >= {"projects", "sessions", "users", "artifacts"}
+    assert all(p["lag"] >= 0 for p in status["projections"].values())
+    events = next(v for k, v in status["streams"].items() if k.endswith("EVENTS"))
+    assert events["messages"] > 0
+    assert status["backends"] == []

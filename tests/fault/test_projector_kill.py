@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from itertools import islice
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
@@ -21,7 +21,7 @@ from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.verify import verify
 from suzumio.testing.processes import ServiceProcess
 from tests.integration.projector_support import caught_up
-from tests.scenario import Scenario, write
+from tests.scenario import Append, Scenario, write
 from tests.support import eventually
 
 EVENTS = 20_000
@@ -39,12 +39,13 @@ async def test_projections_survive_sigkill_and_equal_a_rebuild(
 ) -> None:
     seed = int(os.environ.get("SUZUMIO_FAULT_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
-    appends = Scenario(seed=seed).take_events(EVENTS)
-    half = len(appends) // 2
-    await write(store, islice(appends, half))
-    writer = asyncio.create_task(write(store, appends[half:], window=16))
+    scenario = Scenario(seed=seed)
+    # The backlog the projector works through while it is killed, plus a trickle of new events
+    # arriving all along.
+    written = await write(store, scenario.take_events(EVENTS))
+    writer = asyncio.create_task(write(store, slowly(scenario.take_events(EVENTS // 10))))
     projections = load_projections()
-    env = {"SUZUMIO_PROJECTOR_BATCH": "250"}
+    env = {"SUZUMIO_PROJECTOR_BATCH": "10"}  # many small transactions: more to interrupt
     log_path = tmp_path / "session.log"
 
     def service() -> ServiceProcess:
@@ -54,21 +55,22 @@ async def test_projections_survive_sigkill_and_equal_a_rebuild(
     for _ in range(KILLS):
         proc = service().start()
         before = await positions(pool)
-        await eventually(  # let it get some work in hand
-            lambda: positions(pool),
-            lambda now, b=before: now and now != b,  # type: ignore[misc]
+        await eventually(  # it started working (or had nothing left to do)
+            lambda: progress(nc, pool, topology),
+            lambda now, b=before: bool(now[0]) and (now[0] != b or now[1]),  # type: ignore[misc]
             timeout=60,
             what=f"progress (seed {seed})",
         )
-        await asyncio.sleep(rng.uniform(0.0, 0.8))
+        await asyncio.sleep(rng.uniform(0.0, 0.25))
         proc.kill()
         killed_at.append(min((await positions(pool)).values()))
 
-    await writer
+    written += await writer
     last = await stream_last_seq(nc, topology.events_stream)
-    assert last >= EVENTS
+    assert written >= EVENTS
     final = service().start()
     try:
+        await final.wait_ready()
         await caught_up(nc, pool, topology, projections, timeout=120)
         code, _ = await final.terminate()
     finally:
@@ -82,6 +84,19 @@ async def test_projections_survive_sigkill_and_equal_a_rebuild(
     for result in await verify(nc, database_url, topology, projections):
         assert result.position == last
         assert result.equal, (result, seed)
+
+
+async def progress(nc: NATS, pool: Pool, topology: Topology) -> tuple[dict[str, int], bool]:
+    """The checkpoints, and whether they all stand at the end of the log."""
+    now = await positions(pool)
+    end = await stream_last_seq(nc, topology.events_stream)
+    return now, bool(now) and all(p == end for p in now.values())
+
+
+async def slowly(appends: list[Append]) -> AsyncIterator[Append]:
+    for append in appends:
+        await asyncio.sleep(0.005)
+        yield append
 
 
 async def positions(pool: Pool) -> dict[str, int]:

@@ -185,6 +185,7 @@ async def test_rebuild_swaps_in_while_the_projector_runs(
     sessions = next(p for p in ALL if p.name == "sessions")
     async with running_projector(nc, database_url, topology, store, ALL):
         await write(store, (a for _, a in zip(range(400), appends, strict=False)))
+        await caught_up(nc, pool, topology, ALL)  # the projector's own first build is done
         writing = asyncio.create_task(write(store, appends, window=8))
         [result] = await rebuild(nc, database_url, topology, [sessions])
         await writing

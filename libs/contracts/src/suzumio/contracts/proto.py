@@ -97,14 +97,20 @@ def asyncapi() -> Document:
             "headers": {
                 "type": "object",
                 "properties": {
-                    "Nats-Msg-Id": {"type": "string", "description": "the event id"},
-                    "Suzumio-Type": {"type": "string"},
-                    "Suzumio-Version": {"type": "string"},
+                    "Nats-Msg-Id": {"type": "string", "description": "the (first) event's id"},
+                    "Suzumio-Type": {"type": "string", "description": "comma-separated types"},
+                    "Suzumio-Version": {"type": "string", "description": "the last version"},
                     "traceparent": {"type": "string"},
                 },
             },
         }
         for name in sorted(EVENT_TYPES)
+    }
+    messages["Commit"] = {
+        "name": "Commit",
+        "contentType": "application/json",
+        "summary": "several events of one aggregate appended by one decision, stored together",
+        "payload": {"type": "array", "minItems": 2, "items": {"$ref": "schemas/event.json"}},
     }
     messages["LiveChunk"] = {"payload": {"$ref": "schemas/live-chunk.json"}}
     messages["ActivationDispatch"] = {
@@ -116,10 +122,14 @@ def asyncapi() -> Document:
     channels: Document = {
         "events": {
             "address": "ev.{aggregate}.{aggregate_id}",
-            "description": "Stream EVENTS (file): the log. Appends are conditional on the "
-            "subject's last sequence (Nats-Expected-Last-Subject-Sequence).",
+            "description": "Stream EVENTS (file): the log. A message is one event, or a Commit "
+            "(a JSON array) of several events of the aggregate appended together; its "
+            "Suzumio-Type header lists their types. Appends are conditional on the subject's last "
+            "sequence (Nats-Expected-Last-Subject-Sequence).",
             "parameters": {"aggregate": {"description": "aggregate name"}, "aggregate_id": param},
-            "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in sorted(EVENT_TYPES)},
+            "messages": {
+                n: {"$ref": f"#/components/messages/{n}"} for n in [*sorted(EVENT_TYPES), "Commit"]
+            },
         },
         "live": {
             "address": "live.session.{session_id}",

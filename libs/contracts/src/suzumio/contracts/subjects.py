@@ -37,7 +37,6 @@ class StreamSpec(BaseModel):
     max_age_seconds: float = 0.0
     duplicate_window_seconds: float = 120.0
     replicas: int = 1
-    allow_atomic: bool = False
     allow_direct: bool = True
     description: str = ""
 
@@ -85,7 +84,6 @@ class Topology(BaseModel):
                 subjects=(self._subject("ev", ">"),),
                 storage=Storage.FILE,
                 replicas=self.replicas,
-                allow_atomic=True,
                 description="the event log: every domain event, one subject per aggregate",
             ),
             StreamSpec(

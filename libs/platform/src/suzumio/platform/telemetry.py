@@ -18,6 +18,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -55,8 +56,12 @@ def setup_telemetry(service: str, instance: str) -> Telemetry:
     resource = Resource.create(
         {"service.name": f"suzumio-{service}", "service.instance.id": instance}
     )
-    tracer_provider = TracerProvider(resource=resource)
-    if _otlp_configured("TRACES"):
+    exporting = _otlp_configured("TRACES")
+    # Without an exporter spans are still made (trace ids reach logs and travel in headers)
+    # but not recorded: recording spans nobody will read costs every request.
+    sampler = ParentBased(ALWAYS_ON if exporting else ALWAYS_OFF)
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+    if exporting:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
             OTLPSpanExporter,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.state import Gateway
-from suzumio.platform.bus.eventstore import HDR_TYPE
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 KEEPALIVE_SECONDS = 15.0
@@ -44,7 +44,10 @@ class Cursor:
 
 @dataclass(frozen=True)
 class Item:
-    cursor: str
+    """One timeline entry. `cursor` is set on the last item of a log message only: resuming
+    from it must not skip the rest of a commit of several events."""
+
+    cursor: str | None
     event: str
     data: bytes
 
@@ -95,10 +98,22 @@ class SessionFeed:
                 yield None
                 continue
             seq = msg.metadata.sequence.stream
-            if source == "events":
-                self.cursor.events = seq
-                event = (msg.headers or {}).get(HDR_TYPE, "event")
-            else:
+            if source == "live":
                 self.cursor.live = seq
-                event = "live"
-            yield Item(str(self.cursor), event, msg.data)
+                yield Item(str(self.cursor), "live", msg.data)
+                continue
+            parts = _events(msg.data)
+            self.cursor.events = seq
+            for i, (event, data) in enumerate(parts):
+                yield Item(str(self.cursor) if i == len(parts) - 1 else None, event, data)
+
+
+def _events(data: bytes) -> list[tuple[str, bytes]]:
+    """(type, envelope JSON) of each event a log message holds."""
+    if data[:1] != b"[":
+        return [(_type_of(json.loads(data)), data)]
+    return [(_type_of(e), json.dumps(e, separators=(",", ":")).encode()) for e in json.loads(data)]
+
+
+def _type_of(envelope: object) -> str:
+    return str(envelope.get("type", "event")) if isinstance(envelope, dict) else "event"

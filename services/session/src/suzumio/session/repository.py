@@ -7,8 +7,10 @@ brought up to date and the decision is taken again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from suzumio.contracts.envelope import DomainEvent, EventMeta
@@ -29,6 +31,7 @@ class Repository:
         self.store = store
         self._cache: OrderedDict[tuple[str, str], AggregateState] = OrderedDict()
         self._cache_size = cache_size
+        self._turns = _Turns()
 
     async def get(self, cls: type[S], aggregate_id: str, *, fresh: bool = True) -> S:
         """The aggregate's state; `fresh` checks with the server that nothing came since."""
@@ -68,8 +71,16 @@ class Repository:
     ) -> tuple[S, AppendResult | None]:
         """Decide on the state and append the result; retried on a concurrent write.
 
+        Commands for one aggregate take turns within this process, so they never conflict
+        with each other; only another process's write can make an append fail and retry.
         Returns the state after the append and the append's result (None: nothing to do).
         """
+        async with self._turns.take((cls.aggregate, aggregate_id)):
+            return await self._execute(cls, aggregate_id, decide, meta, attempts)
+
+    async def _execute(
+        self, cls: type[S], aggregate_id: str, decide: Decide[S], meta: EventMeta, attempts: int
+    ) -> tuple[S, AppendResult | None]:
         for attempt in range(attempts):
             state = await self.get(cls, aggregate_id, fresh=attempt > 0)
             events = list(decide(state))
@@ -89,3 +100,24 @@ class Repository:
                 self._cache.pop((cls.aggregate, aggregate_id), None)
             return state, result
         raise AssertionError("unreachable")
+
+
+class _Turns:
+    """One lock per key, kept only while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def take(self, key: tuple[str, str]) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

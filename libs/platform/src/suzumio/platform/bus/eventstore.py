@@ -1,9 +1,13 @@
 """The event store: conditional appends to, and reads of, one subject per aggregate on EVENTS.
 
-An append carries `Nats-Expected-Last-Subject-Sequence` (the aggregate's last stream sequence
-as the writer knows it) so JetStream itself refuses a writer that did not see the latest event,
-and `Nats-Msg-Id` (the event id) so a publish retried after a lost ack is stored once. Several
-events of one append are published as one atomic batch: all are stored or none.
+An append is one message (a commit): the event's envelope, or a JSON array of the envelopes
+when one decision produced several events, so they are stored together or not at all. It
+carries `Nats-Expected-Last-Subject-Sequence` (the aggregate's last stream sequence as the
+writer knows it) so JetStream itself refuses a writer that did not see the latest event, and
+`Nats-Msg-Id` (the first event's id) so a publish retried after a lost ack is stored once.
+(JetStream's atomic batches would keep one event per message, but on file storage each batch
+commit is synced to disk: ~2 ms, serialised per stream, capping multi-event appends at a few
+hundred a second. A commit message costs what a single event does.)
 
 Callers speak in aggregate versions; the store maps a version to the stream sequence the
 server checks, from what it has seen itself or, on a miss, from the last stored message.
@@ -22,6 +26,7 @@ import orjson
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from pydantic import TypeAdapter
 
 from suzumio.contracts.commands import EventRef
 from suzumio.contracts.envelope import (
@@ -33,7 +38,7 @@ from suzumio.contracts.envelope import (
     envelope_for,
 )
 from suzumio.contracts.errors import CommandTimeoutError, ConflictError, InvalidError
-from suzumio.contracts.ids import is_valid_id, new_id
+from suzumio.contracts.ids import is_valid_id
 from suzumio.contracts.subjects import DEFAULT_TOPOLOGY, Topology
 from suzumio.platform import telemetry
 from suzumio.platform.bus.acks import AckRequester
@@ -44,16 +49,12 @@ from suzumio.platform.errors import JetStreamApiError, PlatformError
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-HDR_BATCH_ID = "Nats-Batch-Id"
-HDR_BATCH_SEQ = "Nats-Batch-Sequence"
-HDR_BATCH_COMMIT = "Nats-Batch-Commit"
 HDR_TYPE = "Suzumio-Type"
 HDR_VERSION = "Suzumio-Version"
 
 ERR_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
-ERR_BATCH_DUPLICATE_MSG_ID = 10201
-ERR_BATCH_TOO_MANY_INFLIGHT = 10210
-MAX_BATCH = 1_000  # JetStream's limit of messages in one atomic batch
+MAX_EVENTS_PER_APPEND = 1_000
+TYPE_SEPARATOR = ","  # Suzumio-Type of a commit lists its events' types in order
 
 _appends = telemetry.meter.create_counter(
     "suzumio_event_appends", description="event appends by outcome (ok, conflict, error)"
@@ -125,7 +126,7 @@ class _Prepared:
     expected_version: int
     expected_seq: int
     envelopes: tuple[EventEnvelope, ...]
-    payloads: tuple[bytes, ...]
+    payload: bytes
 
 
 class EventStore:
@@ -143,7 +144,6 @@ class EventStore:
         timeout: float = 5.0,
         attempts: int = 4,
         cache_size: int = 200_000,
-        max_inflight_batches: int = 32,
     ) -> None:
         self._nc = nc
         self.topology = topology
@@ -152,7 +152,6 @@ class EventStore:
         self._attempts = attempts
         self._heads: OrderedDict[str, Head] = OrderedDict()
         self._cache_size = cache_size
-        self._batches = asyncio.Semaphore(max_inflight_batches)
         self._acks = AckRequester(nc)
 
     # -- appending -----------------------------------------------------------------------
@@ -200,8 +199,8 @@ class EventStore:
         """Build the messages of an append (ids fixed from here on, so retries are harmless)."""
         if not events:
             raise InvalidError("an append needs at least one event")
-        if len(events) > MAX_BATCH:
-            raise InvalidError(f"at most {MAX_BATCH} events per append")
+        if len(events) > MAX_EVENTS_PER_APPEND:
+            raise InvalidError(f"at most {MAX_EVENTS_PER_APPEND} events per append")
         aggregate = events[0].aggregate
         if any(e.aggregate != aggregate for e in events):
             raise InvalidError("all events of an append must belong to one aggregate")
@@ -216,9 +215,13 @@ class EventStore:
             envelope_for(e, aggregate_id=aggregate_id, version=expected_version + i, meta=meta)
             for i, e in enumerate(events, start=1)
         )
-        payloads = tuple(env.model_dump_json(by_alias=True).encode() for env in envelopes)
+        payload = (
+            envelopes[0].model_dump_json(by_alias=True).encode()
+            if len(envelopes) == 1
+            else _COMMIT.dump_json(list(envelopes), by_alias=True)
+        )
         return _Prepared(
-            subject, aggregate, aggregate_id, expected_version, expected_seq, envelopes, payloads
+            subject, aggregate, aggregate_id, expected_version, expected_seq, envelopes, payload
         )
 
     async def commit(self, prepared: _Prepared) -> AppendResult:
@@ -238,7 +241,6 @@ class EventStore:
         _append_seconds.record(time.perf_counter() - started)
         count = len(prepared.envelopes)
         self._remember(prepared.subject, Head(prepared.expected_version + count, seq))
-        first = seq - count + 1
         return AppendResult(
             tuple(
                 EventRef(
@@ -247,9 +249,9 @@ class EventStore:
                     aggregate=env.aggregate,
                     aggregate_id=env.aggregate_id,
                     version=env.version,
-                    seq=first + i,
+                    seq=seq,
                 )
-                for i, env in enumerate(prepared.envelopes)
+                for env in prepared.envelopes
             )
         )
 
@@ -268,14 +270,11 @@ class EventStore:
             if not error:
                 return int(reply["seq"])  # also for `"duplicate": true`: the first copy's seq
             err_code = int(error.get("err_code", 0))
-            if err_code in ERR_WRONG_LAST_SEQUENCE or err_code == ERR_BATCH_DUPLICATE_MSG_ID:
+            if err_code in ERR_WRONG_LAST_SEQUENCE:
                 stored = await self._find_own(p)
                 if stored is not None:
                     return stored
                 raise await self._conflict(p)
-            if err_code == ERR_BATCH_TOO_MANY_INFLIGHT:
-                await asyncio.sleep(min(0.01 * 2**attempt, 0.5))
-                continue
             raise JetStreamApiError(int(error.get("code", 0)), err_code, error["description"])
         stored = await self._find_own(p, tolerate_errors=True)
         if stored is not None:
@@ -284,36 +283,19 @@ class EventStore:
             f"event store did not confirm the append to {p.subject}", subject=p.subject
         )
 
-    def _headers(self, p: _Prepared, index: int, batch_id: str | None) -> dict[str, str]:
-        env = p.envelopes[index]
-        headers = {HDR_MSG_ID: env.id, HDR_TYPE: env.type, HDR_VERSION: str(env.version)}
-        if index == 0:
-            headers[HDR_EXPECTED_LAST_SUBJECT_SEQ] = str(p.expected_seq)
-            telemetry.inject_if_tracing(headers)
-        if batch_id is not None:
-            headers[HDR_BATCH_ID] = batch_id
-            headers[HDR_BATCH_SEQ] = str(index + 1)
-            if index == len(p.envelopes) - 1:
-                headers[HDR_BATCH_COMMIT] = "1"
-        return headers
+    @staticmethod
+    def _headers(p: _Prepared) -> dict[str, str]:
+        headers = {
+            HDR_MSG_ID: p.envelopes[0].id,
+            HDR_TYPE: TYPE_SEPARATOR.join(env.type for env in p.envelopes),
+            HDR_VERSION: str(p.envelopes[-1].version),
+            HDR_EXPECTED_LAST_SUBJECT_SEQ: str(p.expected_seq),
+        }
+        return telemetry.inject_if_tracing(headers)
 
     async def _send(self, p: _Prepared) -> dict[str, Any]:
-        if len(p.payloads) == 1:
-            msg = await self._acks.request(
-                p.subject, p.payloads[0], self._headers(p, 0, None), self._timeout
-            )
-            return dict(orjson.loads(msg.data))
-        async with self._batches:
-            batch_id = new_id()
-            last = len(p.payloads) - 1
-            for i in range(last):
-                await self._nc.publish(
-                    p.subject, p.payloads[i], headers=self._headers(p, i, batch_id)
-                )
-            msg = await self._acks.request(
-                p.subject, p.payloads[last], self._headers(p, last, batch_id), self._timeout
-            )
-            return dict(orjson.loads(msg.data))
+        msg = await self._acks.request(p.subject, p.payload, self._headers(p), self._timeout)
+        return dict(orjson.loads(msg.data))
 
     async def _find_own(self, p: _Prepared, *, tolerate_errors: bool = False) -> int | None:
         """The seq of our last event if the append was stored after all, else None.
@@ -329,7 +311,7 @@ class EventStore:
             raise
         if stored is None or stored.headers.get(HDR_MSG_ID) != p.envelopes[0].id:
             return None
-        return stored.seq + len(p.envelopes) - 1
+        return stored.seq
 
     async def _conflict(self, p: _Prepared) -> ConcurrencyConflictError:
         self._heads.pop(p.subject, None)
@@ -392,13 +374,13 @@ class EventStore:
         async for stored in iter_subject(
             self._nc, self._stream, subject, after_seq=after.seq, timeout=self._timeout
         ):
-            envelope = EventEnvelope.model_validate_json(stored.data)
-            expected = after.version + len(events) + 1
-            if envelope.version != expected:
-                raise PlatformError(
-                    f"{subject}: version {envelope.version} where {expected} was due"
-                )
-            events.append(RecordedEvent(envelope, decode_data(envelope), stored.seq))
+            for envelope in envelopes_of(stored.data):
+                expected = after.version + len(events) + 1
+                if envelope.version != expected:
+                    raise PlatformError(
+                        f"{subject}: version {envelope.version} where {expected} was due"
+                    )
+                events.append(RecordedEvent(envelope, decode_data(envelope), stored.seq))
         stream = AggregateStream(aggregate, aggregate_id, tuple(events))
         if events:
             self._remember(subject, Head(stream.version, stream.seq))
@@ -409,8 +391,24 @@ class EventStore:
         return await stream_last_seq(self._nc, self._stream, timeout=self._timeout)
 
 
+_COMMIT: TypeAdapter[list[EventEnvelope]] = TypeAdapter(list[EventEnvelope])
+
+
+def envelopes_of(data: bytes) -> list[EventEnvelope]:
+    """The envelopes a stored message holds: one event, or a commit of several."""
+    if data[:1] == b"[":
+        return _COMMIT.validate_json(data)
+    return [EventEnvelope.model_validate_json(data)]
+
+
+def types_of(headers: dict[str, str] | None) -> list[str] | None:
+    """The event types a stored message holds, from its header (None when absent)."""
+    value = (headers or {}).get(HDR_TYPE)
+    return value.split(TYPE_SEPARATOR) if value else None
+
+
 def _version_of(stored: StoredMessage) -> int:
     version = stored.headers.get(HDR_VERSION)
     if version is not None:
         return int(version)
-    return EventEnvelope.model_validate_json(stored.data).version
+    return envelopes_of(stored.data)[-1].version

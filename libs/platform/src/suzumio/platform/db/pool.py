@@ -23,6 +23,11 @@ async def connect(dsn: str, application: str) -> Connection:
     return conn
 
 
+async def _keep_as_is(conn: Connection) -> None:
+    """Pool connections carry no session state (no LISTEN, no temp tables, no session locks
+    left held): skip asyncpg's reset round trip on every release."""
+
+
 async def create_pool(
     dsn: str, application: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any
 ) -> Pool:
@@ -31,6 +36,7 @@ async def create_pool(
         min_size=min_size,
         max_size=max_size,
         init=_init_connection,
+        reset=_keep_as_is,
         server_settings={"application_name": application},
         **kwargs,
     )

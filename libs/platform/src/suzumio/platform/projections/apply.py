@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from suzumio.contracts.envelope import DomainEvent, RecordedEvent
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Projection
 from suzumio.platform.projections.decoding import LogEntry
@@ -46,10 +47,10 @@ class PoisonTracker:
     """Counts failures per (projection, seq) across retries of a batch."""
 
     max_attempts: int = 3
-    _failures: dict[tuple[str, int], int] = field(default_factory=dict)
+    _failures: dict[tuple[str, int, str], int] = field(default_factory=dict)
 
-    def spent(self, projection: str, seq: int) -> bool:
-        key = (projection, seq)
+    def spent(self, projection: str, seq: int, event_id: str = "") -> bool:
+        key = (projection, seq, event_id)
         self._failures[key] = self._failures.get(key, 0) + 1
         return self._failures[key] >= self.max_attempts
 
@@ -64,18 +65,23 @@ async def apply_entries(
     entries: Sequence[LogEntry],
     tracker: PoisonTracker,
 ) -> list[Parked]:
-    """Apply the entries this projection handles; returns what had to be parked."""
+    """Apply the events of `entries` this projection handles; returns what had to be parked."""
     parked = [
-        Parked(projection.name, e.seq, e.subject, e.type, e.error)
+        Parked(projection.name, e.seq, e.subject, ",".join(e.types), e.error)
         for e in entries
-        if e.error is not None and e.type in projection.handles
+        if e.error is not None and projection.handles.intersection(e.types)
     ]
-    events = [e for e in entries if e.event is not None and e.type in projection.handles]
+    events = [
+        (e.subject, event)
+        for e in entries
+        for event in e.events
+        if event.type in projection.handles
+    ]
     if not events:
         return parked
     try:
         async with conn.transaction():  # a savepoint inside the batch transaction
-            await projection.apply(conn, schema, [e.event for e in events if e.event])
+            await projection.apply(conn, schema, [event for _, event in events])
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception:
@@ -87,21 +93,19 @@ async def _one_by_one(
     conn: Connection,
     projection: Projection,
     schema: str,
-    entries: list[LogEntry],
+    events: list[tuple[str, RecordedEvent[DomainEvent]]],
     tracker: PoisonTracker,
 ) -> list[Parked]:
     parked: list[Parked] = []
-    for entry in entries:
-        event = entry.event
-        assert event is not None
+    for subject, event in events:
         try:
             async with conn.transaction():
                 await projection.apply(conn, schema, [event])
         except INFRASTRUCTURE_ERRORS:
             raise
         except Exception as exc:
-            if not tracker.spent(projection.name, event.seq):
+            if not tracker.spent(projection.name, event.seq, event.id):
                 raise RetryBatchError(f"{projection.name} failed on seq {event.seq}") from exc
             error = f"{type(exc).__name__}: {exc}"[:2_000]
-            parked.append(Parked(projection.name, event.seq, entry.subject, event.type, error))
+            parked.append(Parked(projection.name, event.seq, subject, event.type, error))
     return parked

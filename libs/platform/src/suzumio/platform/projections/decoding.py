@@ -1,4 +1,8 @@
-"""Turning stored messages into typed events, decoding only what some projection reads."""
+"""Turning stored messages into typed events, decoding only what some projection reads.
+
+A message holds one event or a commit of several (see the event store); its `Suzumio-Type`
+header lists their types, so a message nobody reads is skipped without being parsed.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,11 @@ from pydantic import ValidationError
 from suzumio.contracts.envelope import (
     EVENT_TYPES,
     DomainEvent,
-    EventEnvelope,
     EventSchemaError,
     RecordedEvent,
     decode_data,
 )
-from suzumio.platform.bus.eventstore import HDR_TYPE
+from suzumio.platform.bus.eventstore import envelopes_of, types_of
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -25,40 +28,44 @@ _warned_unknown: set[str] = set()
 
 @dataclass(frozen=True, slots=True)
 class LogEntry:
-    """One message of the log as a projector sees it.
-
-    `event` is None when no projection wants the type, when the type is unknown to this code
-    (skipped with a warning), or when it could not be decoded (`error` says why).
-    """
+    """One message of the log as a projector sees it: the events of it some projection reads
+    (in order), and `error` when the message could not be decoded at all."""
 
     seq: int
     subject: str
-    type: str
-    event: RecordedEvent[DomainEvent] | None = None
+    types: tuple[str, ...]
+    events: tuple[RecordedEvent[DomainEvent], ...] = ()
     error: str | None = None
 
 
+def _known(event_type: str, seq: int) -> bool:
+    if event_type in EVENT_TYPES:
+        return True
+    if event_type not in _warned_unknown:  # written by a newer release: skip, never crash
+        _warned_unknown.add(event_type)
+        log.warning("event.unknown_type_skipped", type=event_type, seq=seq)
+    return False
+
+
 def decode_entry(
-    seq: int, subject: str, headers: Mapping[str, str] | None, data: bytes, wanted: AbstractSet[str]
+    seq: int,
+    subject: str,
+    headers: Mapping[str, str] | None,
+    data: bytes,
+    wanted: AbstractSet[str],
 ) -> LogEntry:
-    event_type = (headers or {}).get(HDR_TYPE)
-    envelope: EventEnvelope | None = None
+    types = types_of(dict(headers or {}))
+    if types is not None and not any(t in wanted or t not in EVENT_TYPES for t in types):
+        return LogEntry(seq, subject, tuple(types))
     try:
-        if event_type is None:  # written without our headers: read the type from the body
-            envelope = EventEnvelope.model_validate_json(data)
-            event_type = envelope.type
-        if event_type not in EVENT_TYPES:  # written by a newer release: skip, never crash
-            if event_type not in _warned_unknown:
-                _warned_unknown.add(event_type)
-                log.warning("event.unknown_type_skipped", type=event_type, seq=seq)
-            return LogEntry(seq, subject, event_type)
-        if event_type not in wanted:
-            return LogEntry(seq, subject, event_type)
-        envelope = envelope or EventEnvelope.model_validate_json(data)
-        return LogEntry(
-            seq, subject, event_type, RecordedEvent(envelope, decode_data(envelope), seq)
+        envelopes = envelopes_of(data)
+        events = tuple(
+            RecordedEvent(envelope, decode_data(envelope), seq)
+            for envelope in envelopes
+            if _known(envelope.type, seq) and envelope.type in wanted
         )
+        return LogEntry(seq, subject, tuple(e.type for e in envelopes), events)
     except (ValidationError, EventSchemaError, ValueError) as exc:
         return LogEntry(
-            seq, subject, event_type or "?", error=f"{type(exc).__name__}: {exc}"[:2_000]
+            seq, subject, tuple(types or ("?",)), error=f"{type(exc).__name__}: {exc}"[:2_000]
         )

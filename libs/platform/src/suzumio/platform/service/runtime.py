@@ -149,12 +149,8 @@ class ServiceRuntime:
                 await asyncio.wait_for(self._pool.close(), 2.0)
 
     async def serve(self, app: ASGIApp | None = None, stop: asyncio.Event | None = None) -> None:
-        """Serve HTTP and the background tasks until SIGTERM/SIGINT (or `stop`), then drain."""
+        """Serve HTTP and the background tasks until `stop` is set, then drain."""
         stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
         http_app = app or Starlette(routes=self.readiness.routes())
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -235,10 +231,15 @@ def run_service(name: str, settings: S, setup: Setup) -> None:
     telemetry_handle = telemetry.setup_telemetry(name, runtime.instance)
 
     async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # from the start: a stop during start-up
+            loop.add_signal_handler(sig, stop.set)  # is a clean exit too
         try:
             await runtime.open()
             app = await setup(runtime)
-            await runtime.serve(app)
+            if not stop.is_set():
+                await runtime.serve(app, stop)
         finally:
             await runtime.close()
 

@@ -106,7 +106,10 @@ async def require_role(
 ) -> Role:
     """The caller's role in the project if at least `needed`: 404 when the caller cannot see
     the project at all (exactly like a missing object), 403 when they see it but may not."""
-    role = await role_in_project(gw, who, project_id)
+    return judge(await role_in_project(gw, who, project_id), needed, what)
+
+
+def judge(role: Role | None, needed: Role, what: str) -> Role:
     if role is None:
         raise not_found(what)
     if not role.at_least(needed):

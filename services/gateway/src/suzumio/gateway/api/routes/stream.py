@@ -54,8 +54,9 @@ async def stream(
                 if item is None:
                     yield b": keepalive\n\n"
                     continue
+                cursor = f"id: {item.cursor}\n" if item.cursor else ""
                 yield (
-                    f"id: {item.cursor}\nevent: {item.event}\ndata: ".encode()
+                    f"{cursor}event: {item.event}\ndata: ".encode()
                     + item.data.replace(b"\n", b"\ndata: ")
                     + b"\n\n"
                 )
