@@ -117,13 +117,14 @@ async def rebuild_100k(nats_url: str, pg_url: str, _: Path) -> dict[str, Any]:
     """`suzumio projections rebuild` of every projection over a log of 100,000 events."""
     projections = load_projections()
     async with environment(nats_url, pg_url) as env:
-        await write(env.store, Scenario(seed=2).take_events(REBUILD_EVENTS))
-        events = await stream_last_seq(env.nc, env.topology.events_stream)
+        events = await write(env.store, Scenario(seed=2).take_events(REBUILD_EVENTS))
+        messages = await stream_last_seq(env.nc, env.topology.events_stream)
         started = time.perf_counter()
         results = await rebuild(env.nc, env.dsn, env.topology, projections)
         seconds = time.perf_counter() - started
     return {
         "events": events,
+        "log_messages": messages,
         "projections": [r.projection for r in results],
         "seconds": round(seconds, 2),
         "events_per_s": round(events / seconds),

@@ -55,6 +55,7 @@ async def running_stack(nats_url: str, postgres_url: str, tmp: Path) -> AsyncIte
         "SUZUMIO_MOUNT_ROOTS": str(mount_root),
         "SUZUMIO_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
         "SUZUMIO_READ_YOUR_WRITES_TIMEOUT": "5",
+        "SUZUMIO_STREAM_RECHECK_SECONDS": "0.5",
     }
     procs = [
         ServiceProcess(name, nats_url, database_url, topology, tmp / f"{name}.log", env)

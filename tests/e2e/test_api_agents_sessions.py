@@ -13,6 +13,7 @@ from suzumio.contracts.events import (
     ToolCallStarted,
 )
 from suzumio.contracts.ids import new_id
+from suzumio.gateway.api.pagination import encode_cursor
 from tests.e2e.api import new_world, ok, problem, tar_gz
 from tests.e2e.stack import Stack
 
@@ -129,6 +130,14 @@ async def test_sessions_messages_and_closing(stack: Stack) -> None:
             await c.get(f"/v1/sessions/{sid}/messages", params={"cursor": page["next_cursor"]})
         )
         assert [m["text"] for m in page["items"] + rest["items"]] == ["m0", "m1", "m2"]
+        for forged in ([2**63, "x"], ["1", "x"], [True, "x"]):
+            problem(
+                await c.get(
+                    f"/v1/sessions/{sid}/messages", params={"cursor": encode_cursor(*forged)}
+                ),
+                422,
+                "invalid",
+            )
         assert page["items"][0]["author"] == {"kind": "user", "id": world.user_id}
         signals = ok(await c.get(f"/v1/sessions/{sid}/signals", params={"status": "pending"}))
         assert {s["priority"] for s in signals["items"]} == {"P1"}
@@ -246,3 +255,21 @@ async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:
             (call_id, "ok", 5)
         ]
         problem(await c.get("/v1/activations/none"), 404, "not_found")
+
+
+async def test_signals_recorded_through_the_api_cannot_pose_as_others(stack: Stack) -> None:
+    world = await new_world(stack, "oz")
+    async with stack.client(world.key) as c:
+        for kind in ("approval.result", "user.message", "artifact.ready"):
+            problem(
+                await c.post(f"/v1/sessions/{world.session_id}/signals", json={"kind": kind}),
+                422,
+                "invalid",
+            )
+        problem(
+            await c.post(
+                f"/v1/sessions/{world.session_id}/signals", json={"payload": {"bad": "nul\u0000"}}
+            ),
+            422,
+            "invalid",
+        )

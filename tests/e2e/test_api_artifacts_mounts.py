@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 
+from suzumio.gateway.api.routes.artifacts import attachment
+from suzumio.gateway.bootstrap import ARTIFACTS_BUCKET
+from suzumio.platform.bus.objects import has_blob
 from tests.e2e.api import new_world, ok, problem
 from tests.e2e.stack import MAX_UPLOAD, Stack
 
@@ -62,8 +65,50 @@ async def test_upload_errors(stack: Stack) -> None:
             422,
             "invalid",
         )
+        theirs = await new_world(stack, "pia")
+        secret = os.urandom(64)
+        problem(
+            await c.post(
+                base, files={"file": ("a.txt", secret)}, data={"session_id": theirs.session_id}
+            ),
+            422,
+            "invalid",
+        )
         listed = ok(await c.get(base))
         assert listed["items"] == []  # nothing of the refused uploads was recorded
+        blobs = await stack.nc.jetstream().object_store(stack.topology.bucket(ARTIFACTS_BUCKET))
+        assert not await has_blob(blobs, hashlib.sha256(secret).hexdigest())
+
+
+async def test_download_headers_are_safe_for_any_name_and_type(stack: Stack) -> None:
+    world = await new_world(stack, "rex")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    name = "docs/résumé final;%.html"
+    async with stack.client(world.key) as c:
+        [item] = ok(
+            await c.post(base, files={"file": (name, b"<script>1</script>", "text/html<x>")}),
+            201,
+        )["items"]
+        assert item["content_type"] == "application/octet-stream"
+        download = await c.get(f"/v1/artifacts/{item['id']}/content")
+        assert download.status_code == 200
+        disposition = download.headers["content-disposition"]
+        assert disposition == (
+            'attachment; filename="r_sum_ final;_.html";'
+            " filename*=UTF-8''r%C3%A9sum%C3%A9%20final%3B%25.html"
+        )
+        assert attachment('a"b\\c.txt') == (
+            "attachment; filename=\"a_b_c.txt\"; filename*=UTF-8''a%22b%5Cc.txt"
+        )
+        assert download.headers["x-content-type-options"] == "nosniff"
+        assert download.headers["content-type"] == "application/octet-stream"
+        [typed] = ok(
+            await c.post(
+                base, files={"file": ("a.json", b"{}", "Application/JSON; charset=utf-8")}
+            ),
+            201,
+        )["items"]
+        assert typed["content_type"] == "application/json"
 
 
 async def test_mount_grants_are_checked_against_the_allowed_roots(stack: Stack, tmp_path) -> None:

@@ -8,14 +8,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import pytest
 from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 
 from suzumio.contracts.commands import CreatePendingAction
+from suzumio.contracts.events import PendingActionAnswered
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.values import PendingKind
 from suzumio.platform.bus.commands import CommandClient
-from tests.e2e.api import World, new_world, ok, problem
+from tests.e2e.api import World, new_user, new_world, ok, problem
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -104,6 +107,70 @@ async def test_unanswered_question_expires_on_time(stack: Stack) -> None:
         )
 
 
+async def test_outcome_whose_signal_was_never_recorded_is_caught_up(stack: Stack) -> None:
+    """The session service may die between appending an answer and recording the signal
+    that wakes the agent: the catch-up reaction records it from the log, exactly once."""
+    world = await new_world(stack, "tess")
+    action_id = await ask(stack, world, PendingKind.QUESTION)
+    async with stack.client(world.key) as c:
+        await eventually(
+            lambda: c.get(f"/v1/pending-actions/{action_id}"),
+            lambda r: r.status_code == 200,
+            what="the pending action",
+        )
+        answered = PendingActionAnswered(answer="blue", answered_by=f"user:{world.user_id}")
+        await stack.store.append(action_id, [answered], 1)  # the outcome, but no signal
+        signals = await eventually(
+            lambda: c.get(f"/v1/sessions/{world.session_id}/signals"),
+            lambda r: any(
+                s["payload"].get("pending_action_id") == action_id for s in r.json()["items"]
+            ),
+            what="the caught-up wake-up signal",
+        )
+        wake = [
+            s for s in signals.json()["items"] if s["payload"].get("pending_action_id") == action_id
+        ]
+        assert [(w["priority"], w["payload"]["answer"]) for w in wake] == [("P1", "blue")]
+
+
+async def test_handing_over_another_projects_artifact_is_refused(stack: Stack) -> None:
+    world, other = await new_world(stack, "ursa"), await new_world(stack, "vic")
+    async with stack.client(other.key) as c:
+        foreign = ok(
+            await c.post(
+                f"/v1/projects/{other.project_id}/artifacts",
+                files=[("file", ("secret.txt", b"theirs", "text/plain"))],
+            ),
+            201,
+        )["items"][0]["id"]
+    action_id = await ask(stack, world, PendingKind.ARTIFACT_REQUEST, paths=("report.pdf",))
+    async with stack.client(world.key) as c:
+        await eventually(
+            lambda: c.get(f"/v1/pending-actions/{action_id}"),
+            lambda r: r.status_code == 200,
+            what="the pending action",
+        )
+        refused = problem(
+            await c.post(
+                f"/v1/pending-actions/{action_id}/reply", json={"artifact_ids": [foreign]}
+            ),
+            422,
+            "invalid",
+        )
+        assert foreign in refused["detail"]
+        own = ok(
+            await c.post(
+                f"/v1/projects/{world.project_id}/artifacts",
+                files=[("file", ("report.pdf", b"%PDF-1.7", "application/pdf"))],
+            ),
+            201,
+        )["items"][0]["id"]
+        answered = ok(
+            await c.post(f"/v1/pending-actions/{action_id}/reply", json={"artifact_ids": [own]})
+        )
+        assert (answered["status"], answered["artifact_ids"]) == ("answered", [own])
+
+
 async def publish_chunk(stack: Stack, world: World, text: str) -> None:
     chunk = LiveChunk(
         session_id=world.session_id,
@@ -179,3 +246,49 @@ async def test_websocket_variant(stack: Stack) -> None:
     async with ws_connect(ws_url + f"?access_token={world.key}&last_event_id={opened['id']}") as ws:
         again = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert again["data"]["text"] == "over ws"
+
+
+async def test_streams_end_when_access_is_withdrawn(stack: Stack) -> None:
+    """An open stream re-checks the caller: removing a member ends their SSE stream, and
+    revoking a key ends its WebSocket, each with an `end` item saying why."""
+    world = await new_world(stack, "wes")
+    viewer_key, viewer_id = await new_user(stack, "xia")
+    members = f"/v1/projects/{world.project_id}/members/{viewer_id}"
+    url = f"/v1/sessions/{world.session_id}/stream"
+    async with stack.client(world.key) as owner, stack.client(viewer_key) as viewer:
+        ok(await owner.put(members, json={"role": "viewer"}))
+        async with viewer.stream("GET", url) as response:
+            reader = SseReader(response)
+            assert (await reader.read(1))[0]["event"] == "session.opened"
+            ok(await owner.delete(members), 204)
+            [end] = await reader.read(1)
+            assert (end["event"], json.loads(end["data"])["status"]) == ("end", 404)
+            with pytest.raises(StopAsyncIteration):
+                await reader.read(1)  # and the server closed the stream
+        problem(await viewer.get(url), 404, "not_found")
+
+        spare = ok(await owner.post("/v1/me/api-keys", json={"name": "spare"}), 201)
+        ws_url = stack.api.replace("http", "ws") + f"/v1/sessions/{world.session_id}/ws"
+        async with ws_connect(ws_url + f"?access_token={spare['api_key']}") as ws:
+            opened = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert opened["event"] == "session.opened"
+            ok(await owner.delete(f"/v1/me/api-keys/{spare['key_id']}"), 204)
+            ended = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert (ended["event"], ended["data"]["status"]) == ("end", 401)
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 4401
+
+
+async def test_live_cursor_past_the_end_restarts_from_the_beginning(stack: Stack) -> None:
+    """LIVE is kept in memory and numbers from 1 again after a server restart: a cursor
+    from before that must not wait for a sequence that will never come."""
+    world = await new_world(stack, "yan")
+    url = f"/v1/sessions/{world.session_id}/stream"
+    await publish_chunk(stack, world, "after restart")
+    resume = {"Last-Event-ID": f"0.{2**62}"}
+    async with stack.client(world.key) as c, c.stream("GET", url, headers=resume) as response:
+        items = await SseReader(response).read(2)
+    assert items[0]["event"] == "session.opened"
+    assert json.loads(items[1]["data"])["text"] == "after restart"

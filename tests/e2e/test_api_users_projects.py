@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from suzumio.gateway.api.pagination import encode_cursor
 from tests.e2e.api import new_user, new_world, ok, problem
 from tests.e2e.stack import Stack
 
@@ -72,6 +73,12 @@ async def test_project_lifecycle_and_paging(stack: Stack) -> None:
         assert project["owner_id"] == user_id
         assert project["role"] == "owner"
         problem(await c.get("/v1/projects", params={"cursor": "garbage!"}), 422, "invalid")
+        for forged in ([2**70, "x"], [7, "x"], ["2026-01-01T00:00:00", "x"], [None, "x"]):
+            problem(
+                await c.get("/v1/projects", params={"cursor": encode_cursor(*forged)}),
+                422,
+                "invalid",
+            )
         problem(await c.get("/v1/projects/does-not-exist"), 404, "not_found")
         problem(await c.post("/v1/projects", json={"name": "x", "extra": 1}), 422, "invalid")
         problem(

@@ -53,6 +53,15 @@ def new_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+_DERIVED_NAMESPACE = uuid.UUID("5b1d7c1e-8a4f-4c52-9a0e-2f4c6b3d9e71")
+
+
+def derived_id(*parts: str) -> str:
+    """A stable id computed from `parts` (a UUIDv5): the same inputs always give the same id,
+    so a step retried after a crash names the same aggregate or signal and is deduplicated."""
+    return str(uuid.uuid5(_DERIVED_NAMESPACE, "\x1f".join(parts)))
+
+
 def is_valid_id(value: str) -> bool:
     """Whether `value` can be used as an aggregate id (and so as a subject token)."""
     return _ID_RE.fullmatch(value) is not None

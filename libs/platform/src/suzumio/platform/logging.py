@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -35,13 +35,31 @@ def redact_text(text: str) -> str:
     return _SECRET_TEXT.sub(REDACTED, text)
 
 
+def _scrub(value: Any, depth: int = 0) -> Any:
+    """`value` with secret-named keys and key-shaped strings redacted, nested values too."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if depth > 8:  # deeper than any log field we write: do not walk cycles
+        return value
+    if isinstance(value, Mapping):
+        return {
+            k: REDACTED if isinstance(k, str) and _SECRET_FIELD.search(k) else _scrub(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_scrub(v, depth + 1) for v in value]
+    return value
+
+
 def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Keep secrets out of logs: fields named like secrets, and key-shaped strings anywhere."""
+    """Keep secrets out of logs: fields named like secrets, and key-shaped strings anywhere,
+    including inside nested values and formatted tracebacks (so it runs after
+    `format_exc_info`)."""
     for key, value in list(event.items()):
         if isinstance(key, str) and key != "event" and _SECRET_FIELD.search(key):
             event[key] = REDACTED
-        elif isinstance(value, str):
-            event[key] = redact_text(value)
+        else:
+            event[key] = _scrub(value)
     return event
 
 
@@ -60,7 +78,6 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _add_trace_ids,
-        _redact,
     ]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
@@ -70,6 +87,7 @@ def configure_logging(
             *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
+            _redact,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
@@ -82,7 +100,12 @@ def configure_logging(
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                _redact,
+                renderer,
+            ],
         )
     )
     root = logging.getLogger()

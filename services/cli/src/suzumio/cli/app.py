@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from suzumio.cli import projections
+from suzumio.cli import agents, projections
 from suzumio.cli.admin import bootstrap_admin
 from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
@@ -17,6 +17,7 @@ app = typer.Typer(
     help="Suzumio: a control plane for LLM agents.", no_args_is_help=True, add_completion=False
 )
 app.add_typer(projections.app, name="projections")
+app.add_typer(agents.app, name="agents")
 
 
 @app.callback()

@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -52,19 +53,45 @@ class Item:
     data: bytes
 
 
+Recheck = Callable[[], Awaitable[None]]
+
+
 class SessionFeed:
-    def __init__(self, gw: Gateway, session_id: str, cursor: Cursor) -> None:
+    """`recheck` runs every `recheck_seconds` while the feed is open and raises ApiError once
+    the caller may no longer watch (key revoked, membership removed): the feed then ends
+    with an `end` item naming the reason."""
+
+    def __init__(
+        self,
+        gw: Gateway,
+        session_id: str,
+        cursor: Cursor,
+        recheck: Recheck,
+        recheck_seconds: float = KEEPALIVE_SECONDS,
+    ) -> None:
         self._gw = gw
         self._session_id = session_id
         self.cursor = cursor
+        self._recheck = recheck
+        self._recheck_seconds = recheck_seconds
         self._queue: asyncio.Queue[tuple[str, Msg]] = asyncio.Queue(QUEUE_SIZE)
         self._subs: list[Subscription] = []
 
     async def open(self) -> None:
+        try:
+            await self._subscribe()
+        except BaseException:
+            await self.close()  # a half-open feed must not leak its first subscription
+            raise
+
+    async def _subscribe(self) -> None:
         js = self._gw.nc.jetstream()
         topology = self._gw.topology
-        if self.cursor.live is None:
-            self.cursor.live = await stream_last_seq(self._gw.nc, topology.live_stream)
+        live_end = await stream_last_seq(self._gw.nc, topology.live_stream)
+        if self.cursor.live is None or self.cursor.live > live_end:
+            # From now on; also when the cursor is past the end: LIVE is kept in memory and
+            # starts over at 1 after a server restart, so such a cursor names nothing.
+            self.cursor.live = live_end if self.cursor.live is None else 0
 
         async def on_event(msg: Msg) -> None:
             await self._queue.put(("events", msg))
@@ -90,13 +117,31 @@ class SessionFeed:
         self._subs.clear()
 
     async def items(self) -> AsyncIterator[Item | None]:
-        """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence."""
+        """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence; a last
+        `end` item when the caller lost access."""
+        next_check = time.monotonic() + self._recheck_seconds
+        last_out = time.monotonic()
         while True:
+            wait = min(last_out + KEEPALIVE_SECONDS, next_check) - time.monotonic()
+            msg: Msg | None
             try:
-                source, msg = await asyncio.wait_for(self._queue.get(), KEEPALIVE_SECONDS)
+                source, msg = await asyncio.wait_for(self._queue.get(), max(wait, 0.0))
             except TimeoutError:
-                yield None
+                source, msg = "", None
+            if time.monotonic() >= next_check:
+                try:
+                    await self._recheck()
+                except ApiError as exc:
+                    reason = {"status": exc.status, "detail": exc.detail}
+                    yield Item(None, "end", json.dumps(reason).encode())
+                    return
+                next_check = time.monotonic() + self._recheck_seconds
+            if msg is None:
+                if time.monotonic() >= last_out + KEEPALIVE_SECONDS:
+                    last_out = time.monotonic()
+                    yield None
                 continue
+            last_out = time.monotonic()
             seq = msg.metadata.sequence.stream
             if source == "live":
                 self.cursor.live = seq

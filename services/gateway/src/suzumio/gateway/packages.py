@@ -13,11 +13,14 @@ bounded size and entry count, only regular files and folders, no absolute paths,
 
 from __future__ import annotations
 
+import bz2
 import hashlib
 import io
+import lzma
 import posixpath
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +31,8 @@ from suzumio.contracts.values import ModelSpec, Name, Slug, ToolPolicy, Workspac
 
 MAX_ENTRIES = 2_000
 MAX_UNPACKED_BYTES = 100 * 1024 * 1024
+MAX_EXTENDED_HEADER = 64 * 1024
+BLOCK = 512
 KNOWN = {"agent.yaml", "prompt/system.md", "tools.yaml", "env/env_facts.yaml"}
 
 
@@ -74,13 +79,71 @@ def _model(value: ModelSpec | str) -> ModelSpec:
 
 
 def _entries(data: bytes) -> dict[str, bytes]:
-    if zipfile.is_zipfile(io.BytesIO(data)):
-        return _zip_entries(data)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+        if zipfile.is_zipfile(io.BytesIO(data)):
+            return _zip_entries(data)
+        raw = _decompressed(data)
+        _check_tar_headers(raw)
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as archive:
             return _tar_entries(archive)
-    except tarfile.TarError as exc:
-        raise PackageError("the package is not a tar, tar.gz or zip archive") from exc
+    except PackageError:
+        raise
+    except (
+        tarfile.TarError,
+        zipfile.BadZipFile,
+        EOFError,
+        OSError,
+        NotImplementedError,
+        RuntimeError,
+        ValueError,
+        zlib.error,
+        lzma.LZMAError,
+    ) as exc:
+        raise PackageError(f"the archive is damaged or unsupported ({type(exc).__name__})") from exc
+
+
+def _decompressed(data: bytes) -> bytes:
+    """The tar stream inside an optional gzip/bz2/xz layer, refused past the unpacked limit
+    (so a small bomb never fills memory)."""
+    limit = MAX_UNPACKED_BYTES + MAX_ENTRIES * 1_024
+    if data[:2] == b"\x1f\x8b":
+        decompressor: Any = zlib.decompressobj(wbits=31)
+    elif data[:3] == b"BZh":
+        decompressor = bz2.BZ2Decompressor()
+    elif data[:6] == b"\xfd7zXZ\x00":
+        decompressor = lzma.LZMADecompressor()
+    else:
+        return data
+    out = decompressor.decompress(data, limit + 1)
+    if len(out) > limit:
+        raise PackageError(f"a package unpacks to at most {MAX_UNPACKED_BYTES} bytes")
+    return bytes(out)
+
+
+def _check_tar_headers(raw: bytes) -> None:
+    """Refuse oversized extended headers before tarfile reads them whole into memory."""
+    offset, entries = 0, 0
+    while offset + BLOCK <= len(raw):
+        header = raw[offset : offset + BLOCK]
+        if header == b"\0" * BLOCK:
+            return
+        entries += 1
+        if entries > MAX_ENTRIES * 2:
+            raise PackageError(f"a package has at most {MAX_ENTRIES} entries")
+        size = _octal(header[124:136])
+        if header[156:157] in {b"x", b"g", b"L", b"K"} and size > MAX_EXTENDED_HEADER:
+            raise PackageError("the archive has an oversized extended header")
+        offset += BLOCK + -(-size // BLOCK) * BLOCK
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # base-256 encoding of a large size
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip() or b"0"
+    try:
+        return int(text, 8)
+    except ValueError as exc:
+        raise PackageError("the archive has a corrupt header") from exc
 
 
 def _safe(name: str) -> str | None:

@@ -12,3 +12,9 @@ class GatewaySettings(ServiceSettings):
     idempotency_ttl_seconds: int = Field(default=24 * 3_600, ge=60)
     read_your_writes_timeout: float = Field(default=10.0, gt=0, le=60)
     command_timeout: float = Field(default=10.0, gt=0, le=120)
+    stream_recheck_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        le=300,
+        description="how often an open stream re-checks its key and the caller's access",
+    )

@@ -4,6 +4,7 @@ with a size cap enforced while reading, so a huge upload is refused before it fi
 from __future__ import annotations
 
 import hashlib
+import re
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -17,6 +18,17 @@ if TYPE_CHECKING:  # defined for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELD_BYTES = 64 * 1024
+_MEDIA_PART = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+_MEDIA_TYPE = re.compile(rf"{_MEDIA_PART}/{_MEDIA_PART}")
+OCTET_STREAM = "application/octet-stream"
+
+
+def media_type(value: str | None) -> str:
+    """The `type/subtype` of a declared content type, lowercased; parameters and anything that
+    is not a well-formed media type become `application/octet-stream`, so a stored type can
+    never smuggle header syntax into a later download."""
+    essence = (value or "").split(";", 1)[0].strip()
+    return essence.lower() if _MEDIA_TYPE.fullmatch(essence) else OCTET_STREAM
 
 
 @dataclass
@@ -80,7 +92,9 @@ class _FormParser:
 
     def header_end(self) -> None:
         name = self._field.decode("latin-1").lower()
-        self._headers[name] = self._value.decode("utf-8", "replace")
+        # latin-1 keeps the raw bytes: parse_options_header encodes back to latin-1, and a
+        # filename is then decoded as the UTF-8 that browsers and HTTP clients send.
+        self._headers[name] = self._value.decode("latin-1")
         self._field.clear()
         self._value.clear()
 
@@ -92,7 +106,7 @@ class _FormParser:
             return
         if len(self.form.files) >= self._max_files:
             raise ApiError(413, f"at most {self._max_files} files per upload")
-        content_type = self._headers.get("content-type", "application/octet-stream")[:200]
+        content_type = media_type(self._headers.get("content-type"))
         self._file = ReceivedFile(self._name, filename.decode("utf-8", "replace"), content_type)
         self.form.files.append(self._file)
 

@@ -1,4 +1,5 @@
-"""Wires the session service: the command handlers, the projector and the expiry clock."""
+"""Wires the session service: the command handlers, the projector, the expiry clock and the
+catch-up reactions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from suzumio.platform.service import ServiceRuntime
 from suzumio.session.expiry import ExpiryClock
 from suzumio.session.handlers import build_router
 from suzumio.session.handlers.base import Context, utcnow
+from suzumio.session.reactions import ResumeSignals
 from suzumio.session.repository import Repository
 from suzumio.session.settings import SessionSettings
 
@@ -18,7 +20,8 @@ from suzumio.session.settings import SessionSettings
 async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     settings = runtime.settings
     assert isinstance(settings, SessionSettings)
-    context = Context(Repository(runtime.store), settings.allowed_mount_roots(), utcnow)
+    repo = Repository(runtime.store)
+    context = Context(repo, settings.allowed_mount_roots(), utcnow)
     router = build_router(context)
     expiry = ExpiryClock(runtime.pool, router, utcnow)
     context.on_pending_action = expiry.notify
@@ -26,6 +29,9 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     await server.start()
     runtime.on_drain(server.drain)
     runtime.background("expiry", expiry.run)
+    runtime.background(
+        "resume-signals", ResumeSignals(runtime.nc, runtime.topology, repo).worker.run
+    )
     if settings.run_projector:
         projector = Projector(
             runtime.nc,

@@ -8,25 +8,35 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Protocol
 
-from suzumio.contracts.commands import CommandRequest, ExpirePendingAction
-from suzumio.contracts.ids import new_id
-from suzumio.platform.bus.commands import CommandRouter
+from suzumio.contracts.commands import (
+    CommandAccepted,
+    CommandRejected,
+    CommandRequest,
+    ExpirePendingAction,
+)
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 MAX_SLEEP = timedelta(seconds=60)
+RETRY_FAILED_AFTER = timedelta(seconds=60)
 TABLE = "proj_pending_actions.pending_actions"
 
 
+class Dispatcher(Protocol):
+    async def dispatch(self, request: CommandRequest) -> CommandAccepted | CommandRejected: ...
+
+
 class ExpiryClock:
-    def __init__(self, pool: Pool, router: CommandRouter, clock: Callable[[], datetime]) -> None:
+    def __init__(self, pool: Pool, router: Dispatcher, clock: Callable[[], datetime]) -> None:
         self._pool = pool
         self._router = router
         self._clock = clock
         self._earliest: datetime | None = None
         self._wake = asyncio.Event()
+        self._failed: dict[str, datetime] = {}  # id -> not to be retried before
 
     def notify(self, deadline: datetime) -> None:
         """A pending action was created that expires at `deadline`."""
@@ -55,21 +65,33 @@ class ExpiryClock:
         if await self._pool.fetchval("SELECT to_regclass($1)", TABLE) is None:
             return None  # the projection is still being built
         now = self._clock()
+        self._failed = {k: t for k, t in self._failed.items() if t > now}
+        # Oldest first, and past the ones that just failed, so one action that cannot be
+        # expired never starves those behind it.
         due = await self._pool.fetch(
             "SELECT id FROM proj_pending_actions.pending_actions"
-            " WHERE status = 'open' AND expires_at <= $1 LIMIT 500",
+            " WHERE status = 'open' AND expires_at <= $1 AND NOT (id = ANY($2::text[]))"
+            " ORDER BY expires_at LIMIT 500",
             now,
+            list(self._failed),
         )
+        expired = 0
         for row in due:
             request = CommandRequest(
                 service="session",
                 verb=ExpirePendingAction.verb,
                 actor="system:session",
-                data={"pending_action_id": row["id"], "signal_id": new_id()},
+                data={"pending_action_id": row["id"]},
             )
-            await self._router.dispatch(request)
-        if due:
-            log.info("expiry.expired", count=len(due))
+            reply = await self._router.dispatch(request)
+            if isinstance(reply, CommandRejected):
+                error = reply.error.message
+                log.warning("expiry.refused", pending_action_id=row["id"], error=error)
+                self._failed[row["id"]] = now + RETRY_FAILED_AFTER
+            else:
+                expired += 1
+        if expired:
+            log.info("expiry.expired", count=expired)
         next_at: datetime | None = await self._pool.fetchval(
             "SELECT min(expires_at) FROM proj_pending_actions.pending_actions"
             " WHERE status = 'open' AND expires_at > $1",

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.contracts.errors import CommandError
 from suzumio.platform.bus.eventstore import (
     AppendResult,
     ConcurrencyConflictError,
@@ -51,7 +52,8 @@ class Repository:
         )
         for event in stream.events:
             state.fold(event.data, event.version, event.seq)
-        self._keep(key, state)
+        if state.exists:  # a missing aggregate may be created by someone else any moment
+            self._keep(key, state)
         return state
 
     def _keep(self, key: tuple[str, str], state: AggregateState) -> None:
@@ -82,10 +84,18 @@ class Repository:
         self, cls: type[S], aggregate_id: str, decide: Decide[S], meta: EventMeta, attempts: int
     ) -> tuple[S, AppendResult | None]:
         for attempt in range(attempts):
-            state = await self.get(cls, aggregate_id, fresh=attempt > 0)
-            events = list(decide(state))
+            fresh = attempt > 0
+            state = await self.get(cls, aggregate_id, fresh=fresh)
+            try:
+                events = list(decide(state))
+            except CommandError:
+                if fresh:
+                    raise
+                continue  # refused on a cached state: decide again on the latest
             if not events:
-                return state, None
+                if fresh:
+                    return state, None
+                continue  # nothing to do, says the cache: make sure with the latest
             try:
                 result = await self.store.append(aggregate_id, events, state.version, meta)
             except ConcurrencyConflictError:

@@ -26,8 +26,10 @@ class CreatePendingAction(Command):
 
 @command("session", "answer_pending_action")
 class AnswerPendingAction(Command):
+    """The wake-up signal's id is derived from the pending action's, so it is recorded once
+    however often the answer is retried."""
+
     pending_action_id: Identifier
-    signal_id: Identifier
     answer: Clean = Field(default="", max_length=100_000)
     approved: bool | None = None
     artifact_ids: tuple[Identifier, ...] = Field(default=(), max_length=100)
@@ -36,4 +38,3 @@ class AnswerPendingAction(Command):
 @command("session", "expire_pending_action")
 class ExpirePendingAction(Command):
     pending_action_id: Identifier
-    signal_id: Identifier

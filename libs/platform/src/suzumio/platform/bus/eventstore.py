@@ -166,7 +166,9 @@ class EventStore:
 
         Raises:
             ConcurrencyConflictError: the aggregate moved on (or is not at that version).
-            CommandTimeoutError: the server never confirmed, and the events are not stored.
+            CommandTimeoutError: the server never confirmed and the events could not be found
+                afterwards; the outcome is unknown (they may still be stored), so callers
+                re-read the aggregate before deciding anything else.
         """
         prepared = await self.prepare(aggregate_id, events, expected_version, meta)
         return await self.commit(prepared)

@@ -65,7 +65,14 @@ async def apply_entries(
     entries: Sequence[LogEntry],
     tracker: PoisonTracker,
 ) -> list[Parked]:
-    """Apply the events of `entries` this projection handles; returns what had to be parked."""
+    """Apply the events of `entries` this projection handles; returns what had to be parked.
+
+    An event of a schema newer than this code stops the projection instead (it would be lost
+    if skipped): the batch is retried until a newer release takes over.
+    """
+    newer = [e for e in entries if e.newer and projection.handles.intersection(e.types)]
+    if newer:
+        raise RetryBatchError(f"seq {newer[0].seq} needs a newer release: {newer[0].error}")
     parked = [
         Parked(projection.name, e.seq, e.subject, ",".join(e.types), e.error)
         for e in entries

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,9 +24,20 @@ class Checkpoint:
 
 async def ensure_rows(conn: Connection, projections: Iterable[Projection]) -> None:
     await conn.executemany(
-        "INSERT INTO suzumio.projection_checkpoints (name, position, version, schema_name)"
-        " VALUES ($1, 0, $2, $3) ON CONFLICT (name) DO NOTHING",
+        "INSERT INTO suzumio.projection_checkpoints (name, position, version, schema_name,"
+        " serving) VALUES ($1, 0, $2, $3, false) ON CONFLICT (name) DO NOTHING",
         [(p.name, NOT_BUILT, live_schema(p.name)) for p in projections],
+    )
+
+
+async def mark_serving(conn: Connection, projections: Iterable[Projection]) -> None:
+    """Rows of the given projections serve when their tables are of the code's version; every
+    other row (outdated, or of a projection no longer registered) stands still."""
+    versions = {p.name: p.version for p in projections}
+    await conn.execute(
+        "UPDATE suzumio.projection_checkpoints SET serving ="
+        " coalesce(version = ($1::jsonb ->> name)::int, false)",
+        json.dumps(versions),
     )
 
 

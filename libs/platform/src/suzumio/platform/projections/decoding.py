@@ -36,6 +36,7 @@ class LogEntry:
     types: tuple[str, ...]
     events: tuple[RecordedEvent[DomainEvent], ...] = ()
     error: str | None = None
+    newer: bool = False  # written by a newer release's schema: wait for the upgrade
 
 
 def _known(event_type: str, seq: int) -> bool:
@@ -65,7 +66,9 @@ def decode_entry(
             if _known(envelope.type, seq) and envelope.type in wanted
         )
         return LogEntry(seq, subject, tuple(e.type for e in envelopes), events)
-    except (ValidationError, EventSchemaError, ValueError) as exc:
+    except EventSchemaError as exc:
+        return LogEntry(seq, subject, tuple(types or ("?",)), error=str(exc)[:2_000], newer=True)
+    except (ValidationError, ValueError) as exc:
         return LogEntry(
             seq, subject, tuple(types or ("?",)), error=f"{type(exc).__name__}: {exc}"[:2_000]
         )

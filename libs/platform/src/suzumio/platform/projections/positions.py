@@ -15,7 +15,7 @@ from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 CHANNEL = "suzumio_projections"
-MIN_POSITION = "SELECT coalesce(min(position), 0) FROM suzumio.projection_checkpoints"
+MIN_POSITION = "SELECT coalesce(min(position), 0) FROM suzumio.projection_checkpoints WHERE serving"
 
 
 async def notify(conn: Connection, position: int) -> None:
@@ -29,6 +29,9 @@ class PositionWatcher:
         self.position = 0
         self._changed = asyncio.Condition()
         self._conn: Connection | None = None
+        self._query = asyncio.Lock()  # one query at a time on the listening connection
+        self._dirty = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Listen (reconnecting as needed) until `stop` is set."""
@@ -51,16 +54,24 @@ class PositionWatcher:
                         await self._conn.close()
 
     def _on_notify(self, *_: object) -> None:
-        asyncio.get_running_loop().create_task(self._refresh())
+        task = asyncio.get_running_loop().create_task(self._refresh())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _refresh(self) -> None:
-        if self._conn is None or self._conn.is_closed():
-            return
-        position = int(await self._conn.fetchval(MIN_POSITION))
-        if position != self.position:
-            self.position = position
-            async with self._changed:
-                self._changed.notify_all()
+        self._dirty = True
+        if self._query.locked():
+            return  # the refresh running now goes round once more
+        async with self._query:
+            while self._dirty:
+                self._dirty = False
+                if self._conn is None or self._conn.is_closed():
+                    return
+                position = int(await self._conn.fetchval(MIN_POSITION))
+                if position != self.position:
+                    self.position = position
+                    async with self._changed:
+                        self._changed.notify_all()
 
     async def wait_for(self, position: int, timeout: float) -> bool:
         """True once every read model reflects `position`; False after `timeout` seconds."""

@@ -126,6 +126,7 @@ class Projector:
             self.leading = True
             log.info("projector.leading", projector=self._durable, projections=self._names)
             await checkpoints.ensure_rows(conn, self._projections)
+            await checkpoints.mark_serving(conn, self._projections)
             await self._consume(conn, stop)
         finally:
             if self._build_task is not None:

@@ -31,8 +31,15 @@ from suzumio.platform.projections.reader import LogReader
 log = get_logger(__name__)
 
 
+STALL_SECONDS = 60.0
+
+
 class RebuildInProgressError(RuntimeError):
     pass
+
+
+class RebuildStalledError(RuntimeError):
+    """The log stopped delivering before the replay reached its end."""
 
 
 @dataclass
@@ -129,7 +136,8 @@ async def _swap_in(conn: Connection, projection: Projection, staging: str, posit
         await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
     await conn.execute(
         "UPDATE suzumio.projection_checkpoints SET position = $2, version = $3,"
-        " schema_name = $4, rebuilt_at = now(), updated_at = now() WHERE name = $1",
+        " schema_name = $4, serving = true, rebuilt_at = now(), updated_at = now()"
+        " WHERE name = $1",
         projection.name,
         position,
         projection.version,
@@ -153,13 +161,19 @@ class _Replay:
         self._tracker = PoisonTracker(max_attempts=1)  # replaying: a failure will not heal
 
     async def until(self, reader: LogReader, target: int) -> None:
-        """Apply everything the reader has up to (at least) `target`, the log's last sequence
-        when called."""
+        """Apply everything up to (at least) `target`, the log's last sequence when called.
+        An empty fetch is not the end (the server may just be slow): stop on `target`, or
+        when the consumer reports nothing pending after a message."""
+        quiet_since = time.monotonic()
         while self.position < target:
-            msgs = await reader.fetch(timeout=0.5)
+            msgs = await reader.fetch(timeout=1.0)
             if not msgs:
-                self.position = max(self.position, target)
-                return
+                if time.monotonic() - quiet_since > STALL_SECONDS:
+                    raise RebuildStalledError(
+                        f"no event after {self.position} for {STALL_SECONDS:.0f}s, {target} due"
+                    )
+                continue
+            quiet_since = time.monotonic()
             entries = [
                 decode_entry(
                     m.metadata.sequence.stream, m.subject, m.headers, m.data, self._handles
@@ -171,7 +185,9 @@ class _Replay:
                     self.parked += await apply_entries(
                         self._conn, p, f'"{self._schemas[p.name]}"', entries, self._tracker
                     )
-            self.events += len(entries)
+            self.events += sum(len(e.types) for e in entries)
             self.position = entries[-1].seq
             if msgs[-1].metadata.num_pending == 0:
+                # Nothing more was in the log when this was delivered: `target` (or a
+                # message up to it that was deleted) is behind us.
                 self.position = max(self.position, target)

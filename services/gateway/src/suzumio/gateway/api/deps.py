@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import Depends, Header, Query, Request, Response
@@ -38,6 +39,23 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
         principal = await gw.keys.principal(key, refresh=True)
     if principal is None:
         raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
+    return principal
+
+
+def presented_key(headers: Mapping[str, str], access_token: str | None = None) -> str | None:
+    """The API key a request carries: `Authorization: Bearer`, `X-API-Key`, or (for
+    WebSockets, whose browser API cannot set headers) an `access_token` query parameter."""
+    scheme, _, credentials = headers.get("authorization", "").partition(" ")
+    bearer = credentials.strip() if scheme.lower() == "bearer" else ""
+    return bearer or headers.get("x-api-key") or access_token
+
+
+async def still_allowed(gw: Gateway, key: str | None) -> Principal:
+    """The key's principal, checked against the read model now (not the cache): for
+    long-lived connections that must end when the key is revoked."""
+    principal = await gw.keys.principal(key, refresh=True) if key else None
+    if principal is None:
+        raise ApiError(401, "the API key is no longer valid")
     return principal
 
 

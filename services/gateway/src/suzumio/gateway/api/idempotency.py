@@ -4,8 +4,9 @@ The first response (status, body, the headers that matter) is kept in a KV bucke
 keyed by the caller's credentials, the path and the key, sealed with the platform's secret key
 (some first responses show a new API key once; the bucket must not hold it in the clear).
 The same key with a different body is refused (422); a retry while the first is still
-running gets 409. Server errors are not kept, so a retry after one runs again. As ASGI
-middleware, no POST route can forget it.
+running gets 409. Every answer is kept, errors too (a 504 may follow a command that did run,
+and a retry must not run it twice), except 401 (nothing ran for an unknown caller) and 503
+(no service took the request). As ASGI middleware, no POST route can forget it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -56,7 +57,13 @@ class IdempotencyMiddleware:
         credentials = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
         path = scope["path"].encode() + b"?" + scope.get("query_string", b"")
         slot = hashlib.sha256(b"\n".join([credentials, path, key])).hexdigest()
-        receive, fingerprint = await _fingerprint(headers, path, receive)
+        try:
+            receive, fingerprint = await _fingerprint(headers, path, receive)
+        except _TooLargeError:
+            await problem_response(413, "too_large", "the request body is too large")(
+                scope, receive, send
+            )
+            return
         await self._handle(slot, fingerprint, scope, receive, send)
 
     async def _handle(
@@ -64,13 +71,19 @@ class IdempotencyMiddleware:
     ) -> None:
         kv = self._kv()
         pending = json.dumps({"state": "pending", "fp": fingerprint, "at": time.time()}).encode()
-        try:
-            await kv.create(slot, pending)
-        except KeyWrongLastSequenceError:
-            answered = await self._existing(kv, slot, fingerprint, pending)
-            if answered is not None:
-                await answered(scope, receive, send)
-                return
+        for _ in range(3):  # the first request may delete its slot (401, 503) while we look
+            try:
+                await kv.create(slot, pending)
+                break
+            except KeyWrongLastSequenceError:
+                try:
+                    answered = await self._existing(kv, slot, fingerprint, pending)
+                except KeyNotFoundError:
+                    continue
+                if answered is not None:
+                    await answered(scope, receive, send)
+                    return
+                break
         recorded = _Recorder(send)
         try:
             await self.app(scope, receive, recorded.send)
@@ -102,7 +115,7 @@ class IdempotencyMiddleware:
 
     async def _keep(self, kv: KeyValue, slot: str, fingerprint: str, recorded: _Recorder) -> None:
         try:
-            if recorded.status is None or recorded.status >= 500 or recorded.too_big:
+            if recorded.status in (None, 401, 503) or recorded.too_big:
                 await kv.delete(slot)
                 return
             record = {
@@ -117,6 +130,10 @@ class IdempotencyMiddleware:
             log.exception("idempotency.keep_failed")
 
 
+class _TooLargeError(Exception):
+    pass
+
+
 async def _fingerprint(
     headers: dict[bytes, bytes], path: bytes, receive: Receive
 ) -> tuple[Receive, str]:
@@ -129,8 +146,9 @@ async def _fingerprint(
         message = await receive()
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size <= MAX_BUFFERED_BODY:
-            chunks.append(chunk)
+        if size > MAX_BUFFERED_BODY:
+            raise _TooLargeError
+        chunks.append(chunk)
         if not message.get("more_body"):
             break
     body = b"".join(chunks)

@@ -259,7 +259,10 @@ class MessagePosted(Out):
 
 
 class SignalIn(In):
-    kind: SignalKind = SignalKind.CUSTOM
+    """Work for the agent that is not a message. Messages, approvals and files reach it through
+    their own routes, so only custom work and timers are recorded here."""
+
+    kind: Literal[SignalKind.CUSTOM, SignalKind.TIMER] = SignalKind.CUSTOM
     priority: Priority = Priority.P3
     payload: CleanJson = Field(default_factory=dict)
     not_before: datetime | None = None

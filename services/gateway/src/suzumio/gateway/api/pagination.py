@@ -55,11 +55,29 @@ def decode_cursor(cursor: str) -> tuple[Any, str]:
     return sort_key, row_id
 
 
-def as_datetime(value: Any) -> datetime:
-    try:
-        return datetime.fromisoformat(value)
-    except (TypeError, ValueError) as exc:
-        raise ApiError(422, "the cursor is not one this API gave out") from exc
+DATE_SORTS = frozenset({"created_at", "opened_at", "requested_at", "since", "started_at"})
+INT_SORTS = frozenset({"version", "position"})
+_INT64 = range(-(2**63), 2**63)
+
+
+def cursor_value(sort: str, value: Any) -> Any:
+    """The cursor's sort value as the sort column's type; a forged cursor whose value the
+    column cannot hold is a 422, not a database error."""
+    if sort in DATE_SORTS:
+        try:
+            moment = datetime.fromisoformat(value)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(422, "the cursor is not one this API gave out") from exc
+        if moment.tzinfo is None:
+            raise ApiError(422, "the cursor is not one this API gave out")
+        return moment
+    if sort in INT_SORTS:
+        if type(value) is not int or value not in _INT64:
+            raise ApiError(422, "the cursor is not one this API gave out")
+        return value
+    if not isinstance(value, str):
+        raise ApiError(422, "the cursor is not one this API gave out")
+    return value
 
 
 def page_of(rows: Sequence[Any], limit: int, sort_key: str, build: Any) -> Page[Any]:

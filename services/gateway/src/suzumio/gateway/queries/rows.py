@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from suzumio.gateway.api.pagination import PageRequest, as_datetime
+from suzumio.gateway.api.pagination import PageRequest, cursor_value
 from suzumio.platform.db.pool import Pool
 
 
@@ -27,9 +27,7 @@ async def page(
     op = "<" if descending else ">"
     if request.after is not None:
         sort_value, row_id = request.after
-        if sort in {"created_at", "opened_at", "requested_at", "since", "started_at"}:
-            sort_value = as_datetime(sort_value)
-        params += [sort_value, row_id]
+        params += [cursor_value(sort, sort_value), row_id]
         conditions.append(f"({sort}, id) {op} (${len(params) - 1}, ${len(params)})")
     order = "DESC" if descending else "ASC"
     params.append(request.limit + 1)

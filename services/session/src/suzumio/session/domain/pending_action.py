@@ -18,9 +18,13 @@ from suzumio.contracts.events import (
     PendingActionExpired,
     SignalRecorded,
 )
+from suzumio.contracts.ids import derived_id
 from suzumio.contracts.values import PendingKind, Priority, SignalKind
 from suzumio.session.domain.session import SessionState
 from suzumio.session.domain.state import AggregateState
+
+OUTCOMES = frozenset({PendingActionAnswered.event_type, PendingActionExpired.event_type})
+"""The events that end a pending action and so wake its session's agent."""
 
 
 class PendingActionState(AggregateState):
@@ -100,21 +104,32 @@ def expire(state: PendingActionState, _: ExpirePendingAction, now: datetime) -> 
     return [PendingActionExpired()]
 
 
+def resume_signal_id(pending_action_id: str) -> str:
+    """The id of the signal that reports a pending action's outcome: derived, so the handler
+    and the catch-up reaction can both try to record it and only one copy exists."""
+    return derived_id("pending_action.resume", pending_action_id)
+
+
 def resume_signal(
-    state: PendingActionState, session: SessionState, signal_id: str, outcome: DomainEvent
-) -> SignalRecorded:
+    state: PendingActionState, session: SessionState, outcome: DomainEvent
+) -> list[DomainEvent]:
     """The signal that wakes the session's agent with the outcome (P1: at its next tool
     boundary if it still runs, else in a new activation)."""
     kinds = {
         PendingKind.APPROVAL: SignalKind.APPROVAL_RESULT,
         PendingKind.ARTIFACT_REQUEST: SignalKind.ARTIFACT_READY,
     }
+    signal_id = resume_signal_id(state.id)
+    if session.closed or signal_id in session.signals or state.id in session.resumed:
+        return []
     payload = {"pending_action_id": state.id, **outcome.model_dump(mode="json")}
     payload["outcome"] = outcome.event_type.rsplit(".", 1)[-1]
-    return SignalRecorded(
-        signal_id=signal_id,
-        agent_id=session.agent_id,
-        kind=kinds.get(state.kind, SignalKind.USER_MESSAGE),
-        priority=Priority.P1,
-        payload=payload,
-    )
+    return [
+        SignalRecorded(
+            signal_id=signal_id,
+            agent_id=session.agent_id,
+            kind=kinds.get(state.kind, SignalKind.USER_MESSAGE),
+            priority=Priority.P1,
+            payload=payload,
+        )
+    ]

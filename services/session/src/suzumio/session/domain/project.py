@@ -192,7 +192,8 @@ def normalised_target(target: str) -> str:
     """The mount target as an absolute, normalised path, or InvalidError."""
     if not target.startswith("/"):
         raise InvalidError("a mount target must be an absolute path inside the sandbox")
-    norm = posixpath.normpath(target)
+    # normpath keeps a leading "//" (POSIX allows it a meaning); container runtimes do not.
+    norm = posixpath.normpath("/" + target.lstrip("/"))
     if norm == "/" or any(norm == r or norm.startswith(r + "/") for r in RESERVED_TARGETS):
         raise InvalidError(f"mount target {norm} is reserved")
     return norm
@@ -205,7 +206,8 @@ def grant_mount(
         raise ConflictError("a mount grant with this id exists already")
     target = normalised_target(cmd.target)
     for mount in state.mounts.values():
-        if mount.target == target and mount.agent_id in (None, cmd.agent_id):
+        shared = None in (mount.agent_id, cmd.agent_id) or mount.agent_id == cmd.agent_id
+        if mount.target == target and shared:  # one agent would get two mounts on one path
             raise ConflictError(f"{target} is already the target of grant {mount.grant_id}")
     return [
         MountGranted(

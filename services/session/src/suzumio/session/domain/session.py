@@ -12,7 +12,7 @@ from suzumio.contracts.commands import (
     ReopenSession,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import ConflictError, ForbiddenError
 from suzumio.contracts.events import (
     SessionClosed,
     SessionMessageAppended,
@@ -26,6 +26,10 @@ from suzumio.session.domain.state import AggregateState
 
 DEFAULT_USER_MESSAGE_PRIORITY = Priority.P1
 
+# Kinds a user may record directly; the others are the platform's to record (a message, an
+# approval's result, a file's arrival) and must not be forged.
+USER_SIGNAL_KINDS = frozenset({SignalKind.CUSTOM, SignalKind.TIMER})
+
 
 class SessionState(AggregateState):
     aggregate: ClassVar[str] = "session"
@@ -36,6 +40,7 @@ class SessionState(AggregateState):
         self.agent_id = ""
         self.closed = False
         self.signals: set[str] = set()
+        self.resumed: set[str] = set()  # pending actions whose outcome was signalled
 
     def apply(self, data: DomainEvent) -> None:
         match data:
@@ -47,6 +52,9 @@ class SessionState(AggregateState):
                 self.closed = False
             case SignalRecorded():
                 self.signals.add(data.signal_id)
+                action = data.payload.get("pending_action_id")
+                if isinstance(action, str) and data.kind not in USER_SIGNAL_KINDS:
+                    self.resumed.add(action)
 
 
 def open_(state: SessionState, agent: AgentState, cmd: OpenSession) -> list[DomainEvent]:
@@ -90,8 +98,10 @@ def post_message(state: SessionState, cmd: PostMessage, user_id: str) -> list[Do
     return [message, signal]
 
 
-def record_signal(state: SessionState, cmd: RecordSignal) -> list[DomainEvent]:
+def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> list[DomainEvent]:
     _writable(state)
+    if by_user and cmd.kind not in USER_SIGNAL_KINDS:
+        raise ForbiddenError(f"{cmd.kind.value} signals are recorded by the platform")
     if cmd.signal_id in state.signals:
         raise ConflictError("a signal with this id exists already")
     return [

@@ -23,6 +23,8 @@ class AggregateState(ABC):
         return self.version > 0
 
     def fold(self, data: DomainEvent, version: int, seq: int) -> None:
+        if version <= self.version:  # seen already (two readers brought the state up to date)
+            return
         self.apply(data)
         self.version = version
         self.seq = seq

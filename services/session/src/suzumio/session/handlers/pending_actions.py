@@ -3,21 +3,25 @@ Either outcome records a P1 signal so the session's agent learns of it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from suzumio.contracts.commands import (
     AnswerPendingAction,
     CommandAccepted,
     CreatePendingAction,
     ExpirePendingAction,
 )
-from suzumio.contracts.envelope import DomainEvent, EventMeta
-from suzumio.contracts.errors import ForbiddenError, NotFoundError
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import ForbiddenError, InvalidError, NotFoundError
 from suzumio.contracts.values import Role
 from suzumio.platform.bus.commands import CommandContext
 from suzumio.platform.bus.eventstore import AppendResult
 from suzumio.session.domain import pending_action
+from suzumio.session.domain.artifact import ArtifactState
 from suzumio.session.domain.pending_action import PendingActionState
 from suzumio.session.domain.session import SessionState
 from suzumio.session.handlers.base import HandlerGroup, accepted
+from suzumio.session.repository import Repository
 
 
 class PendingActionHandlers(HandlerGroup):
@@ -48,6 +52,7 @@ class PendingActionHandlers(HandlerGroup):
         if not state.exists:
             raise NotFoundError("pending action not found")
         await self.project_role(state.project_id, actor, Role.MEMBER, "pending action")
+        await self._check_artifacts(state, cmd.artifact_ids)
         now = self.c.clock()
         state, result = await self.repo.execute(
             PendingActionState,
@@ -55,7 +60,7 @@ class PendingActionHandlers(HandlerGroup):
             lambda s: pending_action.answer(s, cmd, f"{actor.kind}:{actor.id}", now),
             ctx.meta(),
         )
-        return await self._resumed(state, result, cmd.signal_id, ctx.meta())
+        return await self._resumed(state, result, ctx.meta())
 
     async def expire(self, ctx: CommandContext[ExpirePendingAction]) -> CommandAccepted:
         cmd = ctx.command
@@ -68,32 +73,49 @@ class PendingActionHandlers(HandlerGroup):
             lambda s: pending_action.expire(s, cmd, now),
             ctx.meta(),
         )
-        return await self._resumed(state, result, cmd.signal_id, ctx.meta())
+        return await self._resumed(state, result, ctx.meta())
+
+    async def _check_artifacts(
+        self, state: PendingActionState, artifact_ids: Sequence[str]
+    ) -> None:
+        """Handed-over files must be live artifacts of the action's own project: an id from
+        another project would let its bytes leak into this session."""
+        for artifact_id in dict.fromkeys(artifact_ids):
+            artifact = await self.repo.get(ArtifactState, artifact_id)
+            if not artifact.exists or artifact.deleted or artifact.project_id != state.project_id:
+                raise InvalidError(f"artifact {artifact_id} is not an artifact of this project")
 
     async def _resumed(
-        self,
-        state: PendingActionState,
-        result: AppendResult | None,
-        signal_id: str,
-        meta: EventMeta,
+        self, state: PendingActionState, result: AppendResult | None, meta: EventMeta
     ) -> CommandAccepted:
-        """Tell the agent: a P1 signal on the session, unless closed or already recorded."""
         if result is None:
             return accepted(None, pending_action_id=state.id, status=state.status)
-        stream = await self.repo.store.load("pending_action", state.id)
-        outcome: DomainEvent = stream.events[-1].data
-
-        def decide(s: SessionState) -> list[DomainEvent]:
-            if s.closed or signal_id in s.signals:
-                return []
-            return [pending_action.resume_signal(state, s, signal_id, outcome)]
-
-        _, signal = await self.repo.execute(SessionState, state.session_id, decide, meta)
-        position = max(result.seq, signal.seq if signal else 0)
+        signal = await record_resume_signal(self.repo, state, meta)
         reply = accepted(
             result,
             pending_action_id=state.id,
             status=state.status,
-            signal_id=signal_id if signal else None,
+            signal_id=pending_action.resume_signal_id(state.id) if signal else None,
         )
-        return reply.model_copy(update={"position": position})
+        return reply.model_copy(update={"position": max(result.seq, signal.seq if signal else 0)})
+
+
+async def record_resume_signal(
+    repo: Repository, state: PendingActionState, meta: EventMeta
+) -> AppendResult | None:
+    """Tell the session's agent how its pending action ended: a P1 signal, recorded once
+    (its id is derived) and not at all on a closed session. Called right after the outcome
+    is appended, and again by the catch-up reaction in case this process died in between."""
+    stream = await repo.store.load("pending_action", state.id)
+    outcome = next(
+        (e.data for e in reversed(stream.events) if e.type in pending_action.OUTCOMES), None
+    )
+    if outcome is None:
+        return None
+    _, signal = await repo.execute(
+        SessionState,
+        state.session_id,
+        lambda s: pending_action.resume_signal(state, s, outcome),
+        meta,
+    )
+    return signal

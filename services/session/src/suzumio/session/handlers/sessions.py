@@ -75,8 +75,12 @@ class SessionHandlers(HandlerGroup):
 
     async def record_signal(self, ctx: CommandContext[RecordSignal]) -> CommandAccepted:
         cmd = ctx.command
+        by_user = (await self.actor(ctx)).kind == "user"
         await self.writable(ctx, cmd.session_id)
         _, result = await self.repo.execute(
-            SessionState, cmd.session_id, lambda s: session.record_signal(s, cmd), ctx.meta()
+            SessionState,
+            cmd.session_id,
+            lambda s: session.record_signal(s, cmd, by_user=by_user),
+            ctx.meta(),
         )
         return accepted(result, signal_id=cmd.signal_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from typing import Annotated, Any
 
@@ -114,7 +115,7 @@ async def import_agent(
         if uploaded is None:
             raise ApiError(422, "send the archive in a form field named 'package'")
         try:
-            package = read_package(uploaded.file.read())
+            package = await asyncio.to_thread(read_package, uploaded.file.read())
         except PackageError as exc:
             raise ApiError(422, f"not a valid agent package: {exc}") from exc
     finally:

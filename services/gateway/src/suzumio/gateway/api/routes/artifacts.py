@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
@@ -20,7 +21,7 @@ from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
-from suzumio.gateway.uploads import receive_form
+from suzumio.gateway.uploads import media_type, receive_form
 from suzumio.platform.bus.objects import put_blob, read_chunks
 
 router = APIRouter(tags=["artifacts"], responses=RESPONSES)
@@ -90,6 +91,8 @@ async def upload(
             raise ApiError(422, "the upload holds no file")
         session_id = form.fields.get("session_id") or None
         paths = [_relative(f.filename) for f in form.files]
+        if session_id is not None:
+            await _session_of(gw, project_id, session_id)
         for received in form.files:
             await put_blob(gw.artifacts, received.sha256, received.file)  # type: ignore[arg-type]
         ids, position = [], 0
@@ -140,6 +143,15 @@ async def list_artifacts(
     return page_of(rows, paging.limit, "created_at", _artifact)
 
 
+async def _session_of(gw: Gateway, project_id: str, session_id: str) -> None:
+    """Refuse, before any byte is stored, files for a session of another project."""
+    owner = await gw.pool.fetchval(
+        "SELECT project_id FROM proj_sessions.sessions WHERE id = $1", session_id
+    )
+    if owner != project_id:
+        raise ApiError(422, f"session {session_id} is not a session of this project")
+
+
 async def _visible(gw: Gateway, who: Principal, artifact_id: Identifier, needed: Role) -> Any:
     row = await gw.pool.fetchrow(
         "SELECT * FROM proj_artifacts.artifacts WHERE id = $1 AND deleted_at IS NULL",
@@ -170,16 +182,25 @@ async def download(
     row = await _visible(gw, who, artifact_id, Role.VIEWER)
     js = gw.nc.jetstream()
     chunks: AsyncIterator[bytes] = read_chunks(js, gw.artifacts, gw.artifacts_bucket, row["sha256"])
-    name = posixpath.basename(row["path"]).replace('"', "")
     return StreamingResponse(
         chunks,
-        media_type=row["content_type"] or "application/octet-stream",
+        media_type=media_type(row["content_type"]),
         headers={
             "Content-Length": str(row["size"]),
             "ETag": f'"{row["sha256"]}"',
-            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Disposition": attachment(posixpath.basename(row["path"])),
+            # Uploaded bytes are never to be interpreted as a page of this origin.
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "sandbox",
         },
     )
+
+
+def attachment(filename: str) -> str:
+    """A Content-Disposition for `filename` (RFC 6266): an ASCII fallback for old clients and
+    the exact UTF-8 name in `filename*`."""
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\%' else "_" for c in filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 @router.delete("/v1/artifacts/{artifact_id}", status_code=status.HTTP_204_NO_CONTENT)

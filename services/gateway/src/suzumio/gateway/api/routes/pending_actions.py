@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 
 from suzumio.contracts.commands import AnswerPendingAction
-from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import PendingKind, Role
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
@@ -79,7 +79,6 @@ async def reply(
     await _visible(gw, who, action_id, Role.MEMBER)
     command = AnswerPendingAction(
         pending_action_id=action_id,
-        signal_id=new_id(),
         answer=body.answer,
         approved=body.approved,
         artifact_ids=tuple(body.artifact_ids),

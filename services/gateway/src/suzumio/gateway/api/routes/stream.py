@@ -16,11 +16,18 @@ from fastapi.responses import StreamingResponse
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import Role
-from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, authenticate
+from suzumio.gateway.api.deps import (
+    GatewayDep,
+    PrincipalDep,
+    authenticate,
+    presented_key,
+    still_allowed,
+)
 from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.api.routes.common import RESPONSES
 from suzumio.gateway.api.routes.sessions import visible_session
-from suzumio.gateway.feed import Cursor, SessionFeed
+from suzumio.gateway.feed import Cursor, Recheck, SessionFeed
+from suzumio.gateway.state import Gateway
 
 router = APIRouter(tags=["sessions"], responses=RESPONSES)
 
@@ -40,9 +47,17 @@ async def stream(
         str | None, Query(max_length=50, description="a cursor, like Last-Event-ID")
     ] = None,
 ) -> StreamingResponse:
-    """The session's timeline from its beginning (or from `Last-Event-ID`), then live."""
+    """The session's timeline from its beginning (or from `Last-Event-ID`), then live. The
+    stream ends with an `end` event when the key is revoked or access is withdrawn."""
     await visible_session(gw, who, session_id, Role.VIEWER)
-    feed = SessionFeed(gw, session_id, Cursor.parse(last_event_id or since))
+    recheck = _rechecker(gw, presented_key(request.headers), session_id)
+    feed = SessionFeed(
+        gw,
+        session_id,
+        Cursor.parse(last_event_id or since),
+        recheck,
+        gw.settings.stream_recheck_seconds,
+    )
     await feed.open()
 
     async def body() -> AsyncIterator[bytes]:
@@ -81,10 +96,7 @@ async def stream_ws(
     Authenticate with `Authorization: Bearer` or `?access_token=` (browsers cannot set
     headers on WebSockets)."""
     gw = websocket.app.state.gateway
-    header = websocket.headers.get("authorization", "")
-    key = (
-        header.removeprefix("Bearer ").strip() or websocket.headers.get("x-api-key") or access_token
-    )
+    key = presented_key(websocket.headers, access_token)
     try:
         who = await authenticate(gw, key)
         await visible_session(gw, who, session_id, Role.VIEWER)
@@ -93,7 +105,8 @@ async def stream_ws(
         await websocket.accept()
         await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
         return
-    feed = SessionFeed(gw, session_id, cursor)
+    recheck = _rechecker(gw, key, session_id)
+    feed = SessionFeed(gw, session_id, cursor, recheck, gw.settings.stream_recheck_seconds)
     await feed.open()
     await websocket.accept()
     try:
@@ -101,10 +114,22 @@ async def stream_ws(
             if item is None:
                 await websocket.send_json({"event": "keepalive"})
                 continue
+            data = json.loads(item.data)
             await websocket.send_text(
-                json.dumps({"id": item.cursor, "event": item.event, "data": json.loads(item.data)})
+                json.dumps({"id": item.cursor, "event": item.event, "data": data})
             )
+            if item.event == "end":
+                await websocket.close(code=4000 + int(data["status"]), reason=data["detail"][:120])
+                return
     except WebSocketDisconnect:
         pass
     finally:
         await feed.close()
+
+
+def _rechecker(gw: Gateway, key: str | None, session_id: str) -> Recheck:
+    async def recheck() -> None:
+        who = await still_allowed(gw, key)
+        await visible_session(gw, who, session_id, Role.VIEWER)
+
+    return recheck

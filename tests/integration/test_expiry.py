@@ -1,0 +1,57 @@
+"""The expiry clock on a real Postgres read model: oldest deadlines first, and an action whose
+expiry the session service refuses is set aside instead of starving the rest.
+
+The command router here is a recording stand-in (the clock's only collaborator besides the
+read model); expiry through the real session service is covered by the e2e tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from suzumio.contracts.commands import CommandAccepted, CommandRejected, CommandRequest
+from suzumio.contracts.errors import ConflictError
+from suzumio.platform.db.pool import Pool
+from suzumio.session.expiry import ExpiryClock
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+class RecordingRouter:
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.seen: list[str] = []
+
+    async def dispatch(self, request: CommandRequest) -> CommandAccepted | CommandRejected:
+        action_id = str(request.data["pending_action_id"])
+        self.seen.append(action_id)
+        if action_id in self.refuse:
+            return CommandRejected(error=ConflictError("cannot expire this one").to_body())
+        return CommandAccepted()
+
+
+async def test_oldest_first_and_refused_ones_are_set_aside(pool: Pool) -> None:
+    await pool.execute(
+        "CREATE SCHEMA proj_pending_actions;"
+        " CREATE TABLE proj_pending_actions.pending_actions"
+        " (id text PRIMARY KEY, status text NOT NULL, expires_at timestamptz NOT NULL)"
+    )
+    rows = [
+        ("late", "open", NOW - timedelta(seconds=1)),
+        ("stuck", "open", NOW - timedelta(hours=2)),
+        ("early", "open", NOW - timedelta(hours=1)),
+        ("done", "answered", NOW - timedelta(hours=3)),
+        ("future", "open", NOW + timedelta(minutes=5)),
+    ]
+    await pool.executemany(
+        "INSERT INTO proj_pending_actions.pending_actions VALUES ($1, $2, $3)", rows
+    )
+    router = RecordingRouter(refuse={"stuck"})
+    clock = ExpiryClock(pool, router, lambda: NOW)
+
+    next_at = await clock._expire_due()
+    assert router.seen == ["stuck", "early", "late"]
+    assert next_at == NOW + timedelta(minutes=5)
+
+    router.seen.clear()  # nothing was really expired (the stand-in changes no rows)
+    await clock._expire_due()
+    assert router.seen == ["early", "late"]  # `stuck` waits out its back-off
