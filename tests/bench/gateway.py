@@ -4,13 +4,14 @@ of one session's live output to 100 subscribers."""
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import orjson
 
 from suzumio.contracts.live import LiveChunk
 from tests.bench.http import Connection
@@ -130,7 +131,7 @@ async def _subscriber(
                 ready.set()
             if line.startswith(b"data: ") and b'"session_id"' in line and b'"chunks"' in line:
                 now = time.time()
-                chunk = json.loads(line[6:])
+                chunk = orjson.loads(line[6:])  # fast: this loop's lag would count as latency
                 for produced in chunk["data"]["chunks"]:
                     delays.append(now - produced)
                 received += len(chunk["data"]["chunks"])

@@ -96,9 +96,16 @@ async def test_unanswered_question_expires_on_time(stack: Stack) -> None:
         assert datetime.fromisoformat(body["closed_at"]) >= datetime.fromisoformat(
             body["expires_at"]
         )
-        signals = ok(await c.get(f"/v1/sessions/{world.session_id}/signals"))["items"]
+        # The wake-up signal is a second append, right after the outcome: wait for it too.
+        signals = await eventually(
+            lambda: c.get(f"/v1/sessions/{world.session_id}/signals"),
+            lambda r: any("pending_action_id" in s["payload"] for s in r.json()["items"]),
+            what="the wake-up signal",
+        )
         assert [
-            s["payload"]["outcome"] for s in signals if "pending_action_id" in s["payload"]
+            s["payload"]["outcome"]
+            for s in signals.json()["items"]
+            if "pending_action_id" in s["payload"]
         ] == ["expired"]
         problem(
             await c.post(f"/v1/pending-actions/{action_id}/reply", json={"answer": "late"}),
@@ -290,5 +297,31 @@ async def test_live_cursor_past_the_end_restarts_from_the_beginning(stack: Stack
     resume = {"Last-Event-ID": f"0.{2**62}"}
     async with stack.client(world.key) as c, c.stream("GET", url, headers=resume) as response:
         items = await SseReader(response).read(2)
-    assert items[0]["event"] == "session.opened"
-    assert json.loads(items[1]["data"])["text"] == "after restart"
+    by_event = {e["event"]: e for e in items}  # the two streams interleave in no fixed order
+    assert set(by_event) == {"session.opened", "live"}
+    assert json.loads(by_event["live"]["data"])["text"] == "after restart"
+
+
+async def test_streams_of_one_session_share_one_live_consumer_and_resume_exactly(
+    stack: Stack,
+) -> None:
+    """Watchers of a session share the gateway's one LIVE consumer; a watcher resuming from a
+    cursor while that consumer is already running gets what came after its cursor, no gap."""
+    world = await new_world(stack, "zed")
+    url = f"/v1/sessions/{world.session_id}/stream"
+    async with stack.client(world.key) as a, stack.client(world.key) as b:
+        async with a.stream("GET", url) as first, b.stream("GET", url) as second:
+            readers = [SseReader(first), SseReader(second)]
+            for reader in readers:
+                await reader.read(1)  # session.opened
+            consumers = await stack.nc.jetstream().consumers_info(stack.topology.live_stream)
+            subject = stack.topology.live_subject(world.session_id)
+            assert [c.config.filter_subject for c in consumers].count(subject) == 1
+            for text in ("one", "two", "three"):
+                await publish_chunk(stack, world, text)
+            seen = await readers[0].read(3)
+            assert [json.loads(e["data"])["text"] for e in seen] == ["one", "two", "three"]
+            resume = {"Last-Event-ID": seen[0]["id"]}
+            async with a.stream("GET", url, headers=resume) as third:
+                again = await SseReader(third).read(2)
+        assert [json.loads(e["data"])["text"] for e in again] == ["two", "three"]

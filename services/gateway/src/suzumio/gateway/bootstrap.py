@@ -6,6 +6,7 @@ from starlette.types import ASGIApp
 
 from suzumio.gateway.api.app import create_app
 from suzumio.gateway.api.auth import KeyCache
+from suzumio.gateway.livehub import LiveHub
 from suzumio.gateway.settings import GatewaySettings
 from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.kv import ensure_kv, ensure_object_store
@@ -51,5 +52,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         artifacts_bucket=artifacts_bucket,
         services=services,
         idempotency=idempotency,
+        live=LiveHub(runtime.nc, topology),
     )
+    runtime.on_drain(lambda _: gateway.live.close())
     return create_app(gateway, runtime.readiness.routes())

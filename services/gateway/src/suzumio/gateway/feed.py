@@ -18,7 +18,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.state import Gateway
-from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.direct_get import iter_subject
 
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
@@ -59,7 +59,8 @@ Recheck = Callable[[], Awaitable[None]]
 class SessionFeed:
     """`recheck` runs every `recheck_seconds` while the feed is open and raises ApiError once
     the caller may no longer watch (key revoked, membership removed): the feed then ends
-    with an `end` item naming the reason."""
+    with an `end` item naming the reason. Live output comes from the gateway's shared
+    `LiveHub`; what the cursor names before the hub's start is read from LIVE directly."""
 
     def __init__(
         self,
@@ -74,83 +75,130 @@ class SessionFeed:
         self.cursor = cursor
         self._recheck = recheck
         self._recheck_seconds = recheck_seconds
-        self._queue: asyncio.Queue[tuple[str, Msg]] = asyncio.Queue(QUEUE_SIZE)
-        self._subs: list[Subscription] = []
+        self._queue: asyncio.Queue[tuple[str, int, bytes]] = asyncio.Queue(QUEUE_SIZE)
+        self._sub: Subscription | None = None
+        self._joined = False
+        self._overflowed = False
+        self._joined_at = 0  # the hub hands over every LIVE message after this sequence
 
     async def open(self) -> None:
         try:
             await self._subscribe()
         except BaseException:
-            await self.close()  # a half-open feed must not leak its first subscription
+            await self.close()  # a half-open feed must not leak its subscriptions
             raise
 
     async def _subscribe(self) -> None:
-        js = self._gw.nc.jetstream()
         topology = self._gw.topology
-        live_end = await stream_last_seq(self._gw.nc, topology.live_stream)
-        if self.cursor.live is None or self.cursor.live > live_end:
-            # From now on; also when the cursor is past the end: LIVE is kept in memory and
-            # starts over at 1 after a server restart, so such a cursor names nothing.
-            self.cursor.live = live_end if self.cursor.live is None else 0
+        self._joined_at = await self._gw.live.join(self._session_id, self)
+        self._joined = True
+        if self.cursor.live is None:
+            self.cursor.live = self._joined_at  # from now on
+        elif self.cursor.live > self._joined_at:
+            # LIVE is kept in memory and numbers from 1 again after a server restart: a cursor
+            # past its end names nothing still there, so start from what LIVE holds.
+            self.cursor.live = 0
 
         async def on_event(msg: Msg) -> None:
-            await self._queue.put(("events", msg))
+            await self._queue.put(("events", msg.metadata.sequence.stream, msg.data))
 
-        async def on_live(msg: Msg) -> None:
-            await self._queue.put(("live", msg))
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.cursor.events + 1
+        )
+        self._sub = await self._gw.nc.jetstream().subscribe(
+            topology.event_subject("session", self._session_id),
+            ordered_consumer=True,
+            config=config,
+            cb=on_event,
+        )
 
-        for subject, start, callback in (
-            (topology.event_subject("session", self._session_id), self.cursor.events, on_event),
-            (topology.live_subject(self._session_id), self.cursor.live, on_live),
-        ):
-            config = ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1
-            )
-            self._subs.append(
-                await js.subscribe(subject, ordered_consumer=True, config=config, cb=callback)
-            )
+    def deliver(self, seq: int, data: bytes) -> None:
+        """From the hub: one LIVE message of this session."""
+        try:
+            self._queue.put_nowait(("live", seq, data))
+        except asyncio.QueueFull:
+            self._overflowed = True  # the client reads too slowly; it resumes from its cursor
 
     async def close(self) -> None:
-        for sub in self._subs:
+        if self._joined:
+            self._joined = False
+            await self._gw.live.leave(self._session_id, self)
+        if self._sub is not None:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        self._subs.clear()
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _backlog(self) -> AsyncIterator[Item]:
+        """LIVE messages after the cursor, up to where the hub took over."""
+        after = self.cursor.live or 0
+        if after >= self._joined_at:
+            return
+        async for stored in iter_subject(
+            self._gw.nc,
+            self._gw.topology.live_stream,
+            self._gw.topology.live_subject(self._session_id),
+            after_seq=after,
+        ):
+            if stored.seq > self._joined_at:
+                break
+            self.cursor.live = stored.seq
+            yield Item(str(self.cursor), "live", stored.data)
 
     async def items(self) -> AsyncIterator[Item | None]:
         """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence; a last
-        `end` item when the caller lost access."""
+        `end` item when the caller lost access or fell too far behind."""
+        async for item in self._backlog():
+            yield item
         next_check = time.monotonic() + self._recheck_seconds
         last_out = time.monotonic()
-        while True:
-            wait = min(last_out + KEEPALIVE_SECONDS, next_check) - time.monotonic()
-            msg: Msg | None
-            try:
-                source, msg = await asyncio.wait_for(self._queue.get(), max(wait, 0.0))
-            except TimeoutError:
-                source, msg = "", None
+        while not self._overflowed:
+            entry = await self._next(min(last_out + KEEPALIVE_SECONDS, next_check))
             if time.monotonic() >= next_check:
-                try:
-                    await self._recheck()
-                except ApiError as exc:
-                    reason = {"status": exc.status, "detail": exc.detail}
-                    yield Item(None, "end", json.dumps(reason).encode())
+                refused = await self._refused()
+                if refused is not None:
+                    yield refused
                     return
                 next_check = time.monotonic() + self._recheck_seconds
-            if msg is None:
+            if entry is None:
                 if time.monotonic() >= last_out + KEEPALIVE_SECONDS:
                     last_out = time.monotonic()
                     yield None
                 continue
             last_out = time.monotonic()
-            seq = msg.metadata.sequence.stream
-            if source == "live":
-                self.cursor.live = seq
-                yield Item(str(self.cursor), "live", msg.data)
-                continue
-            parts = _events(msg.data)
-            self.cursor.events = seq
-            for i, (event, data) in enumerate(parts):
-                yield Item(str(self.cursor) if i == len(parts) - 1 else None, event, data)
+            for item in self._render(*entry):
+                yield item
+        yield _end(503, "the client fell behind; reconnect with Last-Event-ID")
+
+    async def _next(self, deadline: float) -> tuple[str, int, bytes] | None:
+        try:
+            return await asyncio.wait_for(self._queue.get(), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            return None
+
+    async def _refused(self) -> Item | None:
+        try:
+            await self._recheck()
+        except ApiError as exc:
+            return _end(exc.status, exc.detail)
+        return None
+
+    def _render(self, source: str, seq: int, data: bytes) -> list[Item]:
+        if source == "live":
+            if seq <= (self.cursor.live or 0):
+                return []  # read from the backlog already
+            self.cursor.live = seq
+            return [Item(str(self.cursor), "live", data)]
+        parts = _events(data)
+        self.cursor.events = seq
+        last = len(parts) - 1
+        return [
+            Item(str(self.cursor) if i == last else None, event, body)
+            for i, (event, body) in enumerate(parts)
+        ]
+
+
+def _end(status: int, detail: str) -> Item:
+    return Item(None, "end", json.dumps({"status": status, "detail": detail}).encode())
 
 
 def _events(data: bytes) -> list[tuple[str, bytes]]:

@@ -10,6 +10,7 @@ from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology
 from suzumio.gateway.api.auth import KeyCache
+from suzumio.gateway.livehub import LiveHub
 from suzumio.gateway.settings import GatewaySettings
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.db.pool import Pool
@@ -31,3 +32,4 @@ class Gateway:
     artifacts_bucket: str
     services: KeyValue
     idempotency: KeyValue
+    live: LiveHub

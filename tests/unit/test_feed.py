@@ -1,0 +1,33 @@
+"""A stream's feed that falls behind the shared live hub ends instead of slowing the others."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from suzumio.gateway.feed import QUEUE_SIZE, Cursor, SessionFeed
+from suzumio.gateway.state import Gateway
+
+
+async def never_refused() -> None:
+    return None
+
+
+async def test_a_feed_that_falls_behind_ends_with_a_reason_and_keeps_its_cursor() -> None:
+    gateway = cast("Gateway", cast("Any", object()))  # this path never touches the gateway
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
+    for seq in range(1, 4):
+        feed.deliver(seq, b'{"text": "ok"}')
+    items = feed.items()
+    first = await anext(items)
+    assert first is not None
+    assert (first.event, first.cursor) == ("live", "0.1")
+
+    for seq in range(4, 4 + QUEUE_SIZE):  # two already queued: the last ones do not fit
+        feed.deliver(seq, b"{}")
+    rest = [item async for item in items]
+    last = rest[-1]
+    assert last is not None
+    assert last.event == "end"
+    assert json.loads(last.data)["status"] == 503
+    assert feed.cursor.live == 1  # a reconnect resumes right after what was sent
