@@ -22,7 +22,7 @@ import uvloop
 
 from suzumio.platform.embedded import start_nats, start_postgres
 from suzumio.platform.logging import configure_logging
-from tests.bench import eventlog, gateway, services
+from tests.bench import eventlog, gateway, scheduler, services
 
 Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
 SECTIONS: dict[str, Section] = {
@@ -31,6 +31,7 @@ SECTIONS: dict[str, Section] = {
     "rebuild": eventlog.rebuild_100k,
     "gateway_latency": gateway.api,
     "sse_fanout": gateway.sse_fanout,
+    "scheduling": scheduler.scheduling,
     "idle_rss": services.idle_rss,
 }
 

@@ -10,7 +10,7 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from suzumio.contracts import events as _events  # noqa: F401 - registers every event type
 from suzumio.contracts.commands import COMMAND_TYPES, CommandRequest
@@ -22,6 +22,7 @@ from suzumio.contracts.runner import (
     RunnerActivationInput,
     RunnerActivationOutput,
 )
+from suzumio.contracts.scheduling import AgentSchedulingState, HookAction
 
 Document = dict[str, Any]
 
@@ -58,6 +59,10 @@ def _event_union() -> Document:
     }
 
 
+class HookActions(RootModel[list[HookAction]]):
+    """What a scheduler hook returns."""
+
+
 def schemas() -> dict[str, Document]:
     docs: dict[str, Document] = {
         "schemas/envelope.json": _schema(EventEnvelope),
@@ -72,6 +77,8 @@ def schemas() -> dict[str, Document]:
         "schemas/runner/activation-output.json": _schema(RunnerActivationOutput),
         "schemas/runner/activation-dispatch.json": _schema(ActivationDispatch),
         "schemas/live-chunk.json": _schema(LiveChunk),
+        "schemas/scheduling/agent-state.json": _schema(AgentSchedulingState),
+        "schemas/scheduling/hook-action.json": _schema(HookActions),
     }
     for name, cls in EVENT_TYPES.items():
         docs[_event_file(name)] = _schema(cls, title=name)

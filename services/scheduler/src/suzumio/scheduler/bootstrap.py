@@ -1,12 +1,29 @@
-"""Wires the scheduler service. Its consumers arrive with its own issue; until then it runs the
-service skeleton (health, readiness, metrics, draining) so `suzumio up` supervises it."""
+"""Wires the scheduler service: the log follower, leadership, and the hooks."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp
 
 from suzumio.platform.service import ServiceRuntime
+from suzumio.scheduler.engine import Scheduler
+from suzumio.scheduler.hooks import Hooks, load_hooks
+from suzumio.scheduler.settings import SchedulerSettings
 
 
-async def setup(runtime: ServiceRuntime) -> ASGIApp | None:  # noqa: ARG001
+async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
+    settings = runtime.settings
+    assert isinstance(settings, SchedulerSettings)
+    hooks = Hooks(load_hooks(settings.hooks), timeout=settings.hook_timeout_seconds)
+    scheduler = Scheduler(
+        runtime.nc,
+        runtime.topology,
+        runtime.store,
+        runtime.commands(),
+        runtime.database_url,
+        settings,
+        hooks,
+    )
+    # Ready once the log is folded: a standby that has not caught up cannot take over.
+    runtime.readiness.extra_checks["caught_up"] = lambda: scheduler.caught_up
+    runtime.background("scheduler", scheduler.run)
     return None

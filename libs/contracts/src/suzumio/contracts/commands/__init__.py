@@ -30,6 +30,7 @@ from suzumio.contracts.commands.projects import (
     SetProvider,
     SetRuntimeProfile,
 )
+from suzumio.contracts.commands.scheduler import TakeSignals
 from suzumio.contracts.commands.sessions import (
     CloseSession,
     OpenSession,
@@ -80,6 +81,7 @@ __all__ = [
     "SetMember",
     "SetProvider",
     "SetRuntimeProfile",
+    "TakeSignals",
     "UpdateAgent",
     "command",
 ]

@@ -97,7 +97,11 @@ class ActivationRequested(DomainEvent):
     signal_ids: tuple[Identifier, ...]
     reason: ActivationReason = ActivationReason.SIGNALS
     attempt: int = Field(default=1, ge=1)
-    pool: str | None = None
+    pool: str | None = Field(default=None, description="the capacity pool it counts against")
+    project_id: Identifier | None = None
+    replaces: Identifier | None = Field(
+        default=None, description="the activation a P0 cancelled to make way for this one"
+    )
 
 
 @event("session.activation_cancel_requested")

@@ -352,6 +352,11 @@ class EventStore:
         self._remember(subject, head)
         return head
 
+    def observe(self, aggregate: str, aggregate_id: str, version: int, seq: int) -> None:
+        """Tell the store an aggregate's head seen in the log (by a follower), so the next
+        conditional append to it needs no lookup."""
+        self._remember(self.topology.event_subject(aggregate, aggregate_id), Head(version, seq))
+
     def _remember(self, subject: str, head: Head) -> None:
         cached = self._heads.get(subject)
         if cached is None or head.version >= cached.version:

@@ -25,6 +25,7 @@ from suzumio.session.domain.agent import AgentState
 from suzumio.session.domain.state import AggregateState
 
 DEFAULT_USER_MESSAGE_PRIORITY = Priority.P1
+DEFAULT_PLATFORM_MESSAGE_PRIORITY = Priority.P3
 
 # Kinds a user may record directly; the others are the platform's to record (a message, an
 # approval's result, a file's arrival) and must not be forged.
@@ -78,21 +79,25 @@ def reopen(state: SessionState, _: ReopenSession) -> list[DomainEvent]:
     return [SessionReopened()] if state.closed else []
 
 
-def post_message(state: SessionState, cmd: PostMessage, user_id: str) -> list[DomainEvent]:
+def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[DomainEvent]:
+    """A message to the session's agent and the signal that tells it. A user's message is P1
+    by default; the platform's (a toolpack's scheduler hook, say) is routine work, P3."""
     _writable(state)
     if cmd.signal_id in state.signals:
         raise ConflictError("a signal with this id exists already")
+    by_user = author.kind == "user"
     message = SessionMessageAppended(
         message_id=cmd.message_id,
-        author=Author(kind="user", id=user_id),
+        author=author,
         role="user",
         text=cmd.text,
     )
     signal = SignalRecorded(
         signal_id=cmd.signal_id,
         agent_id=state.agent_id,
-        kind=SignalKind.USER_MESSAGE,
-        priority=cmd.priority or DEFAULT_USER_MESSAGE_PRIORITY,
+        kind=SignalKind.USER_MESSAGE if by_user else SignalKind.MESSAGE_CREATED,
+        priority=cmd.priority
+        or (DEFAULT_USER_MESSAGE_PRIORITY if by_user else DEFAULT_PLATFORM_MESSAGE_PRIORITY),
         message_id=cmd.message_id,
     )
     return [message, signal]

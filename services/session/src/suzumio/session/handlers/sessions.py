@@ -12,8 +12,8 @@ from suzumio.contracts.commands import (
     RecordSignal,
     ReopenSession,
 )
-from suzumio.contracts.errors import ForbiddenError, NotFoundError
-from suzumio.contracts.values import Role
+from suzumio.contracts.errors import NotFoundError
+from suzumio.contracts.values import Author, Role
 from suzumio.platform.bus.commands import CommandContext
 from suzumio.session.domain import session
 from suzumio.session.domain.agent import AgentState
@@ -62,13 +62,12 @@ class SessionHandlers(HandlerGroup):
     async def post_message(self, ctx: CommandContext[PostMessage]) -> CommandAccepted:
         cmd = ctx.command
         actor = await self.actor(ctx)
-        if actor.user_id is None:
-            raise ForbiddenError("messages through this command come from users")
+        author = Author(kind="user" if actor.user_id else "system", id=actor.id)
         await self.writable(ctx, cmd.session_id)
         _, result = await self.repo.execute(
             SessionState,
             cmd.session_id,
-            lambda s: session.post_message(s, cmd, actor.id),
+            lambda s: session.post_message(s, cmd, author),
             ctx.meta(),
         )
         return accepted(result, message_id=cmd.message_id, signal_id=cmd.signal_id)

@@ -20,7 +20,7 @@ from suzumio.platform.projections.writes import RowChanges
 
 class ActivationsProjection(Projection):
     name: ClassVar[str] = "activations"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # 2: the project is known from the request on
     handles: ClassVar[frozenset[str]] = frozenset(
         cls.event_type
         for cls in (
@@ -75,6 +75,7 @@ class ActivationsProjection(Projection):
                         d.activation_id,
                         session_id=e.aggregate_id,
                         agent_id=d.agent_id,
+                        project_id=d.project_id,
                         status="requested",
                         reason=d.reason.value,
                         attempt=d.attempt,

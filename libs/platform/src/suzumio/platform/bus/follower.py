@@ -1,0 +1,93 @@
+"""Following the event log in order, as soon as each message is stored.
+
+For services that keep their working state in memory and rebuild it from the log on start
+(the scheduler, the orchestrator): an ordered push consumer over the whole log, from a given
+sequence, with flow control. It knows the log's end when it started, so the follower can tell
+when the replay is over and live following begins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import types_of
+from suzumio.platform.bus.jsapi import stream_last_seq
+
+
+@dataclass(frozen=True, slots=True)
+class LogMessage:
+    seq: int
+    subject: str
+    types: tuple[str, ...]
+    data: bytes
+    pending: int  # messages after this one in the log when it was delivered
+    stored_at: datetime  # the server's clock when it stored the message
+
+
+class LogFollower:
+    def __init__(
+        self, nc: NATS, topology: Topology, *, start_seq: int = 1, queue_size: int = 10_000
+    ) -> None:
+        self._nc = nc
+        self._topology = topology
+        self._start = max(start_seq, 1)
+        self._queue: asyncio.Queue[LogMessage] = asyncio.Queue(queue_size)
+        self._sub: Subscription | None = None
+        self.replay_end = 0  # the log's last sequence when following began
+
+    async def start(self) -> int:
+        """Begin following; returns the log's end at this moment (0 for an empty log)."""
+        self.replay_end = await stream_last_seq(self._nc, self._topology.events_stream)
+
+        async def on_message(msg: Msg) -> None:
+            meta = msg.metadata
+            types = types_of(msg.headers)
+            await self._queue.put(
+                LogMessage(
+                    meta.sequence.stream,
+                    msg.subject,
+                    tuple(types or ()),
+                    msg.data,
+                    meta.num_pending,
+                    meta.timestamp,
+                )
+            )
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._start
+        )
+        self._sub = await self._nc.jetstream().subscribe(
+            self._topology.events_filter(),
+            ordered_consumer=True,
+            config=config,
+            cb=on_message,
+        )
+        return self.replay_end
+
+    async def next(self, timeout: float | None = None) -> LogMessage | None:
+        """The next message; None when none came within `timeout` seconds."""
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+    def next_nowait(self) -> LogMessage | None:
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None

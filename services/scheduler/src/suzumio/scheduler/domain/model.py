@@ -1,0 +1,101 @@
+"""What the scheduler knows, per session and across them, folded from the log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from suzumio.contracts.values import ActivationReason, Priority, SignalKind
+
+RANK = {Priority.P0: 0, Priority.P1: 1, Priority.P2: 2, Priority.P3: 3}
+EndOutcome = Literal["completed", "failed", "cancelled", "timed_out"]
+
+
+@dataclass
+class Signal:
+    id: str
+    kind: SignalKind
+    priority: Priority
+    seq: int  # where it was recorded in the log: the order within a priority
+    recorded_at: datetime | None = None
+    not_before: datetime | None = None
+    message_id: str | None = None
+    text: str | None = None  # the message's text, for message signals
+    payload: dict[str, Any] = field(default_factory=dict)
+    failures: int = 0  # failed activations it was part of
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return RANK[self.priority], self.seq
+
+    def due(self, now: datetime) -> bool:
+        return self.not_before is None or self.not_before <= now
+
+
+@dataclass
+class Activation:
+    id: str
+    session_id: str
+    project_id: str
+    pool: str
+    attempt: int
+    reason: ActivationReason
+    signals: list[Signal]  # its start batch, then what was handed over at tool boundaries
+    handed: list[str] = field(default_factory=list)  # ids handed over while it ran
+    cancel_requested: bool = False
+    started: bool = False
+    useful: bool = False  # wrote a message, finished a tool call well, or produced output
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The last activation of a session that ended, for the hooks and the nudge rule."""
+
+    activation_id: str
+    outcome: EndOutcome
+    useful: bool
+    signal_ids: tuple[str, ...]
+    kinds: frozenset[SignalKind]
+    at: datetime
+
+
+@dataclass
+class Failing:
+    """A signal whose retry budget is spent (or whose activation cannot be retried): it is
+    closed as failed with `reason`."""
+
+    signal: Signal
+    reason: str
+
+
+@dataclass
+class SessionSchedule:
+    id: str
+    project_id: str = ""
+    agent_id: str = ""
+    opened: bool = False
+    closed: bool = False
+    version: int = 0  # the head of the session's subject: appends are conditional on it
+    seq: int = 0
+    pending: dict[str, Signal] = field(default_factory=dict)
+    live: Activation | None = None  # requested or running, not cancel-requested
+    failing: dict[str, Failing] = field(default_factory=dict)
+    consecutive_failures: int = 0
+    backoff_until: datetime | None = None
+    last_ended: Ended | None = None
+    reviewed: str | None = None  # the ended activation the hooks and nudge rule last saw
+
+    def due_signals(self, now: datetime) -> list[Signal]:
+        return sorted((s for s in self.pending.values() if s.due(now)), key=lambda s: s.order)
+
+    def next_due(self, now: datetime) -> datetime | None:
+        later = [s.not_before for s in self.pending.values() if s.not_before and s.not_before > now]
+        return min(later, default=None)
+
+
+@dataclass
+class AgentInfo:
+    project_id: str
+    runtime_profile: str | None = None
+    disabled: bool = False

@@ -1,0 +1,83 @@
+"""The rules of DESIGN.md §6 as pure functions: given one session's state and the time, what to
+do now. Capacity (project and pool limits, round-robin across projects) is decided around
+these, in `admission`; hooks and the nudge rule run where an activation ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from suzumio.contracts.values import ActivationReason, Priority, SignalKind
+from suzumio.scheduler.domain.model import Ended, SessionSchedule, Signal
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_batch: int = 64  # signals one activation starts with
+
+
+@dataclass(frozen=True)
+class Start:
+    signal_ids: tuple[str, ...]  # in delivery order: P0 first, then P1, P2, P3, each by age
+    reason: ActivationReason
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to do for a session now. `start` with `cancel` is a P0 replacing the live
+    activation (no capacity needed: it takes the old one's place); `start` alone must first be
+    admitted under the limits."""
+
+    close_failed: tuple[tuple[str, str], ...] = ()  # (signal id, reason)
+    cancel: str | None = None
+    start: Start | None = None
+    wake_at: datetime | None = None  # look again then (a delayed signal, a backoff's end)
+
+
+def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Settings) -> Plan:
+    close = tuple((f.signal.id, f.reason) for f in s.failing.values())
+    due = s.due_signals(now)
+    wake = s.next_due(now)
+    if s.live is not None:
+        p0 = [x for x in due if x.priority is Priority.P0]
+        if not p0 or not startable:
+            return Plan(close, wake_at=wake)  # P1 waits for a tool boundary; P2, P3 the end
+        # The replaced activation's own signals are not carried over: it may yet finish (its
+        # end is not ordered with this decision); if it ends cancelled, they queue again.
+        batch = due[: settings.max_batch]
+        start = Start(tuple(x.id for x in batch), ActivationReason.PREEMPT, 1)
+        return Plan(close, cancel=s.live.id, start=start, wake_at=wake)
+    if not startable or not due:
+        return Plan(close, wake_at=wake)
+    urgent = any(x.priority is Priority.P0 for x in due)
+    if s.backoff_until is not None and now < s.backoff_until and not urgent:
+        return Plan(close, wake_at=_earliest(wake, s.backoff_until))
+    batch = due[: settings.max_batch]
+    attempt = 1 + max(x.failures for x in batch)
+    if attempt > 1:
+        reason = ActivationReason.RETRY
+    elif all(x.kind is SignalKind.NUDGE for x in batch):
+        reason = ActivationReason.NUDGE
+    else:
+        reason = ActivationReason.SIGNALS
+    return Plan(close, start=Start(tuple(x.id for x in batch), reason, attempt), wake_at=wake)
+
+
+def handover(s: SessionSchedule, activation_id: str, now: datetime) -> list[Signal] | None:
+    """The P1 signals to hand to the live activation at its tool boundary; None when that
+    activation is not the session's live one (it ended, or a P0 replaced it: fenced)."""
+    if s.live is None or s.live.id != activation_id:
+        return None
+    return [x for x in s.due_signals(now) if x.priority is Priority.P1]
+
+
+def needs_nudge(ended: Ended) -> bool:
+    """One nudge for an activation that ended without any useful effect although it was given
+    work; never for one that was itself only nudged, so nudges cannot loop."""
+    worked_on = ended.kinds - {SignalKind.NUDGE}
+    return ended.outcome == "completed" and not ended.useful and bool(worked_on)
+
+
+def _earliest(a: datetime | None, b: datetime) -> datetime:
+    return b if a is None else min(a, b)

@@ -1,0 +1,361 @@
+"""The scheduler's whole state, folded from the log: sessions with their pending signals and
+live activation, agents, projects' limits and runtime profiles, and how many activations hold
+capacity where. Every replica folds the same log to the same state; only the leader acts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from suzumio.contracts.envelope import DomainEvent, EventEnvelope
+from suzumio.contracts.events import (
+    ActivationCancelled,
+    ActivationCancelRequested,
+    ActivationCompleted,
+    ActivationFailed,
+    ActivationRequested,
+    ActivationStarted,
+    ActivationTimedOut,
+    AgentCreated,
+    AgentDisabled,
+    AgentEnabled,
+    AgentUpdated,
+    ProjectCreated,
+    ProjectLimitsChanged,
+    RuntimeProfileRemoved,
+    RuntimeProfileSet,
+    SessionClosed,
+    SessionMessageAppended,
+    SessionOpened,
+    SessionReopened,
+    SignalClosed,
+    SignalRecorded,
+    SignalsDelivered,
+    ToolCallFinished,
+)
+from suzumio.contracts.values import ProjectLimits, RuntimeProfileSpec, SignalKind
+from suzumio.scheduler.domain.model import (
+    Activation,
+    AgentInfo,
+    Ended,
+    EndOutcome,
+    Failing,
+    SessionSchedule,
+    Signal,
+)
+
+WANTED: frozenset[str] = frozenset(
+    cls.event_type
+    for cls in (
+        SessionOpened,
+        SessionClosed,
+        SessionReopened,
+        SessionMessageAppended,
+        SignalRecorded,
+        SignalsDelivered,
+        SignalClosed,
+        ActivationRequested,
+        ActivationCancelRequested,
+        ActivationStarted,
+        ActivationCompleted,
+        ActivationFailed,
+        ActivationCancelled,
+        ActivationTimedOut,
+        ToolCallFinished,
+        AgentCreated,
+        AgentUpdated,
+        AgentDisabled,
+        AgentEnabled,
+        ProjectCreated,
+        ProjectLimitsChanged,
+        RuntimeProfileSet,
+        RuntimeProfileRemoved,
+    )
+)
+"""The event types the scheduler folds; it skips the rest without decoding them."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    budget: int = 3  # failed activations a signal may be part of before it is closed failed
+    backoff_seconds: tuple[float, ...] = (2.0, 10.0, 60.0)
+
+    def backoff(self, consecutive_failures: int) -> timedelta:
+        index = min(max(consecutive_failures, 1), len(self.backoff_seconds)) - 1
+        return timedelta(seconds=self.backoff_seconds[index])
+
+
+@dataclass
+class ProjectInfo:
+    limits: ProjectLimits = field(default_factory=ProjectLimits)
+    profiles: dict[str, RuntimeProfileSpec] = field(default_factory=dict)
+
+
+@dataclass
+class Changes:
+    """What one log message changed: the sessions to look at again, and whether capacity
+    was freed (so waiting sessions elsewhere may start)."""
+
+    sessions: set[str] = field(default_factory=set)
+    freed: bool = False
+
+
+class World:
+    def __init__(self, retry: RetryPolicy | None = None) -> None:
+        self.retry = retry or RetryPolicy()
+        self.sessions: dict[str, SessionSchedule] = {}
+        self.activations: dict[str, Activation] = {}  # requested and not yet ended
+        self.agents: dict[str, AgentInfo] = {}
+        self.projects: dict[str, ProjectInfo] = {}
+        self.running_by_project: Counter[str] = Counter()
+        self.running_by_pool: Counter[str] = Counter()
+        self.position = 0  # the last log sequence folded
+
+    # -- queries -------------------------------------------------------------------------
+    def session(self, session_id: str) -> SessionSchedule:
+        found = self.sessions.get(session_id)
+        if found is None:
+            found = self.sessions[session_id] = SessionSchedule(session_id)
+        return found
+
+    def pool_of(self, agent_id: str) -> str:
+        """The capacity pool an agent's activations count against: its runtime profile's
+        worker pool, else its backend."""
+        agent = self.agents.get(agent_id)
+        project = self.projects.get(agent.project_id) if agent else None
+        spec = None
+        if agent and project and agent.runtime_profile:
+            spec = project.profiles.get(agent.runtime_profile)
+        spec = spec or RuntimeProfileSpec()
+        return spec.pool or spec.backend.value
+
+    def limit_of(self, project_id: str) -> int:
+        project = self.projects.get(project_id)
+        return (project.limits if project else ProjectLimits()).max_concurrent_activations
+
+    def startable(self, s: SessionSchedule) -> bool:
+        """The session exists, is open, and its agent may run."""
+        agent = self.agents.get(s.agent_id)
+        return s.opened and not s.closed and agent is not None and not agent.disabled
+
+    # -- folding -------------------------------------------------------------------------
+    def apply(
+        self, seq: int, envelopes: list[tuple[EventEnvelope, DomainEvent]], changes: Changes
+    ) -> None:
+        """Fold one log message (one commit of one aggregate)."""
+        texts: dict[str, str] = {}  # a message and its signal share a commit
+        for envelope, data in envelopes:
+            self._apply(seq, envelope, data, texts, changes)
+        self.position = seq
+
+    def _apply(
+        self,
+        seq: int,
+        env: EventEnvelope,
+        data: DomainEvent,
+        texts: dict[str, str],
+        changes: Changes,
+    ) -> None:
+        if env.aggregate == "session":
+            s = self.session(env.aggregate_id)
+            s.version, s.seq = env.version, seq
+            changes.sessions.add(s.id)
+            self._session_event(s, seq, env.occurred_at, data, texts, changes)
+        elif env.aggregate == "activation":
+            self._activation_event(env.aggregate_id, env.occurred_at, data, changes)
+        elif env.aggregate == "agent":
+            self._agent_event(env.aggregate_id, data, changes)
+        elif env.aggregate == "project":
+            self._project_event(env.aggregate_id, data, changes)
+
+    def _session_event(  # noqa: C901, PLR0912 - one branch per event type reads best here
+        self,
+        s: SessionSchedule,
+        seq: int,
+        at: datetime,
+        data: DomainEvent,
+        texts: dict[str, str],
+        changes: Changes,
+    ) -> None:
+        match data:
+            case SessionOpened():
+                s.project_id, s.agent_id, s.opened = data.project_id, data.agent_id, True
+            case SessionClosed():
+                s.closed = True
+            case SessionReopened():
+                s.closed = False
+            case SessionMessageAppended():
+                texts[data.message_id] = data.text
+                if data.author.kind == "agent" and s.live is not None:
+                    s.live.useful = True
+            case SignalRecorded():
+                s.pending[data.signal_id] = Signal(
+                    id=data.signal_id,
+                    kind=data.kind,
+                    priority=data.priority,
+                    seq=seq,
+                    recorded_at=at,
+                    not_before=data.not_before,
+                    message_id=data.message_id,
+                    text=texts.get(data.message_id or ""),
+                    payload=dict(data.payload),
+                )
+                if data.kind is SignalKind.NUDGE:  # the nudge names what it reviewed
+                    s.reviewed = str(data.payload.get("activation_id", "")) or s.reviewed
+            case ActivationRequested():
+                self._requested(s, data, changes)
+            case SignalsDelivered():
+                self._delivered(s, data)
+            case ActivationCancelRequested():
+                activation = self.activations.get(data.activation_id)
+                if activation is not None:
+                    activation.cancel_requested = True
+                if s.live is not None and s.live.id == data.activation_id:
+                    s.live = None
+            case SignalClosed():
+                s.pending.pop(data.signal_id, None)
+                s.failing.pop(data.signal_id, None)
+
+    def _requested(self, s: SessionSchedule, data: ActivationRequested, changes: Changes) -> None:
+        batch = [self._take(s, signal_id) for signal_id in data.signal_ids]
+        activation = Activation(
+            id=data.activation_id,
+            session_id=s.id,
+            project_id=data.project_id or s.project_id,
+            pool=data.pool or self.pool_of(s.agent_id),
+            attempt=data.attempt,
+            reason=data.reason,
+            signals=[b for b in batch if b is not None],
+        )
+        if s.live is not None:  # only a P0 replaces a live one, and it cancels it first
+            s.live.cancel_requested = True
+        s.live = activation
+        self.activations[activation.id] = activation
+        self.running_by_project[activation.project_id] += 1
+        self.running_by_pool[activation.pool] += 1
+        changes.sessions.add(s.id)
+
+    @staticmethod
+    def _take(s: SessionSchedule, signal_id: str) -> Signal | None:
+        """A signal leaves the pending set for an activation."""
+        return s.pending.pop(signal_id, None)
+
+    def _delivered(self, s: SessionSchedule, data: SignalsDelivered) -> None:
+        live = s.live
+        if live is None or live.id != data.activation_id:
+            return
+        known = {x.id for x in live.signals}
+        for signal_id in data.signal_ids:
+            if signal_id in known:
+                continue  # delivered with the start batch
+            signal = s.pending.pop(signal_id, None)
+            if signal is not None:
+                live.signals.append(signal)
+                live.handed.append(signal_id)
+
+    def _activation_event(
+        self, activation_id: str, at: datetime, data: DomainEvent, changes: Changes
+    ) -> None:
+        activation = self.activations.get(activation_id)
+        if activation is None:
+            return  # ended already, or not one of ours
+        changes.sessions.add(activation.session_id)
+        match data:
+            case ActivationStarted():
+                activation.started = True
+            case ToolCallFinished():
+                activation.useful = activation.useful or data.status == "ok"
+            case ActivationCompleted():
+                activation.useful = activation.useful or bool(data.text.strip())
+                self._ended(activation, "completed", at, changes)
+            case ActivationFailed():
+                self._ended(
+                    activation, "failed", at, changes, data.reason, retryable=data.retryable
+                )
+            case ActivationTimedOut():
+                reason = f"timed out after {data.timeout_seconds:g}s"
+                self._ended(activation, "timed_out", at, changes, reason, retryable=True)
+            case ActivationCancelled():
+                reason = f"cancelled: {data.reason}" if data.reason else "cancelled"
+                self._ended(activation, "cancelled", at, changes, reason, retryable=True)
+
+    def _ended(
+        self,
+        activation: Activation,
+        outcome: EndOutcome,
+        at: datetime,
+        changes: Changes,
+        reason: str = "",
+        *,
+        retryable: bool = False,
+    ) -> None:
+        del self.activations[activation.id]
+        self.running_by_project[activation.project_id] -= 1
+        self.running_by_pool[activation.pool] -= 1
+        changes.freed = True
+        s = self.session(activation.session_id)
+        if activation.cancel_requested:
+            # Replaced by a P0 (or cancelled on request). Finished anyway: its work is done.
+            # Cancelled: its signals queue again, no failure counted (P1s go to the live
+            # activation at its next tool boundary, the rest to the next start).
+            if outcome != "completed":
+                for signal in activation.signals:
+                    s.pending[signal.id] = signal
+            return
+        if s.live is activation:
+            s.live = None
+        s.last_ended = Ended(
+            activation.id,
+            outcome,
+            activation.useful,
+            tuple(x.id for x in activation.signals),
+            frozenset(x.kind for x in activation.signals),
+            at,
+        )
+        if outcome == "completed":
+            s.consecutive_failures, s.backoff_until = 0, None
+            return
+        # Failed, timed out, or cancelled by something other than a P0: the work was not
+        # done. Retry it after a backoff, within each signal's budget.
+        s.consecutive_failures += 1
+        s.backoff_until = at + self.retry.backoff(s.consecutive_failures)
+        for signal in activation.signals:
+            signal.failures += 1
+            if not retryable:
+                s.failing[signal.id] = Failing(signal, reason or outcome)
+            elif signal.failures >= self.retry.budget:
+                s.failing[signal.id] = Failing(
+                    signal, f"{reason or outcome} ({signal.failures} attempts)"
+                )
+            else:
+                s.pending[signal.id] = signal
+
+    def _agent_event(self, agent_id: str, data: DomainEvent, changes: Changes) -> None:
+        match data:
+            case AgentCreated():
+                self.agents[agent_id] = AgentInfo(data.project_id, data.runtime_profile)
+            case AgentUpdated() if agent_id in self.agents and data.runtime_profile is not None:
+                self.agents[agent_id].runtime_profile = data.runtime_profile
+            case AgentDisabled() if agent_id in self.agents:
+                self.agents[agent_id].disabled = True
+            case AgentEnabled() if agent_id in self.agents:
+                self.agents[agent_id].disabled = False
+                changes.freed = True  # its sessions may start again
+            case _:
+                pass
+
+    def _project_event(self, project_id: str, data: DomainEvent, changes: Changes) -> None:
+        project = self.projects.setdefault(project_id, ProjectInfo())
+        match data:
+            case ProjectCreated():
+                project.limits = data.limits
+            case ProjectLimitsChanged():
+                project.limits = data.limits
+                changes.freed = True
+            case RuntimeProfileSet():
+                project.profiles[data.name] = data.spec
+            case RuntimeProfileRemoved():
+                project.profiles.pop(data.name, None)
+            case _:
+                pass

@@ -1,0 +1,487 @@
+"""The scheduler at work: follow the log, fold it, and (when leading) turn the rules' plans into
+conditional appends on the sessions' subjects.
+
+Every replica follows the whole log from sequence 1 at start, so its state is the log's and
+nothing else. One replica leads (a Postgres advisory lock) and decides; the others stand by
+with the same state, ready to take over. What keeps "one live activation per session" true
+even if two ever decided at once is that each decision is appended on the condition that the
+session is still at the version it was decided on: the loser's append conflicts and it looks
+again. State changes only by folding the log, the leader's own decisions included: a decision
+in flight holds its session (and the capacity it takes) until its events come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.commands import PostMessage, RecordSignal
+from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, decode_data
+from suzumio.contracts.errors import CommandError, ConflictError, NotFoundError
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationRequested,
+    SignalClosed,
+    SignalsDelivered,
+)
+from suzumio.contracts.ids import derived_id, new_id
+from suzumio.contracts.runner import SignalSpec
+from suzumio.contracts.scheduling import (
+    AgentSchedulingState,
+    EndedActivationView,
+    HookAction,
+    HookSignal,
+    PendingSignalView,
+)
+from suzumio.contracts.subjects import Topology
+from suzumio.contracts.values import Priority, SignalKind, SignalOutcome
+from suzumio.platform.bus.commands import CommandClient, CommandServer
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
+from suzumio.platform.bus.follower import LogFollower, LogMessage
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.db.leadership import Leadership
+from suzumio.platform.logging import get_logger
+from suzumio.platform.telemetry import meter
+from suzumio.scheduler.domain import policy
+from suzumio.scheduler.domain.admission import Admission
+from suzumio.scheduler.domain.model import Ended, SessionSchedule, Signal
+from suzumio.scheduler.domain.policy import Plan
+from suzumio.scheduler.domain.world import WANTED, Changes, RetryPolicy, World
+from suzumio.scheduler.handlers import build_router
+from suzumio.scheduler.hooks import Hooks
+from suzumio.scheduler.settings import SchedulerSettings
+from suzumio.scheduler.timers import Timers
+
+log = get_logger(__name__)
+ACTOR = "system:scheduler"
+FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
+
+_decisions = meter.create_counter(
+    "suzumio_scheduler_decisions", description="decisions appended, by kind and outcome"
+)
+_latency = meter.create_histogram(
+    "suzumio_scheduler_start_seconds",
+    unit="s",
+    description="signal recorded to activation requested (the youngest signal of the batch)",
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        store: EventStore,
+        commands: CommandClient,
+        database_url: str,
+        settings: SchedulerSettings,
+        hooks: Hooks,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._nc = nc
+        self._topology = topology
+        self._store = store
+        self._commands = commands
+        self._settings = settings
+        self._policy = policy.Settings(max_batch=settings.max_batch)
+        self._hooks = hooks
+        self._clock = clock
+        self.world = World(RetryPolicy(settings.retry_budget, settings.retry_backoff_seconds))
+        self._follower = LogFollower(nc, topology)
+        self.leadership = Leadership(database_url, f"scheduler.{topology.namespace or '-'}")
+        self._admission = Admission()
+        self._timers = Timers()
+        self._timer_changed = asyncio.Event()
+        self._dirty: set[str] = set()
+        self._inflight: dict[str, int] = {}  # session -> the version its own append reaches
+        self._reserved: dict[str, tuple[str, str]] = {}  # session -> (project, pool) held
+        self._landing: dict[str, asyncio.Event] = {}  # set when a session's append is folded
+        self._reviewing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._folded = asyncio.Condition()
+        self.leading = False
+        self.caught_up = False
+
+    # -- running -------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._follower.start()
+        self.caught_up = self._follower.replay_end == 0
+        folding = asyncio.create_task(self._fold_loop(stop))
+        try:
+            await self.leadership.run(stop, self._lead)
+        finally:
+            folding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await folding
+            await self._follower.close()
+
+    async def wait_folded(self, position: int, timeout: float) -> bool:
+        """True once the log is folded up to `position`."""
+        async with self._folded:
+            try:
+                await asyncio.wait_for(
+                    self._folded.wait_for(lambda: self.world.position >= position), timeout
+                )
+            except TimeoutError:
+                return False
+        return True
+
+    async def _lead(self, done: asyncio.Event) -> None:
+        end = await stream_last_seq(self._nc, self._topology.events_stream)
+        while not await self.wait_folded(end, 5.0):
+            if done.is_set():
+                return
+        self.leading = True
+        log.info("scheduler.leading", position=self.world.position)
+        self._dirty.update(self.world.sessions)  # the last leader may have left work undone
+        self._decide()
+        timers = asyncio.create_task(self._timer_loop(done))
+        server = CommandServer(self._nc, self._topology, build_router(self))
+        try:
+            await server.start()  # only the leader answers: its state is the one that acts
+            await done.wait()
+        finally:
+            self.leading = False
+            timers.cancel()
+            with contextlib.suppress(Exception):
+                await server.drain(2.0)
+            self._admission.clear()
+            self._timers.clear()
+
+    async def _fold_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            first = await self._follower.next(timeout=0.5)
+            if first is None:
+                continue
+            changes = Changes()
+            self._fold(first, changes)
+            for _ in range(FOLD_BURST):  # what is queued already: decide on the latest state
+                more = self._follower.next_nowait()
+                if more is None:
+                    break
+                self._fold(more, changes)
+            if not self.caught_up and self.world.position >= self._follower.replay_end:
+                self.caught_up = True
+                log.info("scheduler.caught_up", position=self.world.position)
+            async with self._folded:
+                self._folded.notify_all()
+            self._dirty |= changes.sessions
+            if self.leading:
+                self._decide()
+
+    def _fold(self, msg: LogMessage, changes: Changes) -> None:
+        if not WANTED.intersection(msg.types):
+            self.world.position = msg.seq
+            return
+        pairs: list[tuple[EventEnvelope, DomainEvent]] = []
+        for envelope in envelopes_of(msg.data):
+            if envelope.type in WANTED:
+                try:
+                    pairs.append((envelope, decode_data(envelope)))
+                except Exception:  # a newer release's schema: not ours to guess
+                    log.warning("scheduler.undecodable", seq=msg.seq, type=envelope.type)
+        self.world.apply(msg.seq, pairs, changes)
+        head = pairs[-1][0] if pairs else None
+        if head is not None and head.aggregate == "session":
+            self._store.observe("session", head.aggregate_id, head.version, msg.seq)
+            target = self._inflight.get(head.aggregate_id)
+            if target is not None and head.version >= target:
+                self._release(head.aggregate_id)  # our decision (or a newer fact) is in
+
+    # -- deciding ------------------------------------------------------------------------
+    def _decide(self) -> None:
+        now = self._clock()
+        dirty, self._dirty = self._dirty, set()
+        for session_id in dirty:
+            self._evaluate(session_id, now)
+        for session_id in self._admission.admit(self._fits):
+            self._start(session_id, now)
+
+    def _plan(self, s: SessionSchedule, now: datetime) -> Plan:
+        plan = policy.decide(s, now, startable=self.world.startable(s), settings=self._policy)
+        if plan.wake_at is not None and self._timers.add(plan.wake_at, s.id):
+            self._timer_changed.set()
+        return plan
+
+    def _evaluate(self, session_id: str, now: datetime) -> None:
+        s = self.world.sessions.get(session_id)
+        if s is None or session_id in self._inflight:
+            return  # an append of ours is on its way: look again when it is folded
+        self._maybe_review(s, now)
+        plan = self._plan(s, now)
+        if plan.cancel is not None:
+            self._execute(s, plan)  # a P0 takes the place of the live one: no admission
+        elif plan.start is not None:
+            if plan.close_failed:
+                self._execute(s, Plan(plan.close_failed))
+            self._admission.want(s.project_id, s.id)
+        elif plan.close_failed:
+            self._execute(s, plan)
+
+    def _fits(self, project_id: str, session_id: str) -> bool:
+        s = self.world.sessions[session_id]
+        if session_id in self._inflight:
+            return False
+        pool = self.world.pool_of(s.agent_id)
+        held = self._reserved.values()
+        in_project = self.world.running_by_project[project_id]
+        in_project += sum(1 for p, _ in held if p == project_id)
+        in_pool = self.world.running_by_pool[pool] + sum(1 for _, q in held if q == pool)
+        pool_limit = self._settings.pool_limits.get(pool)
+        return in_project < self.world.limit_of(project_id) and (
+            pool_limit is None or in_pool < pool_limit
+        )
+
+    def _start(self, session_id: str, now: datetime) -> None:
+        s = self.world.sessions[session_id]
+        plan = self._plan(s, now)  # again: the state may have moved since it asked
+        if plan.start is None:
+            return
+        if plan.cancel is None:
+            self._reserved[session_id] = (s.project_id, self.world.pool_of(s.agent_id))
+        self._execute(s, plan)
+
+    def _execute(self, s: SessionSchedule, plan: Plan) -> None:
+        events: list[DomainEvent] = [
+            SignalClosed(signal_id=signal_id, outcome=SignalOutcome.FAILED, reason=reason[:2_000])
+            for signal_id, reason in plan.close_failed
+        ]
+        kind = "close"
+        if plan.start is not None:
+            activation_id = new_id()
+            if plan.cancel is not None:
+                kind = "preempt"
+                events.append(
+                    ActivationCancelRequested(
+                        activation_id=plan.cancel, reason="replaced: a P0 signal arrived"
+                    )
+                )
+            else:
+                kind = "start"
+            events += [
+                ActivationRequested(
+                    activation_id=activation_id,
+                    agent_id=s.agent_id,
+                    signal_ids=plan.start.signal_ids,
+                    reason=plan.start.reason,
+                    attempt=plan.start.attempt,
+                    pool=self.world.pool_of(s.agent_id),
+                    project_id=s.project_id,
+                    replaces=plan.cancel,
+                ),
+                SignalsDelivered(activation_id=activation_id, signal_ids=plan.start.signal_ids),
+            ]
+        chosen = set(plan.start.signal_ids) if plan.start else set()
+        stamps = [s.pending[i].recorded_at for i in chosen if i in s.pending]
+        youngest = max((t for t in stamps if t is not None), default=None)
+        self._inflight[s.id] = s.version + len(events)
+        self._spawn(self._append(s.id, s.version, events, kind, youngest))
+
+    async def _append(
+        self,
+        session_id: str,
+        version: int,
+        events: Sequence[DomainEvent],
+        kind: str,
+        youngest: datetime | None,
+    ) -> None:
+        try:
+            await self._store.append(session_id, events, version, EventMeta(actor=ACTOR))
+        except ConcurrencyConflictError:
+            _decisions.add(1, {"kind": kind, "outcome": "conflict"})
+            self._again(session_id)  # someone wrote first: decide on what they wrote
+        except Exception as exc:
+            _decisions.add(1, {"kind": kind, "outcome": "error"})
+            log.warning("scheduler.append_failed", session=session_id, error=repr(exc))
+            await asyncio.sleep(0.5)
+            self._again(session_id)
+        else:
+            _decisions.add(1, {"kind": kind, "outcome": "ok"})
+            if youngest is not None:
+                _latency.record(max((self._clock() - youngest).total_seconds(), 0.0))
+
+    def _release(self, session_id: str) -> None:
+        self._inflight.pop(session_id, None)
+        self._reserved.pop(session_id, None)
+        landed = self._landing.pop(session_id, None)
+        if landed is not None:
+            landed.set()
+
+    def _again(self, session_id: str) -> None:
+        self._release(session_id)
+        self._dirty.add(session_id)
+        if self.leading:
+            self._decide()
+
+    # -- timers --------------------------------------------------------------------------
+    async def _timer_loop(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            next_at = self._timers.next_at()
+            wait = 60.0 if next_at is None else (next_at - self._clock()).total_seconds()
+            self._timer_changed.clear()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._timer_changed.wait(), min(wait, 60.0))
+            due = self._timers.pop_due(self._clock())
+            if due and self.leading:
+                self._dirty |= due
+                self._decide()
+
+    # -- P1 handover ---------------------------------------------------------------------
+    async def take_signals(
+        self, session_id: str, activation_id: str, received: Sequence[str]
+    ) -> list[SignalSpec]:
+        """The due P1 signals for the session's live activation, recorded as delivered to
+        it, plus those handed to it before that it has not `received` (a lost reply loses
+        nothing). Raises ConflictError when the activation is not live (ended, or replaced
+        by a P0: fenced)."""
+        for _ in range(20):
+            s = self.world.sessions.get(session_id)
+            if s is None or not s.opened:
+                raise NotFoundError("session not found")
+            if session_id in self._inflight:  # a decision of ours is landing: see it first
+                landed = self._landing.setdefault(session_id, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(landed.wait(), 5.0)
+            live = s.live
+            due = policy.handover(s, activation_id, self._clock())
+            if live is None or due is None:
+                raise ConflictError("the activation is not live (it ended or was replaced)")
+            known = set(received)
+            again = [x for x in live.signals if x.id in live.handed and x.id not in known]
+            if not due:
+                return [_spec(x) for x in again]
+            ids = tuple(x.id for x in due)
+            self._inflight[session_id] = s.version + 1
+            try:
+                await self._store.append(
+                    session_id,
+                    [SignalsDelivered(activation_id=activation_id, signal_ids=ids)],
+                    s.version,
+                    EventMeta(actor=ACTOR),
+                )
+            except ConcurrencyConflictError:
+                self._release(session_id)
+                end = await stream_last_seq(self._nc, self._topology.events_stream)
+                await self.wait_folded(end, 5.0)
+                continue
+            except BaseException:
+                self._again(session_id)
+                raise
+            _decisions.add(1, {"kind": "handover", "outcome": "ok"})
+            return [_spec(x) for x in again + due]
+        raise ConflictError("the session kept changing; try again")
+
+    # -- hooks and the nudge rule ---------------------------------------------------------
+    def _maybe_review(self, s: SessionSchedule, now: datetime) -> None:
+        ended = s.last_ended
+        if ended is None or ended.activation_id == s.reviewed or s.id in self._reviewing:
+            return
+        if (now - ended.at).total_seconds() > self._settings.review_window_seconds:
+            s.reviewed = ended.activation_id  # too old: ended while no scheduler ran
+            return
+        self._reviewing.add(s.id)
+        self._spawn(self._review(s, ended))
+
+    async def _review(self, s: SessionSchedule, ended: Ended) -> None:
+        try:
+            state = self._hook_state(s, ended)
+            actions = await self._hooks.run(state) if self._hooks.hooks else []
+            for hook_name, action in actions:
+                await self._perform(s, ended, hook_name, action)
+            if not actions and policy.needs_nudge(ended):
+                await self._nudge(s, ended)
+        except Exception:
+            log.exception("scheduler.review_failed", session=s.id)
+        finally:
+            s.reviewed = ended.activation_id
+            self._reviewing.discard(s.id)
+
+    def _hook_state(self, s: SessionSchedule, ended: Ended) -> AgentSchedulingState:
+        return AgentSchedulingState(
+            project_id=s.project_id,
+            agent_id=s.agent_id,
+            session_id=s.id,
+            live_activation_id=s.live.id if s.live else None,
+            pending=tuple(
+                PendingSignalView(
+                    id=x.id, kind=x.kind, priority=x.priority, not_before=x.not_before
+                )
+                for x in sorted(s.pending.values(), key=lambda x: x.order)
+            ),
+            last_activation=EndedActivationView(
+                id=ended.activation_id,
+                outcome=ended.outcome,
+                useful_effect=ended.useful,
+                signal_ids=ended.signal_ids,
+            ),
+        )
+
+    async def _perform(
+        self, s: SessionSchedule, ended: Ended, hook_name: str, action: HookAction
+    ) -> None:
+        """A hook's action as a command to the session service, with ids derived from the
+        ended activation, the hook and the action's key: repeated, it is recorded once."""
+        signal_id = derived_id("hook.signal", ended.activation_id, hook_name, action.key)
+        command: RecordSignal | PostMessage
+        if isinstance(action, HookSignal):
+            command = RecordSignal(
+                session_id=s.id,
+                signal_id=signal_id,
+                kind=action.kind,
+                priority=action.priority,
+                payload={**action.payload, "hook": hook_name},
+                not_before=action.not_before,
+            )
+        else:
+            command = PostMessage(
+                session_id=s.id,
+                message_id=derived_id("hook.message", ended.activation_id, hook_name, action.key),
+                signal_id=signal_id,
+                text=action.text,
+                priority=action.priority,
+            )
+        await self._send(command)
+
+    async def _nudge(self, s: SessionSchedule, ended: Ended) -> None:
+        await self._send(
+            RecordSignal(
+                session_id=s.id,
+                signal_id=derived_id("nudge", ended.activation_id),
+                kind=SignalKind.NUDGE,
+                priority=Priority.P2,
+                payload={"activation_id": ended.activation_id, "signal_ids": ended.signal_ids},
+            )
+        )
+
+    async def _send(self, command: RecordSignal | PostMessage) -> None:
+        try:
+            await self._commands.send(command, actor=ACTOR)
+        except ConflictError:
+            pass  # recorded already (or the session closed meanwhile)
+        except CommandError as exc:
+            log.warning("scheduler.command_refused", verb=command.verb, error=str(exc))
+
+    def _spawn(self, work: object) -> None:
+        assert asyncio.iscoroutine(work)
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _spec(signal: Signal) -> SignalSpec:
+    return SignalSpec(
+        id=signal.id,
+        kind=signal.kind,
+        priority=signal.priority,
+        payload=signal.payload,
+        text=signal.text,
+    )
