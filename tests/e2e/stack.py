@@ -37,6 +37,11 @@ class Stack:
     mount_root: Path
     logs: list[Path]
     processes: list[ServiceProcess] = field(default_factory=list)
+    secret_key: str = ""
+
+    def url_of(self, service: str) -> str:
+        port = next(p.port for p in self.processes if p.name == service)
+        return f"http://127.0.0.1:{port}"
 
     def client(self, key: str | None = None) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -44,14 +49,21 @@ class Stack:
 
 
 @asynccontextmanager
-async def running_stack(nats_url: str, postgres_url: str, tmp: Path) -> AsyncIterator[Stack]:
+async def running_stack(
+    nats_url: str,
+    postgres_url: str,
+    tmp: Path,
+    services: tuple[str, ...] = ("session", "gateway"),
+) -> AsyncIterator[Stack]:
+    """The services named (the gateway always last in `processes`' order given)."""
     topology = servers.fresh_topology()
     database_url = await servers.create_database(postgres_url)
     mount_root = tmp / "mounts"
     mount_root.mkdir(parents=True)
+    secret_key = SecretBox.generate_key()
     env = {
         "SUZUMIO_DATA_DIR": str(tmp / "data"),
-        "SUZUMIO_SECRET_KEY": SecretBox.generate_key(),
+        "SUZUMIO_SECRET_KEY": secret_key,
         "SUZUMIO_MOUNT_ROOTS": str(mount_root),
         "SUZUMIO_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
         "SUZUMIO_READ_YOUR_WRITES_TIMEOUT": "5",
@@ -59,7 +71,7 @@ async def running_stack(nats_url: str, postgres_url: str, tmp: Path) -> AsyncIte
     }
     procs = [
         ServiceProcess(name, nats_url, database_url, topology, tmp / f"{name}.log", env)
-        for name in ("session", "gateway")
+        for name in services
     ]
     nc = await connection.connect(nats_url, "suzumio-e2e")
     await ensure_streams(nc, topology.streams())
@@ -70,10 +82,11 @@ async def running_stack(nats_url: str, postgres_url: str, tmp: Path) -> AsyncIte
         admin_key = await bootstrap_admin(nc, topology, None)
         assert admin_key is not None
         yield Stack(
-            api=f"http://127.0.0.1:{procs[1].port}", admin_key=admin_key, topology=topology,
+            api=f"http://127.0.0.1:{next(p.port for p in procs if p.name == 'gateway')}",
+            admin_key=admin_key, topology=topology,
             nats_url=nats_url, database_url=database_url, nc=nc,
             store=EventStore(nc, topology), mount_root=mount_root,
-            logs=[p.log_path for p in procs], processes=procs,
+            logs=[p.log_path for p in procs], processes=procs, secret_key=secret_key,
         )  # fmt: skip
     finally:
         for proc in procs:

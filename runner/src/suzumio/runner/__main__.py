@@ -1,8 +1,8 @@
-"""`python -m suzumio.runner check <input.json>`: validate an activation input file.
+"""`python -m suzumio.runner run|check [input.json]`.
 
-The agent loop (`run`) and the worker mode (`worker`) arrive with the runner's own issue; this
-entry point already holds the contract: it refuses an input it does not understand, with a
-message and exit code 2, instead of guessing.
+`run` executes one activation (the agent loop) and exits with a code that says why it ended
+(`suzumio.runner.exits`); `check` only validates an input file. Both refuse an input they do
+not understand, with a message and exit code 2, instead of guessing.
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check_cmd = commands.add_parser("check", help="validate an activation input file")
     check_cmd.add_argument("input", type=Path, nargs="?", default=Path("/activation/input.json"))
+    run_cmd = commands.add_parser("run", help="run one activation")
+    run_cmd.add_argument("input", type=Path, nargs="?", default=Path("/activation/input.json"))
     args = parser.parse_args(argv)
+    if args.command == "run":
+        from suzumio.runner.main import run  # noqa: PLC0415 - `check` stays light
+
+        return run(args.input)
     return check(args.input)
 
 

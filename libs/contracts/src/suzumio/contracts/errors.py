@@ -22,6 +22,18 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.INVALID: 422,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.INTERNAL: 500,
+}
+"""How an HTTP API answers each code (the gateway and the tool-broker alike)."""
+
+
 class ErrorBody(BaseModel):
     """The wire form of a refused command."""
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.values import ModelSpec, Priority, SignalKind
+from suzumio.contracts.values import ModelSpec, Priority, SignalKind, ToolPolicy
 
 RUNNER_CONTRACT_VERSION = 1
 
@@ -44,6 +44,9 @@ class SignalSpec(_Frozen):
     priority: Priority
     payload: dict[str, Any] = Field(default_factory=dict)
     text: str | None = Field(default=None, description="the message text, for message signals")
+    message_id: Identifier | None = Field(
+        default=None, description="the message it announces (already in history if older)"
+    )
 
 
 class ActivationSpec(_Frozen):
@@ -69,6 +72,12 @@ class RunnerConfig(_Frozen):
     tool_timeout_seconds: float = Field(default=300, gt=0)
     wall_clock_seconds: float = Field(default=3_600, gt=0)
     max_retries: int = Field(default=3, ge=0)
+    ask_wait_seconds: float = Field(
+        default=120, ge=0, le=300, description="how long ask_user waits before checkpointing"
+    )
+    approval_wait_seconds: float = Field(
+        default=120, ge=0, le=300, description="how long a tool call waits for its approval"
+    )
     compaction: CompactionSettings = CompactionSettings()
 
 
@@ -96,12 +105,20 @@ class ToolCall(_Frozen):
 class AgentHistoryMessage(_Frozen):
     """One entry of the session's active history, rendered to model messages by the runner."""
 
+    id: str | None = Field(default=None, description="the history entry's message id")
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     created_at: datetime | None = None
+
+
+class MountSpec(_Frozen):
+    """A granted directory as the sandbox sees it."""
+
+    path: str
+    writable: bool = False
 
 
 class CheckpointRef(_Frozen):
@@ -124,6 +141,14 @@ class RunnerActivationInput(_Frozen):
     runner: RunnerConfig = RunnerConfig()
     tools: tuple[ToolDefinition, ...] = ()
     toolpacks: tuple[RunnerToolpackSpec, ...] = ()
+    permissions: dict[str, ToolPolicy] = Field(
+        default_factory=dict, description="per tool: allow, ask (approval first) or deny"
+    )
+    default_permission: ToolPolicy = ToolPolicy.ALLOW
+    mounts: tuple[MountSpec, ...] = ()
+    allow_private_network: bool = Field(
+        default=False, description="web.fetch may reach loopback/private addresses"
+    )
     history: tuple[AgentHistoryMessage, ...] = ()
     checkpoint: CheckpointRef | None = None
 

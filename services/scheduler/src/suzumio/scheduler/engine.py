@@ -484,4 +484,5 @@ def _spec(signal: Signal) -> SignalSpec:
         priority=signal.priority,
         payload=signal.payload,
         text=signal.text,
+        message_id=signal.message_id,
     )

@@ -1,15 +1,63 @@
-"""Wires the toolbroker: a FastAPI application carrying the health endpoints."""
+"""Wires the tool-broker: the activation registry, the token gate, the runner API."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from suzumio.contracts.toolpacks import discover
+from suzumio.platform.secrets import secret_keys
 from suzumio.platform.service import ServiceRuntime
+from suzumio.platform.tokens import TokenSigner
+from suzumio.toolbroker.access import Gate
+from suzumio.toolbroker.pending import PendingWaiter
+from suzumio.toolbroker.problems import HANDLERS
+from suzumio.toolbroker.registry import ActivationRegistry
+from suzumio.toolbroker.routes import router
+from suzumio.toolbroker.settings import ToolbrokerSettings
+from suzumio.toolbroker.state import Broker, Metrics
+from suzumio.toolbroker.support import SupportOperations
+
+
+def create_app(broker: Broker) -> FastAPI:
+    app = FastAPI(title="Suzumio tool-broker", version="0.1.0")
+    app.state.broker = broker
+    for exc_type, handler in HANDLERS.items():
+        app.add_exception_handler(exc_type, handler)
+    app.include_router(router)
+    return app
 
 
 async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
-    app = FastAPI(title="Suzumio tool-broker", version="0.1.0")
+    settings = runtime.settings
+    assert isinstance(settings, ToolbrokerSettings)
+    registry = ActivationRegistry(
+        runtime.nc, runtime.topology, timedelta(hours=settings.lookback_hours)
+    )
+    await registry.start()
+    waiter = PendingWaiter(runtime.nc, runtime.topology, runtime.store)
+    await waiter.start()
+    broker = Broker(
+        nc=runtime.nc,
+        js=runtime.nc.jetstream(),
+        topology=runtime.topology,
+        store=runtime.store,
+        commands=runtime.commands(),
+        registry=registry,
+        operations=SupportOperations(discover()),
+        metrics=Metrics(),
+        gate=Gate(TokenSigner(secret_keys(settings)), registry, runtime.store),
+        waiter=waiter,
+    )
+
+    async def closing(_: float) -> None:
+        await waiter.close()
+        await registry.close()
+
+    runtime.on_drain(closing)
+    app = create_app(broker)
     for route in runtime.readiness.routes():
         app.router.routes.append(route)
     return app

@@ -32,11 +32,15 @@ from suzumio.contracts.commands.projects import (
 )
 from suzumio.contracts.commands.scheduler import TakeSignals
 from suzumio.contracts.commands.sessions import (
+    AppendHistory,
     CloseSession,
+    CompactHistory,
+    HistoryEntry,
     OpenSession,
     PostMessage,
     RecordSignal,
     ReopenSession,
+    SaveCheckpoint,
 )
 from suzumio.contracts.commands.users import (
     BootstrapAdmin,
@@ -48,6 +52,7 @@ from suzumio.contracts.commands.users import (
 __all__ = [
     "COMMAND_TYPES",
     "AnswerPendingAction",
+    "AppendHistory",
     "BootstrapAdmin",
     "ChangeProjectLimits",
     "CloseSession",
@@ -56,6 +61,7 @@ __all__ = [
     "CommandRejected",
     "CommandReply",
     "CommandRequest",
+    "CompactHistory",
     "CreateAgent",
     "CreateApiKey",
     "CreatePendingAction",
@@ -67,6 +73,7 @@ __all__ = [
     "EventRef",
     "ExpirePendingAction",
     "GrantMount",
+    "HistoryEntry",
     "OpenSession",
     "PostMessage",
     "RecordArtifact",
@@ -78,6 +85,7 @@ __all__ = [
     "ReopenSession",
     "RevokeApiKey",
     "RevokeMount",
+    "SaveCheckpoint",
     "SetMember",
     "SetProvider",
     "SetRuntimeProfile",

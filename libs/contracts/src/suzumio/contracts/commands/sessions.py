@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from suzumio.contracts.commands.base import Command, command
+from suzumio.contracts.events.session import HistoryToolCall
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import Clean, CleanJson, Priority, SignalKind, Text
 
@@ -50,3 +52,48 @@ class RecordSignal(Command):
     priority: Priority = Priority.P3
     payload: CleanJson = Field(default_factory=dict)
     not_before: datetime | None = None
+
+
+class HistoryEntry(BaseModel):
+    """One entry an activation adds to its session's history (through the tool-broker)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    message_id: Identifier
+    role: Literal["assistant", "tool", "user"]
+    text: Text = ""
+    tool_calls: tuple[HistoryToolCall, ...] = Field(default=(), max_length=128)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+
+
+@command("session", "append_history")
+class AppendHistory(Command):
+    """Visible assistant output, tool records and injected signals of a live activation, in
+    the order the model saw them. Entries already recorded (same message id) are skipped, so
+    a retried call is harmless."""
+
+    session_id: Identifier
+    activation_id: Identifier
+    agent_id: Identifier
+    entries: tuple[HistoryEntry, ...] = Field(min_length=1, max_length=256)
+
+
+@command("session", "compact_history")
+class CompactHistory(Command):
+    session_id: Identifier
+    activation_id: Identifier
+    marker_id: Identifier
+    summary: Text = Field(min_length=1)
+    archived_from: Identifier
+    archived_through: Identifier
+    tokens_before: int = Field(default=0, ge=0)
+    tokens_after: int = Field(default=0, ge=0)
+
+
+@command("session", "save_checkpoint")
+class SaveCheckpoint(Command):
+    session_id: Identifier
+    activation_id: Identifier
+    checkpoint_id: Identifier
+    data: CleanJson

@@ -48,6 +48,16 @@ class ActivationTimedOut(DomainEvent):
     timeout_seconds: float
 
 
+@event("activation.output_recorded")
+class ActivationOutputRecorded(DomainEvent):
+    """The runner's final output, accepted by the tool-broker: the only way a result exists.
+    The orchestrator turns the sandbox's exit into the terminal event."""
+
+    text: str = Field(max_length=1_000_000)
+    usage: dict[str, Any] = Field(default_factory=dict)
+    reason: Literal["completed", "budget_exhausted", "waiting", "failed"] = "completed"
+
+
 TERMINAL_ACTIVATION_EVENTS: frozenset[str] = frozenset(
     {"activation.completed", "activation.failed", "activation.cancelled", "activation.timed_out"}
 )

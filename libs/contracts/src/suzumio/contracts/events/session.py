@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from suzumio.contracts.envelope import DomainEvent, JsonObject, event, upcaster
 from suzumio.contracts.ids import Identifier
@@ -31,6 +31,16 @@ class SessionOpened(DomainEvent):
     title: str = Field(default="", max_length=500)
 
 
+class HistoryToolCall(BaseModel):
+    """A tool call as the model made it, kept in history so the next model call sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    arguments: str = Field(max_length=1_000_000, description="JSON text as the model wrote it")
+
+
 @event("session.message_appended", schema=2)
 class SessionMessageAppended(DomainEvent):
     """A visible entry of the session's history (DESIGN.md §7: append-only agent history)."""
@@ -39,6 +49,16 @@ class SessionMessageAppended(DomainEvent):
     author: Author
     role: str = Field(description="model-facing role: user, assistant, tool or system")
     text: Text
+    activation_id: Identifier | None = Field(
+        default=None, description="the activation that wrote it (agent entries)"
+    )
+    tool_calls: tuple[HistoryToolCall, ...] = Field(
+        default=(), max_length=128, description="an assistant entry's tool calls"
+    )
+    tool_call_id: str | None = Field(
+        default=None, max_length=200, description="a tool entry: the call it answers"
+    )
+    name: str | None = Field(default=None, max_length=200, description="a tool entry's tool")
 
 
 @upcaster("session.message_appended", from_schema=1)
@@ -108,3 +128,28 @@ class ActivationRequested(DomainEvent):
 class ActivationCancelRequested(DomainEvent):
     activation_id: Identifier
     reason: str = ""
+
+
+@event("session.history_compacted")
+class HistoryCompacted(DomainEvent):
+    """A compaction marker: the entries `archived_from`..`archived_through` (message ids, in
+    log order) are summarised by `summary` in the active history. The raw entries stay in the
+    log (archived, not deleted)."""
+
+    activation_id: Identifier
+    marker_id: Identifier
+    summary: Text
+    archived_from: Identifier
+    archived_through: Identifier
+    archived_count: int = Field(ge=1)
+    tokens_before: int = Field(default=0, ge=0)
+    tokens_after: int = Field(default=0, ge=0)
+
+
+@event("session.checkpoint_saved")
+class CheckpointSaved(DomainEvent):
+    """A runner's snapshot for the session, used to resume (the latest one counts)."""
+
+    checkpoint_id: Identifier
+    activation_id: Identifier
+    data: JsonObject

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -35,11 +35,20 @@ class LogMessage:
 
 class LogFollower:
     def __init__(
-        self, nc: NATS, topology: Topology, *, start_seq: int = 1, queue_size: int = 10_000
+        self,
+        nc: NATS,
+        topology: Topology,
+        *,
+        start_seq: int = 1,
+        start_time: datetime | None = None,
+        queue_size: int = 10_000,
     ) -> None:
+        """From `start_seq`, or from the first message stored at or after `start_time` (for
+        followers that only care about recent facts, such as live activations)."""
         self._nc = nc
         self._topology = topology
         self._start = max(start_seq, 1)
+        self._start_time = start_time
         self._queue: asyncio.Queue[LogMessage] = asyncio.Queue(queue_size)
         self._sub: Subscription | None = None
         self.replay_end = 0  # the log's last sequence when following began
@@ -62,9 +71,15 @@ class LogFollower:
                 )
             )
 
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._start
-        )
+        if self._start_time is not None:
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_TIME,
+                opt_start_time=self._start_time.astimezone(UTC),
+            )
+        else:
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._start
+            )
         self._sub = await self._nc.jetstream().subscribe(
             self._topology.events_filter(),
             ordered_consumer=True,

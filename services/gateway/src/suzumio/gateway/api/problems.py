@@ -11,21 +11,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from suzumio.contracts.errors import CommandError, ErrorCode
+from suzumio.contracts.errors import HTTP_STATUS, CommandError
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
 
-STATUS_BY_CODE = {
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.CONFLICT: 409,
-    ErrorCode.INVALID: 422,
-    ErrorCode.FORBIDDEN: 403,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.TIMEOUT: 504,
-    ErrorCode.INTERNAL: 500,
-}
+STATUS_BY_CODE = HTTP_STATUS
 CODE_BY_STATUS = {
     400: "invalid",
     401: "unauthenticated",

@@ -5,15 +5,20 @@ from __future__ import annotations
 from typing import ClassVar
 
 from suzumio.contracts.commands import (
+    AppendHistory,
     CloseSession,
+    CompactHistory,
     OpenSession,
     PostMessage,
     RecordSignal,
     ReopenSession,
+    SaveCheckpoint,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, ForbiddenError
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
+    CheckpointSaved,
+    HistoryCompacted,
     SessionClosed,
     SessionMessageAppended,
     SessionOpened,
@@ -25,7 +30,11 @@ from suzumio.session.domain.agent import AgentState
 from suzumio.session.domain.state import AggregateState
 
 DEFAULT_USER_MESSAGE_PRIORITY = Priority.P1
-DEFAULT_PLATFORM_MESSAGE_PRIORITY = Priority.P3
+DEFAULT_MESSAGE_PRIORITY = {  # DESIGN.md §6: double texting has defined semantics
+    "user": DEFAULT_USER_MESSAGE_PRIORITY,
+    "agent": Priority.P2,  # agent to agent
+    "system": Priority.P3,  # a toolpack's routine work
+}
 
 # Kinds a user may record directly; the others are the platform's to record (a message, an
 # approval's result, a file's arrival) and must not be forged.
@@ -42,11 +51,19 @@ class SessionState(AggregateState):
         self.closed = False
         self.signals: set[str] = set()
         self.resumed: set[str] = set()  # pending actions whose outcome was signalled
+        self.entries: dict[str, int] = {}  # history message id -> its place (retries skip)
+        self.checkpoints: set[str] = set()
 
     def apply(self, data: DomainEvent) -> None:
         match data:
             case SessionOpened():
                 self.project_id, self.agent_id = data.project_id, data.agent_id
+            case SessionMessageAppended():
+                self.entries.setdefault(data.message_id, len(self.entries))
+            case HistoryCompacted():
+                self.entries.setdefault(data.marker_id, len(self.entries))
+            case CheckpointSaved():
+                self.checkpoints.add(data.checkpoint_id)
             case SessionClosed():
                 self.closed = True
             case SessionReopened():
@@ -80,8 +97,8 @@ def reopen(state: SessionState, _: ReopenSession) -> list[DomainEvent]:
 
 
 def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[DomainEvent]:
-    """A message to the session's agent and the signal that tells it. A user's message is P1
-    by default; the platform's (a toolpack's scheduler hook, say) is routine work, P3."""
+    """A message to the session's agent and the signal that tells it. By default a user's
+    message is P1, another agent's P2, the platform's (a toolpack's scheduler hook) P3."""
     _writable(state)
     if cmd.signal_id in state.signals:
         raise ConflictError("a signal with this id exists already")
@@ -96,8 +113,7 @@ def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[
         signal_id=cmd.signal_id,
         agent_id=state.agent_id,
         kind=SignalKind.USER_MESSAGE if by_user else SignalKind.MESSAGE_CREATED,
-        priority=cmd.priority
-        or (DEFAULT_USER_MESSAGE_PRIORITY if by_user else DEFAULT_PLATFORM_MESSAGE_PRIORITY),
+        priority=cmd.priority or DEFAULT_MESSAGE_PRIORITY[author.kind],
         message_id=cmd.message_id,
     )
     return [message, signal]
@@ -117,5 +133,59 @@ def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> l
             priority=cmd.priority,
             payload=cmd.payload,
             not_before=cmd.not_before,
+        )
+    ]
+
+
+def append_history(state: SessionState, cmd: AppendHistory) -> list[DomainEvent]:
+    """An activation's history entries; those recorded already (a retry) are skipped. A
+    closed session still takes them: the activation ran while it was open."""
+    events: list[DomainEvent] = []
+    for entry in cmd.entries:
+        if entry.message_id in state.entries:
+            continue
+        events.append(
+            SessionMessageAppended(
+                message_id=entry.message_id,
+                author=Author(kind="agent", id=cmd.agent_id),
+                role=entry.role,
+                text=entry.text,
+                activation_id=cmd.activation_id,
+                tool_calls=entry.tool_calls,
+                tool_call_id=entry.tool_call_id,
+                name=entry.name,
+            )
+        )
+    return events
+
+
+def compact_history(state: SessionState, cmd: CompactHistory) -> list[DomainEvent]:
+    if cmd.marker_id in state.entries:
+        return []
+    first, last = state.entries.get(cmd.archived_from), state.entries.get(cmd.archived_through)
+    if first is None or last is None:
+        raise InvalidError("the archived range names entries that are not in this session")
+    if first > last:
+        raise InvalidError("the archived range ends before it starts")
+    return [
+        HistoryCompacted(
+            activation_id=cmd.activation_id,
+            marker_id=cmd.marker_id,
+            summary=cmd.summary,
+            archived_from=cmd.archived_from,
+            archived_through=cmd.archived_through,
+            archived_count=last - first + 1,
+            tokens_before=cmd.tokens_before,
+            tokens_after=cmd.tokens_after,
+        )
+    ]
+
+
+def save_checkpoint(state: SessionState, cmd: SaveCheckpoint) -> list[DomainEvent]:
+    if cmd.checkpoint_id in state.checkpoints:
+        return []
+    return [
+        CheckpointSaved(
+            checkpoint_id=cmd.checkpoint_id, activation_id=cmd.activation_id, data=cmd.data
         )
     ]

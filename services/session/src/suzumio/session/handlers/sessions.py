@@ -5,14 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from suzumio.contracts.commands import (
+    AppendHistory,
     CloseSession,
     CommandAccepted,
+    CompactHistory,
     OpenSession,
     PostMessage,
     RecordSignal,
     ReopenSession,
+    SaveCheckpoint,
 )
-from suzumio.contracts.errors import NotFoundError
+from suzumio.contracts.errors import ForbiddenError, NotFoundError
 from suzumio.contracts.values import Author, Role
 from suzumio.platform.bus.commands import CommandContext
 from suzumio.session.domain import session
@@ -62,7 +65,12 @@ class SessionHandlers(HandlerGroup):
     async def post_message(self, ctx: CommandContext[PostMessage]) -> CommandAccepted:
         cmd = ctx.command
         actor = await self.actor(ctx)
-        author = Author(kind="user" if actor.user_id else "system", id=actor.id)
+        if actor.user_id:
+            author = Author(kind="user", id=actor.id)
+        elif actor.id.startswith("agent:"):  # an agent's message, sent by the tool-broker
+            author = Author(kind="agent", id=actor.id.removeprefix("agent:"))
+        else:
+            author = Author(kind="system", id=actor.id)
         await self.writable(ctx, cmd.session_id)
         _, result = await self.repo.execute(
             SessionState,
@@ -83,3 +91,36 @@ class SessionHandlers(HandlerGroup):
             ctx.meta(),
         )
         return accepted(result, signal_id=cmd.signal_id)
+
+    # -- written for a live activation, by the tool-broker (which checked its token) --------
+    async def platform_session(self, ctx: CommandContext[Any], session_id: str) -> SessionState:
+        if (await self.actor(ctx)).kind != "system":
+            raise ForbiddenError("only the platform writes an activation's history")
+        state = await self.repo.get(SessionState, session_id)
+        if not state.exists:
+            raise NotFoundError("session not found")
+        return state
+
+    async def append_history(self, ctx: CommandContext[AppendHistory]) -> CommandAccepted:
+        cmd = ctx.command
+        await self.platform_session(ctx, cmd.session_id)
+        _, result = await self.repo.execute(
+            SessionState, cmd.session_id, lambda s: session.append_history(s, cmd), ctx.meta()
+        )
+        return accepted(result, appended=0 if result is None else len(result.events))
+
+    async def compact_history(self, ctx: CommandContext[CompactHistory]) -> CommandAccepted:
+        cmd = ctx.command
+        await self.platform_session(ctx, cmd.session_id)
+        _, result = await self.repo.execute(
+            SessionState, cmd.session_id, lambda s: session.compact_history(s, cmd), ctx.meta()
+        )
+        return accepted(result, marker_id=cmd.marker_id)
+
+    async def save_checkpoint(self, ctx: CommandContext[SaveCheckpoint]) -> CommandAccepted:
+        cmd = ctx.command
+        await self.platform_session(ctx, cmd.session_id)
+        _, result = await self.repo.execute(
+            SessionState, cmd.session_id, lambda s: session.save_checkpoint(s, cmd), ctx.meta()
+        )
+        return accepted(result, checkpoint_id=cmd.checkpoint_id)

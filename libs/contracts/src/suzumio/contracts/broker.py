@@ -1,0 +1,145 @@
+"""The tool-broker's HTTP API as the runner sees it (DESIGN.md §7).
+
+Every request carries the activation's token (`Authorization: Bearer …`). Requests are
+idempotent where a runner may retry them: a tool call is keyed by its call id, a history entry
+by its message id, a pending action and a checkpoint by theirs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from suzumio.contracts.ids import Identifier
+from suzumio.contracts.runner import SignalSpec
+from suzumio.contracts.values import PendingKind, Priority
+
+Digest = str  # lowercase hex SHA-256
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCallStart(_Body):
+    call_id: str = Field(min_length=1, max_length=200)
+    tool: str = Field(min_length=1, max_length=200)
+    arguments_digest: Digest = Field(pattern=r"^[0-9a-f]{64}$")
+    arguments_size: int = Field(ge=0)
+
+
+class ToolCallFinish(_Body):
+    call_id: str = Field(min_length=1, max_length=200)
+    status: Literal["ok", "error", "denied", "timeout", "cancelled"]
+    result_digest: Digest | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    result_size: int = Field(default=0, ge=0)
+    duration_ms: int = Field(ge=0)
+    error: str = Field(default="", max_length=2_000)
+
+
+class Recorded(_Body):
+    recorded: bool = Field(description="false when it was recorded before (a retry)")
+
+
+class HistoryToolCallIn(_Body):
+    id: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    arguments: str = Field(max_length=1_000_000)
+
+
+class HistoryEntryIn(_Body):
+    message_id: Identifier
+    role: Literal["assistant", "tool", "user"]
+    text: str = Field(default="", max_length=1_000_000)
+    tool_calls: tuple[HistoryToolCallIn, ...] = Field(default=(), max_length=128)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+
+
+class HistoryAppend(_Body):
+    entries: tuple[HistoryEntryIn, ...] = Field(min_length=1, max_length=256)
+
+
+class CompactionMarker(_Body):
+    marker_id: Identifier
+    summary: str = Field(min_length=1, max_length=1_000_000)
+    archived_from: Identifier = Field(description="first archived history entry (message id)")
+    archived_through: Identifier = Field(description="last archived history entry")
+    tokens_before: int = Field(default=0, ge=0)
+    tokens_after: int = Field(default=0, ge=0)
+
+
+class StreamChunk(_Body):
+    kind: Literal["text", "tool_progress", "state"]
+    text: str = Field(default="", max_length=100_000)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class StreamBatch(_Body):
+    chunks: tuple[StreamChunk, ...] = Field(min_length=1, max_length=1_000)
+
+
+class SignalsTaken(_Body):
+    signals: tuple[SignalSpec, ...] = ()
+
+
+class AskRequest(_Body):
+    pending_action_id: Identifier
+    kind: PendingKind = PendingKind.QUESTION
+    prompt: str = Field(min_length=1, max_length=20_000)
+    options: tuple[str, ...] = Field(default=(), max_length=50)
+    paths: tuple[str, ...] = Field(default=(), max_length=100)
+    timeout_seconds: int = Field(default=3_600, ge=1, le=30 * 86_400)
+    wait_seconds: float = Field(
+        default=0,
+        ge=0,
+        le=300,
+        description="how long the request waits for the answer; 0 returns at once, so the "
+        "activation can checkpoint and end (the answer then arrives as a signal)",
+    )
+
+
+class AskOutcome(_Body):
+    pending_action_id: Identifier
+    status: Literal["pending", "answered", "expired", "cancelled"]
+    answer: str = ""
+    approved: bool | None = None
+    artifact_ids: tuple[Identifier, ...] = ()
+
+
+class CheckpointPut(_Body):
+    checkpoint_id: Identifier
+    data: dict[str, Any]
+
+
+class SupportCall(_Body):
+    operation: str = Field(min_length=1, max_length=200)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    request_id: str = Field(
+        min_length=1,
+        max_length=200,
+        description="unique per call within the activation (the tool call id): ids of what "
+        "the operation creates derive from it, so a retried call creates nothing twice",
+    )
+
+
+class SupportResult(_Body):
+    result: dict[str, Any] = Field(default_factory=dict)
+
+
+class MessageSend(_Body):
+    """`core` support operation `message.send`: a message to another session of the project."""
+
+    session_id: Identifier
+    text: str = Field(min_length=1, max_length=1_000_000)
+    priority: Priority = Priority.P2
+
+
+class SignalRecord(_Body):
+    """`core` support operation `signal.record`: pending work for this session's agent."""
+
+    kind: str = Field(default="custom", max_length=100)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    priority: Priority = Priority.P3
+    delay_seconds: float = Field(default=0, ge=0, le=365 * 86_400)

@@ -1,0 +1,457 @@
+"""The agent loop of one activation (DESIGN.md §9, Appendix A).
+
+A turn: call the model (streaming) → if it asked for tools, run a tool round (segmented,
+results in call order, every call audited by the broker) → ask the broker for P1 signals →
+loop; else finish. Around it: the model-call budget and its grace call, compaction when the
+prompt reaches the threshold or the provider says it overflowed, failure classes with bounded
+backoff and the fallback chain, and a larger output cap when a reply was cut off.
+
+Everything the model saw or said is appended to the session's history through the broker, in
+the order it happened, so the next activation continues from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from suzumio.contracts.broker import (
+    CompactionMarker,
+    HistoryEntryIn,
+    HistoryToolCallIn,
+    ToolCallFinish,
+    ToolCallStart,
+)
+from suzumio.contracts.ids import derived_id, new_id
+from suzumio.contracts.runner import RunnerActivationInput, SignalSpec
+from suzumio.contracts.values import ToolPolicy
+from suzumio.runner.broker import BrokerClient
+from suzumio.runner.context import build_prompt, render_history, render_signal
+from suzumio.runner.live import LiveStream
+from suzumio.runner.log import log
+from suzumio.runner.loop import compaction
+from suzumio.runner.loop.failures import (
+    Action,
+    FailureClass,
+    backoff_seconds,
+    classify,
+    sleep_in_slices,
+)
+from suzumio.runner.loop.segments import CallFailure, PlannedCall, run_segments, segment
+from suzumio.runner.model import ModelClient, ModelTurn, WireCall
+from suzumio.runner.toolbox import Toolbox
+from suzumio.runner.tools.base import ToolResult
+from suzumio.runner.tools.core import CoreOutcome
+
+Message = dict[str, Any]
+Reason = Literal["completed", "budget_exhausted", "waiting", "failed"]
+GRACE_PROMPT = (
+    "You have used all the model calls this activation may make. Do not call tools. Summarise "
+    "where the work stands: what is done, what is not, and what should happen next."
+)
+
+
+class ModelFailedError(Exception):
+    def __init__(self, failure_class: str, message: str) -> None:
+        super().__init__(f"{failure_class}: {message}")
+        self.failure_class = failure_class
+
+
+@dataclass
+class Ending:
+    reason: Reason
+    text: str
+    usage: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""
+
+
+@dataclass
+class _Call:
+    index: int
+    wire: WireCall
+    tool: str | None
+    args: dict[str, Any] | None
+    problem: str | None  # why it cannot run (unknown tool, bad arguments)
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        spec: RunnerActivationInput,
+        broker: BrokerClient,
+        models: Sequence[ModelClient],
+        toolbox: Toolbox,
+        live: LiveStream,
+    ) -> None:
+        self.spec = spec
+        self._broker = broker
+        self._models = list(models)
+        self._model_index = 0  # sticky: a fallback never hands state back to the primary
+        self._toolbox = toolbox
+        self._live = live
+        self._config = spec.runner
+        self._max_tokens = self._config.max_output_tokens
+        self._governor = compaction.CompactionGovernor(
+            max_attempts_per_turn=self._config.compaction.max_attempts_per_turn
+        )
+        self._threshold = compaction.threshold_tokens(
+            self._config.context_window,
+            self._config.max_output_tokens,
+            self._config.compaction.threshold_ratio,
+        )
+        self.prompt = build_prompt(spec)
+        self._messages: list[Message] = [{"role": "system", "content": self.prompt.text}]
+        self._entry_ids: list[str | None] = [None]
+        self._received: list[str] = []
+        self._usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.model_calls = 0
+        self.compactions = 0
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self) -> Ending:
+        for entry_id, message in render_history(self.spec.history):
+            self._push(message, entry_id)
+        history_ids = {e.id for e in self.spec.history if e.id}
+        await self._take_signals(self.spec.activation.signals, history_ids)
+        self._live.event("state", "running", activation_id=self.spec.activation.id)
+        while True:
+            if self.model_calls >= self._config.max_model_calls:
+                return await self._grace()
+            self._governor.new_turn()
+            if compaction.estimate_tokens(self._messages) >= self._threshold:
+                await self._compact("threshold")
+            turn = await self._call_model(self._toolbox.wire_definitions())
+            calls = self._parse(turn.tool_calls)
+            await self._record_assistant(turn)
+            if not calls:
+                return self._ending("completed", turn.text)
+            outcomes = await self._tool_round(calls)
+            complete = next((o.complete for o in outcomes if o.complete is not None), None)
+            if complete is not None:
+                return self._ending("completed", complete)
+            waiting = [o.waiting_for for o in outcomes if o.waiting_for]
+            if waiting:
+                return self._ending("waiting", f"waiting for {', '.join(waiting)}")
+            await self._take_signals(await self._broker.signals(self._received), set())
+
+    # -- model calls -----------------------------------------------------------------------
+    async def _call_model(self, tools: list[dict[str, Any]]) -> ModelTurn:
+        """One counted model call, with the retries, compactions and fallbacks it needs."""
+        retries = 0
+        while True:
+            model = self._models[self._model_index]
+            try:
+                turn = await model.complete(
+                    self._messages, tools, self._max_tokens, on_text=self._live.text
+                )
+            except Exception as exc:
+                retries = await self._recover(exc, retries)
+                continue
+            if (
+                turn.finish_reason == "length"
+                and not turn.tool_calls
+                and self._max_tokens < self._config.max_output_tokens_cap
+            ):
+                # Cut off by the output cap: ask again with room (not a new counted call).
+                self._max_tokens = min(self._max_tokens * 2, self._config.max_output_tokens_cap)
+                self._live.event("state", "retrying with a larger output cap")
+                continue
+            self.model_calls += 1
+            for key in ("prompt_tokens", "completion_tokens"):
+                self._usage[key] += turn.usage.get(key, 0)
+            return turn
+
+    async def _recover(self, exc: Exception, retries: int) -> int:
+        """Act on a failed model call (compact, fall back, back off) and return the retry
+        count to go on with, or raise when the call cannot succeed."""
+        failure = classify(exc)
+        model = self._models[self._model_index]
+        log("model.failed", model=model.spec.name, cls=failure.cls, status=failure.status)
+        match failure.action:
+            case Action.COMPACT:
+                if not await self._compact(failure.cls.value):
+                    raise ModelFailedError(failure.cls, failure.message) from exc
+                return retries  # a restart after compaction is not a new call
+            case Action.FALLBACK:
+                self._fall_back(failure.cls, failure.message, exc)
+                return 0
+            case Action.STOP:
+                if failure.cls is FailureClass.CONTENT_POLICY and self._has_fallback():
+                    self._fall_back(failure.cls, failure.message, exc)
+                    return 0
+                raise ModelFailedError(failure.cls, failure.message) from exc
+        retries += 1  # retry or back off, a bounded number of times
+        if retries > self._config.max_retries:
+            self._fall_back(failure.cls, failure.message, exc)  # raises without a fallback
+            return 0
+        await sleep_in_slices(backoff_seconds(retries, failure.retry_after), cancelled=None)
+        return retries
+
+    def _has_fallback(self) -> bool:
+        return self._model_index + 1 < len(self._models)
+
+    def _fall_back(self, cls: str, message: str, exc: BaseException) -> None:
+        if not self._has_fallback():
+            raise ModelFailedError(cls, message) from exc
+        self._model_index += 1
+        log("model.fallback", to=self._models[self._model_index].spec.name, cls=cls)
+
+    async def _grace(self) -> Ending:
+        self._push({"role": "user", "content": GRACE_PROMPT}, None)
+        turn = await self._call_model([])
+        await self._record_assistant(turn)
+        return self._ending("budget_exhausted", turn.text)
+
+    # -- compaction ------------------------------------------------------------------------
+    async def _compact(self, why: str) -> bool:
+        now = time.monotonic()
+        if not self._governor.may_compact(now):
+            log("compaction.blocked", why=why, reason=self._governor.blocked_reason(now))
+            return False
+        cfg = self._config.compaction
+        before = compaction.estimate_tokens(self._messages)
+        # The provider said it does not fit: whatever our estimate of the window, aim at half.
+        target = self._threshold if why == "threshold" else min(self._threshold, before // 2)
+        pruned = compaction.prune(
+            self._messages,
+            target,
+            tail_ratio=cfg.tail_ratio,
+            min_tail_messages=cfg.min_tail_messages,
+        )
+        parts = compaction.split(pruned, target, cfg.tail_ratio, cfg.min_tail_messages)
+        if not parts.middle:
+            if compaction.estimate_tokens(pruned) < before:
+                self._messages = pruned  # pruning alone helped
+                self._governor.record_success(compaction.estimate_tokens(pruned), target)
+                return True
+            self._governor.record_failure(now)
+            return False
+        first = len(parts.head)
+        archived = [i for i in self._entry_ids[first : first + len(parts.middle)] if i]
+        try:
+            summariser = self._models[self._model_index]
+            summary = await summariser.complete(
+                compaction.summary_request(parts.middle), [], self._config.max_output_tokens
+            )
+        except Exception as exc:
+            log("compaction.failed", error=repr(exc))
+            self._governor.record_failure(now)
+            return False
+        if not summary.text.strip():
+            self._governor.record_failure(now)
+            return False
+        marker_id = new_id()
+        messages = compaction.apply(parts, summary.text)
+        after = compaction.estimate_tokens(messages)
+        if archived:
+            await self._broker.compaction(
+                CompactionMarker(
+                    marker_id=marker_id,
+                    summary=summary.text,
+                    archived_from=archived[0],
+                    archived_through=archived[-1],
+                    tokens_before=before,
+                    tokens_after=after,
+                )
+            )
+        ids = self._entry_ids
+        self._entry_ids = [
+            *ids[:first],
+            marker_id,
+            *ids[first + len(parts.middle) :],
+        ]
+        self._messages = messages
+        self._governor.record_success(after, target)
+        self.compactions += 1
+        self._live.event("state", "compacted", tokens_before=before, tokens_after=after)
+        log("compaction.done", why=why, before=before, after=after, archived=len(archived))
+        return True
+
+    # -- tools -----------------------------------------------------------------------------
+    def _parse(self, wire_calls: Sequence[WireCall]) -> list[_Call]:
+        calls = []
+        for i, wire in enumerate(wire_calls):
+            tool = self._toolbox.canonical(wire.name)
+            problem = None if tool else f"unknown tool {wire.name!r}"
+            args: dict[str, Any] | None = None
+            try:
+                parsed = json.loads(wire.arguments or "{}")
+                if isinstance(parsed, dict):
+                    args = parsed
+                else:
+                    problem = problem or "the arguments must be a JSON object"
+            except json.JSONDecodeError as exc:
+                problem = problem or f"the arguments are not valid JSON: {exc}"
+            calls.append(_Call(i, wire, tool, args, problem))
+        return calls
+
+    async def _tool_round(self, calls: list[_Call]) -> list[CoreOutcome]:
+        planned = [
+            PlannedCall(
+                c.index,
+                self._toolbox.kind(c.tool, c.args)
+                if c.tool and c.args is not None and not c.problem
+                else "exclusive",
+                self._toolbox.paths(c.tool, c.args)
+                if c.tool and c.args is not None and not c.problem
+                else (),
+            )
+            for c in calls
+        ]
+        segments = segment(planned, self._config.max_parallel_tools)
+
+        async def run_one(index: int) -> CoreOutcome:
+            return await self._run_call(calls[index])
+
+        results = await run_segments(segments, run_one, self._config.tool_timeout_seconds)
+        outcomes: list[CoreOutcome] = []
+        entries: list[HistoryEntryIn] = []
+        for call, result in zip(calls, results, strict=True):
+            outcome = (
+                CoreOutcome(ToolResult(result.describe(), "error"))
+                if isinstance(result, CallFailure)
+                else result
+            )
+            outcomes.append(outcome)
+            entry_id = new_id()
+            text = outcome.result.text
+            self._push({"role": "tool", "tool_call_id": call.wire.id, "content": text}, entry_id)
+            entries.append(
+                HistoryEntryIn(
+                    message_id=entry_id,
+                    role="tool",
+                    text=text,
+                    tool_call_id=call.wire.id,
+                    name=call.tool or call.wire.name,
+                )
+            )
+        await self._broker.append_history(entries)
+        return outcomes
+
+    async def _run_call(self, call: _Call) -> CoreOutcome:
+        digest = hashlib.sha256(call.wire.arguments.encode()).hexdigest()
+        tool = call.tool or call.wire.name
+        await self._broker.start_call(
+            ToolCallStart(
+                call_id=call.wire.id,
+                tool=tool[:200],
+                arguments_digest=digest,
+                arguments_size=len(call.wire.arguments.encode()),
+            )
+        )
+        started = time.monotonic()
+        self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
+        outcome = await self._execute(call, digest)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        body = outcome.result.text.encode()
+        await self._broker.finish_call(
+            ToolCallFinish(
+                call_id=call.wire.id,
+                status=outcome.result.status,
+                result_digest=hashlib.sha256(body).hexdigest(),
+                result_size=len(body),
+                duration_ms=duration_ms,
+                error=outcome.result.text[:2_000] if outcome.result.is_error else "",
+            )
+        )
+        self._live.event(
+            "tool_progress",
+            tool,
+            call_id=call.wire.id,
+            phase="finished",
+            status=outcome.result.status,
+            duration_ms=duration_ms,
+        )
+        return outcome
+
+    async def _execute(self, call: _Call, digest: str) -> CoreOutcome:
+        if call.problem or call.tool is None or call.args is None:
+            return CoreOutcome(ToolResult(call.problem or "cannot run", "error"))
+        policy = self.spec.permissions.get(call.tool, self.spec.default_permission)
+        if policy is ToolPolicy.DENY:
+            return CoreOutcome(
+                ToolResult(f"{call.tool} is denied by this agent's policy", "denied")
+            )
+        if policy is ToolPolicy.ASK:
+            approval = await self._toolbox.core.approval(
+                call.tool, call.wire.arguments, digest, self._config.approval_wait_seconds
+            )
+            if approval.result.status != "ok" or approval.waiting_for:
+                return approval
+        return await self._toolbox.run(call.tool, call.args, call.wire.id)
+
+    # -- history ---------------------------------------------------------------------------
+    def _push(self, message: Message, entry_id: str | None) -> None:
+        self._messages.append(message)
+        self._entry_ids.append(entry_id)
+
+    async def _record_assistant(self, turn: ModelTurn) -> None:
+        entry_id = new_id()
+        message: Message = {"role": "assistant", "content": turn.text or None}
+        if turn.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in turn.tool_calls
+            ]
+        self._push(message, entry_id)
+        await self._broker.append_history(
+            [
+                HistoryEntryIn(
+                    message_id=entry_id,
+                    role="assistant",
+                    text=turn.text,
+                    tool_calls=tuple(
+                        HistoryToolCallIn(
+                            id=c.id,
+                            name=self._toolbox.canonical(c.name) or c.name,
+                            arguments=c.arguments,
+                        )
+                        for c in turn.tool_calls
+                    ),
+                )
+            ]
+        )
+
+    async def _take_signals(self, signals: Sequence[SignalSpec], in_history: set[str]) -> None:
+        """Signals become user messages; a message signal whose message is in the history
+        already is not repeated, and only what is not in the session's log yet (non-message
+        signals) is appended to it."""
+        entries: list[HistoryEntryIn] = []
+        for signal in signals:
+            if signal.id in self._received:
+                continue
+            self._received.append(signal.id)
+            if signal.message_id and signal.message_id in in_history:
+                continue
+            text = render_signal(signal)
+            if signal.message_id and signal.text:
+                self._push({"role": "user", "content": text}, signal.message_id)
+                continue  # the message is in the session's log already
+            entry_id = derived_id("signal.entry", signal.id)
+            self._push({"role": "user", "content": text}, entry_id)
+            entries.append(HistoryEntryIn(message_id=entry_id, role="user", text=text))
+        if entries:
+            await self._broker.append_history(entries)
+
+    def _ending(self, reason: Reason, text: str) -> Ending:
+        usage: dict[str, Any] = {
+            **self._usage,
+            "model_calls": self.model_calls,
+            "compactions": self.compactions,
+            "prompt_hash": self.prompt.hash,
+            "model": self._models[self._model_index].spec.name,
+        }
+        return Ending(reason, text, usage)
+
+
+def workspace_path(spec: RunnerActivationInput) -> Path:
+    return Path(spec.workspace)

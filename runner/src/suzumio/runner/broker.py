@@ -1,0 +1,179 @@
+"""The runner's side of the tool-broker API (DESIGN.md §7): typed calls with bounded retries.
+
+Transport errors and 5xx answers are retried (every call is idempotent on the broker's side);
+401/403 mean the activation may no longer act (expired, cancelled, replaced): `FencedError` is
+raised and the loop stops at once without touching anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from suzumio.contracts.broker import (
+    AskOutcome,
+    AskRequest,
+    CheckpointPut,
+    CompactionMarker,
+    HistoryAppend,
+    HistoryEntryIn,
+    Recorded,
+    SignalsTaken,
+    StreamBatch,
+    StreamChunk,
+    SupportCall,
+    SupportResult,
+    ToolCallFinish,
+    ToolCallStart,
+)
+from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class BrokerError(Exception):
+    """The broker refused a request (4xx other than 401/403), with its problem detail."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class FencedError(BrokerError):
+    """The token no longer works: the activation was cancelled, replaced or has expired."""
+
+
+class BrokerUnavailableError(Exception):
+    """The broker could not be reached after the retries."""
+
+
+class BrokerClient:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        retries: int = 5,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+        self._retries = retries
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        answer: type[M] | None,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> M | None:
+        content = body.model_dump_json().encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if content is not None else {}
+        for attempt in range(self._retries + 1):
+            try:
+                response = await self._http.request(
+                    method,
+                    path,
+                    content=content,
+                    headers=headers,
+                    params=params,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.TransportError:
+                if attempt == self._retries:
+                    raise BrokerUnavailableError(f"{method} {path}: broker unreachable") from None
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2))
+                continue
+            if response.status_code >= 500 and attempt < self._retries:
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2))
+                continue
+            return self._answer(response, answer)
+        raise BrokerUnavailableError(f"{method} {path}: gave up")  # pragma: no cover - loop returns
+
+    @staticmethod
+    def _answer(response: httpx.Response, answer: type[M] | None) -> M | None:
+        if response.status_code in {401, 403}:
+            raise FencedError(response.status_code, _detail(response))
+        if response.status_code == 204 or answer is None:
+            if response.status_code >= 400:
+                raise BrokerError(response.status_code, _detail(response))
+            return None
+        if response.status_code >= 400:
+            raise BrokerError(response.status_code, _detail(response))
+        return answer.model_validate_json(response.content)
+
+    async def _must(self, method: str, path: str, body: BaseModel | None, answer: type[M]) -> M:
+        result = await self._call(method, path, body, answer)
+        assert result is not None
+        return result
+
+    # -- the API -------------------------------------------------------------------------
+    async def start_call(self, body: ToolCallStart) -> Recorded:
+        return await self._must("POST", "/runner/tool-calls/start", body, Recorded)
+
+    async def finish_call(self, body: ToolCallFinish) -> Recorded:
+        return await self._must("POST", "/runner/tool-calls/finish", body, Recorded)
+
+    async def append_history(self, entries: Sequence[HistoryEntryIn]) -> None:
+        for i in range(0, len(entries), 200):
+            batch = HistoryAppend(entries=tuple(entries[i : i + 200]))
+            await self._must("POST", "/runner/history", batch, Recorded)
+
+    async def compaction(self, marker: CompactionMarker) -> None:
+        await self._must("POST", "/runner/history/compaction", marker, Recorded)
+
+    async def stream(self, chunks: Sequence[StreamChunk]) -> None:
+        await self._must("POST", "/runner/stream", StreamBatch(chunks=tuple(chunks)), Recorded)
+
+    async def signals(self, received: Sequence[str]) -> tuple[SignalSpec, ...]:
+        taken = await self._call(
+            "GET", "/runner/signals", None, SignalsTaken, params={"received": list(received)}
+        )
+        assert taken is not None
+        return taken.signals
+
+    async def ask(self, request: AskRequest) -> AskOutcome:
+        result = await self._call(
+            "POST", "/runner/ask", request, AskOutcome, timeout=request.wait_seconds + 30
+        )
+        assert result is not None
+        return result
+
+    async def put_checkpoint(self, checkpoint: CheckpointPut) -> None:
+        await self._must("PUT", "/runner/checkpoint", checkpoint, Recorded)
+
+    async def get_checkpoint(self) -> CheckpointRef | None:
+        return await self._call("GET", "/runner/checkpoint", None, CheckpointRef)
+
+    async def support(self, toolpack: str, call: SupportCall) -> SupportResult:
+        return await self._must("POST", f"/toolpacks/{toolpack}/support", call, SupportResult)
+
+    async def output(self, output: RunnerActivationOutput) -> None:
+        await self._must("POST", "/activation-output", output, Recorded)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        return str(body.get("detail") or body.get("code") or body)[:500]
+    return str(body)[:500]

@@ -1,0 +1,132 @@
+"""What the model sees: the prompt layers, the history and the signals, as chat messages.
+
+The system prompt has three layers built once per activation — stable (identity, tool rules),
+context (project, workspace, toolpacks) and volatile (time, this activation's instructions) —
+and stays byte-identical across the activation's model calls so provider prompt caches hit;
+its hash is reported with the output. New information enters as messages, never by
+rewriting earlier ones (DESIGN.md §9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from suzumio.contracts.runner import AgentHistoryMessage, RunnerActivationInput, SignalSpec
+from suzumio.contracts.values import SignalKind
+
+Message = dict[str, Any]
+UNFINISHED = "(no result: the activation ended before the call finished)"
+
+TOOL_RULES = (
+    "Use the tools to act; do not describe actions you could take with them. Paths are "
+    "relative to the workspace. Tool results come back in the order of your calls. When the "
+    "work is done, answer with the result (or call activation_complete)."
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    hash: str
+
+
+def build_prompt(spec: RunnerActivationInput, now: datetime | None = None) -> Prompt:
+    stable = [
+        f"You are {spec.agent.role}.",
+        spec.agent.prompt.strip(),
+        TOOL_RULES,
+    ]
+    toolpacks = ", ".join(t.name for t in spec.toolpacks) or "none"
+    context = [
+        f"Project: {spec.project.name}. Session: {spec.session.id}.",
+        (
+            f"Workspace: {spec.workspace} (session-level files under {spec.workspace}/session; "
+            f"files you leave in {spec.workspace}/out become artifacts of the session)."
+        ),
+        f"Toolpacks: {toolpacks}.",
+    ]
+    if spec.checkpoint is not None:
+        saved = spec.checkpoint.created_at.isoformat()
+        data = json.dumps(spec.checkpoint.data, ensure_ascii=False)[:20_000]
+        context.append(f"Your latest checkpoint (saved {saved}): {data}")
+    volatile = [f"Current time: {(now or datetime.now(UTC)).strftime('%Y-%m-%d %H:%M UTC')}."]
+    if spec.activation.prompt.strip():
+        volatile.append(spec.activation.prompt.strip())
+    text = "\n\n".join(
+        "\n".join(part for part in layer if part) for layer in (stable, context, volatile)
+    )
+    return Prompt(text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | None, Message]]:
+    """The session's active history as (entry id, message) pairs. A tool call without its
+    result (the sandbox died mid-round) gets a stand-in result, because providers refuse a
+    conversation with an unanswered call."""
+    out: list[tuple[str | None, Message]] = []
+    open_calls: list[str] = []
+
+    def close_open() -> None:
+        out.extend(
+            (None, {"role": "tool", "tool_call_id": call_id, "content": UNFINISHED})
+            for call_id in open_calls
+        )
+        open_calls.clear()
+
+    for entry in history:
+        if entry.role == "tool":
+            if entry.tool_call_id in open_calls:
+                open_calls.remove(entry.tool_call_id)
+                out.append(
+                    (
+                        entry.id,
+                        {
+                            "role": "tool",
+                            "tool_call_id": entry.tool_call_id,
+                            "content": entry.content,
+                        },
+                    )
+                )
+            continue  # a result whose call is not in the window: meaningless alone
+        close_open()
+        message: Message = {"role": entry.role, "content": entry.content}
+        if entry.role == "assistant" and entry.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": wire_name(c.name), "arguments": c.arguments},
+                }
+                for c in entry.tool_calls
+            ]
+            open_calls.extend(c.id for c in entry.tool_calls)
+        out.append((entry.id, message))
+    close_open()
+    return out
+
+
+def render_signal(signal: SignalSpec) -> str:
+    if signal.kind in {SignalKind.USER_MESSAGE, SignalKind.MESSAGE_CREATED} and signal.text:
+        return signal.text
+    payload = json.dumps(signal.payload, ensure_ascii=False, sort_keys=True)[:20_000]
+    match signal.kind:
+        case SignalKind.APPROVAL_RESULT:
+            return f"[approval result] {payload}"
+        case SignalKind.NUDGE:
+            return (
+                "[nudge] Your last activation ended without any effect while work is still "
+                "pending. Continue the work, or say why you cannot."
+            )
+        case _:
+            if signal.payload.get("pending_action_id"):
+                return f"[answer to your question] {payload}"
+            return f"[signal {signal.kind.value}] {payload}"
+
+
+def wire_name(name: str) -> str:
+    """Providers allow [a-zA-Z0-9_-] in function names: `file.read` goes out as `file_read`."""
+    return name.replace(".", "_")

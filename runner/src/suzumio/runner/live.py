@@ -1,0 +1,88 @@
+"""Live output, batched: the model's tokens go to the broker in small batches on a timer, never
+one request per token (DESIGN.md §7). A slow or failing broker never stalls the model stream:
+the buffer keeps growing until the next flush, and live output is best-effort by design (the
+durable record is the history)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from suzumio.contracts.broker import StreamChunk
+from suzumio.runner.broker import BrokerClient, FencedError
+from suzumio.runner.log import log
+
+FLUSH_SECONDS = 0.02
+MAX_TEXT_PER_CHUNK = 50_000
+
+
+class LiveStream:
+    def __init__(self, broker: BrokerClient, flush_seconds: float = FLUSH_SECONDS) -> None:
+        self._broker = broker
+        self._flush_seconds = flush_seconds
+        self._text: list[str] = []
+        self._started: float | None = None  # when the oldest buffered token arrived
+        self._others: list[StreamChunk] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.fenced = False
+        self.chunks_sent = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def text(self, delta: str) -> None:
+        if delta:
+            if not self._text:
+                self._started = time.time()
+            self._text.append(delta)
+            self._wake.set()
+
+    def event(self, kind: str, text: str = "", **data: Any) -> None:
+        self._take_text()
+        self._others.append(StreamChunk(kind=kind, text=text, data=data))  # type: ignore[arg-type]
+        self._wake.set()
+
+    def _take_text(self) -> None:
+        if self._text:
+            text = "".join(self._text)
+            self._text.clear()
+            started = self._started or time.time()
+            for i in range(0, len(text), MAX_TEXT_PER_CHUNK):
+                self._others.append(
+                    StreamChunk(
+                        kind="text",
+                        text=text[i : i + MAX_TEXT_PER_CHUNK],
+                        data={"first_token_at": started},
+                    )
+                )
+
+    async def flush(self) -> None:
+        self._take_text()
+        batch, self._others = self._others, []
+        if not batch or self.fenced:
+            return
+        try:
+            for i in range(0, len(batch), 1_000):
+                await self._broker.stream(batch[i : i + 1_000])
+            self.chunks_sent += len(batch)
+        except FencedError:
+            self.fenced = True
+        except Exception as exc:  # best-effort: the history has the durable record
+            log("live.flush_failed", error=repr(exc), chunks=len(batch))
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self._flush_seconds)  # gather a batch
+            await self.flush()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()

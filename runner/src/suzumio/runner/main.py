@@ -1,0 +1,113 @@
+"""`python -m suzumio.runner run`: one activation, from the input file to the output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
+from suzumio.runner import exits
+from suzumio.runner.agent import AgentLoop, Ending, ModelFailedError
+from suzumio.runner.broker import BrokerClient, BrokerUnavailableError, FencedError
+from suzumio.runner.live import LiveStream
+from suzumio.runner.log import context, log
+from suzumio.runner.model import ModelClient, endpoint_for
+from suzumio.runner.toolbox import Toolbox
+from suzumio.runner.tools.base import Mount, ToolContext
+
+# What a shell command may see of the runner's environment: never the token or a key.
+SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+
+
+def load_input(path: Path) -> RunnerActivationInput:
+    return RunnerActivationInput.model_validate_json(path.read_bytes())
+
+
+def shell_env(env: Mapping[str, str], workspace: str) -> dict[str, str]:
+    kept = {k: env[k] for k in SHELL_ENV_KEEP if k in env}
+    kept.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return {**kept, "HOME": workspace, "TMPDIR": f"{workspace}/.tmp"}
+
+
+async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) -> int:
+    context.update(activation=spec.activation.id, session=spec.session.id, agent=spec.agent.id)
+    Path(spec.workspace, ".tmp").mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once
+    tool_ctx = ToolContext(
+        workspace=Path(spec.workspace),
+        mounts=tuple(Mount(Path(m.path), m.writable) for m in spec.mounts),
+        allow_private_network=spec.allow_private_network,
+        env=shell_env(env, spec.workspace),
+    )
+    broker = BrokerClient(spec.controller_url, spec.token)
+    models = [
+        ModelClient(m, endpoint_for(m, env)) for m in (spec.agent.model, *spec.agent.fallbacks)
+    ]
+    live = LiveStream(broker)
+    live.start()
+    loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live)
+    code = exits.CRASHED
+    try:
+        try:
+            async with asyncio.timeout(spec.runner.wall_clock_seconds):
+                ending = await loop.run()
+            code = exits.BY_REASON[ending.reason]
+        except ModelFailedError as exc:
+            ending = Ending("failed", f"the model failed: {exc}", detail=exc.failure_class)
+            code = exits.MODEL_FAILED
+        except TimeoutError:
+            ending = Ending("failed", "the activation ran out of time")
+            code = exits.TIMED_OUT
+        await live.close()
+        await broker.output(
+            RunnerActivationOutput(text=ending.text, usage=ending.usage or {}, reason=ending.reason)
+        )
+        log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
+    except FencedError as exc:
+        log("activation.fenced", detail=exc.detail)
+        code = exits.FENCED
+    except BrokerUnavailableError as exc:
+        log("activation.broker_unreachable", error=str(exc))
+        code = exits.BROKER_UNREACHABLE
+    finally:
+        await live.close()
+        for model in models:
+            await model.close()
+        await broker.aclose()
+    return code
+
+
+def run(path: Path) -> int:
+    try:
+        spec = load_input(path)
+    except FileNotFoundError:
+        sys.stderr.write(f"runner: no input file at {path}\n")
+        return exits.BAD_INPUT
+    except ValidationError as exc:
+        sys.stderr.write(f"runner: {path} is not a valid activation input:\n{exc}\n")
+        return exits.BAD_INPUT
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await run_activation(spec, os.environ)
+        except asyncio.CancelledError:
+            log("activation.terminated")
+            return exits.TERMINATED
+        except Exception as exc:
+            log("activation.crashed", error=repr(exc))
+            return exits.CRASHED
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(main())
+    return exits.TERMINATED

@@ -1,0 +1,119 @@
+"""Model calls through the official `openai` SDK, for any OpenAI-compatible endpoint.
+
+Where a model lives comes from the sandbox's environment (the orchestrator puts the agent's
+provider settings there; keys never pass through the broker):
+
+- `SUZUMIO_MODEL_BASE_URL` / `SUZUMIO_MODEL_API_KEY` for models without a provider id
+  (falling back to `OPENAI_BASE_URL` / `OPENAI_API_KEY`);
+- `SUZUMIO_PROVIDER_<ID>_BASE_URL` / `SUZUMIO_PROVIDER_<ID>_API_KEY` for a model whose spec names
+  provider `<id>` (upper-cased, other characters than letters and digits as `_`).
+
+Responses are streamed; text deltas go to `on_text` as they arrive.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from suzumio.contracts.values import ModelSpec
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str | None
+    api_key: str
+
+
+@dataclass(frozen=True)
+class WireCall:
+    id: str
+    name: str  # the wire name (`file_read`)
+    arguments: str
+
+
+@dataclass
+class ModelTurn:
+    model: str
+    text: str = ""
+    tool_calls: list[WireCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+def endpoint_for(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:
+    if spec.provider:
+        key = re.sub(r"[^A-Z0-9]", "_", spec.provider.upper())
+        prefix = f"SUZUMIO_PROVIDER_{key}_"
+        if f"{prefix}BASE_URL" in env or f"{prefix}API_KEY" in env:
+            return Endpoint(env.get(f"{prefix}BASE_URL"), env.get(f"{prefix}API_KEY", "none"))
+    base = env.get("SUZUMIO_MODEL_BASE_URL") or env.get("OPENAI_BASE_URL")
+    key = env.get("SUZUMIO_MODEL_API_KEY") or env.get("OPENAI_API_KEY") or "none"
+    return Endpoint(base, key)
+
+
+class ModelClient:
+    """One model of the chain. The SDK's own retries are off: the loop classifies failures
+    and decides (DESIGN.md Appendix A), so retries are counted in one place."""
+
+    def __init__(self, spec: ModelSpec, endpoint: Endpoint, timeout: float = 600.0) -> None:
+        self.spec = spec
+        self._client = openai.AsyncOpenAI(
+            base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, timeout=timeout
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]],
+        max_tokens: int,
+        on_text: Callable[[str], None] | None = None,
+    ) -> ModelTurn:
+        stream = await self._client.chat.completions.create(  # type: ignore[call-overload]
+            model=self.spec.name,
+            messages=list(messages),
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            tools=list(tools) if tools else openai.omit,
+        )
+        turn = ModelTurn(model=self.spec.name)
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        async for chunk in stream:
+            if chunk.usage is not None:
+                turn.usage = {
+                    "prompt_tokens": chunk.usage.prompt_tokens,
+                    "completion_tokens": chunk.usage.completion_tokens,
+                    "total_tokens": chunk.usage.total_tokens,
+                }
+            for choice in chunk.choices:
+                delta = choice.delta
+                if delta.content:
+                    text.append(delta.content)
+                    if on_text is not None:
+                        on_text(delta.content)
+                for tc in delta.tool_calls or ():
+                    slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                    if tc.id:
+                        slot["id"] = tc.id
+                    if tc.function is not None:
+                        slot["name"] += tc.function.name or ""
+                        slot["arguments"] += tc.function.arguments or ""
+                if choice.finish_reason:
+                    turn.finish_reason = choice.finish_reason
+        turn.text = "".join(text)
+        turn.tool_calls = [
+            WireCall(c["id"] or f"call_{i}", c["name"], c["arguments"])
+            for i, c in sorted(calls.items())
+        ]
+        return turn

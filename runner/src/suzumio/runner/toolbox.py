@@ -1,0 +1,132 @@
+"""The tools an activation offers the model, and how each one runs.
+
+Offered: the `core` tools always (messages, signals, ask_user, checkpoint, completion); the
+built-in toolpacks `files`, `shell`, `web` when the agent names them (as toolpacks, or their
+tools by name); and the tools of any other toolpack of the activation whose manifest is
+installed in the sandbox (entry points `suzumio.toolpacks`). An agent that names nothing gets
+`files` and `shell`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from suzumio.contracts.runner import RunnerActivationInput, ToolDefinition
+from suzumio.contracts.toolpacks import ToolpackManifest, discover, resolve
+from suzumio.runner.broker import BrokerClient
+from suzumio.runner.context import wire_name
+from suzumio.runner.log import log
+from suzumio.runner.tools.base import CallKind, SandboxTool, ToolContext, ToolInputError, ToolResult
+from suzumio.runner.tools.core import CORE_TOOLS, EXCLUSIVE, CoreOutcome, CoreTools
+from suzumio.runner.tools.registry import builtin_tools
+
+BUILTIN_PACKS: dict[str, tuple[str, ...]] = {
+    "files": ("file.read", "file.write", "file.patch", "file.search"),
+    "shell": ("shell.exec",),
+    "web": ("web.fetch",),
+}
+DEFAULT_PACKS = ("files", "shell")
+Handler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult | str] | ToolResult | str]
+
+
+class Toolbox:
+    def __init__(
+        self,
+        spec: RunnerActivationInput,
+        broker: BrokerClient,
+        ctx: ToolContext,
+        manifests: dict[str, ToolpackManifest] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.core = CoreTools(
+            broker, spec.activation.id, spec.session.id, spec.runner.ask_wait_seconds
+        )
+        sandbox = builtin_tools()
+        self._sandbox: dict[str, SandboxTool] = {}
+        self._handlers: dict[str, Handler] = {}
+        self._definitions: dict[str, ToolDefinition] = dict(CORE_TOOLS)
+        named = {t.name for t in spec.tools}
+        packs = {t.name for t in spec.toolpacks}
+        if not (named - set(CORE_TOOLS)) and not (packs - {"core"}):
+            packs |= set(DEFAULT_PACKS)
+        for pack, tools in BUILTIN_PACKS.items():
+            for tool in tools:
+                if pack in packs or tool in named:
+                    self._sandbox[tool] = sandbox[tool]
+                    self._definitions[tool] = sandbox[tool].definition
+        extra = packs - set(BUILTIN_PACKS) - {"core"}
+        if extra:
+            found = discover() if manifests is None else manifests
+            for pack in sorted(extra):
+                manifest = found.get(pack)
+                if manifest is None:
+                    log("toolpack.missing", toolpack=pack)
+                    continue
+                self._add_pack(manifest)
+        self._by_wire = {wire_name(name): name for name in self._definitions}
+
+    def _add_pack(self, manifest: ToolpackManifest) -> None:
+        for definition in manifest.tools:
+            ref = manifest.runner_handlers.get(definition.name)
+            if ref is None:
+                continue
+            try:
+                self._handlers[definition.name] = resolve(ref)
+            except Exception as exc:
+                log("toolpack.handler_unloadable", toolpack=manifest.name, error=repr(exc))
+                continue
+            self._definitions[definition.name] = definition
+
+    # -- what the model sees ---------------------------------------------------------------
+    def wire_definitions(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": wire_name(d.name),
+                    "description": d.description,
+                    "parameters": d.parameters,
+                },
+            }
+            for d in self._definitions.values()
+        ]
+
+    def canonical(self, wire: str) -> str | None:
+        return self._by_wire.get(wire) or (wire if wire in self._definitions else None)
+
+    # -- how calls share a round -------------------------------------------------------------
+    def kind(self, tool: str, args: dict[str, Any]) -> CallKind:
+        if tool in self._sandbox:
+            return self._sandbox[tool].kind(args)
+        if tool in EXCLUSIVE or tool in self._handlers:
+            return "exclusive"
+        return "read" if self._definitions[tool].read_only else "exclusive"
+
+    def paths(self, tool: str, args: dict[str, Any]) -> tuple[Path, ...]:
+        if tool in self._sandbox:
+            try:
+                return self._sandbox[tool].paths(args, self.ctx)
+            except ToolInputError:
+                return ()
+        return ()
+
+    # -- running -----------------------------------------------------------------------------
+    async def run(self, tool: str, args: dict[str, Any], call_id: str) -> CoreOutcome:
+        if tool in self._sandbox:
+            return CoreOutcome(await self._sandbox[tool].run(args, self.ctx))
+        if tool in self._handlers:
+            try:
+                result = self._handlers[tool](args, self.ctx)
+                if inspect.isawaitable(result):
+                    result = await result
+            except ToolInputError as exc:
+                return CoreOutcome(ToolResult(str(exc), "error"))
+            except Exception as exc:
+                return CoreOutcome(ToolResult(f"{tool} failed: {exc!r}"[:2_000], "error"))
+            return CoreOutcome(
+                result if isinstance(result, ToolResult) else ToolResult(str(result))
+            )
+        return await self.core.run(tool, args, call_id)

@@ -1,0 +1,1 @@
+"""Model-facing tools that run inside the sandbox (DESIGN.md §9, §10)."""

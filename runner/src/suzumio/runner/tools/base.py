@@ -1,0 +1,78 @@
+"""What every sandbox tool is: a definition the model sees, the paths a call writes (for
+segmenting a tool round), and `run`.
+
+Tool names are canonical with a dot (`file.read`); the loop maps them to the provider's
+function-name alphabet (`file_read`) and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from suzumio.contracts.runner import ToolDefinition
+
+Status = Literal["ok", "error", "denied", "timeout", "cancelled"]
+CallKind = Literal["read", "write", "exclusive"]
+"""How a call may share a parallel segment: reads with reads, writes on disjoint paths,
+exclusive calls alone (DESIGN.md Appendix A)."""
+
+
+class ToolInputError(ValueError):
+    """The arguments are wrong (a bad path, a missing field): the model is told, nothing ran."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    text: str
+    status: Status = "ok"
+
+    @property
+    def is_error(self) -> bool:
+        return self.status != "ok"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A granted directory inside the sandbox (absolute path there)."""
+
+    path: Path
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    read_max_bytes: int = 256 * 1024
+    write_max_bytes: int = 10 * 1024 * 1024
+    search_max_results: int = 200
+    search_max_file_bytes: int = 2 * 1024 * 1024
+    shell_default_timeout_seconds: float = 120.0
+    shell_max_timeout_seconds: float = 600.0
+    shell_output_max_bytes: int = 64 * 1024
+    fetch_max_bytes: int = 2 * 1024 * 1024
+    fetch_timeout_seconds: float = 30.0
+    fetch_max_redirects: int = 5
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    workspace: Path
+    mounts: tuple[Mount, ...] = ()
+    limits: ToolLimits = field(default_factory=ToolLimits)
+    allow_private_network: bool = False
+    """web.fetch may reach loopback, private and link-local addresses (tests, local models)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment for shell.exec (the runner passes a scrubbed copy: no token, no keys)."""
+
+
+class SandboxTool(Protocol):
+    definition: ToolDefinition
+
+    def kind(self, args: dict[str, Any]) -> CallKind: ...
+
+    def paths(self, args: dict[str, Any], ctx: ToolContext) -> tuple[Path, ...]:
+        """The canonical paths a call writes (empty for reads and exclusive calls)."""
+        ...
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...

@@ -1,0 +1,350 @@
+"""`web.fetch`: GET a public http(s) URL with a size cap, a deadline and no way to reach the
+sandbox's private neighbours (DESIGN.md §9, §10).
+
+Before any connection the host is resolved and *every* address checked: loopback, private,
+link-local, unspecified, multicast, reserved and other non-global addresses are refused, also
+when hidden inside IPv6 (IPv4-mapped, 6to4, NAT64), unless `ctx.allow_private_network` or an
+operator-granted network allows them. The request then goes to the checked address itself, so
+a second DNS answer cannot swap in another (DNS rebinding): the URL's host is replaced by the
+pinned IP while the Host header keeps the name and, for https, the TLS server name (SNI and
+certificate check) stays the name through httpx's `sni_hostname` extension. Proxies from the
+environment are ignored (a proxy would resolve names itself, past the check).
+
+Redirects are followed by hand, at most `fetch_max_redirects`, each hop checked again. The body
+is streamed and cut at `max_bytes`; HTML is reduced to readable text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import ipaddress
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from html.parser import HTMLParser
+from typing import Any
+
+import httpx
+
+from suzumio.contracts.runner import ToolDefinition
+from suzumio.runner.tools.base import ToolContext, ToolInputError, ToolResult
+from suzumio.runner.tools.paths import Reads, check_keys, object_schema, optional_int, required_str
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript")
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def refused_reason(address: IPAddress) -> str | None:
+    """Why `address` may not be fetched by default, or None for a public unicast address."""
+    embedded = _embedded_ipv4(address)
+    if embedded is not None:
+        inner = refused_reason(embedded)
+        return f"{inner} (embedded in {address})" if inner else None
+    checks = (
+        ("loopback", address.is_loopback),
+        ("link-local", address.is_link_local),
+        ("unspecified", address.is_unspecified),
+        ("multicast", address.is_multicast),
+        ("private", address.is_private),
+        ("reserved", address.is_reserved),
+        ("site-local", isinstance(address, ipaddress.IPv6Address) and address.is_site_local),
+        ("non-global", not address.is_global),
+    )
+    return next((label for label, hit in checks if hit), None)
+
+
+def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """Every address the system resolver gives for `host`, in its order, without repeats."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[IPAddress] = []
+    for *_, sockaddr in infos:
+        address = ipaddress.ip_address(sockaddr[0])
+        if address not in found:
+            found.append(address)
+    return found
+
+
+class WebFetch(Reads):
+    definition = ToolDefinition(
+        name="web.fetch",
+        description=(
+            "Fetch a public http or https URL with GET and return the status, content type and "
+            "body as text (HTML is converted to readable text, binary bodies are not shown). "
+            "Redirects are followed. Private and local network addresses are refused."
+        ),
+        parameters=object_schema(
+            {
+                "url": {"type": "string", "description": "Absolute http:// or https:// URL."},
+                "max_bytes": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Read at most this many body bytes (capped by the runner).",
+                },
+            },
+            required=("url",),
+        ),
+        read_only=True,
+    )
+    _keys = frozenset({"url", "max_bytes"})
+
+    def __init__(
+        self,
+        *,
+        resolver: Resolver = system_resolver,
+        allowed_networks: tuple[IPNetwork, ...] = (),
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
+        """`allowed_networks` are reachable even when private addresses are refused (an
+        internal mirror, say); `verify` is httpx's TLS verification (True, or an SSLContext
+        holding a private CA)."""
+        self._resolve = resolver
+        self._allowed = allowed_networks
+        self._verify = verify
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        limits = ctx.limits
+        try:
+            check_keys(args, self._keys)
+            url = _parse_url(required_str(args, "url"))
+            cap = min(
+                optional_int(args, "max_bytes") or limits.fetch_max_bytes, limits.fetch_max_bytes
+            )
+            async with asyncio.timeout(limits.fetch_timeout_seconds):
+                return await self._fetch(url, cap, ctx)
+        except ToolInputError as exc:
+            return ToolResult(str(exc), "error")
+        except (TimeoutError, httpx.TimeoutException):
+            return ToolResult(
+                f"fetching {args.get('url')} timed out after {limits.fetch_timeout_seconds:g}s",
+                "timeout",
+            )
+        except httpx.HTTPError as exc:
+            return ToolResult(
+                f"fetching {args.get('url')} failed: {exc or type(exc).__name__}", "error"
+            )
+
+    async def _fetch(self, url: httpx.URL, cap: int, ctx: ToolContext) -> ToolResult:
+        limits = ctx.limits
+        async with httpx.AsyncClient(
+            follow_redirects=False,
+            trust_env=False,
+            verify=self._verify,
+            timeout=httpx.Timeout(limits.fetch_timeout_seconds),
+            headers={"User-Agent": "suzumio-runner/web.fetch"},
+        ) as client:
+            current = url
+            for _ in range(limits.fetch_max_redirects + 1):
+                addresses = await self._checked_addresses(current, ctx)
+                response = await _send_pinned(client, current, addresses)
+                try:
+                    location = response.headers.get("location")
+                    if response.status_code in _REDIRECTS and location:
+                        current = _redirect_target(current, location)
+                        continue
+                    body, truncated = await _read_capped(response, cap)
+                    return ToolResult(_render(url, current, response, body, truncated))
+                finally:
+                    await response.aclose()
+        raise ToolInputError(
+            f"more than {limits.fetch_max_redirects} redirects; the last pointed to {current}"
+        )
+
+    async def _checked_addresses(self, url: httpx.URL, ctx: ToolContext) -> list[IPAddress]:
+        host = url.host
+        try:
+            addresses: list[IPAddress] = [ipaddress.ip_address(host)]
+        except ValueError:
+            port = url.port or (443 if url.scheme == "https" else 80)
+            try:
+                addresses = await self._resolve(url.raw_host.decode("ascii"), port)
+            except OSError as exc:
+                raise ToolInputError(f"cannot resolve {host}: {exc.strerror or exc}") from None
+        if not addresses:
+            raise ToolInputError(f"cannot resolve {host}: no addresses")
+        if not ctx.allow_private_network:
+            for address in addresses:
+                reason = refused_reason(address)
+                if reason and not any(address in net for net in self._allowed):
+                    raise ToolInputError(
+                        f"refused: {host} resolves to {address}, a {reason} address; only "
+                        "public internet addresses may be fetched"
+                    )
+        return addresses
+
+
+def _redirect_target(current: httpx.URL, location: str) -> httpx.URL:
+    try:
+        joined = str(current.join(location))
+    except httpx.InvalidURL as exc:
+        raise ToolInputError(f"redirect to an invalid URL {location!r}: {exc}") from None
+    return _parse_url(joined, what="redirect target")
+
+
+def _parse_url(text: str, *, what: str = "url") -> httpx.URL:
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL as exc:
+        raise ToolInputError(f"{what} {text!r} is not a valid URL: {exc}") from None
+    if url.scheme not in {"http", "https"}:
+        raise ToolInputError(f"{what} {text!r}: only http and https URLs can be fetched")
+    if not url.host:
+        raise ToolInputError(f"{what} {text!r} has no host")
+    if url.userinfo:
+        raise ToolInputError(f"{what} {text!r}: credentials in URLs are not supported")
+    return url.copy_with(fragment=None)
+
+
+async def _send_pinned(
+    client: httpx.AsyncClient, url: httpx.URL, addresses: list[IPAddress]
+) -> httpx.Response:
+    """Connect to the checked addresses in order (the next one when a connection fails),
+    never to whatever the name resolves to now."""
+    failure: httpx.ConnectError | None = None
+    for address in addresses:
+        extensions = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
+        request = client.build_request(
+            "GET",
+            url.copy_with(host=str(address)),
+            headers={"Host": url.netloc.decode("ascii")},
+            extensions=extensions,
+        )
+        try:
+            return await client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            failure = exc
+    assert failure is not None
+    raise failure
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        room = cap - len(body)
+        body += chunk[:room]
+        if len(chunk) > room:
+            return bytes(body), True
+    return bytes(body), False
+
+
+def _render(
+    asked: httpx.URL, final: httpx.URL, response: httpx.Response, body: bytes, truncated: bool
+) -> str:
+    content_type = response.headers.get("content-type", "")
+    lines = [f"HTTP {response.status_code} {response.reason_phrase}".rstrip()]
+    if final != asked:
+        lines.append(f"URL: {final} (redirected)")
+    lines.append(f"Content-Type: {content_type or 'unknown'}")
+    media = content_type.split(";", 1)[0].strip().lower()
+    if b"\x00" in body[:8192] or (
+        media and not media.startswith(_TEXT_TYPES) and "+xml" not in media and "+json" not in media
+    ):
+        lines.extend(("", f"[binary body: {len(body)} bytes read, not shown]"))
+        return "\n".join(lines)
+    text = body.decode(_charset(response), "replace")
+    if media in _HTML_TYPES:
+        text = html_to_text(text)
+        lines.append("(HTML converted to text)")
+    lines.extend(("", text))
+    if truncated:
+        lines.append(f"[truncated at {len(body)} bytes]")
+    return "\n".join(lines)
+
+
+def _charset(response: httpx.Response) -> str:
+    name = response.charset_encoding or "utf-8"
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return "utf-8"  # an unknown declared charset: UTF-8 with replacement still reads
+
+
+class _HtmlText(HTMLParser):
+    _HIDDEN = frozenset({"script", "style", "noscript", "template", "svg", "iframe"})
+    _BLOCKS = frozenset(
+        {
+            "p",
+            "div",
+            "br",
+            "li",
+            "tr",
+            "h1",
+            "h2",
+            "h3",
+            "h4",
+            "h5",
+            "h6",
+            "title",
+            "pre",
+            "section",
+            "article",
+            "header",
+            "footer",
+            "ul",
+            "ol",
+            "table",
+            "blockquote",
+            "hr",
+        }
+    )
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._hidden = 0
+        self._links: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._HIDDEN:
+            self._hidden += 1
+        elif tag in self._BLOCKS:
+            self.parts.append("\n")
+        elif tag == "a":
+            self._links.append(dict(attrs).get("href"))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._HIDDEN:
+            self._hidden = max(0, self._hidden - 1)
+        elif tag in self._BLOCKS:
+            self.parts.append("\n")
+        elif tag == "a" and self._links:
+            href = self._links.pop()
+            # Keep where a link goes: the model navigates by fetching it.
+            if href and not href.startswith(("#", "javascript:")) and not self._hidden:
+                self.parts.append(f" ({href})")
+
+    def handle_data(self, data: str) -> None:
+        if not self._hidden:
+            self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    """Readable text of an HTML page: scripts and styles dropped, blocks on their own lines,
+    link targets kept in parentheses, runs of blank lines collapsed."""
+    parser = _HtmlText()
+    parser.feed(html)
+    parser.close()
+    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
+    out: list[str] = []
+    for line in lines:
+        if line or (out and out[-1]):
+            out.append(line)
+    return "\n".join(out).strip()

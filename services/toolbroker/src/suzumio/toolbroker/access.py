@@ -1,0 +1,64 @@
+"""Who is calling: the token, checked, and the activation it names, still live.
+
+401 when the token is missing, forged, malformed or expired; 403 when it is valid but its
+activation may no longer act (cancelled, replaced by a P0, ended) or is not one the platform
+requested. Nothing a refused call asked for happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.tokens import ActivationClaims, TokenError, TokenSigner
+from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.registry import ActivationRegistry, LiveActivation
+
+
+@dataclass(frozen=True)
+class Caller:
+    claims: ActivationClaims
+    activation: LiveActivation
+
+    @property
+    def actor(self) -> str:
+        return "system:toolbroker"
+
+
+class Gate:
+    def __init__(
+        self, signer: TokenSigner, registry: ActivationRegistry, store: EventStore
+    ) -> None:
+        self._signer = signer
+        self._registry = registry
+        self._store = store
+
+    async def check(self, request: Request) -> Caller:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise BrokerError(401, "unauthenticated", "an activation token is required")
+        try:
+            claims = self._signer.verify(token.strip())
+        except TokenError as exc:
+            raise BrokerError(401, "unauthenticated", f"invalid token: {exc}") from None
+        # A cancel stored before this call must be seen: fold up to now first.
+        if not await self._registry.fresh():
+            raise BrokerError(503, "unavailable", "the broker is catching up with the log")
+        activation = self._registry.get(claims.activation_id)
+        if activation is None:
+            await self._registry.recall(self._store, claims.activation_id, claims.session_id)
+            activation = self._registry.get(claims.activation_id)
+        if activation is None:
+            raise BrokerError(403, "forbidden", "the activation was never requested")
+        if (
+            activation.session_id != claims.session_id
+            or activation.agent_id != claims.agent_id
+            or (activation.project_id not in {None, claims.project_id})
+        ):
+            raise BrokerError(403, "forbidden", "the token does not match its activation")
+        if activation.fenced:
+            raise BrokerError(403, "fenced", f"the activation is {activation.fenced}")
+        return Caller(claims, activation)

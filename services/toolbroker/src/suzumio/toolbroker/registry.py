@@ -1,0 +1,164 @@
+"""Which activations are live, as the log tells it: the broker's fencing.
+
+A valid token is not enough: the activation it names must still be live — requested, not
+cancelled (a cancel or a P0 fences it at once), not ended. Every broker replica follows the
+log from a little before the oldest token that can still be valid, so it never needs the
+whole history; before acting on a call it makes sure it has folded everything stored up to
+the moment the call arrived, so a cancel appended before the call is always seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.envelope import decode_data
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationOutputRecorded,
+    ActivationRequested,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import EventStore, envelopes_of
+from suzumio.platform.bus.follower import LogFollower
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+
+WANTED = frozenset(
+    {
+        ActivationRequested.event_type,
+        ActivationCancelRequested.event_type,
+        ActivationOutputRecorded.event_type,
+        ToolCallStarted.event_type,
+        ToolCallFinished.event_type,
+        *TERMINAL_ACTIVATION_EVENTS,
+    }
+)
+
+
+@dataclass
+class LiveActivation:
+    id: str
+    session_id: str
+    agent_id: str
+    project_id: str | None
+    fenced: str = ""  # why it may no longer act; empty while live
+    output: bool = False
+    calls_started: set[str] = field(default_factory=set)
+    calls_finished: set[str] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
+
+
+class ActivationRegistry:
+    def __init__(self, nc: NATS, topology: Topology, lookback: timedelta) -> None:
+        self._nc = nc
+        self._topology = topology
+        self._lookback = lookback
+        self._follower: LogFollower | None = None
+        self._activations: dict[str, LiveActivation] = {}
+        self._ended: deque[tuple[float, str]] = deque()  # forgotten after the look-back
+        self._folded = asyncio.Condition()
+        self.position = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._follower = LogFollower(
+            self._nc, self._topology, start_time=datetime.now(UTC) - self._lookback
+        )
+        end = await self._follower.start()
+        self._task = asyncio.create_task(self._fold_loop())
+        await self.wait_position(end, 60.0)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._follower is not None:
+            await self._follower.close()
+
+    def get(self, activation_id: str) -> LiveActivation | None:
+        return self._activations.get(activation_id)
+
+    async def recall(self, store: EventStore, activation_id: str, session_id: str) -> None:
+        """Fold an activation older than the look-back from its own subjects (a long-lived
+        token whose activation began before this replica followed the log)."""
+        if activation_id in self._activations:
+            return
+        for aggregate, aggregate_id in (("session", session_id), ("activation", activation_id)):
+            stream = await store.load(aggregate, aggregate_id)
+            for event in stream.events:
+                if event.envelope.type in WANTED:
+                    self._apply(aggregate_id, event.data)
+
+    async def fresh(self, timeout: float = 5.0) -> bool:
+        """Fold everything stored up to now; False if that took longer than `timeout`."""
+        end = await stream_last_seq(self._nc, self._topology.events_stream)
+        return await self.wait_position(end, timeout)
+
+    async def wait_position(self, position: int, timeout: float) -> bool:
+        if self.position >= position:
+            return True
+        async with self._folded:
+            try:
+                await asyncio.wait_for(
+                    self._folded.wait_for(lambda: self.position >= position), timeout
+                )
+            except TimeoutError:
+                return False
+        return True
+
+    async def _fold_loop(self) -> None:
+        assert self._follower is not None
+        while True:
+            msg = await self._follower.next(timeout=None)
+            while msg is not None:  # fold what is queued before waking the waiters
+                if WANTED.intersection(msg.types):
+                    for envelope in envelopes_of(msg.data):
+                        if envelope.type in WANTED:
+                            self._apply(envelope.aggregate_id, decode_data(envelope))
+                self.position = msg.seq
+                msg = self._follower.next_nowait()
+            self._forget_ended()
+            async with self._folded:
+                self._folded.notify_all()
+
+    def _forget_ended(self) -> None:
+        horizon = time.monotonic() - self._lookback.total_seconds()
+        while self._ended and self._ended[0][0] < horizon:
+            _, activation_id = self._ended.popleft()
+            self._activations.pop(activation_id, None)
+
+    def _apply(self, aggregate_id: str, data: object) -> None:
+        if isinstance(data, ActivationRequested):
+            self._activations[data.activation_id] = LiveActivation(
+                data.activation_id, aggregate_id, data.agent_id, data.project_id
+            )
+            return
+        target = data.activation_id if isinstance(data, ActivationCancelRequested) else aggregate_id
+        a = self._activations.get(target)
+        if a is None:
+            return
+        match data:
+            case ActivationCancelRequested():
+                a.fenced = a.fenced or "cancelled"
+            case ActivationOutputRecorded():
+                a.output = True
+            case ToolCallStarted():
+                a.calls_started.add(data.call_id)
+            case ToolCallFinished():
+                a.calls_finished.add(data.call_id)
+            case _:  # a terminal event
+                a.fenced = "ended"
+                self._ended.append((time.monotonic(), a.id))

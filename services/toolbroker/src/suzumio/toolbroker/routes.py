@@ -1,0 +1,282 @@
+"""The runner API (DESIGN.md §7): every route checks the caller first, then turns the call into
+events (its own, on the activation's subject), commands (to the session service and the
+scheduler) or live chunks. Routes are idempotent where a runner retries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from suzumio.contracts.broker import (
+    AskOutcome,
+    AskRequest,
+    CheckpointPut,
+    CompactionMarker,
+    HistoryAppend,
+    Recorded,
+    SignalsTaken,
+    StreamBatch,
+    SupportCall,
+    SupportResult,
+    ToolCallFinish,
+    ToolCallStart,
+)
+from suzumio.contracts.commands import (
+    AppendHistory,
+    CompactHistory,
+    CreatePendingAction,
+    HistoryEntry,
+    SaveCheckpoint,
+    TakeSignals,
+)
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.events import (
+    ActivationOutputRecorded,
+    CheckpointSaved,
+    HistoryToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from suzumio.contracts.live import LiveChunk
+from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
+from suzumio.toolbroker.access import Caller
+from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.state import Broker
+from suzumio.toolbroker.support import SupportContext
+
+MAX_CHECKPOINT_BYTES = 256 * 1024
+
+
+async def _caller(request: Request) -> Caller:
+    broker: Broker = request.app.state.broker
+    return await broker.gate.check(request)
+
+
+def _broker(request: Request) -> Broker:
+    broker: Broker = request.app.state.broker
+    return broker
+
+
+Auth = Annotated[Caller, Depends(_caller)]
+Shared = Annotated[Broker, Depends(_broker)]
+router = APIRouter()
+
+
+@router.post("/runner/tool-calls/start")
+async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> Recorded:
+    a = caller.activation
+    if body.call_id in a.calls_started:
+        return Recorded(recorded=False)
+    async with a.lock:
+        if body.call_id in a.calls_started:
+            return Recorded(recorded=False)
+        await broker.store.append_next(
+            a.id,
+            [
+                ToolCallStarted(
+                    call_id=body.call_id,
+                    tool=body.tool,
+                    arguments_digest=body.arguments_digest,
+                    arguments_size=body.arguments_size,
+                )
+            ],
+            EventMeta(actor=caller.actor),
+        )
+        a.calls_started.add(body.call_id)
+    broker.metrics.tool_call(body.tool, "started")
+    return Recorded(recorded=True)
+
+
+@router.post("/runner/tool-calls/finish")
+async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -> Recorded:
+    a = caller.activation
+    if body.call_id not in a.calls_started:
+        raise BrokerError(409, "conflict", "finish of a tool call that was never started")
+    if body.call_id in a.calls_finished:
+        return Recorded(recorded=False)
+    async with a.lock:
+        if body.call_id in a.calls_finished:
+            return Recorded(recorded=False)
+        await broker.store.append_next(
+            a.id,
+            [ToolCallFinished(**body.model_dump())],
+            EventMeta(actor=caller.actor),
+        )
+        a.calls_finished.add(body.call_id)
+    broker.metrics.tool_call("", body.status, body.duration_ms)
+    return Recorded(recorded=True)
+
+
+@router.post("/runner/history")
+async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
+    c = caller.claims
+    entries = tuple(
+        HistoryEntry(
+            message_id=e.message_id,
+            role=e.role,
+            text=e.text,
+            tool_calls=tuple(HistoryToolCall(**t.model_dump()) for t in e.tool_calls),
+            tool_call_id=e.tool_call_id,
+            name=e.name,
+        )
+        for e in body.entries
+    )
+    reply = await broker.commands.send(
+        AppendHistory(
+            session_id=c.session_id,
+            activation_id=c.activation_id,
+            agent_id=c.agent_id,
+            entries=entries,
+        ),
+        actor=caller.actor,
+    )
+    return Recorded(recorded=bool(reply.result.get("appended")))
+
+
+@router.post("/runner/history/compaction")
+async def compaction(body: CompactionMarker, caller: Auth, broker: Shared) -> Recorded:
+    c = caller.claims
+    reply = await broker.commands.send(
+        CompactHistory(session_id=c.session_id, activation_id=c.activation_id, **body.model_dump()),
+        actor=caller.actor,
+    )
+    return Recorded(recorded=bool(reply.events))
+
+
+@router.post("/runner/stream")
+async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
+    c = caller.claims
+    subject = broker.topology.live_subject(c.session_id)
+    now = datetime.now(UTC)
+    acks = [
+        broker.js.publish(
+            subject,
+            LiveChunk(
+                session_id=c.session_id,
+                activation_id=c.activation_id,
+                kind=chunk.kind,
+                text=chunk.text,
+                data=chunk.data,
+                at=now,
+            )
+            .model_dump_json()
+            .encode(),
+        )
+        for chunk in body.chunks
+    ]
+    await asyncio.gather(*acks)  # in order: one publisher, one connection
+    return Recorded(recorded=True)
+
+
+@router.get("/runner/signals")
+async def signals(
+    caller: Auth,
+    broker: Shared,
+    received: Annotated[list[str] | None, Query(max_length=10_000)] = None,
+) -> SignalsTaken:
+    c = caller.claims
+    reply = await broker.commands.send(
+        TakeSignals(
+            session_id=c.session_id,
+            activation_id=c.activation_id,
+            received=tuple(received or ()),
+        ),
+        actor=caller.actor,
+    )
+    raw: list[dict[str, Any]] = reply.result.get("signals", [])
+    return SignalsTaken(signals=tuple(SignalSpec.model_validate(s) for s in raw))
+
+
+@router.post("/runner/ask")
+async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
+    c = caller.claims
+    waiter = broker.waiter
+    with waiter.watch(body.pending_action_id) as outcome:
+        with contextlib.suppress(ConflictError):  # asked before: its outcome may be known
+            await broker.commands.send(
+                CreatePendingAction(
+                    pending_action_id=body.pending_action_id,
+                    session_id=c.session_id,
+                    activation_id=c.activation_id,
+                    kind=body.kind,
+                    prompt=body.prompt,
+                    options=body.options,
+                    paths=body.paths,
+                    timeout_seconds=body.timeout_seconds,
+                ),
+                actor=caller.actor,
+            )
+        return await waiter.outcome(body.pending_action_id, outcome, body.wait_seconds)
+
+
+@router.put("/runner/checkpoint")
+async def put_checkpoint(
+    body: CheckpointPut, caller: Auth, broker: Shared, request: Request
+) -> Recorded:
+    if int(request.headers.get("content-length") or 0) > MAX_CHECKPOINT_BYTES:
+        raise BrokerError(413, "too_large", f"checkpoints are at most {MAX_CHECKPOINT_BYTES} bytes")
+    c = caller.claims
+    reply = await broker.commands.send(
+        SaveCheckpoint(
+            session_id=c.session_id,
+            activation_id=c.activation_id,
+            checkpoint_id=body.checkpoint_id,
+            data=body.data,
+        ),
+        actor=caller.actor,
+    )
+    return Recorded(recorded=bool(reply.events))
+
+
+@router.get("/runner/checkpoint", response_model=None)
+async def get_checkpoint(caller: Auth, broker: Shared) -> CheckpointRef | Response:
+    stream = await broker.store.load("session", caller.claims.session_id)
+    latest = None
+    for event in stream.events:
+        if isinstance(event.data, CheckpointSaved):
+            latest = CheckpointRef(
+                id=event.data.checkpoint_id,
+                created_at=event.envelope.occurred_at,
+                data=event.data.data,
+            )
+    if latest is None:
+        return Response(status_code=204)
+    return latest
+
+
+@router.post("/toolpacks/{toolpack}/support")
+async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared) -> SupportResult:
+    c = caller.claims
+    if toolpack != "core" and toolpack not in c.toolpacks:
+        raise BrokerError(
+            403, "forbidden", f"toolpack {toolpack!r} is not enabled for this activation"
+        )
+    operation = broker.operations.find(toolpack, body.operation)
+    if operation is None:
+        raise BrokerError(
+            403, "forbidden", f"{body.operation!r} is not an allowed operation of {toolpack!r}"
+        )
+    ctx = SupportContext(
+        c, toolpack, body.operation, body.request_id, broker.commands, broker.store
+    )
+    return SupportResult(result=await operation(ctx, body.arguments))
+
+
+@router.post("/activation-output")
+async def output(body: RunnerActivationOutput, caller: Auth, broker: Shared) -> Recorded:
+    a = caller.activation
+    async with a.lock:
+        if a.output:
+            return Recorded(recorded=False)
+        await broker.store.append_next(
+            a.id,
+            [ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)],
+            EventMeta(actor=caller.actor),
+        )
+        a.output = True
+    return Recorded(recorded=True)

@@ -1,0 +1,143 @@
+"""Toolpack support operations: the stateful half of a toolpack, run by the broker.
+
+The operation allowlist is the manifest's `support_operations`; the built-in `core` toolpack's
+operations are the broker's own. An operation gets a `SupportContext` (who calls, and the
+effects it may have: messages and signals, with ids derived from the call so a retry creates
+nothing twice) and returns a JSON object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+
+from suzumio.contracts.broker import MessageSend, SignalRecord
+from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
+from suzumio.contracts.errors import InvalidError, NotFoundError
+from suzumio.contracts.events import SessionOpened
+from suzumio.contracts.ids import derived_id
+from suzumio.contracts.toolpacks import ToolpackManifest, resolve
+from suzumio.contracts.values import SignalKind
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.logging import get_logger
+from suzumio.platform.tokens import ActivationClaims
+
+log = get_logger(__name__)
+ACTOR = "system:toolbroker"
+
+
+@dataclass(frozen=True)
+class SupportContext:
+    claims: ActivationClaims
+    toolpack: str
+    operation: str
+    request_id: str
+    commands: CommandClient
+    store: EventStore
+
+    def derived(self, what: str) -> str:
+        return derived_id(
+            "support", self.claims.activation_id, self.toolpack, self.request_id, what
+        )
+
+    async def session_project(self, session_id: str) -> str | None:
+        stream = await self.store.load("session", session_id)
+        for event in stream.events:
+            if isinstance(event.data, SessionOpened):
+                return event.data.project_id
+        return None
+
+    async def post_message(self, session_id: str, text: str, priority: Any) -> CommandAccepted:
+        """A message to a session of the same project (another agent's, or this one)."""
+        if await self.session_project(session_id) != self.claims.project_id:
+            raise NotFoundError("session not found")  # another project's looks like none
+        return await self.commands.send(
+            PostMessage(
+                session_id=session_id,
+                message_id=self.derived("message"),
+                signal_id=self.derived("message.signal"),
+                text=text,
+                priority=priority,
+            ),
+            actor=f"system:agent:{self.claims.agent_id}",
+        )
+
+    async def record_signal(
+        self, kind: str, payload: dict[str, Any], priority: Any, not_before: datetime | None
+    ) -> CommandAccepted:
+        signal_kind = SignalKind(kind) if kind in set(SignalKind) else SignalKind.CUSTOM
+        return await self.commands.send(
+            RecordSignal(
+                session_id=self.claims.session_id,
+                signal_id=self.derived("signal"),
+                kind=signal_kind,
+                priority=priority,
+                payload={**payload, "kind": kind, "toolpack": self.toolpack},
+                not_before=not_before,
+            ),
+            actor=ACTOR,
+        )
+
+
+Operation = Callable[[SupportContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+M = TypeVar("M", MessageSend, SignalRecord)
+
+
+def _parse(model: type[M], arguments: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(arguments)
+    except ValidationError as exc:
+        raise InvalidError(f"invalid arguments: {exc.errors(include_url=False)}") from None
+
+
+async def message_send(ctx: SupportContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    args = _parse(MessageSend, arguments)
+    reply = await ctx.post_message(args.session_id, args.text, args.priority)
+    return {"message_id": reply.result.get("message_id"), "session_id": args.session_id}
+
+
+async def signal_record(ctx: SupportContext, arguments: dict[str, Any]) -> dict[str, Any]:
+    args = _parse(SignalRecord, arguments)
+    not_before = (
+        datetime.now(UTC) + timedelta(seconds=args.delay_seconds) if args.delay_seconds else None
+    )
+    reply = await ctx.record_signal(args.kind, args.payload, args.priority, not_before)
+    return {"signal_id": reply.result.get("signal_id")}
+
+
+CORE_OPERATIONS: dict[str, Operation] = {
+    "message.send": message_send,
+    "signal.record": signal_record,
+}
+
+
+class SupportOperations:
+    """The operations the broker may run, by toolpack: core's and the installed manifests'."""
+
+    def __init__(self, manifests: Mapping[str, ToolpackManifest]) -> None:
+        self._ops: dict[str, dict[str, Operation]] = {"core": dict(CORE_OPERATIONS)}
+        for name, manifest in manifests.items():
+            if name == "core":
+                continue  # the broker's own: a package cannot replace them
+            ops: dict[str, Operation] = {}
+            for operation, ref in manifest.support_operations.items():
+                try:
+                    ops[operation] = resolve(ref)
+                except Exception as exc:
+                    log.warning(
+                        "broker.operation_unloadable", toolpack=name, ref=ref, error=repr(exc)
+                    )
+            self._ops[name] = ops
+
+    def find(self, toolpack: str, operation: str) -> Operation | None:
+        return self._ops.get(toolpack, {}).get(operation)
+
+    def known(self, toolpack: str) -> bool:
+        return toolpack in self._ops
