@@ -28,7 +28,8 @@ MEMBERS = (
     "services/gateway", "services/session", "services/scheduler",
     "services/orchestrator", "services/toolbroker", "services/cli",
 )  # fmt: skip
-SOURCES = [f"{m}/src" for m in MEMBERS]
+EXAMPLES = ("examples/toolpacks/todo",)  # installed too, so the tests can load them
+SOURCES = [f"{m}/src" for m in (*MEMBERS, *EXAMPLES)]
 
 
 def _python() -> Path:
@@ -54,8 +55,9 @@ def install(dev: bool = False) -> None:
     if not _python().exists():
         print(f"creating {VENV} ...", flush=True)
         venv.create(VENV, with_pip=True)
-    runtime = [ROOT / "constraints.txt", *(ROOT / m / "pyproject.toml" for m in MEMBERS)]
-    steps = [("runtime", runtime, [a for m in MEMBERS for a in ("-e", str(ROOT / m))])]
+    packages = (*MEMBERS, *EXAMPLES)
+    runtime = [ROOT / "constraints.txt", *(ROOT / m / "pyproject.toml" for m in packages)]
+    steps = [("runtime", runtime, [a for m in packages for a in ("-e", str(ROOT / m))])]
     if dev:
         steps.append(("dev", [ROOT / "requirements-dev.txt", *runtime],
                       ["-r", str(ROOT / "requirements-dev.txt")]))  # fmt: skip

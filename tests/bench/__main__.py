@@ -22,7 +22,7 @@ import uvloop
 
 from suzumio.platform.embedded import start_nats, start_postgres
 from suzumio.platform.logging import configure_logging
-from tests.bench import eventlog, gateway, scheduler, services
+from tests.bench import broker, eventlog, gateway, scheduler, services
 
 Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
 SECTIONS: dict[str, Section] = {
@@ -32,6 +32,8 @@ SECTIONS: dict[str, Section] = {
     "gateway_latency": gateway.api,
     "sse_fanout": gateway.sse_fanout,
     "scheduling": scheduler.scheduling,
+    "broker_audit": broker.audit,
+    "runner_stream": broker.runner_stream,
     "idle_rss": services.idle_rss,
 }
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationRequested
+from suzumio.contracts.ids import new_id
 from suzumio.testing.model_server import ScriptedModelServer
 from tests.e2e.api import World, ok
 from tests.e2e.stack import Stack
@@ -31,3 +34,21 @@ async def post(stack: Stack, world: World, text: str, **extra: Any) -> dict[str,
             201,
         )
     return body
+
+
+async def request_activation(stack: Stack, world: World) -> str:
+    """Append the scheduler's decision directly, as the scheduler would."""
+    activation_id = new_id()
+    await stack.store.append_next(
+        world.session_id,
+        [
+            ActivationRequested(
+                activation_id=activation_id,
+                agent_id=world.agent_id,
+                signal_ids=(),
+                project_id=world.project_id,
+            )
+        ],
+        EventMeta(actor="system:scheduler"),
+    )
+    return activation_id

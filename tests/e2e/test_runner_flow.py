@@ -129,6 +129,8 @@ async def test_a_message_gets_an_answer_with_one_tool_call(
     assert entries[1].tool_calls[0].name == "file.write"
     assert entries[2].tool_call_id == entries[1].tool_calls[0].id
     assert entries[-1].text == "I wrote notes.txt."
+    # The prompt layers are built once: byte-identical across the activation's calls.
+    assert model.requests[0].messages[0] == model.requests[1].messages[0]
     # The provider key reached the model server, never the log.
     assert model.requests[0].headers["authorization"] == "Bearer sk-test-key-never-logged"
     raw = await platform.store.load("session", run.world.session_id)  # type: ignore[attr-defined]

@@ -432,6 +432,8 @@ class AgentLoop:
             self._received.append(signal.id)
             if signal.message_id and signal.message_id in in_history:
                 continue
+            if signal.payload.get("pending_action_id") in self._toolbox.core.answered:
+                continue  # its answer came back as the tool's result already
             text = render_signal(signal)
             if signal.message_id and signal.text:
                 self._push({"role": "user", "content": text}, signal.message_id)

@@ -103,6 +103,7 @@ class CoreTools:
         self._activation_id = activation_id
         self._session_id = session_id
         self._ask_wait = ask_wait
+        self.answered: set[str] = set()  # pending actions answered while this activation ran
 
     async def run(self, name: str, args: dict[str, Any], call_id: str) -> CoreOutcome:
         try:
@@ -149,6 +150,8 @@ class CoreTools:
                 wait_seconds=self._ask_wait,
             )
         )
+        if outcome.status == "answered":
+            self.answered.add(pending_id)
         return settle(outcome.status, outcome.answer, pending_id, "the user's answer")
 
     async def approval(self, tool: str, arguments: str, digest: str, wait: float) -> CoreOutcome:
@@ -165,6 +168,7 @@ class CoreTools:
             )
         )
         if outcome.status == "answered":
+            self.answered.add(pending_id)
             if outcome.approved:
                 return CoreOutcome(ToolResult("approved"))
             return CoreOutcome(ToolResult(f"{tool} was not approved by the user", "denied"))

@@ -45,7 +45,7 @@ class Gate:
         except TokenError as exc:
             raise BrokerError(401, "unauthenticated", f"invalid token: {exc}") from None
         # A cancel stored before this call must be seen: fold up to now first.
-        if not await self._registry.fresh():
+        if not await self._registry.fresh(self._store, claims.session_id):
             raise BrokerError(503, "unavailable", "the broker is catching up with the log")
         activation = self._registry.get(claims.activation_id)
         if activation is None:

@@ -30,7 +30,6 @@ from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.eventstore import EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
-from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -55,6 +54,7 @@ class LiveActivation:
     project_id: str | None
     fenced: str = ""  # why it may no longer act; empty while live
     output: bool = False
+    version: int | None = None  # of its own subject, as this replica last wrote it
     calls_started: set[str] = field(default_factory=set)
     calls_finished: set[str] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
@@ -102,10 +102,12 @@ class ActivationRegistry:
                 if event.envelope.type in WANTED:
                     self._apply(aggregate_id, event.data)
 
-    async def fresh(self, timeout: float = 5.0) -> bool:
-        """Fold everything stored up to now; False if that took longer than `timeout`."""
-        end = await stream_last_seq(self._nc, self._topology.events_stream)
-        return await self.wait_position(end, timeout)
+    async def fresh(self, store: EventStore, session_id: str, timeout: float = 5.0) -> bool:
+        """Fold the session's subject up to now — where a cancel or a P0 is written — so a
+        fence stored before this moment is seen; False if that took longer than `timeout`.
+        (Waiting for the whole log would also wait for the broker's own audit appends.)"""
+        head = await store.head("session", session_id)
+        return await self.wait_position(head.seq, timeout)
 
     async def wait_position(self, position: int, timeout: float) -> bool:
         if self.position >= position:

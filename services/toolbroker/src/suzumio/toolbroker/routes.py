@@ -33,7 +33,7 @@ from suzumio.contracts.commands import (
     SaveCheckpoint,
     TakeSignals,
 )
-from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.events import (
     ActivationOutputRecorded,
@@ -44,8 +44,10 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
 from suzumio.toolbroker.support import SupportContext
 
@@ -67,6 +69,23 @@ Shared = Annotated[Broker, Depends(_broker)]
 router = APIRouter()
 
 
+async def append_own(
+    broker: Broker, a: LiveActivation, events: list[DomainEvent], actor: str
+) -> None:
+    """Append the broker's own events to the activation (the caller holds its lock). The
+    version it last wrote is known, which saves a lookup; another replica's write makes it a
+    conflict, and then the head is read."""
+    meta = EventMeta(actor=actor)
+    if a.version is not None:
+        try:
+            a.version = (await broker.store.append(a.id, events, a.version, meta)).version
+        except ConcurrencyConflictError:
+            pass
+        else:
+            return
+    a.version = (await broker.store.append_next(a.id, events, meta)).version
+
+
 @router.post("/runner/tool-calls/start")
 async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> Recorded:
     a = caller.activation
@@ -75,8 +94,9 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
     async with a.lock:
         if body.call_id in a.calls_started:
             return Recorded(recorded=False)
-        await broker.store.append_next(
-            a.id,
+        await append_own(
+            broker,
+            a,
             [
                 ToolCallStarted(
                     call_id=body.call_id,
@@ -85,7 +105,7 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
                     arguments_size=body.arguments_size,
                 )
             ],
-            EventMeta(actor=caller.actor),
+            caller.actor,
         )
         a.calls_started.add(body.call_id)
     broker.metrics.tool_call(body.tool, "started")
@@ -102,11 +122,7 @@ async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -
     async with a.lock:
         if body.call_id in a.calls_finished:
             return Recorded(recorded=False)
-        await broker.store.append_next(
-            a.id,
-            [ToolCallFinished(**body.model_dump())],
-            EventMeta(actor=caller.actor),
-        )
+        await append_own(broker, a, [ToolCallFinished(**body.model_dump())], caller.actor)
         a.calls_finished.add(body.call_id)
     broker.metrics.tool_call("", body.status, body.duration_ms)
     return Recorded(recorded=True)
@@ -273,10 +289,11 @@ async def output(body: RunnerActivationOutput, caller: Auth, broker: Shared) -> 
     async with a.lock:
         if a.output:
             return Recorded(recorded=False)
-        await broker.store.append_next(
-            a.id,
+        await append_own(
+            broker,
+            a,
             [ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)],
-            EventMeta(actor=caller.actor),
+            caller.actor,
         )
         a.output = True
     return Recorded(recorded=True)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from suzumio.contracts.broker import MessageSend, SignalRecord
 from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
-from suzumio.contracts.errors import InvalidError, NotFoundError
+from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError
 from suzumio.contracts.events import SessionOpened
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.toolpacks import ToolpackManifest, resolve
@@ -56,32 +56,48 @@ class SupportContext:
         """A message to a session of the same project (another agent's, or this one)."""
         if await self.session_project(session_id) != self.claims.project_id:
             raise NotFoundError("session not found")  # another project's looks like none
-        return await self.commands.send(
+        message_id, signal_id = self.derived("message"), self.derived("message.signal")
+        return await self._once(
             PostMessage(
                 session_id=session_id,
-                message_id=self.derived("message"),
-                signal_id=self.derived("message.signal"),
+                message_id=message_id,
+                signal_id=signal_id,
                 text=text,
                 priority=priority,
             ),
-            actor=f"system:agent:{self.claims.agent_id}",
+            f"system:agent:{self.claims.agent_id}",
+            {"message_id": message_id, "signal_id": signal_id},
         )
 
     async def record_signal(
         self, kind: str, payload: dict[str, Any], priority: Any, not_before: datetime | None
     ) -> CommandAccepted:
         signal_kind = SignalKind(kind) if kind in set(SignalKind) else SignalKind.CUSTOM
-        return await self.commands.send(
+        signal_id = self.derived("signal")
+        return await self._once(
             RecordSignal(
                 session_id=self.claims.session_id,
-                signal_id=self.derived("signal"),
+                signal_id=signal_id,
                 kind=signal_kind,
                 priority=priority,
                 payload={**payload, "kind": kind, "toolpack": self.toolpack},
                 not_before=not_before,
             ),
-            actor=ACTOR,
+            ACTOR,
+            {"signal_id": signal_id},
         )
+
+    async def _once(
+        self, command: PostMessage | RecordSignal, actor: str, result: dict[str, Any]
+    ) -> CommandAccepted:
+        """Send a command whose ids derive from this call: a retried call finds them recorded
+        already and answers as the first one did."""
+        try:
+            return await self.commands.send(command, actor=actor)
+        except ConflictError as exc:
+            if "exists already" not in exc.message:
+                raise
+            return CommandAccepted(result=result)
 
 
 Operation = Callable[[SupportContext, dict[str, Any]], Awaitable[dict[str, Any]]]

@@ -1,0 +1,246 @@
+"""The tool-broker's door: what a token must be for a call to have any effect. Runs against
+the real session, scheduler, tool-broker and gateway processes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationCompleted,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from suzumio.contracts.ids import new_id
+from suzumio.platform.tokens import TokenSigner
+from tests.e2e.api import World, new_world
+from tests.e2e.runner_env import request_activation
+from tests.e2e.stack import Stack
+from tests.support import eventually
+
+
+@dataclass
+class Live:
+    world: World
+    activation_id: str
+    token: str
+
+
+def mint(stack: Stack, world: World, activation_id: str, **kw: Any) -> str:
+    signer = TokenSigner([kw.pop("key", stack.secret_key)])
+    return signer.issue(
+        activation_id=activation_id,
+        session_id=kw.pop("session_id", world.session_id),
+        project_id=world.project_id,
+        agent_id=world.agent_id,
+        ttl=kw.pop("ttl", timedelta(minutes=5)),
+        **kw,
+    )
+
+
+async def live(stack: Stack, name: str) -> Live:
+    world = await new_world(stack, name)
+    activation_id = await request_activation(stack, world)
+    return Live(world, activation_id, mint(stack, world, activation_id))
+
+
+def broker(stack: Stack, token: str | None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(base_url=stack.url_of("toolbroker"), headers=headers, timeout=30)
+
+
+def start_body(call_id: str = "call-1") -> dict[str, Any]:
+    return {
+        "call_id": call_id,
+        "tool": "file.read",
+        "arguments_digest": hashlib.sha256(b"{}").hexdigest(),
+        "arguments_size": 2,
+    }
+
+
+async def activation_types(stack: Stack, activation_id: str) -> list[str]:
+    stream = await stack.store.load("activation", activation_id)
+    return [e.envelope.type for e in stream.events]
+
+
+async def test_every_tool_call_is_audited_with_status_and_duration(platform: Stack) -> None:
+    a = await live(platform, "audra")
+    async with broker(platform, a.token) as c:
+        assert (await c.post("/runner/tool-calls/start", json=start_body())).json() == {
+            "recorded": True
+        }
+        again = await c.post("/runner/tool-calls/start", json=start_body())
+        assert again.json() == {"recorded": False}  # a retry records nothing twice
+        finish = {"call_id": "call-1", "status": "ok", "duration_ms": 37, "result_size": 5}
+        assert (await c.post("/runner/tool-calls/finish", json=finish)).status_code == 200
+        orphan = await c.post("/runner/tool-calls/finish", json={**finish, "call_id": "nope"})
+        assert orphan.status_code == 409
+    stream = await platform.store.load("activation", a.activation_id)
+    [started] = [e.data for e in stream.events if isinstance(e.data, ToolCallStarted)]
+    [finished] = [e.data for e in stream.events if isinstance(e.data, ToolCallFinished)]
+    assert started.tool == "file.read"
+    assert (finished.status, finished.duration_ms) == ("ok", 37)
+
+
+@pytest.mark.parametrize(
+    "case", ["missing", "garbage", "forged", "expired", "other_session", "never_requested"]
+)
+async def test_bad_tokens_are_refused_and_change_nothing(platform: Stack, case: str) -> None:
+    a = await live(platform, f"t{case[:4]}")
+    tokens: dict[str, str | None] = {
+        "missing": None,
+        "garbage": "sza1.not-a-token",
+        "forged": mint(platform, a.world, a.activation_id, key=TokenSigner.__name__ * 4),
+        "expired": TokenSigner([platform.secret_key]).issue(
+            activation_id=a.activation_id,
+            session_id=a.world.session_id,
+            project_id=a.world.project_id,
+            agent_id=a.world.agent_id,
+            ttl=timedelta(seconds=1),
+            now=datetime.now(UTC) - timedelta(minutes=5),
+        ),
+        "other_session": mint(platform, a.world, a.activation_id, session_id=new_id()),
+        "never_requested": mint(platform, a.world, new_id()),
+    }
+    expected = 401 if case in {"missing", "garbage", "forged", "expired"} else 403
+    async with broker(platform, tokens[case]) as c:
+        for method, path, body in (
+            ("POST", "/runner/tool-calls/start", start_body()),
+            (
+                "POST",
+                "/runner/history",
+                {"entries": [{"message_id": new_id(), "role": "assistant", "text": "x"}]},
+            ),
+            ("POST", "/activation-output", {"text": "stolen result"}),
+            ("PUT", "/runner/checkpoint", {"checkpoint_id": new_id(), "data": {}}),
+            (
+                "POST",
+                "/toolpacks/core/support",
+                {"operation": "signal.record", "arguments": {"kind": "x"}, "request_id": "r"},
+            ),
+        ):
+            response = await c.request(method, path, json=body)
+            assert response.status_code == expected, (path, response.text)
+            assert response.headers["content-type"] == "application/problem+json"
+    assert await activation_types(platform, a.activation_id) == []
+    session = await platform.store.load("session", a.world.session_id)
+    assert [e.envelope.type for e in session.events][-1] == "session.activation_requested"
+
+
+async def test_a_cancelled_activation_is_fenced_at_once(platform: Stack) -> None:
+    a = await live(platform, "fenn")
+    async with broker(platform, a.token) as c:
+        assert (await c.post("/runner/tool-calls/start", json=start_body("c1"))).status_code == 200
+        await platform.store.append_next(
+            a.world.session_id,
+            [ActivationCancelRequested(activation_id=a.activation_id, reason="replaced")],
+            EventMeta(actor="system:scheduler"),
+        )
+        # No waiting: the very next call sees the cancel, whatever the broker's lag.
+        refused = await c.post("/runner/tool-calls/start", json=start_body("c2"))
+        assert refused.status_code == 403
+        assert refused.json()["code"] == "fenced"
+        output = await c.post("/activation-output", json={"text": "too late"})
+        assert output.status_code == 403
+    assert await activation_types(platform, a.activation_id) == ["activation.tool_call_started"]
+
+
+async def test_an_ended_activation_can_no_longer_act(platform: Stack) -> None:
+    a = await live(platform, "endo")
+    await platform.store.append_next(
+        a.activation_id, [ActivationCompleted(text="done")], EventMeta(actor="system:orchestrator")
+    )
+    async with broker(platform, a.token) as c:
+        response = await c.post("/runner/tool-calls/start", json=start_body())
+    assert response.status_code == 403
+    assert await activation_types(platform, a.activation_id) == ["activation.completed"]
+
+
+async def test_another_activations_token_cannot_write_to_this_one(platform: Stack) -> None:
+    mine = await live(platform, "mina")
+    theirs = await live(platform, "thea")
+    async with broker(platform, theirs.token) as c:
+        await c.post("/runner/tool-calls/start", json=start_body())
+    # Their call landed on their activation; mine is untouched.
+    assert await activation_types(platform, mine.activation_id) == []
+    assert await activation_types(platform, theirs.activation_id) == [
+        "activation.tool_call_started"
+    ]
+
+
+async def test_toolpack_operations_outside_the_allowlist_are_refused(platform: Stack) -> None:
+    a = await live(platform, "olga")
+    async with broker(platform, a.token) as c:
+        unknown = await c.post(
+            "/toolpacks/core/support",
+            json={"operation": "session.delete", "arguments": {}, "request_id": "r1"},
+        )
+        assert unknown.status_code == 403
+        not_enabled = await c.post(
+            "/toolpacks/files/support",
+            json={"operation": "anything", "arguments": {}, "request_id": "r2"},
+        )
+        assert not_enabled.status_code == 403
+        allowed = await c.post(
+            "/toolpacks/core/support",
+            json={
+                "operation": "signal.record",
+                "arguments": {"kind": "reminder"},
+                "request_id": "r3",
+            },
+        )
+        assert allowed.status_code == 200, allowed.text
+        retried = await c.post(
+            "/toolpacks/core/support",
+            json={
+                "operation": "signal.record",
+                "arguments": {"kind": "reminder"},
+                "request_id": "r3",
+            },
+        )
+        assert retried.json() == allowed.json()
+
+    async def signals() -> list[str]:
+        stream = await platform.store.load("session", a.world.session_id)
+        return [
+            e.envelope.type for e in stream.events if e.envelope.type.endswith("signal_recorded")
+        ]
+
+    await eventually(signals, lambda s: len(s) == 1, what="one recorded signal")
+
+
+async def test_live_chunks_reach_the_session_stream(platform: Stack) -> None:
+    a = await live(platform, "lia")
+    js = platform.nc.jetstream()
+    sub = await js.subscribe(
+        platform.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    async with broker(platform, a.token) as c:
+        response = await c.post(
+            "/runner/stream",
+            json={"chunks": [{"kind": "text", "text": "Hel"}, {"kind": "text", "text": "lo"}]},
+        )
+        assert response.status_code == 200
+    texts = [(await sub.next_msg(timeout=5)).data for _ in range(2)]
+    assert [b'"Hel"' in texts[0], b'"lo"' in texts[1]] == [True, True]
+    await sub.unsubscribe()
+
+
+async def test_checkpoints_are_stored_and_the_latest_is_returned(platform: Stack) -> None:
+    a = await live(platform, "kit")
+    async with broker(platform, a.token) as c:
+        assert (await c.get("/runner/checkpoint")).status_code == 204
+        for step in (1, 2):
+            body = {"checkpoint_id": new_id(), "data": {"step": step}}
+            assert (await c.put("/runner/checkpoint", json=body)).status_code == 200
+        latest = await c.get("/runner/checkpoint")
+        assert latest.json()["data"] == {"step": 2}
+        too_big = {"checkpoint_id": new_id(), "data": {"blob": "x" * 300_000}}
+        assert (await c.put("/runner/checkpoint", json=too_big)).status_code == 413
