@@ -54,6 +54,7 @@ async def running_stack(
     postgres_url: str,
     tmp: Path,
     services: tuple[str, ...] = ("session", "gateway"),
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     """The services named (the gateway always last in `processes`' order given)."""
     topology = servers.fresh_topology()
@@ -68,11 +69,16 @@ async def running_stack(
         "SUZUMIO_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
         "SUZUMIO_READ_YOUR_WRITES_TIMEOUT": "5",
         "SUZUMIO_STREAM_RECHECK_SECONDS": "0.5",
+        "SUZUMIO_WORK_DIR": str(tmp / "sandboxes"),
+        **(extra_env or {}),
     }
     procs = [
         ServiceProcess(name, nats_url, database_url, topology, tmp / f"{name}.log", env)
         for name in services
     ]
+    for proc in procs:  # sandboxes reach the broker wherever the test put it
+        if proc.name == "toolbroker":
+            env["SUZUMIO_BROKER_URL"] = f"http://127.0.0.1:{proc.port}"
     nc = await connection.connect(nats_url, "suzumio-e2e")
     await ensure_streams(nc, topology.streams())
     try:

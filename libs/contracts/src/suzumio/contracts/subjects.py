@@ -13,6 +13,9 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9]{0,31}$")
+ARTIFACTS_BUCKET = "artifacts"
+"""The object store of artifact bytes (`sha256/<hex>`), shared by the gateway and the
+orchestrator."""
 
 
 class Storage(StrEnum):

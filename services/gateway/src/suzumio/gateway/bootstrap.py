@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp
 
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.gateway.api.app import create_app
 from suzumio.gateway.api.auth import KeyCache
 from suzumio.gateway.livehub import LiveHub
@@ -16,7 +17,6 @@ from suzumio.platform.service import ServiceRuntime
 from suzumio.platform.service.heartbeat import BUCKET as SERVICES_BUCKET
 from suzumio.platform.service.heartbeat import TTL_SECONDS
 
-ARTIFACTS_BUCKET = "artifacts"
 IDEMPOTENCY_BUCKET = "idempotency"
 
 

@@ -1,9 +1,44 @@
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
 
+from pydantic import Field, SecretStr
+
+from suzumio.contracts.values import Backend
 from suzumio.platform.settings import ServiceSettings
 
 
 class OrchestratorSettings(ServiceSettings):
     http_port: int = Field(default=8093, ge=0, le=65_535)
+    default_backend: Backend = Field(
+        default=Backend.PROCESS, description="for agents without a runtime profile"
+    )
+    backends: tuple[Backend, ...] = Field(
+        default=(Backend.PROCESS,),
+        description="the backends this orchestrator runs (JSON list): process, docker, "
+        "kubernetes, pool",
+    )
+    work_dir: Path | None = Field(
+        default=None, description="activation and session directories; <data_dir>/sandboxes"
+    )
+    broker_url: str = Field(
+        default="http://127.0.0.1:8081", description="the tool-broker as sandboxes reach it"
+    )
+    model_base_url: str | None = Field(
+        default=None, description="the model endpoint for agents whose model names no provider"
+    )
+    model_api_key: SecretStr | None = None
+    allow_private_network: bool = Field(
+        default=False, description="web.fetch in sandboxes may reach private addresses"
+    )
+    token_margin_seconds: int = Field(
+        default=600, ge=60, description="a token outlives the wall-clock limit by this much"
+    )
+    workspace_retention_hours: float = Field(
+        default=24.0, ge=0, description="ended activations' directories are removed after this"
+    )
+    max_artifact_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    max_artifacts: int = Field(default=200, ge=0)
+
+    def sandboxes(self) -> Path:
+        return (self.work_dir or Path(self.data_dir) / "sandboxes").resolve()

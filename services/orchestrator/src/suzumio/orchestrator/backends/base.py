@@ -1,0 +1,133 @@
+"""One interface for every sandbox backend (DESIGN.md §8): launch, watch, cancel, cleanup,
+list_live (for reconciliation after a restart) and health.
+
+The orchestrator builds a `LaunchPlan` — the runner input (with the token), the sandbox's
+environment (provider keys: secrets, redacted everywhere else), the runtime profile, the
+activation's directory on this host, the mounts and the labels — and a backend turns it into a
+running sandbox. A `Handle` names that sandbox in a JSON-safe way, so it can be found again
+after an orchestrator restart; `watch` returns its `Exit`.
+
+Layout of an activation's directory (`host_dir`), for backends that use the host's disk:
+`input.json` (the input, read-only to the sandbox), `workspace/` (the sandbox's `/workspace`;
+what it leaves in `workspace/out/` becomes artifacts of the session). The session's own
+directory (`session_dir`) is the sandbox's `/workspace/session`, kept across activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from suzumio.contracts.runner import RunnerActivationInput
+from suzumio.contracts.values import RuntimeProfileSpec
+
+LABEL_PREFIX = "io.suzumio"
+INPUT_PATH = "/activation/input.json"  # inside the sandbox
+WORKSPACE = "/workspace"
+RESERVED_TARGETS = ("/activation", WORKSPACE, "/proc", "/sys", "/dev", "/etc", "/usr", "/bin")
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    host_path: Path
+    target: str  # absolute, inside the sandbox, not under a reserved target
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    activation_id: str
+    session_id: str
+    project_id: str
+    agent_id: str
+    attempt: int
+    input: RunnerActivationInput
+    """With `workspace` = /workspace and the broker URL as the sandbox reaches it; a backend
+    that runs the runner elsewhere (the process backend) rewrites the paths."""
+    profile: RuntimeProfileSpec
+    env: dict[str, str]
+    """The sandbox's environment: ids, the model endpoints and keys. Values of `secret_keys`
+    must never appear in a log, an event or a rendered manifest."""
+    secret_keys: frozenset[str]
+    host_dir: Path
+    session_dir: Path
+    mounts: tuple[MountPlan, ...] = ()
+    deadline: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def redacted_env(self) -> dict[str, str]:
+        return {k: ("***" if k in self.secret_keys else v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class Handle:
+    activation_id: str
+    backend: str
+    sandbox_id: str  # a pid, a container id, a Job name, a dispatch id
+    data: dict[str, Any] = field(default_factory=dict)  # JSON-safe, backend-specific
+
+
+@dataclass(frozen=True)
+class Exit:
+    code: int | None  # the runner's exit code; None when the sandbox was lost or killed
+    reason: Literal["exited", "killed", "oom", "lost", "timeout", "cancelled"] = "exited"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Health:
+    ok: bool
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class LaunchError(Exception):
+    """The sandbox could not be started (bad image, engine down, …): a failed attempt."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+CleanupPolicy = Literal["always", "on_success", "never"]
+
+
+class Backend(Protocol):
+    name: str
+
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        """Start the sandbox; raise `LaunchError` if it cannot be started."""
+        ...
+
+    async def watch(self, handle: Handle) -> Exit:
+        """Wait until the sandbox ends (also one found by `list_live` after a restart)."""
+        ...
+
+    async def cancel(self, handle: Handle) -> None:
+        """Stop it now (idempotent; a sandbox that is gone already is fine)."""
+        ...
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        """Remove what is left of it, as the backend's cleanup policy says."""
+        ...
+
+    async def list_live(self) -> list[Handle]:
+        """Every sandbox of this platform the backend still has (running or not removed)."""
+        ...
+
+    async def health(self) -> Health: ...
+
+    async def close(self) -> None: ...
+
+
+def labels_for(plan: LaunchPlan, namespace: str) -> dict[str, str]:
+    return {
+        f"{LABEL_PREFIX}.managed": "true",
+        f"{LABEL_PREFIX}.namespace": namespace or "-",
+        f"{LABEL_PREFIX}.project": plan.project_id,
+        f"{LABEL_PREFIX}.agent": plan.agent_id,
+        f"{LABEL_PREFIX}.session": plan.session_id,
+        f"{LABEL_PREFIX}.activation": plan.activation_id,
+        f"{LABEL_PREFIX}.attempt": str(plan.attempt),
+    }

@@ -1,0 +1,214 @@
+"""The process backend (the embedded default): the runner as a local process in its own
+workspace and process group, with a scrubbed environment and resource limits.
+
+The runner is started through a small shell that writes its exit code to `exit_code` in the
+activation's directory, and the pid and its start time go to `process.json`: after an
+orchestrator restart the process (in a session of its own, so it outlives its parent) is found
+again from those files, watched by polling, and its exit code read back.
+
+Without isolation tools this is process separation, not a security boundary: the runner runs
+as the orchestrator's user. With `bwrap` (bubblewrap) installed and `isolate` on, it runs in
+new PID/IPC/UTS namespaces with a read-only view of the host, a private /tmp and only the
+workspace, the session directory and the granted mounts writable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from suzumio.contracts.runner import MountSpec
+from suzumio.orchestrator.backends.base import (
+    Exit,
+    Handle,
+    Health,
+    LaunchError,
+    LaunchPlan,
+)
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+NAME = "process"
+RECORD = "process.json"
+EXIT_FILE = "exit_code"
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class ProcessSettings(BaseModel):
+    python: str = Field(default=sys.executable, description="the interpreter running the runner")
+    isolate: bool = Field(default=True, description="use bubblewrap when it is installed")
+    stop_grace_seconds: float = Field(default=3.0, gt=0)
+    max_open_files: int = Field(default=1_024, ge=64)
+    cleanup: str = Field(default="always", pattern="^(always|on_success|never)$")
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks: a pid is only ours if this matches."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+class ProcessBackend:
+    name = NAME
+
+    def __init__(self, root: Path, settings: ProcessSettings | None = None) -> None:
+        self._root = root / "activations"
+        self._settings = settings or ProcessSettings()
+        self._children: dict[str, asyncio.subprocess.Process] = {}
+        self._bwrap = shutil.which("bwrap") if self._settings.isolate else None
+
+    # -- launching -------------------------------------------------------------------------
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        workspace = plan.host_dir / "workspace"
+        for d in (workspace / "out", plan.session_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        session_link = workspace / "session"
+        if not session_link.exists():
+            session_link.symlink_to(plan.session_dir, target_is_directory=True)
+        # The runner sees host paths: the session directory and the grants are mounts it may
+        # use (there is no bind mount without isolation tools).
+        mounts = [MountSpec(path=str(plan.session_dir), writable=True)]
+        mounts += [MountSpec(path=str(m.host_path), writable=m.writable) for m in plan.mounts]
+        spec = plan.input.model_copy(update={"workspace": str(workspace), "mounts": tuple(mounts)})
+        input_path = plan.host_dir / "input.json"
+        input_path.write_text(spec.model_dump_json())
+        input_path.chmod(0o400)
+        (plan.host_dir / EXIT_FILE).unlink(missing_ok=True)
+        env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+        env.update(plan.env)
+        env["HOME"] = str(workspace)
+        argv = self._argv(plan, input_path)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=workspace,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=(plan.host_dir / "runner.log").open("ab"),
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=self._limits(plan),
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start the runner: {exc}") from exc
+        started = _start_time(proc.pid)
+        record = {"pid": proc.pid, "start_time": started, "activation_id": plan.activation_id}
+        (plan.host_dir / RECORD).write_text(json.dumps(record))
+        self._children[plan.activation_id] = proc
+        log.info("process.launched", activation=plan.activation_id, pid=proc.pid)
+        return Handle(
+            plan.activation_id, NAME, str(proc.pid), {**record, "dir": str(plan.host_dir)}
+        )
+
+    def _argv(self, plan: LaunchPlan, input_path: Path) -> list[str]:
+        # `exec` keeps one process less; the shell stays only to record the exit code.
+        runner = '"$0" -m suzumio.runner run "$1"; echo $? > "$2"'
+        inner = ["/bin/sh", "-c", runner, self._settings.python, str(input_path),
+                 str(plan.host_dir / EXIT_FILE)]  # fmt: skip
+        if self._bwrap is None:
+            return inner
+        writable = [
+            plan.host_dir,
+            plan.session_dir,
+            *(m.host_path for m in plan.mounts if m.writable),
+        ]
+        readonly = [m.host_path for m in plan.mounts if not m.writable]
+        args = [self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--unshare-uts",  # noqa: S108
+                "--die-with-parent", "--new-session"]  # fmt: skip
+        for path in writable:
+            args += ["--bind", str(path), str(path)]
+        for path in readonly:
+            args += ["--ro-bind", str(path), str(path)]
+        return [*args, "--", *inner]
+
+    def _limits(self, plan: LaunchPlan) -> Callable[[], None]:
+        limits = plan.profile.limits
+        files = self._settings.max_open_files
+
+        def apply() -> None:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+            disk = limits.disk_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
+
+        return apply
+
+    # -- watching --------------------------------------------------------------------------
+    async def watch(self, handle: Handle) -> Exit:
+        proc = self._children.get(handle.activation_id)
+        host_dir = Path(str(handle.data["dir"]))
+        if proc is not None:
+            code = await proc.wait()
+            self._children.pop(handle.activation_id, None)
+        else:  # found again after a restart: not our child, so poll
+            pid, started = int(handle.sandbox_id), handle.data.get("start_time")
+            while _start_time(pid) is not None and _start_time(pid) == started:  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
+            code = 0
+        recorded = _read_exit(host_dir)
+        if code < 0 or (recorded is None and code != 0):
+            return Exit(None, "killed", f"signal {-code}" if code < 0 else f"shell exit {code}")
+        if recorded is None:
+            return Exit(None, "lost", "the runner left no exit code")
+        return Exit(recorded)
+
+    async def cancel(self, handle: Handle) -> None:
+        pid = int(handle.sandbox_id)
+        if _start_time(pid) != handle.data.get("start_time"):
+            return  # gone (or the pid is someone else's now)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        for _ in range(int(self._settings.stop_grace_seconds / 0.1)):
+            if _start_time(pid) != handle.data.get("start_time"):
+                return
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        """The process is gone already; its directory goes by the retention setting (the
+        workspace may hold what a person wants to look at), its record now."""
+        del succeeded
+        (Path(str(handle.data["dir"])) / RECORD).unlink(missing_ok=True)
+
+    async def list_live(self) -> list[Handle]:
+        found: list[Handle] = []
+        if not self._root.exists():
+            return found
+        for record_path in self._root.glob(f"*/{RECORD}"):
+            try:
+                record = json.loads(record_path.read_text())
+            except (OSError, ValueError):
+                continue
+            data = {**record, "dir": str(record_path.parent)}
+            alive = _start_time(int(record["pid"])) == record.get("start_time")
+            data["status"] = "running" if alive else "exited"
+            found.append(Handle(str(record["activation_id"]), NAME, str(record["pid"]), data))
+        return found
+
+    async def health(self) -> Health:
+        return Health(ok=True, detail={"isolation": "bwrap" if self._bwrap else "none"})
+
+    async def close(self) -> None:
+        return
+
+
+def _read_exit(host_dir: Path) -> int | None:
+    try:
+        return int((host_dir / EXIT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,395 @@
+"""The orchestrator at work: every requested activation is planned, launched on its backend,
+watched to its end and given exactly one terminal event (DESIGN.md §8).
+
+Like the scheduler, every replica follows the whole log and one leads (a Postgres advisory
+lock): only the leader launches. When it starts leading it reconciles: each activation the log
+says is not over is matched with what the backends still run — watched again if its sandbox
+lives, failed as lost if it was started and its sandbox is gone, launched if it never was —
+and every sandbox of the platform no activation owns is stopped and removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.envelope import DomainEvent, EventMeta, decode_data
+from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.events import (
+    ActivationCancelled,
+    ActivationCancelRequested,
+    ActivationCompleted,
+    ActivationFailed,
+    ActivationOutputRecorded,
+    ActivationRequested,
+    ActivationStarted,
+    ActivationTimedOut,
+)
+from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
+from suzumio.contracts.subjects import Topology
+from suzumio.orchestrator.artifacts import ArtifactCollector
+from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
+from suzumio.orchestrator.planning import PlanError, Planner
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
+from suzumio.platform.bus.follower import LogFollower
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.db.leadership import Leadership
+from suzumio.platform.logging import get_logger
+from suzumio.platform.telemetry import meter
+
+log = get_logger(__name__)
+ACTOR = "system:orchestrator"
+WANTED = frozenset(
+    {
+        ActivationRequested.event_type,
+        ActivationCancelRequested.event_type,
+        ActivationStarted.event_type,
+        *TERMINAL_ACTIVATION_EVENTS,
+    }
+)
+COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
+PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
+
+_outcomes = meter.create_counter("suzumio_activations", description="activations by outcome")
+_launch = meter.create_histogram(
+    "suzumio_activation_launch_seconds",
+    unit="s",
+    description="activation requested (folded) to sandbox started, by backend",
+)
+
+
+@dataclass
+class Tracked:
+    session_id: str
+    request: ActivationRequested
+    started: bool = False
+    cancel_reason: str | None = None
+    ended: bool = False
+    handle: Handle | None = None
+    timed_out: bool = False
+    timeout_seconds: float = 0.0
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        store: EventStore,
+        database_url: str,
+        planner: Planner,
+        backends: Mapping[str, Backend],
+        artifacts: ArtifactCollector,
+        retention_hours: float,
+    ) -> None:
+        self._nc = nc
+        self._topology = topology
+        self._store = store
+        self._planner = planner
+        self.backends = dict(backends)
+        self._artifacts = artifacts
+        self._retention = retention_hours * 3600
+        self._follower = LogFollower(nc, topology)
+        self.leadership = Leadership(database_url, f"orchestrator.{topology.namespace or '-'}")
+        self.activations: dict[str, Tracked] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._folded = asyncio.Condition()
+        self.position = 0
+        self.leading = False
+        self.caught_up = False
+
+    # -- following the log -------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._follower.start()
+        self.caught_up = self._follower.replay_end == 0
+        folding = asyncio.create_task(self._fold_loop(stop))
+        try:
+            await self.leadership.run(stop, self._lead)
+        finally:
+            folding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await folding
+            await self._follower.close()
+
+    async def _fold_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            msg = await self._follower.next(timeout=0.5)
+            while msg is not None:
+                if WANTED.intersection(msg.types):
+                    for envelope in envelopes_of(msg.data):
+                        if envelope.type in WANTED:
+                            self._apply(envelope.aggregate_id, decode_data(envelope))
+                self.position = msg.seq
+                msg = self._follower.next_nowait()
+            if not self.caught_up and self.position >= self._follower.replay_end:
+                self.caught_up = True
+            async with self._folded:
+                self._folded.notify_all()
+
+    def _apply(self, aggregate_id: str, data: DomainEvent) -> None:
+        match data:
+            case ActivationRequested():
+                self.activations[data.activation_id] = Tracked(aggregate_id, data)
+                if self.leading:
+                    self._begin(data.activation_id)
+            case ActivationCancelRequested():
+                tracked = self.activations.get(data.activation_id)
+                if tracked is not None and not tracked.ended:
+                    tracked.cancel_reason = data.reason or "cancel requested"
+                    if self.leading:
+                        self._spawn_cancel(data.activation_id)
+            case ActivationStarted():
+                if (t := self.activations.get(aggregate_id)) is not None:
+                    t.started = True
+            case _:  # a terminal event
+                if (t := self.activations.get(aggregate_id)) is not None:
+                    t.ended = True
+
+    async def wait_position(self, position: int, timeout: float) -> bool:
+        async with self._folded:
+            try:
+                await asyncio.wait_for(
+                    self._folded.wait_for(lambda: self.position >= position), timeout
+                )
+            except TimeoutError:
+                return False
+        return True
+
+    # -- leading -----------------------------------------------------------------------------
+    async def _lead(self, done: asyncio.Event) -> None:
+        end = await stream_last_seq(self._nc, self._topology.events_stream)
+        while not await self.wait_position(end, 5.0):
+            if done.is_set():
+                return
+        self.leading = True
+        log.info("orchestrator.leading", position=self.position)
+        gc = asyncio.create_task(self._gc_loop(done))
+        try:
+            await self._reconcile()
+            await done.wait()
+        finally:
+            self.leading = False
+            gc.cancel()
+            for task in list(self._tasks.values()):
+                task.cancel()  # a new leader takes over the watching; sandboxes live on
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            self._tasks.clear()
+
+    async def _reconcile(self) -> None:
+        live: dict[str, Handle] = {}
+        for backend in self.backends.values():
+            try:
+                for found in await backend.list_live():
+                    live[found.activation_id] = found
+            except Exception as exc:
+                log.warning("orchestrator.list_live_failed", backend=backend.name, error=repr(exc))
+        for activation_id, tracked in list(self.activations.items()):
+            if tracked.ended:
+                continue
+            handle = live.pop(activation_id) if activation_id in live else None
+            if handle is not None:
+                tracked.handle = handle
+                self._tasks[activation_id] = asyncio.create_task(self._resume(tracked, handle))
+            elif tracked.started:
+                await self._end(
+                    tracked,
+                    ActivationFailed(
+                        reason="lost: its sandbox was gone when the orchestrator came back",
+                        retryable=True,
+                    ),
+                )
+            else:
+                self._begin(activation_id)
+        for handle in live.values():  # sandboxes no live activation owns: orphans
+            log.warning(
+                "orchestrator.orphan", activation=handle.activation_id, backend=handle.backend
+            )
+            backend = self.backends[handle.backend]
+            with contextlib.suppress(Exception):
+                await backend.cancel(handle)
+                await backend.cleanup(handle, succeeded=False)
+
+    def _begin(self, activation_id: str) -> None:
+        tracked = self.activations[activation_id]
+        if tracked.ended or activation_id in self._tasks:
+            return
+        self._tasks[activation_id] = asyncio.create_task(self._run(tracked))
+
+    def _spawn_cancel(self, activation_id: str) -> None:
+        tracked = self.activations[activation_id]
+        task = self._tasks.get(activation_id)
+        if task is None and not tracked.started:
+            self._tasks[activation_id] = asyncio.create_task(
+                self._end_and_forget(
+                    tracked, ActivationCancelled(reason=tracked.cancel_reason or "")
+                )
+            )
+        elif tracked.handle is not None:
+            backend = self.backends[tracked.handle.backend]
+            asyncio.create_task(backend.cancel(tracked.handle))  # noqa: RUF006 - watch() ends it
+
+    # -- one activation ------------------------------------------------------------------------
+    async def _run(self, tracked: Tracked) -> None:
+        activation_id = tracked.request.activation_id
+        folded_at = time.perf_counter()
+        try:
+            try:
+                plan = await self._planner.plan(tracked.session_id, tracked.request)
+            except PlanError as exc:
+                await self._end(tracked, ActivationFailed(reason=str(exc), retryable=False))
+                return
+            backend = self.backends.get(plan.profile.backend.value)
+            if backend is None:
+                reason = f"backend {plan.profile.backend.value!r} is not enabled here"
+                await self._end(tracked, ActivationFailed(reason=reason, retryable=False))
+                return
+            await self._artifacts.copy_in(plan)
+            if tracked.cancel_reason is not None:
+                await self._end(tracked, ActivationCancelled(reason=tracked.cancel_reason))
+                return
+            try:
+                handle = await backend.launch(plan)
+            except LaunchError as exc:
+                await self._end(
+                    tracked, ActivationFailed(reason=f"launch: {exc}", retryable=exc.retryable)
+                )
+                return
+            tracked.handle = handle
+            _launch.record(time.perf_counter() - folded_at, {"backend": backend.name})
+            await self._append(
+                activation_id,
+                ActivationStarted(
+                    session_id=tracked.session_id,
+                    project_id=plan.project_id,
+                    agent_id=plan.agent_id,
+                    backend=backend.name,
+                    sandbox_id=handle.sandbox_id,
+                ),
+            )
+            tracked.started = True
+            if _cancelling(tracked):  # asked while it was being launched
+                await backend.cancel(handle)
+            await self._watch(tracked, handle, plan)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("orchestrator.activation_error", activation=activation_id)
+            await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
+        finally:
+            self._tasks.pop(activation_id, None)
+
+    async def _resume(self, tracked: Tracked, handle: Handle) -> None:
+        try:
+            await self._watch(tracked, handle, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("orchestrator.resume_error", activation=handle.activation_id)
+            await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
+        finally:
+            self._tasks.pop(handle.activation_id, None)
+
+    async def _watch(self, tracked: Tracked, handle: Handle, plan: LaunchPlan | None) -> None:
+        backend = self.backends[handle.backend]
+        timeout = self._remaining(tracked, plan)
+        try:
+            exit_ = await asyncio.wait_for(backend.watch(handle), timeout)
+        except TimeoutError:
+            tracked.timed_out = True
+            await backend.cancel(handle)
+            exit_ = await asyncio.wait_for(backend.watch(handle), 30)
+        if plan is not None:
+            await self._artifacts.collect(plan)
+        terminal = await self._terminal(tracked, exit_)
+        await self._end(tracked, terminal)
+        await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
+
+    def _remaining(self, tracked: Tracked, plan: LaunchPlan | None) -> float | None:
+        if plan is not None and plan.deadline is not None:
+            tracked.timeout_seconds = float(plan.profile.timeouts.wall_clock_seconds)
+            return max((plan.deadline - datetime.now(UTC)).total_seconds(), 1.0)
+        deadline = tracked.handle.data.get("deadline") if tracked.handle else None
+        if isinstance(deadline, (int, float)):
+            return max(deadline - time.time(), 1.0)
+        return None  # found after a restart with no deadline on record: the broker fences it
+
+    async def _terminal(self, tracked: Tracked, exit_: Exit) -> DomainEvent:  # noqa: PLR0911
+        if tracked.timed_out:
+            return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
+        if tracked.cancel_reason is not None:
+            return ActivationCancelled(reason=tracked.cancel_reason)
+        stream = await self._store.load("activation", tracked.request.activation_id)
+        output = next(
+            (e.data for e in stream.events if isinstance(e.data, ActivationOutputRecorded)), None
+        )
+        if exit_.code in COMPLETING_EXITS and output is not None:
+            return ActivationCompleted(text=output.text, usage=output.usage, reason=output.reason)
+        if exit_.code in PERMANENT_EXITS:
+            return ActivationFailed(
+                reason=PERMANENT_EXITS[exit_.code], exit_code=exit_.code, retryable=False
+            )
+        if exit_.reason == "oom":
+            return ActivationFailed(reason="out of memory", exit_code=exit_.code, retryable=False)
+        if exit_.code is None:
+            return ActivationFailed(reason=f"{exit_.reason}: {exit_.detail}".strip(": "))
+        detail = output.text[:500] if output is not None else "no output"
+        return ActivationFailed(reason=f"runner exit {exit_.code}: {detail}", exit_code=exit_.code)
+
+    # -- the log -------------------------------------------------------------------------------
+    async def _end(self, tracked: Tracked, event: DomainEvent) -> None:
+        """The activation's one terminal event: appended on the condition that none is there."""
+        activation_id = tracked.request.activation_id
+        for _ in range(10):
+            stream = await self._store.load("activation", activation_id)
+            if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
+                break
+            try:
+                await self._store.append(
+                    activation_id, [event], stream.version, EventMeta(actor=ACTOR)
+                )
+            except ConcurrencyConflictError:
+                continue
+            _outcomes.add(1, {"outcome": event.event_type.rsplit(".", 1)[-1]})
+            break
+        tracked.ended = True
+
+    async def _end_and_forget(self, tracked: Tracked, event: DomainEvent) -> None:
+        try:
+            await self._end(tracked, event)
+        finally:
+            self._tasks.pop(tracked.request.activation_id, None)
+
+    async def _append(self, activation_id: str, event: DomainEvent) -> None:
+        try:
+            await self._store.append_next(activation_id, [event], EventMeta(actor=ACTOR))
+        except ConflictError:
+            log.warning("orchestrator.append_conflict", activation=activation_id)
+
+    # -- housekeeping ----------------------------------------------------------------------------
+    async def _gc_loop(self, done: asyncio.Event) -> None:
+        root = self._planner.settings.sandboxes() / "activations"
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 600)
+            horizon = time.time() - self._retention
+            for path in root.glob("*") if root.exists() else ():
+                tracked = self.activations.get(path.name)
+                over = tracked is None or tracked.ended
+                if over and path.stat().st_mtime < horizon:
+                    await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+
+    async def close(self) -> None:
+        for backend in self.backends.values():
+            with contextlib.suppress(Exception):
+                await backend.close()
+
+
+def _cancelling(tracked: Tracked) -> bool:
+    return tracked.cancel_reason is not None

@@ -1,0 +1,159 @@
+"""The launch plan of an activation (DESIGN.md §7): the runner input with the session's active
+history, the batch's signals, the tools and toolpacks and a signed token; the sandbox's
+environment with the model endpoints and keys; the profile, the directories and the mounts.
+
+Provider settings merge as server defaults < the project's provider named by the model: a
+model spec without a provider uses the orchestrator's own endpoint (in `suzumio up` without a
+key, the offline demo model); one with a provider uses that provider's URL and (unsealed,
+here and only here) key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from suzumio.contracts.events import ActivationRequested
+from suzumio.contracts.runner import (
+    ActivationSpec,
+    AgentSpec,
+    MountSpec,
+    ProjectRef,
+    RunnerActivationInput,
+    RunnerConfig,
+    RunnerToolpackSpec,
+    SessionRef,
+    ToolDefinition,
+)
+from suzumio.contracts.values import RuntimeProfileSpec, WorkspaceMode
+from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.orchestrator.sources import Agent, Project, load_agent, load_project, load_session
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.secrets import SecretBox, SecretError
+from suzumio.platform.tokens import TokenSigner
+
+
+class PlanError(Exception):
+    """The activation cannot be planned (unknown agent, missing provider, …): not retryable."""
+
+
+@dataclass
+class Planner:
+    store: EventStore
+    signer: TokenSigner
+    box: SecretBox | None
+    settings: OrchestratorSettings
+    namespace: str = ""
+
+    async def plan(self, session_id: str, request: ActivationRequested) -> LaunchPlan:
+        agent = await load_agent(self.store, request.agent_id)
+        if not agent.project_id:
+            raise PlanError(f"agent {request.agent_id} does not exist")
+        project = await load_project(self.store, agent.project_id)
+        snapshot = await load_session(self.store, session_id, request)
+        profile = self._profile(agent, project)
+        env, secrets = self._model_env(agent, project)
+        ttl = timedelta(seconds=profile.timeouts.wall_clock_seconds)
+        token = self.signer.issue(
+            activation_id=request.activation_id,
+            session_id=session_id,
+            project_id=agent.project_id,
+            agent_id=agent.id,
+            toolpacks=agent.toolpacks,
+            ttl=ttl + timedelta(seconds=self.settings.token_margin_seconds),
+        )
+        mounts = self._mounts(agent, project)
+        spec = RunnerActivationInput(
+            project=ProjectRef(id=project.id, name=project.name or project.id),
+            agent=AgentSpec(
+                id=agent.id,
+                role=agent.role,
+                prompt=agent.prompt,
+                model=agent.model,
+                fallbacks=agent.fallbacks,
+            ),
+            session=SessionRef(id=session_id),
+            activation=ActivationSpec(
+                id=request.activation_id, signals=snapshot.signals, attempt=request.attempt
+            ),
+            workspace=WORKSPACE,
+            controller_url=self.settings.broker_url,
+            token=token,
+            runner=RunnerConfig(wall_clock_seconds=profile.timeouts.wall_clock_seconds),
+            tools=tuple(ToolDefinition(name=t) for t in agent.tools),
+            toolpacks=tuple(RunnerToolpackSpec(name=t) for t in agent.toolpacks),
+            permissions=agent.permissions,
+            mounts=tuple(MountSpec(path=m.target, writable=m.writable) for m in mounts),
+            allow_private_network=self.settings.allow_private_network,
+            history=snapshot.history,
+            checkpoint=snapshot.checkpoint,
+        )
+        ids = {
+            "SUZUMIO_PROJECT_ID": project.id,
+            "SUZUMIO_AGENT_ID": agent.id,
+            "SUZUMIO_SESSION_ID": session_id,
+            "SUZUMIO_ACTIVATION_ID": request.activation_id,
+        }
+        root = self.settings.sandboxes()
+        plan = LaunchPlan(
+            activation_id=request.activation_id,
+            session_id=session_id,
+            project_id=project.id,
+            agent_id=agent.id,
+            attempt=request.attempt,
+            input=spec,
+            profile=profile,
+            env={**ids, **env},
+            secret_keys=frozenset(secrets),
+            host_dir=root / "activations" / request.activation_id,
+            session_dir=root / "sessions" / session_id,
+            mounts=mounts,
+            deadline=datetime.now(UTC) + ttl,
+        )
+        return LaunchPlan(**{**plan.__dict__, "labels": labels_for(plan, self.namespace)})
+
+    def _profile(self, agent: Agent, project: Project) -> RuntimeProfileSpec:
+        if agent.runtime_profile is None:
+            return RuntimeProfileSpec(backend=self.settings.default_backend)
+        profile = project.profiles.get(agent.runtime_profile)
+        if profile is None:
+            raise PlanError(f"runtime profile {agent.runtime_profile!r} does not exist")
+        return profile
+
+    def _model_env(self, agent: Agent, project: Project) -> tuple[dict[str, str], set[str]]:
+        env: dict[str, str] = {}
+        secrets: set[str] = set()
+        if self.settings.model_base_url:
+            env["SUZUMIO_MODEL_BASE_URL"] = self.settings.model_base_url
+        if self.settings.model_api_key is not None:
+            env["SUZUMIO_MODEL_API_KEY"] = self.settings.model_api_key.get_secret_value()
+            secrets.add("SUZUMIO_MODEL_API_KEY")
+        for model in (agent.model, *agent.fallbacks):
+            if model.provider is None:
+                continue
+            provider = project.providers.get(model.provider)
+            if provider is None:
+                raise PlanError(f"provider {model.provider!r} does not exist")
+            key = re.sub(r"[^A-Z0-9]", "_", model.provider.upper())
+            env[f"SUZUMIO_PROVIDER_{key}_BASE_URL"] = provider.base_url
+            if provider.api_key is not None:
+                if self.box is None:
+                    raise PlanError("no secret key to open the provider's key with")
+                try:
+                    env[f"SUZUMIO_PROVIDER_{key}_API_KEY"] = self.box.open(provider.api_key)
+                except SecretError as exc:
+                    raise PlanError(f"provider {model.provider!r}: {exc}") from None
+                secrets.add(f"SUZUMIO_PROVIDER_{key}_API_KEY")
+        return env, secrets
+
+    def _mounts(self, agent: Agent, project: Project) -> tuple[MountPlan, ...]:
+        if agent.workspace_mode is not WorkspaceMode.MOUNT:
+            return ()
+        return tuple(
+            MountPlan(Path(g.host_path), g.target, g.writable)
+            for g in project.grants.values()
+            if g.agent_id in {None, agent.id}
+        )
