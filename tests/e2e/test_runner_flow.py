@@ -5,6 +5,7 @@ launched as runner processes by the test launcher until the orchestrator exists.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -334,3 +335,22 @@ async def test_truncated_output_is_retried_with_a_larger_cap(
     )
     assert output.text == "whole answer"
     assert output.usage["model_calls"] == 1
+
+
+async def test_secrets_never_reach_the_model_through_tool_results(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    model.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": "cat ../input.json"})]),
+            Reply.text("nothing to see"),
+        ]
+    )
+    run = await one_run(platform, model, tmp_path, "show me your input")
+    assert run.exit_code == exits.COMPLETED, run.stderr
+    token = json.loads(run.input_path.read_text())["token"]
+    result = model.requests[1].messages[-1]["content"]
+    assert '"token":"[redacted]"' in result.replace(" ", "")
+    assert token not in result
+    entries = await history(platform, run.world)  # type: ignore[attr-defined]
+    assert all(token not in e.text for e in entries)

@@ -30,7 +30,12 @@ from suzumio.contracts.broker import (
 from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.runner import RunnerActivationInput, SignalSpec
 from suzumio.contracts.values import ToolPolicy
-from suzumio.runner.broker import BrokerClient
+from suzumio.runner.broker import (
+    BrokerClient,
+    BrokerError,
+    BrokerUnavailableError,
+    FencedError,
+)
 from suzumio.runner.context import build_prompt, render_history, render_signal
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import log
@@ -50,6 +55,8 @@ from suzumio.runner.tools.core import CoreOutcome
 
 Message = dict[str, Any]
 Reason = Literal["completed", "budget_exhausted", "waiting", "failed"]
+MAX_RESULT_CHARS = 200_000  # a history entry holds 1 M; a tool result rarely needs more
+MAX_OUTPUT_CHARS = 900_000
 GRACE_PROMPT = (
     "You have used all the model calls this activation may make. Do not call tools. Summarise "
     "where the work stands: what is done, what is not, and what should happen next."
@@ -87,8 +94,10 @@ class AgentLoop:
         models: Sequence[ModelClient],
         toolbox: Toolbox,
         live: LiveStream,
+        secrets: Sequence[str] = (),
     ) -> None:
         self.spec = spec
+        self._secrets = sorted({x for x in (*secrets, spec.token) if len(x) >= 8}, key=len)[::-1]
         self._broker = broker
         self._models = list(models)
         self._model_index = 0  # sticky: a fallback never hands state back to the primary
@@ -108,6 +117,7 @@ class AgentLoop:
         self._messages: list[Message] = [{"role": "system", "content": self.prompt.text}]
         self._entry_ids: list[str | None] = [None]
         self._received: list[str] = []
+        self._call_ids: set[str] = set()
         self._usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
         self.model_calls = 0
         self.compactions = 0
@@ -127,6 +137,7 @@ class AgentLoop:
                 await self._compact("threshold")
             turn = await self._call_model(self._toolbox.wire_definitions())
             calls = self._parse(turn.tool_calls)
+            turn.tool_calls = [c.wire for c in calls]
             await self._record_assistant(turn)
             if not calls:
                 return self._ending("completed", turn.text)
@@ -255,6 +266,7 @@ class AgentLoop:
                     summary=summary.text,
                     archived_from=archived[0],
                     archived_through=archived[-1],
+                    archived_ids=tuple(archived),
                     tokens_before=before,
                     tokens_after=after,
                 )
@@ -262,7 +274,7 @@ class AgentLoop:
         ids = self._entry_ids
         self._entry_ids = [
             *ids[:first],
-            marker_id,
+            marker_id if archived else None,  # only a recorded marker can be archived later
             *ids[first + len(parts.middle) :],
         ]
         self._messages = messages
@@ -275,7 +287,13 @@ class AgentLoop:
     # -- tools -----------------------------------------------------------------------------
     def _parse(self, wire_calls: Sequence[WireCall]) -> list[_Call]:
         calls = []
-        for i, wire in enumerate(wire_calls):
+        for i, given in enumerate(wire_calls):
+            wire = given
+            if not given.id or given.id in self._call_ids or len(given.id) > 200:
+                # Every id of what a call creates derives from its id: it must be unique.
+                unique = f"call_{self.model_calls}_{i}_{new_id()[-12:]}"
+                wire = WireCall(unique, given.name, given.arguments)
+            self._call_ids.add(wire.id)
             tool = self._toolbox.canonical(wire.name)
             problem = None if tool else f"unknown tool {wire.name!r}"
             args: dict[str, Any] | None = None
@@ -319,7 +337,7 @@ class AgentLoop:
             )
             outcomes.append(outcome)
             entry_id = new_id()
-            text = outcome.result.text
+            text = self._clean(outcome.result.text)
             self._push({"role": "tool", "tool_call_id": call.wire.id, "content": text}, entry_id)
             entries.append(
                 HistoryEntryIn(
@@ -327,7 +345,7 @@ class AgentLoop:
                     role="tool",
                     text=text,
                     tool_call_id=call.wire.id,
-                    name=call.tool or call.wire.name,
+                    name=(call.tool or call.wire.name)[:200],
                 )
             )
         await self._broker.append_history(entries)
@@ -349,6 +367,27 @@ class AgentLoop:
         outcome = await self._execute(call, digest)
         duration_ms = int((time.monotonic() - started) * 1000)
         body = outcome.result.text.encode()
+        try:
+            await self._finish_call(call, outcome, body, duration_ms)
+        except BrokerError as exc:
+            if isinstance(exc, FencedError):
+                raise
+            log("audit.finish_failed", call_id=call.wire.id, error=str(exc))  # keep the result
+        except BrokerUnavailableError as exc:
+            log("audit.finish_failed", call_id=call.wire.id, error=str(exc))
+        self._live.event(
+            "tool_progress",
+            tool,
+            call_id=call.wire.id,
+            phase="finished",
+            status=outcome.result.status,
+            duration_ms=duration_ms,
+        )
+        return outcome
+
+    async def _finish_call(
+        self, call: _Call, outcome: CoreOutcome, body: bytes, duration_ms: int
+    ) -> None:
         await self._broker.finish_call(
             ToolCallFinish(
                 call_id=call.wire.id,
@@ -359,15 +398,6 @@ class AgentLoop:
                 error=outcome.result.text[:2_000] if outcome.result.is_error else "",
             )
         )
-        self._live.event(
-            "tool_progress",
-            tool,
-            call_id=call.wire.id,
-            phase="finished",
-            status=outcome.result.status,
-            duration_ms=duration_ms,
-        )
-        return outcome
 
     async def _execute(self, call: _Call, digest: str) -> CoreOutcome:
         if call.problem or call.tool is None or call.args is None:
@@ -384,6 +414,16 @@ class AgentLoop:
             if approval.result.status != "ok" or approval.waiting_for:
                 return approval
         return await self._toolbox.run(call.tool, call.args, call.wire.id)
+
+    def _clean(self, text: str) -> str:
+        """A tool's result as the model, the history and the log may see it: the sandbox's
+        secrets (token, provider keys) replaced, and cut to what a history entry holds."""
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+        if len(text) > MAX_RESULT_CHARS:
+            omitted = len(text) - MAX_RESULT_CHARS
+            text = f"{text[:MAX_RESULT_CHARS]}\n[... {omitted} characters omitted]"
+        return text
 
     # -- history ---------------------------------------------------------------------------
     def _push(self, message: Message, entry_id: str | None) -> None:
@@ -412,8 +452,8 @@ class AgentLoop:
                     tool_calls=tuple(
                         HistoryToolCallIn(
                             id=c.id,
-                            name=self._toolbox.canonical(c.name) or c.name,
-                            arguments=c.arguments,
+                            name=(self._toolbox.canonical(c.name) or c.name)[:200],
+                            arguments=c.arguments[:1_000_000],
                         )
                         for c in turn.tool_calls
                     ),

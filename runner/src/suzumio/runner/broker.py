@@ -34,6 +34,8 @@ from suzumio.contracts.broker import (
 from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
 
 M = TypeVar("M", bound=BaseModel)
+MAX_BATCH_ENTRIES = 200
+MAX_BATCH_CHARS = 2_000_000  # well under the bus's message size
 
 
 class BrokerError(Exception):
@@ -132,9 +134,22 @@ class BrokerClient:
         return await self._must("POST", "/runner/tool-calls/finish", body, Recorded)
 
     async def append_history(self, entries: Sequence[HistoryEntryIn]) -> None:
-        for i in range(0, len(entries), 200):
-            batch = HistoryAppend(entries=tuple(entries[i : i + 200]))
-            await self._must("POST", "/runner/history", batch, Recorded)
+        """In order, in batches small enough for one message of the platform's bus."""
+        batch: list[HistoryEntryIn] = []
+        size = 0
+        for entry in entries:
+            entry_size = len(entry.text) + sum(len(c.arguments) for c in entry.tool_calls)
+            if batch and (len(batch) >= MAX_BATCH_ENTRIES or size + entry_size > MAX_BATCH_CHARS):
+                await self._must(
+                    "POST", "/runner/history", HistoryAppend(entries=tuple(batch)), Recorded
+                )
+                batch, size = [], 0
+            batch.append(entry)
+            size += entry_size
+        if batch:
+            await self._must(
+                "POST", "/runner/history", HistoryAppend(entries=tuple(batch)), Recorded
+            )
 
     async def compaction(self, marker: CompactionMarker) -> None:
         await self._must("POST", "/runner/history/compaction", marker, Recorded)
@@ -143,9 +158,14 @@ class BrokerClient:
         await self._must("POST", "/runner/stream", StreamBatch(chunks=tuple(chunks)), Recorded)
 
     async def signals(self, received: Sequence[str]) -> tuple[SignalSpec, ...]:
-        taken = await self._call(
-            "GET", "/runner/signals", None, SignalsTaken, params={"received": list(received)}
-        )
+        try:
+            taken = await self._call(
+                "GET", "/runner/signals", None, SignalsTaken, params={"received": list(received)}
+            )
+        except BrokerError as exc:
+            if exc.status == 409:  # the scheduler says it is not live any more
+                raise FencedError(exc.status, exc.detail) from None
+            raise
         assert taken is not None
         return taken.signals
 

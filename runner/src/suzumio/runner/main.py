@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -14,8 +15,8 @@ from pydantic import ValidationError
 
 from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
 from suzumio.runner import exits
-from suzumio.runner.agent import AgentLoop, Ending, ModelFailedError
-from suzumio.runner.broker import BrokerClient, BrokerUnavailableError, FencedError
+from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
+from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import context, log
 from suzumio.runner.model import ModelClient, endpoint_for
@@ -51,7 +52,8 @@ async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) ->
     ]
     live = LiveStream(broker)
     live.start()
-    loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live)
+    secrets = [v for k, v in env.items() if k.endswith(("API_KEY", "_TOKEN", "_SECRET"))]
+    loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live, secrets)
     code = exits.CRASHED
     try:
         try:
@@ -64,9 +66,15 @@ async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) ->
         except TimeoutError:
             ending = Ending("failed", "the activation ran out of time")
             code = exits.TIMED_OUT
+        except BrokerError as exc:
+            if isinstance(exc, FencedError):
+                raise
+            ending = Ending("failed", f"the tool-broker refused a request: {exc}")
+            code = exits.CRASHED
         await live.close()
+        text = ending.text[:MAX_OUTPUT_CHARS]
         await broker.output(
-            RunnerActivationOutput(text=ending.text, usage=ending.usage or {}, reason=ending.reason)
+            RunnerActivationOutput(text=text, usage=ending.usage or {}, reason=ending.reason)
         )
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
     except FencedError as exc:
@@ -93,6 +101,8 @@ def run(path: Path) -> int:
         sys.stderr.write(f"runner: {path} is not a valid activation input:\n{exc}\n")
         return exits.BAD_INPUT
 
+    _not_dumpable()
+
     async def main() -> int:
         task = asyncio.current_task()
         assert task is not None
@@ -111,3 +121,13 @@ def run(path: Path) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(main())
     return exits.TERMINATED
+
+
+def _not_dumpable() -> None:
+    """No other process of the same user (a tool's shell) may read this one's memory or
+    /proc/<pid>/environ, where the token and the provider keys are."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        log("runner.dumpable_unchanged")

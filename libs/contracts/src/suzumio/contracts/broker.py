@@ -7,15 +7,24 @@ by its message id, a pending action and a checkpoint by theirs.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.runner import SignalSpec
 from suzumio.contracts.values import PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
+
+
+def _not_p0(value: Priority) -> Priority:
+    if value is Priority.P0:
+        raise ValueError("an agent cannot send P0 work: P0 cancels the live activation")
+    return value
+
+
+AgentPriority = Annotated[Priority, AfterValidator(_not_p0)]
 
 
 class _Body(BaseModel):
@@ -66,6 +75,9 @@ class CompactionMarker(_Body):
     summary: str = Field(min_length=1, max_length=1_000_000)
     archived_from: Identifier = Field(description="first archived history entry (message id)")
     archived_through: Identifier = Field(description="last archived history entry")
+    archived_ids: tuple[Identifier, ...] = Field(
+        default=(), max_length=10_000, description="every archived entry, in the runner's order"
+    )
     tokens_before: int = Field(default=0, ge=0)
     tokens_after: int = Field(default=0, ge=0)
 
@@ -133,7 +145,7 @@ class MessageSend(_Body):
 
     session_id: Identifier
     text: str = Field(min_length=1, max_length=1_000_000)
-    priority: Priority = Priority.P2
+    priority: AgentPriority = Priority.P2
 
 
 class SignalRecord(_Body):
@@ -141,5 +153,5 @@ class SignalRecord(_Body):
 
     kind: str = Field(default="custom", max_length=100)
     payload: dict[str, Any] = Field(default_factory=dict)
-    priority: Priority = Priority.P3
+    priority: AgentPriority = Priority.P3
     delay_seconds: float = Field(default=0, ge=0, le=365 * 86_400)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.values import ModelSpec, Priority, SignalKind, ToolPolicy
+from suzumio.contracts.values import ModelSpec, Priority, SignalKind, Slug, ToolPolicy
 
 RUNNER_CONTRACT_VERSION = 1
 
@@ -58,7 +58,7 @@ class ActivationSpec(_Frozen):
 
 class CompactionSettings(_Frozen):
     threshold_ratio: float = Field(default=0.5, gt=0, le=1)
-    max_attempts_per_turn: int = Field(default=3, ge=0)
+    max_attempts_per_turn: int = Field(default=3, ge=1)
     tail_ratio: float = Field(default=0.2, gt=0, lt=1)
     min_tail_messages: int = Field(default=8, ge=0)
 
@@ -162,9 +162,86 @@ class RunnerActivationOutput(_Frozen):
     reason: Literal["completed", "budget_exhausted", "waiting", "failed"] = "completed"
 
 
+def dispatch_id(activation_id: str, attempt: int) -> str:
+    """Names one attempt's dispatch: its `Nats-Msg-Id` and the pool backend's sandbox id."""
+    return f"{activation_id}.{attempt}"
+
+
 class ActivationDispatch(_Frozen):
-    """A unit of work on `act.<pool>` for warm workers (the QueueConsumer channel)."""
+    """A unit of work on `act.<pool>` for warm workers (the QueueConsumer channel).
+
+    It carries the sandbox's whole environment, provider keys included, and the input's token:
+    the ACTIVATIONS stream lives inside the platform's NATS, which only the services and the
+    workers may reach, and a dispatch leaves the stream when a worker acks it (docs/pool.md).
+    """
 
     attempt: int = Field(default=1, ge=1)
     deadline: datetime = Field(description="wall-clock instant after which the work is void")
     input: RunnerActivationInput
+    pool: Slug = "default"
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        repr=False,
+        description="the sandbox's whole environment (ids, model endpoints, provider keys); "
+        "secret: a worker hands it to the runner and never logs it",
+    )
+    affinity_key: Identifier | None = Field(
+        default=None,
+        description="a warm workspace kept under this key (the session) is reused by a worker "
+        "that still holds it; none: a fresh workspace",
+    )
+
+    @property
+    def dispatch_id(self) -> str:
+        return dispatch_id(self.input.activation.id, self.attempt)
+
+
+PoolStatusKind = Literal["started", "heartbeat", "exited", "refused"]
+PoolStatusReason = Literal[
+    "",  # started, heartbeat
+    "exited",  # the runner ended by itself; exit_code says why
+    "cancelled",  # stopped on `pool.cancel` (exited), or cancelled before it started (refused)
+    "timeout",  # stopped at the dispatch's deadline
+    "killed",  # ended by a signal the worker did not send
+    "shutdown",  # stopped because the worker was shutting down
+    "spawn_failed",  # the runner process could not be started
+    "deadline",  # refused: the deadline passed before it could start
+    "invalid",  # refused: the worker could not read the dispatch
+]
+
+
+class PoolStatus(_Frozen):
+    """A worker's word about one dispatch, on `pool.status.<activation_id>` (core NATS)."""
+
+    kind: PoolStatusKind
+    dispatch_id: str
+    activation_id: Identifier
+    attempt: int = Field(ge=1)
+    worker_id: str
+    pool: str
+    at: datetime
+    reason: PoolStatusReason = ""
+    exit_code: int | None = Field(default=None, description="exited: the runner's exit code")
+    signal: int | None = Field(default=None, description="exited: the signal that ended it")
+    warm: bool = Field(
+        default=False, description="started: in a warm workspace; exited: the workspace is kept"
+    )
+    detail: str = Field(default="", max_length=4_000, description="the runner's last log lines")
+
+
+class PoolCancel(_Frozen):
+    """Body of `pool.cancel.<activation_id>`: stop that dispatch, or every one of it."""
+
+    dispatch_id: str | None = None
+
+
+class PoolWorkerInfo(_Frozen):
+    """A worker's presence beat (`pool.worker.<id>`) and its answer to `pool.list`."""
+
+    worker_id: str
+    pool: str
+    capacity: int = Field(ge=1)
+    at: datetime
+    running: tuple[PoolStatus, ...] = Field(default=(), description="the `started` of each run")
+    exited: tuple[PoolStatus, ...] = Field(default=(), description="recent ends (`pool.list`)")
+    warm_sessions: int = 0

@@ -90,6 +90,8 @@ class TokenSigner:
         body, _, signature = rest.partition(".")
         if prefix != PREFIX or not body or not signature:
             raise TokenError("not an activation token")
+        if not token.isascii():
+            raise TokenError("not an activation token")
         if not any(hmac.compare_digest(self._sign(key, body), signature) for key in self._keys):
             raise TokenError("bad signature")
         try:

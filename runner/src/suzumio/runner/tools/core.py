@@ -15,6 +15,7 @@ from typing import Any
 from suzumio.contracts.broker import AskRequest, CheckpointPut, SupportCall
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.runner import ToolDefinition
+from suzumio.contracts.values import PendingKind
 from suzumio.runner.broker import BrokerClient, BrokerError
 from suzumio.runner.tools.base import ToolResult
 
@@ -158,15 +159,26 @@ class CoreTools:
         """Ask a person to approve a tool call (policy `ask`). The id derives from the session,
         the tool and its arguments: the same call asked again (in a later activation, after
         the answer) finds the answer instead of asking twice."""
+        prompt = f"Allow the agent to run {tool} with {arguments[:2_000]}?"
         pending_id = derived_id("approval", self._session_id, tool, digest)
         outcome = await self._broker.ask(
             AskRequest(
                 pending_action_id=pending_id,
-                kind="approval",  # type: ignore[arg-type]
-                prompt=f"Allow the agent to run {tool} with {arguments[:2_000]}?",
+                kind=PendingKind.APPROVAL,
+                prompt=prompt,
                 wait_seconds=wait,
             )
         )
+        if outcome.status in {"expired", "cancelled"}:  # nobody decided: ask once more
+            pending_id = derived_id("approval", self._session_id, tool, digest, self._activation_id)
+            outcome = await self._broker.ask(
+                AskRequest(
+                    pending_action_id=pending_id,
+                    kind=PendingKind.APPROVAL,
+                    prompt=prompt,
+                    wait_seconds=wait,
+                )
+            )
         if outcome.status == "answered":
             self.answered.add(pending_id)
             if outcome.approved:

@@ -153,13 +153,7 @@ async def load_session(
                 texts[data.message_id] = data.text
                 history.append(_entry(data))
             case HistoryCompacted():
-                ids = [h.id for h in history]
-                if data.archived_through in ids:
-                    history = history[ids.index(data.archived_through) + 1 :]
-                    summary = f"{SUMMARY_PREFIX}\n{data.summary}"
-                    history.insert(
-                        0, AgentHistoryMessage(id=data.marker_id, role="user", content=summary)
-                    )
+                history = compacted(history, data)
             case SignalRecorded():
                 signals[data.signal_id] = SignalSpec(
                     id=data.signal_id,
@@ -207,3 +201,23 @@ async def session_artifacts(pool: Pool, session_id: str) -> dict[str, Artifact]:
         session_id,
     )
     return {r["path"]: Artifact(r["path"], r["sha256"], r["size"]) for r in rows}
+
+
+def compacted(
+    history: list[AgentHistoryMessage], marker: HistoryCompacted
+) -> list[AgentHistoryMessage]:
+    """The history with the archived entries replaced by the summary, where they stood."""
+    gone = set(marker.archived_ids)
+    if not gone:  # an older marker: everything up to the range's end
+        ids = [h.id for h in history]
+        if marker.archived_through not in ids:
+            return history
+        gone = {i for i in ids[: ids.index(marker.archived_through) + 1] if i}
+    place = next((i for i, h in enumerate(history) if h.id in gone), None)
+    if place is None:
+        return history
+    kept = [h for h in history if h.id not in gone]
+    summary = AgentHistoryMessage(
+        id=marker.marker_id, role="user", content=f"{SUMMARY_PREFIX}\n{marker.summary}"
+    )
+    return [*kept[:place], summary, *kept[place:]]

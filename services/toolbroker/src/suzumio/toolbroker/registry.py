@@ -99,8 +99,10 @@ class ActivationRegistry:
         for aggregate, aggregate_id in (("session", session_id), ("activation", activation_id)):
             stream = await store.load(aggregate, aggregate_id)
             for event in stream.events:
-                if event.envelope.type in WANTED:
-                    self._apply(aggregate_id, event.data)
+                data = event.data
+                mine = getattr(data, "activation_id", activation_id) == activation_id
+                if event.envelope.type in WANTED and mine:
+                    self._apply(aggregate_id, data)
 
     async def fresh(self, store: EventStore, session_id: str, timeout: float = 5.0) -> bool:
         """Fold the session's subject up to now — where a cancel or a P0 is written — so a
@@ -127,9 +129,12 @@ class ActivationRegistry:
             msg = await self._follower.next(timeout=None)
             while msg is not None:  # fold what is queued before waking the waiters
                 if WANTED.intersection(msg.types):
-                    for envelope in envelopes_of(msg.data):
-                        if envelope.type in WANTED:
-                            self._apply(envelope.aggregate_id, decode_data(envelope))
+                    try:
+                        for envelope in envelopes_of(msg.data):
+                            if envelope.type in WANTED:
+                                self._apply(envelope.aggregate_id, decode_data(envelope))
+                    except Exception:  # one bad message must not stop the fencing
+                        log.exception("registry.undecodable", seq=msg.seq)
                 self.position = msg.seq
                 msg = self._follower.next_nowait()
             self._forget_ended()
@@ -144,9 +149,10 @@ class ActivationRegistry:
 
     def _apply(self, aggregate_id: str, data: object) -> None:
         if isinstance(data, ActivationRequested):
-            self._activations[data.activation_id] = LiveActivation(
-                data.activation_id, aggregate_id, data.agent_id, data.project_id
-            )
+            if data.activation_id not in self._activations:  # a recall must not reset one
+                self._activations[data.activation_id] = LiveActivation(
+                    data.activation_id, aggregate_id, data.agent_id, data.project_id
+                )
             return
         target = data.activation_id if isinstance(data, ActivationCancelRequested) else aggregate_id
         a = self._activations.get(target)

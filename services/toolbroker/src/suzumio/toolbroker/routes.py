@@ -5,7 +5,6 @@ scheduler) or live chunks. Routes are idempotent where a runner retries."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -39,9 +38,11 @@ from suzumio.contracts.events import (
     ActivationOutputRecorded,
     CheckpointSaved,
     HistoryToolCall,
+    PendingActionCreated,
     ToolCallFinished,
     ToolCallStarted,
 )
+from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError
@@ -52,6 +53,7 @@ from suzumio.toolbroker.state import Broker
 from suzumio.toolbroker.support import SupportContext
 
 MAX_CHECKPOINT_BYTES = 256 * 1024
+MAX_STREAM_BATCH_CHARS = 1_000_000
 
 
 async def _caller(request: Request) -> Caller:
@@ -83,7 +85,12 @@ async def append_own(
             pass
         else:
             return
-    a.version = (await broker.store.append_next(a.id, events, meta)).version
+    # Someone else wrote (another replica, or the orchestrator's end): look before writing.
+    stream = await broker.store.load("activation", a.id)
+    if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
+        a.fenced = "ended"
+        raise BrokerError(403, "fenced", "the activation is ended")
+    a.version = (await broker.store.append(a.id, events, stream.version, meta)).version
 
 
 @router.post("/runner/tool-calls/start")
@@ -166,6 +173,8 @@ async def compaction(body: CompactionMarker, caller: Auth, broker: Shared) -> Re
 
 @router.post("/runner/stream")
 async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
+    if sum(len(chunk.text) for chunk in body.chunks) > MAX_STREAM_BATCH_CHARS:
+        raise BrokerError(413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters a batch")
     c = caller.claims
     subject = broker.topology.live_subject(c.session_id)
     now = datetime.now(UTC)
@@ -213,7 +222,7 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
     c = caller.claims
     waiter = broker.waiter
     with waiter.watch(body.pending_action_id) as outcome:
-        with contextlib.suppress(ConflictError):  # asked before: its outcome may be known
+        try:
             await broker.commands.send(
                 CreatePendingAction(
                     pending_action_id=body.pending_action_id,
@@ -227,14 +236,18 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
                 ),
                 actor=caller.actor,
             )
+        except ConflictError as exc:
+            if "exists already" not in exc.message:
+                raise  # e.g. the session is closed: nothing was asked
+            # Asked before (a retry): its outcome may be known — if it is this session's.
+            if await _pending_session(broker, body.pending_action_id) != c.session_id:
+                raise BrokerError(404, "not_found", "no such pending action") from None
         return await waiter.outcome(body.pending_action_id, outcome, body.wait_seconds)
 
 
 @router.put("/runner/checkpoint")
-async def put_checkpoint(
-    body: CheckpointPut, caller: Auth, broker: Shared, request: Request
-) -> Recorded:
-    if int(request.headers.get("content-length") or 0) > MAX_CHECKPOINT_BYTES:
+async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> Recorded:
+    if len(body.model_dump_json()) > MAX_CHECKPOINT_BYTES:
         raise BrokerError(413, "too_large", f"checkpoints are at most {MAX_CHECKPOINT_BYTES} bytes")
     c = caller.claims
     reply = await broker.commands.send(
@@ -297,3 +310,11 @@ async def output(body: RunnerActivationOutput, caller: Auth, broker: Shared) -> 
         )
         a.output = True
     return Recorded(recorded=True)
+
+
+async def _pending_session(broker: Broker, pending_action_id: str) -> str | None:
+    stream = await broker.store.load("pending_action", pending_action_id)
+    for event in stream.events:
+        if isinstance(event.data, PendingActionCreated):
+            return event.data.session_id
+    return None

@@ -72,15 +72,17 @@ class SupportContext:
     async def record_signal(
         self, kind: str, payload: dict[str, Any], priority: Any, not_before: datetime | None
     ) -> CommandAccepted:
-        signal_kind = SignalKind(kind) if kind in set(SignalKind) else SignalKind.CUSTOM
+        # An agent records custom work only: platform kinds (an approval's result, a file's
+        # arrival) and what they carry must not be forged. Its label stays in the payload.
+        clean = {k: v for k, v in payload.items() if k != "pending_action_id"}
         signal_id = self.derived("signal")
         return await self._once(
             RecordSignal(
                 session_id=self.claims.session_id,
                 signal_id=signal_id,
-                kind=signal_kind,
+                kind=SignalKind.CUSTOM,
                 priority=priority,
-                payload={**payload, "kind": kind, "toolpack": self.toolpack},
+                payload={**clean, "kind": kind, "toolpack": self.toolpack},
                 not_before=not_before,
             ),
             ACTOR,

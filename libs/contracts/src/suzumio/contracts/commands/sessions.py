@@ -87,6 +87,7 @@ class CompactHistory(Command):
     summary: Text = Field(min_length=1)
     archived_from: Identifier
     archived_through: Identifier
+    archived_ids: tuple[Identifier, ...] = Field(default=(), max_length=10_000)
     tokens_before: int = Field(default=0, ge=0)
     tokens_after: int = Field(default=0, ge=0)
 

@@ -142,6 +142,9 @@ class HistoryCompacted(DomainEvent):
     archived_from: Identifier
     archived_through: Identifier
     archived_count: int = Field(ge=1)
+    archived_ids: tuple[Identifier, ...] = Field(
+        default=(), max_length=10_000, description="exactly the entries the summary replaces"
+    )
     tokens_before: int = Field(default=0, ge=0)
     tokens_after: int = Field(default=0, ge=0)
 

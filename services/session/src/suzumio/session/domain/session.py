@@ -60,8 +60,9 @@ class SessionState(AggregateState):
                 self.project_id, self.agent_id = data.project_id, data.agent_id
             case SessionMessageAppended():
                 self.entries.setdefault(data.message_id, len(self.entries))
-            case HistoryCompacted():
-                self.entries.setdefault(data.marker_id, len(self.entries))
+            case HistoryCompacted():  # the summary stands where the range ended
+                place = self.entries.get(data.archived_through, len(self.entries))
+                self.entries.setdefault(data.marker_id, place)
             case CheckpointSaved():
                 self.checkpoints.add(data.checkpoint_id)
             case SessionClosed():
@@ -165,8 +166,9 @@ def compact_history(state: SessionState, cmd: CompactHistory) -> list[DomainEven
     first, last = state.entries.get(cmd.archived_from), state.entries.get(cmd.archived_through)
     if first is None or last is None:
         raise InvalidError("the archived range names entries that are not in this session")
-    if first > last:
-        raise InvalidError("the archived range ends before it starts")
+    # The runner's order may differ a little from the log's (a P1 message is logged when it
+    # is posted, seen at the next tool boundary): the count is what the log spans.
+    first, last = min(first, last), max(first, last)
     return [
         HistoryCompacted(
             activation_id=cmd.activation_id,
@@ -174,7 +176,8 @@ def compact_history(state: SessionState, cmd: CompactHistory) -> list[DomainEven
             summary=cmd.summary,
             archived_from=cmd.archived_from,
             archived_through=cmd.archived_through,
-            archived_count=last - first + 1,
+            archived_count=max(len(cmd.archived_ids), last - first + 1),
+            archived_ids=tuple(i for i in cmd.archived_ids if i in state.entries),
             tokens_before=cmd.tokens_before,
             tokens_after=cmd.tokens_after,
         )
