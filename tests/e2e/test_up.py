@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
+from suzumio.cli.admin import ADMIN_KEY_FILE
 from suzumio.platform.embedded.process import free_port
 from suzumio.testing.processes import http_status
 
@@ -25,6 +27,36 @@ async def wait_for_line(
         if process.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(stream_path.read_text(errors="replace")[-5000:])
         await asyncio.sleep(0.2)
+
+
+async def demo_answer(api_port: int, data_dir: Path) -> str:
+    """With no model key set, a message sent through the API is answered by the offline
+    demo model on the embedded default (process) backend."""
+    key = (data_dir / ADMIN_KEY_FILE).read_text().strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api_port}", headers=headers, timeout=30
+    ) as c:
+        project = (await c.post("/v1/projects", json={"name": "demo"})).json()
+        agent = (
+            await c.post(
+                f"/v1/projects/{project['id']}/agents",
+                json={"name": "helper", "role": "a helpful assistant", "model": {"name": "any"}},
+            )
+        ).json()
+        session = (
+            await c.post(f"/v1/projects/{project['id']}/sessions", json={"agent_id": agent["id"]})
+        ).json()
+        sent = await c.post(f"/v1/sessions/{session['id']}/messages", json={"text": "hello"})
+        assert sent.status_code == 201, sent.text
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            items = (await c.get(f"/v1/sessions/{session['id']}/messages")).json()["items"]
+            answers = [m["text"] for m in items if m.get("role") == "assistant" and m["text"]]
+            if answers:
+                return str(answers[-1])
+            await asyncio.sleep(0.5)
+    raise AssertionError("no answer from the demo model within 60 s")
 
 
 async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -53,8 +85,13 @@ async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: 
             "suzumio.scheduler",
             "suzumio.orchestrator",
             "suzumio.toolbroker",
+            "suzumio.testing.model_server",
         ):
             assert expected in names
+
+        assert "OFFLINE DEMO MODEL" in out.read_text()
+        answer = await demo_answer(ports["api"], tmp_path / "data")
+        assert answer.startswith("[offline demo model]"), answer
 
         started = time.monotonic()
         up.send_signal(signal.SIGTERM)

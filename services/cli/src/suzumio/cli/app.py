@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -32,19 +33,46 @@ def up(
     api_port: Annotated[int, typer.Option(help="gateway: REST API and web page")] = 8080,
     broker_port: Annotated[int, typer.Option(help="tool-broker: the runners' door")] = 8081,
     internal_ports_from: Annotated[
-        int, typer.Option(help="first of three ports for session, scheduler, orchestrator")
+        int,
+        typer.Option(help="first of four ports: session, scheduler, orchestrator, demo model"),
     ] = 8091,
 ) -> None:
     """Start the whole platform here: embedded NATS and Postgres unless SUZUMIO_NATS_URL and
     SUZUMIO_DATABASE_URL are set, and the five services. Ctrl-C stops everything."""
-    services = (
+    services = [
         ServiceSpec("session", internal_ports_from),
         ServiceSpec("scheduler", internal_ports_from + 1),
         ServiceSpec("orchestrator", internal_ports_from + 2),
         ServiceSpec("toolbroker", broker_port),
         ServiceSpec("gateway", api_port),
-    )
-    raise typer.Exit(Supervisor(PlatformSettings(), host=host, services=services).run())
+    ]
+    env = {"SUZUMIO_BROKER_URL": f"http://{_reachable(host)}:{broker_port}"}
+    banner: list[str] = []
+    if not any(os.environ.get(k) for k in MODEL_SETTINGS):
+        # No model configured: the clearly labelled offline demo model answers instead.
+        port = internal_ports_from + 3
+        services.insert(0, ServiceSpec(
+            "demo-model", port, module="suzumio.testing.model_server",
+            args=("--demo", "--host", "127.0.0.1", "--port", str(port)), ready_path="/v1/models",
+        ))  # fmt: skip
+        env["SUZUMIO_MODEL_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+        banner.append(
+            f"model:            OFFLINE DEMO MODEL at http://127.0.0.1:{port}/v1 (no key set;"
+            " set SUZUMIO_MODEL_BASE_URL and SUZUMIO_MODEL_API_KEY for a real one)"
+        )
+    supervisor = Supervisor(
+        PlatformSettings(), host=host, services=tuple(services), extra_env=env,
+        banner=tuple(banner),
+    )  # fmt: skip
+    raise typer.Exit(supervisor.run())
+
+
+MODEL_SETTINGS = ("SUZUMIO_MODEL_BASE_URL", "SUZUMIO_MODEL_API_KEY", "OPENAI_API_KEY")
+
+
+def _reachable(host: str) -> str:
+    """Where sandboxes on this machine reach a listener bound to `host`."""
+    return "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host  # noqa: S104
 
 
 @app.command("bootstrap-admin")

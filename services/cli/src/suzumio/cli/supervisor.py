@@ -37,6 +37,13 @@ HEALTHY_AFTER = 60.0  # a child up this long has its restart backoff reset
 class ServiceSpec:
     name: str
     port: int
+    module: str = ""  # `suzumio.<name>` unless given
+    args: tuple[str, ...] = ()
+    ready_path: str = "/readyz"
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return ("-m", self.module or f"suzumio.{self.name}", *self.args)
 
 
 @dataclass
@@ -53,6 +60,8 @@ class Supervisor:
     settings: PlatformSettings
     host: str = "127.0.0.1"
     services: tuple[ServiceSpec, ...] = ()
+    extra_env: dict[str, str] = field(default_factory=dict)
+    banner: tuple[str, ...] = ()  # more lines for the "is up" message
     ready_timeout: float = 120.0
     _children: dict[str, _Child] = field(default_factory=dict)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -81,6 +90,7 @@ class Supervisor:
             "SUZUMIO_NATS_URL": nats_url,
             "SUZUMIO_DATABASE_URL": db_url,
             "SUZUMIO_DATA_DIR": str(self.settings.data_dir.resolve()),
+            **self.extra_env,
         }
         try:
             return asyncio.run(self._supervise(env, nats_url))
@@ -117,8 +127,7 @@ class Supervisor:
         }
         child.process = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-m",
-            f"suzumio.{child.spec.name}",
+            *child.spec.argv,
             env=child_env,
             stdin=asyncio.subprocess.DEVNULL,
             preexec_fn=child_setup(signal.SIGTERM),
@@ -152,7 +161,7 @@ class Supervisor:
         waiting = {c.spec for c in self._children.values()}
         while waiting and time.monotonic() < deadline:
             for spec in list(waiting):
-                if await get_status(self.host, spec.port, "/readyz") == 200:
+                if await get_status(self.host, spec.port, spec.ready_path) == 200:
                     waiting.discard(spec)
             await asyncio.sleep(0.2)
         if waiting:
@@ -167,7 +176,8 @@ class Supervisor:
             f"  API and web page: http://{self.host}:{api.port}  (OpenAPI: /docs)\n"
             f"  tool-broker:      http://{self.host}:{broker.port}\n"
             f"  NATS:             {nats_url}\n"
-            f"{admin}"
+            + "".join(f"  {line}\n" for line in self.banner)
+            + f"{admin}"
             "Press Ctrl-C to stop.\n",
             flush=True,
         )

@@ -82,7 +82,8 @@ class Planner:
             workspace=WORKSPACE,
             controller_url=self.settings.broker_url,
             token=token,
-            runner=RunnerConfig(wall_clock_seconds=profile.timeouts.wall_clock_seconds),
+            # The orchestrator enforces the limit; the runner's own is a backstop behind it.
+            runner=RunnerConfig(wall_clock_seconds=profile.timeouts.wall_clock_seconds + 60),
             tools=tuple(ToolDefinition(name=t) for t in agent.tools),
             toolpacks=tuple(RunnerToolpackSpec(name=t) for t in agent.toolpacks),
             permissions=agent.permissions,

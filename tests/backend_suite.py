@@ -1,0 +1,219 @@
+"""The behaviour every sandbox backend must show, driven through the real orchestrator engine
+(in-process) against the real session, scheduler and tool-broker processes and a scripted model
+(the one fake provider): launch → output → terminal event; cancel; timeout; a crash with a
+non-zero exit; cleanup. Each backend's test module supplies a `BackendFactory`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationCancelRequested, ActivationRequested
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET
+from suzumio.contracts.values import Backend as BackendName
+from suzumio.contracts.values import RuntimeProfileSpec, Timeouts
+from suzumio.orchestrator.artifacts import ArtifactCollector
+from suzumio.orchestrator.backends.base import Backend
+from suzumio.orchestrator.engine import Orchestrator
+from suzumio.orchestrator.planning import Planner
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.platform.db import pool as db
+from suzumio.platform.secrets import SecretBox
+from suzumio.platform.tokens import TokenSigner
+from suzumio.testing.model_server import Reply, ScriptedModelServer
+from tests.e2e.api import World, new_world
+from tests.e2e.stack import Stack
+from tests.support import eventually
+
+BackendFactory = Callable[[OrchestratorSettings], Awaitable[Backend]]
+TERMINAL = (
+    "activation.completed",
+    "activation.failed",
+    "activation.cancelled",
+    "activation.timed_out",
+)
+
+
+@dataclass
+class Harness:
+    stack: Stack
+    model: ScriptedModelServer
+    backend: Backend
+    backend_name: str
+    orchestrator: Orchestrator
+
+    async def world(self, name: str, *, wall_clock: int | None = None) -> World:
+        """A session whose agent runs on the backend under test (a runtime profile)."""
+        world = await new_world(self.stack, f"{name}{new_id()[-5:]}")
+        profile = RuntimeProfileSpec(
+            backend=BackendName(self.backend_name),
+            timeouts=Timeouts(wall_clock_seconds=wall_clock or 600),
+        )
+        commands = CommandClient(self.stack.nc, self.stack.topology)
+        await commands.send(
+            SetRuntimeProfile(project_id=world.project_id, name="suite", spec=profile),
+            actor="system:test",
+        )
+        await commands.send(
+            UpdateAgent(agent_id=world.agent_id, runtime_profile="suite"), actor="system:test"
+        )
+        return world
+
+    async def request(self, world: World) -> str:
+        activation_id = new_id()
+        await self.stack.store.append_next(
+            world.session_id,
+            [
+                ActivationRequested(
+                    activation_id=activation_id,
+                    agent_id=world.agent_id,
+                    signal_ids=(),
+                    project_id=world.project_id,
+                )
+            ],
+            EventMeta(actor="system:scheduler"),
+        )
+        return activation_id
+
+    async def story(self, activation_id: str) -> list[str]:
+        stream = await self.stack.store.load("activation", activation_id)
+        return [e.envelope.type for e in stream.events]
+
+    async def ended(self, activation_id: str, timeout: float = 90) -> list[str]:
+        return await eventually(
+            lambda: self.story(activation_id),
+            lambda types: any(t in TERMINAL for t in types),
+            timeout=timeout,
+            what=f"the end of {activation_id}",
+        )
+
+    async def started(self, activation_id: str) -> None:
+        await eventually(
+            lambda: self.story(activation_id),
+            lambda types: "activation.started" in types,
+            timeout=60,
+            what="the start",
+        )
+
+    async def live_ids(self) -> set[str]:
+        return {h.activation_id for h in await self.backend.list_live()}
+
+
+@contextlib.asynccontextmanager
+async def harness(
+    stack: Stack, model: ScriptedModelServer, tmp: Path, factory: BackendFactory, name: str
+) -> AsyncIterator[Harness]:
+    settings = OrchestratorSettings(
+        broker_url=stack.url_of("toolbroker"),
+        model_base_url=f"{model.url}/v1",
+        work_dir=tmp / "sandboxes",
+        data_dir=tmp,
+        namespace=stack.topology.namespace,
+        backends=(BackendName(name),),
+    )
+    backend = await factory(settings)
+    pg = await db.create_pool(stack.database_url, "suite-orchestrator", max_size=4)
+    js = stack.nc.jetstream()
+    bucket = stack.topology.bucket(ARTIFACTS_BUCKET)
+    objects = await ensure_object_store(js, bucket)
+    orchestrator = Orchestrator(
+        stack.nc,
+        stack.topology,
+        stack.store,
+        stack.database_url,
+        Planner(
+            stack.store,
+            TokenSigner([stack.secret_key]),
+            SecretBox([stack.secret_key]),
+            settings,
+            stack.topology.namespace,
+        ),
+        {name: backend},
+        ArtifactCollector(
+            js,
+            objects,
+            bucket,
+            pg,
+            CommandClient(stack.nc, stack.topology),
+            max_bytes=1 << 20,
+            max_files=10,
+        ),  # fmt: skip
+        retention_hours=1,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(orchestrator.run(stop))
+    try:
+        await eventually(
+            lambda: asyncio.sleep(0, orchestrator.leading), bool, timeout=30, what="leading"
+        )
+        yield Harness(stack, model, backend, name, orchestrator)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await orchestrator.close()
+        await pg.close()
+
+
+# -- the scenarios: each backend's module calls these -------------------------------------------
+async def answers_and_ends_completed(h: Harness) -> None:
+    world = await h.world("ans")
+    h.model.script([Reply.text("the suite's answer")])
+    activation_id = await h.request(world)
+    story = await h.ended(activation_id)
+    assert story[0] == "activation.started", story
+    assert story[-2:] == ["activation.output_recorded", "activation.completed"], story
+    stream = await h.stack.store.load("activation", activation_id)
+    assert stream.events[-1].data.text == "the suite's answer"  # type: ignore[attr-defined]
+    await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
+
+
+async def crash_with_nonzero_exit_fails(h: Harness) -> None:
+    world = await h.world("crash")
+    h.model.script([Reply.content_policy()])  # the runner exits 5 (model failed)
+    activation_id = await h.request(world)
+    story = await h.ended(activation_id)
+    assert story[-1] == "activation.failed", story
+    stream = await h.stack.store.load("activation", activation_id)
+    assert stream.events[-1].data.exit_code == 5  # type: ignore[attr-defined]
+    await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
+
+
+async def cancel_kills_the_sandbox(h: Harness) -> None:
+    world = await h.world("cancel")
+    h.model.script([Reply.text("never in time", delay=60)])
+    activation_id = await h.request(world)
+    await h.started(activation_id)
+    await h.stack.store.append_next(
+        world.session_id,
+        [ActivationCancelRequested(activation_id=activation_id, reason="test")],
+        EventMeta(actor="system:scheduler"),
+    )
+    story = await h.ended(activation_id, timeout=60)
+    assert story.count("activation.cancelled") == 1, story
+    assert [t for t in story if t in TERMINAL] == ["activation.cancelled"], story
+    await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
+
+
+async def wall_clock_timeout_ends_timed_out(h: Harness) -> None:
+    world = await h.world("slow", wall_clock=3)
+    h.model.script([Reply.text("too late", delay=60)])
+    activation_id = await h.request(world)
+    story = await h.ended(activation_id, timeout=60)
+    assert [t for t in story if t in TERMINAL] == ["activation.timed_out"], story
+    await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
+
+
+SCENARIOS = (
+    answers_and_ends_completed,
+    crash_with_nonzero_exit_fails,
+    cancel_kills_the_sandbox,
+    wall_clock_timeout_ends_timed_out,
+)
