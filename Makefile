@@ -4,7 +4,7 @@
 PYTHON ?= python3
 ARGS ?=
 
-.PHONY: install install-dev up test bench lint format proto clean
+.PHONY: install install-dev up test bench lint format proto images clean
 
 install:
 	$(PYTHON) dev.py install
@@ -27,6 +27,11 @@ bench:
 
 lint:
 	$(PYTHON) dev.py lint
+
+## Make sure a Docker engine answers (installing and starting one as root) and build the
+## runner image suzumio-runner:latest offline (tools/runner_image.py).
+images:
+	$(PYTHON) dev.py images
 
 format: install-dev
 	.venv/bin/ruff format .

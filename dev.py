@@ -6,6 +6,7 @@
     bench  measure the performance figures and print them as JSON
     lint   ruff and mypy
     proto  regenerate proto/ from the contracts
+    images make sure a Docker engine answers and build the runner image (also before `test`)
     install / install-dev   only create .venv and install
 
 Each verb first makes sure `.venv` exists and holds what it needs (re-installing when a
@@ -75,6 +76,26 @@ def run(*cmd: str) -> int:
     return subprocess.run(cmd, cwd=ROOT, check=False).returncode
 
 
+def images() -> int:
+    """The docker backend's tests need an engine and the runner image: get both if we can."""
+    if run(sys.executable, "tools/docker_engine.py") != 0:
+        print("no Docker engine here: the docker backend's tests will fail", file=sys.stderr)
+        return 1
+    if run(sys.executable, "tools/runner_image.py") != 0:
+        print("no runner image: the docker backend's tests will fail", file=sys.stderr)
+        return 1
+    return 0
+
+
+def test(python: str, args: list[str]) -> int:
+    images()  # without them the docker tests fail with a clear error; the rest still run
+    code = run(python, "-m", "pytest", "-m", "not bench", *args)
+    if code == 5:  # pytest's "no tests collected" is a failure, never a success
+        print("no tests were collected", file=sys.stderr)
+        return 1
+    return code
+
+
 def main(argv: list[str]) -> int:
     verb, args = (argv[0], argv[1:]) if argv else ("help", [])
     python = str(_python())
@@ -83,14 +104,12 @@ def main(argv: list[str]) -> int:
         if verb == "install":
             return 0
         os.execv(str(VENV / "bin" / "suzumio"), ["suzumio", "up", *args])
-    if verb in {"test", "bench", "lint", "proto", "install-dev"}:
+    if verb in {"test", "bench", "lint", "proto", "install-dev", "images"}:
         install(dev=True)
+    if verb == "images":
+        return images()
     if verb == "test":
-        code = run(python, "-m", "pytest", "-m", "not bench", *args)
-        if code == 5:  # pytest's "no tests collected" is a failure, never a success
-            print("no tests were collected", file=sys.stderr)
-            return 1
-        return code
+        return test(python, args)
     if verb == "bench":
         return run(python, "-m", "tests.bench", *args)
     if verb == "lint":

@@ -53,8 +53,11 @@ class Harness:
     async def world(self, name: str, *, wall_clock: int | None = None) -> World:
         """A session whose agent runs on the backend under test (a runtime profile)."""
         world = await new_world(self.stack, f"{name}{new_id()[-5:]}")
+        image = None if self.backend_name in {"process", "pool"} else "suzumio-runner:latest"
         profile = RuntimeProfileSpec(
             backend=BackendName(self.backend_name),
+            image=image,
+            pool="default" if self.backend_name == "pool" else None,
             timeouts=Timeouts(wall_clock_seconds=wall_clock or 600),
         )
         commands = CommandClient(self.stack.nc, self.stack.topology)

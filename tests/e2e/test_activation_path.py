@@ -164,3 +164,20 @@ async def test_cancelling_a_running_activation_kills_its_sandbox(
     )
     assert types.count("activation.cancelled") == 1
     assert not [t for t in types if t in {"activation.completed", "activation.failed"}]
+
+
+async def test_cluster_status_reports_each_backends_health(everything: Stack) -> None:
+    async with everything.client(everything.admin_key) as c:
+        status = await eventually(
+            lambda: c.get("/v1/cluster/status"),
+            lambda r: any(
+                b.get("name") == "process" and b.get("leading")
+                for b in r.json().get("backends", [])
+            ),
+            timeout=30,
+            what="the process backend's health",
+        )
+    [process] = [b for b in status.json()["backends"] if b["name"] == "process" and b["leading"]]
+    assert process["ok"] is True, process
+    assert process["leading"] is True
+    assert process["isolation"] in {"bwrap", "none"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.gateway.api.routes.artifacts import attachment
-from suzumio.gateway.bootstrap import ARTIFACTS_BUCKET
 from suzumio.platform.bus.objects import has_blob
 from tests.e2e.api import new_world, ok, problem
 from tests.e2e.stack import MAX_UPLOAD, Stack

@@ -43,7 +43,11 @@ async def test_projections_survive_sigkill_and_equal_a_rebuild(
     # The backlog the projector works through while it is killed, plus a trickle of new events
     # arriving all along.
     written = await write(store, scenario.take_events(EVENTS))
-    writer = asyncio.create_task(write(store, slowly(scenario.take_events(EVENTS // 10))))
+    # The trickle goes on until the last kill (however slowly the service starts on a busy
+    # machine), so every kill can land while there is work in flight.
+    killing = asyncio.Event()
+    trickle = slowly(scenario.take_events(EVENTS // 2), until=killing)
+    writer = asyncio.create_task(write(store, trickle))
     projections = load_projections()
     env = {"SUZUMIO_PROJECTOR_BATCH": "10"}  # many small transactions: more to interrupt
     log_path = tmp_path / "session.log"
@@ -65,6 +69,7 @@ async def test_projections_survive_sigkill_and_equal_a_rebuild(
         proc.kill()
         killed_at.append(min((await positions(pool)).values()))
 
+    killing.set()
     written += await writer
     last = await stream_last_seq(nc, topology.events_stream)
     assert written >= EVENTS
@@ -93,8 +98,10 @@ async def progress(nc: NATS, pool: Pool, topology: Topology) -> tuple[dict[str, 
     return now, bool(now) and all(p == end for p in now.values())
 
 
-async def slowly(appends: list[Append]) -> AsyncIterator[Append]:
+async def slowly(appends: list[Append], until: asyncio.Event) -> AsyncIterator[Append]:
     for append in appends:
+        if until.is_set():
+            return
         await asyncio.sleep(0.005)
         yield append
 

@@ -1,14 +1,17 @@
-"""`python -m suzumio.runner run|check [input.json]`.
+"""`python -m suzumio.runner run|check [input.json]`, `python -m suzumio.runner worker`.
 
 `run` executes one activation (the agent loop) and exits with a code that says why it ended
 (`suzumio.runner.exits`); `check` only validates an input file. Both refuse an input they do
-not understand, with a message and exit code 2, instead of guessing.
+not understand, with a message and exit code 2, instead of guessing. `worker` serves a pool:
+it pulls dispatches from the queue and runs each as a separate `run` (`suzumio.runner.worker`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -35,6 +38,46 @@ def check(path: Path) -> int:
     return EXIT_OK
 
 
+def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cmd = commands.add_parser("worker", help="serve a worker pool: pull dispatches, run them")
+    cmd.add_argument("--pool", default="default")
+    cmd.add_argument("--nats", default=os.environ.get("SUZUMIO_NATS_URL", "nats://127.0.0.1:4222"))
+    cmd.add_argument("--namespace", default=os.environ.get("SUZUMIO_NAMESPACE", ""))
+    cmd.add_argument("--concurrency", type=int, default=1, help="runs at once")
+    cmd.add_argument("--workdir", type=Path, default=None, help="work directories go here")
+    cmd.add_argument("--worker-id", default=None, help="default: host name and a random suffix")
+    cmd.add_argument("--heartbeat", type=float, default=3.0, help="seconds between heartbeats")
+    cmd.add_argument("--idle-ttl", type=float, default=0.0, help="keep warm sessions (seconds)")
+    cmd.add_argument("--max-warm", type=int, default=8, help="warm sessions kept at most")
+    cmd.add_argument("--kill-grace", type=float, default=5.0, help="SIGTERM to SIGKILL (s)")
+    cmd.add_argument("--drain", type=float, default=30.0, help="wait for runs at shutdown (s)")
+
+
+def worker(args: argparse.Namespace) -> int:
+    from suzumio.runner.worker import WorkerConfig, serve  # noqa: PLC0415 - only `worker` needs NATS
+
+    try:
+        config = WorkerConfig(
+            nats_url=args.nats,
+            namespace=args.namespace,
+            pool=args.pool,
+            concurrency=max(args.concurrency, 1),
+            heartbeat_seconds=args.heartbeat,
+            idle_ttl_seconds=args.idle_ttl,
+            max_warm=args.max_warm,
+            kill_grace_seconds=args.kill_grace,
+            drain_seconds=args.drain,
+        )
+        if args.workdir is not None:
+            config = replace(config, workdir=args.workdir)
+        if args.worker_id:
+            config = replace(config, worker_id=args.worker_id)
+    except ValueError as exc:
+        print(f"runner worker: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return serve(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m suzumio.runner")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -42,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     check_cmd.add_argument("input", type=Path, nargs="?", default=Path("/activation/input.json"))
     run_cmd = commands.add_parser("run", help="run one activation")
     run_cmd.add_argument("input", type=Path, nargs="?", default=Path("/activation/input.json"))
+    add_worker_command(commands)
     args = parser.parse_args(argv)
+    if args.command == "worker":
+        return worker(args)
     if args.command == "run":
         from suzumio.runner.main import run  # noqa: PLC0415 - `check` stays light
 

@@ -172,7 +172,8 @@ class ActivationDispatch(_Frozen):
 
     It carries the sandbox's whole environment, provider keys included, and the input's token:
     the ACTIVATIONS stream lives inside the platform's NATS, which only the services and the
-    workers may reach, and a dispatch leaves the stream when a worker acks it (docs/pool.md).
+    workers may reach, and a dispatch leaves the stream when a worker acks it (the pool
+    backend's module documentation says more).
     """
 
     attempt: int = Field(default=1, ge=1)
@@ -227,6 +228,7 @@ class PoolStatus(_Frozen):
         default=False, description="started: in a warm workspace; exited: the workspace is kept"
     )
     detail: str = Field(default="", max_length=4_000, description="the runner's last log lines")
+    deadline: datetime | None = Field(default=None, description="started: the dispatch's")
 
 
 class PoolCancel(_Frozen):

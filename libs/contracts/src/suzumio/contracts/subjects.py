@@ -138,6 +138,29 @@ class Topology(BaseModel):
     def command_queue_group(self, service: str) -> str:
         return self._subject("svc", service)
 
+    # -- worker pools: core NATS between the pool backend and its workers -----------------
+    def pool_consumer(self, pool: str) -> str:
+        """The durable consumer on ACTIVATIONS that every worker of `pool` pulls from."""
+        return f"pool_{pool}"
+
+    def pool_status_subject(self, activation_id: str) -> str:
+        return self._subject("pool", "status", activation_id)
+
+    def pool_cancel_subject(self, activation_id: str) -> str:
+        return self._subject("pool", "cancel", activation_id)
+
+    def pool_cancel_filter(self) -> str:
+        return self._subject("pool", "cancel", "*")
+
+    def pool_list_subject(self) -> str:
+        return self._subject("pool", "list")
+
+    def pool_worker_subject(self, worker_id: str) -> str:
+        return self._subject("pool", "worker", worker_id)
+
+    def pool_worker_filter(self) -> str:
+        return self._subject("pool", "worker", "*")
+
     # -- key-value buckets and object stores ----------------------------------------------
     def bucket(self, name: str) -> str:
         """A KV bucket or object store of this installation (`idempotency`, `services`, ...)."""

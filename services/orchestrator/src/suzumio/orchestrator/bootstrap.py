@@ -3,11 +3,17 @@ engine that follows the log."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from starlette.types import ASGIApp
 
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend
+from suzumio.orchestrator.backends.docker import DockerBackend
+from suzumio.orchestrator.backends.kubernetes import KubernetesBackend
+from suzumio.orchestrator.backends.pool import PoolBackend
 from suzumio.orchestrator.backends.process import ProcessBackend
 from suzumio.orchestrator.engine import Orchestrator
 from suzumio.orchestrator.planning import Planner
@@ -17,16 +23,29 @@ from suzumio.platform.secrets import SecretBox, secret_keys
 from suzumio.platform.service import ServiceRuntime
 from suzumio.platform.tokens import TokenSigner
 
+HEALTH_SECONDS = 10.0
+
 
 async def build_backends(
-    runtime: ServiceRuntime,  # noqa: ARG001 - the pool backend will need its connection
-    settings: OrchestratorSettings,
+    runtime: ServiceRuntime, settings: OrchestratorSettings
 ) -> dict[str, Backend]:
+    """The backends this orchestrator runs (`SUZUMIO_BACKENDS`); a backend whose engine is
+    unreachable at start is still built: its health says so and its launches fail."""
     backends: dict[str, Backend] = {}
+    namespace = runtime.topology.namespace
     for name in settings.backends:
         match name.value:
             case "process":
-                backends["process"] = ProcessBackend(settings.sandboxes())
+                backends["process"] = ProcessBackend(settings.sandboxes(), settings.process)
+            case "docker":
+                backends["docker"] = DockerBackend(settings.docker, namespace)
+            case "kubernetes":
+                kubernetes = settings.kubernetes
+                if kubernetes.broker_url is None:
+                    kubernetes = kubernetes.model_copy(update={"broker_url": settings.broker_url})
+                backends["kubernetes"] = KubernetesBackend(kubernetes, namespace)
+            case "pool":
+                backends["pool"] = PoolBackend(runtime.nc, runtime.topology, settings.pool)
     return backends
 
 
@@ -59,6 +78,15 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         settings.workspace_retention_hours,
     )
     runtime.readiness.extra_checks["caught_up"] = lambda: orchestrator.caught_up
+
+    async def report_health(stop: asyncio.Event) -> None:
+        """Each backend's health in this instance's heartbeat (cluster status shows it)."""
+        while not stop.is_set():
+            runtime.status["backends"] = await orchestrator.backend_health()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), HEALTH_SECONDS)
+
+    runtime.background("backend-health", report_health)
     runtime.background("orchestrator", orchestrator.run)
     runtime.on_drain(lambda _: orchestrator.close())
     return None

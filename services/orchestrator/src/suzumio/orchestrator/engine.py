@@ -75,6 +75,8 @@ class Tracked:
     handle: Handle | None = None
     timed_out: bool = False
     timeout_seconds: float = 0.0
+    launching_at: float = 0.0  # wall clock: the plan is ready and the backend is called
+    launched_at: float = 0.0  # the backend says the sandbox is started
 
 
 class Orchestrator:
@@ -254,6 +256,7 @@ class Orchestrator:
             if tracked.cancel_reason is not None:
                 await self._end(tracked, ActivationCancelled(reason=tracked.cancel_reason))
                 return
+            tracked.launching_at = time.time()  # control plane done: the sandbox's turn
             try:
                 handle = await backend.launch(plan)
             except LaunchError as exc:
@@ -262,6 +265,7 @@ class Orchestrator:
                 )
                 return
             tracked.handle = handle
+            tracked.launched_at = time.time()
             _launch.record(time.perf_counter() - folded_at, {"backend": backend.name})
             await self._append(
                 activation_id,
@@ -384,6 +388,19 @@ class Orchestrator:
                 over = tracked is None or tracked.ended
                 if over and path.stat().st_mtime < horizon:
                     await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+
+    async def backend_health(self) -> list[dict[str, object]]:
+        report: list[dict[str, object]] = []
+        for name, backend in self.backends.items():
+            try:
+                health = await asyncio.wait_for(backend.health(), 10)
+                report.append({"name": name, "ok": health.ok, **health.detail})
+            except Exception as exc:
+                report.append({"name": name, "ok": False, "error": repr(exc)[:500]})
+        running = sum(1 for t in self.activations.values() if t.started and not t.ended)
+        for entry in report:
+            entry |= {"leading": self.leading, "running_here": running if self.leading else 0}
+        return report
 
     async def close(self) -> None:
         for backend in self.backends.values():

@@ -3,13 +3,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
 
 from suzumio.contracts.values import Backend
+from suzumio.orchestrator.backends.docker_settings import DockerSettings
+from suzumio.orchestrator.backends.kubernetes_render import KubernetesSettings
+from suzumio.orchestrator.backends.pool import PoolSettings
+from suzumio.orchestrator.backends.process import ProcessSettings
 from suzumio.platform.settings import ServiceSettings
 
 
 class OrchestratorSettings(ServiceSettings):
+    """Nested backend settings come from `SUZUMIO_<BACKEND>__<FIELD>`, e.g.
+    `SUZUMIO_DOCKER__IMAGE`, `SUZUMIO_KUBERNETES__NAMESPACE`, `SUZUMIO_POOL__DEFAULT_POOL`."""
+
+    model_config = SettingsConfigDict(env_prefix="SUZUMIO_", env_nested_delimiter="__")
+
     http_port: int = Field(default=8093, ge=0, le=65_535)
+    process: ProcessSettings = Field(default_factory=ProcessSettings)
+    docker: DockerSettings = Field(default_factory=DockerSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    pool: PoolSettings = Field(default_factory=PoolSettings)
     default_backend: Backend = Field(
         default=Backend.PROCESS, description="for agents without a runtime profile"
     )

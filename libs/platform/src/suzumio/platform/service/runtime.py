@@ -67,6 +67,7 @@ class ServiceRuntime:
         self.nats_url = nats_url
         self.database_url = database_url
         self.instance = settings.instance or f"{socket.gethostname()}:{os.getpid()}"
+        self.status: dict[str, Any] = {}  # what the service adds to its heartbeat (JSON-safe)
         self._tasks: list[tuple[str, Task]] = []
         self._drainers: list[Drainer] = []
         self._nc: NATS | None = None
@@ -133,6 +134,7 @@ class ServiceRuntime:
 
     def _describe(self) -> dict[str, Any]:
         return {
+            **self.status,
             "http": f"http://{self.settings.http_host}:{self.http_port}",
             "pid": os.getpid(),
             "draining": self._readiness.draining if self._readiness else False,

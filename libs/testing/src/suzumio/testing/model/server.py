@@ -11,21 +11,20 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from suzumio.testing.inprocess import InProcessServer
 from suzumio.testing.model.demo import DemoModel
 from suzumio.testing.model.replies import Reply, error_body
 from suzumio.testing.model.script import Script, Step, resolve, script_exhausted
@@ -84,23 +83,6 @@ class _HideDroppedConnections(logging.Filter):
 _HIDE_DROPPED = _HideDroppedConnections()
 
 
-class _InProcessUvicorn(uvicorn.Server):
-    """Leaves the process's SIGINT/SIGTERM handlers alone and stops as soon as `stopping` is
-    set, instead of polling a flag every 0.1 s."""
-
-    def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
-        super().__init__(config)
-        self.stopping = stopping
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def main_loop(self) -> None:
-        await self.on_tick(0)  # sets the default response headers once
-        await self.stopping.wait()
-
-
 class ScriptedModelServer:
     """An OpenAI-compatible chat-completions server that plays scripted steps.
 
@@ -133,15 +115,14 @@ class ScriptedModelServer:
         self._script = Script(default)
         self._models = list(models)
         self._arrived = asyncio.Condition()
-        self._closing = asyncio.Event()
-        self._uvicorn: _InProcessUvicorn | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._http = InProcessServer(self._count_in_flight, host, port)
+        self._closing = self._http.closing
         self.app = self._build_app()
 
     @property
     def url(self) -> str:
         """`http://host:port`, without `/v1`; valid once started."""
-        if self._serving is None:
+        if not self._http.serving:
             raise RuntimeError("the model server is not started")
         return f"http://{self.host}:{self.port}"
 
@@ -184,41 +165,13 @@ class ScriptedModelServer:
         return self.requests[:count]
 
     async def start(self) -> Self:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._count_in_flight,
-            http="h11",
-            ws="none",
-            lifespan="off",
-            interface="asgi3",
-            proxy_headers=False,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
         logging.getLogger("uvicorn.error").addFilter(_HIDE_DROPPED)
-        self._uvicorn = _InProcessUvicorn(config, self._closing)
-        self._closing.clear()
-        self._serving = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
-        while not self._uvicorn.started:
-            if self._serving.done():
-                self._serving.result()
-                raise RuntimeError("the model server stopped while starting")
-            await asyncio.sleep(0.002)
+        self.port = await self._http.start("model server")
         return self
 
     async def close(self) -> None:
         """Stop: delayed answers are cut short, open connections are closed."""
-        if self._uvicorn is None or self._serving is None:
-            return
-        self._uvicorn.should_exit = True
-        self._closing.set()
-        await self._serving
-        self._uvicorn = None
-        self._serving = None
+        await self._http.stop()
 
     async def __aenter__(self) -> Self:
         return await self.start()

@@ -1,0 +1,598 @@
+"""`python -m suzumio.runner worker`: a long-lived worker of a pool (DESIGN.md §8).
+
+It pulls `ActivationDispatch`es from `act.<pool>` through the pool's one durable consumer
+(several workers share the work; each runs at most `concurrency` at once) and runs every one as
+a sandbox of its own: `python -m suzumio.runner run input.json` in a fresh work directory, in
+its own session and process group, with the dispatch's environment and nothing of the worker's.
+
+It speaks core NATS (`Topology.pool_*`): `started`, a `heartbeat` every few seconds and
+`exited` with the exit code on `pool.status.<activation>`; its presence on `pool.worker.<id>`;
+what it runs and recently ended in answer to `pool.list`. `pool.cancel.<activation>` stops a
+run: SIGTERM to its process group, SIGKILL after a grace.
+
+Acks: `in_progress` keeps the message while the runner runs; it is acked only after the runner
+exited, whatever the code (a runner posts its output before it exits 0; the orchestrator decides
+about retries). A dispatch past its deadline, or cancelled, is refused (`term`) unstarted. A
+worker killed mid-run never acks: its runner dies with it (parent-death signal), and the
+orchestrator, seeing the heartbeats stop, declares the attempt lost, deletes the dispatch and
+broadcasts its cancel, so no worker starts that attempt again. A dispatch redelivered before
+that — its worker died before starting it — runs if it is still within its deadline. The
+broker refuses the token of an attempt the orchestrator has ended, whatever a worker does.
+
+Warm sessions (`--idle-ttl`): a dispatch names its session (`affinity_key`); its workspace is
+then `<workdir>/<worker>/sessions/<key>` and stays after the run, for the idle TTL, so the
+session's next activation on this worker finds the files, checkouts and caches the last one
+left (and `/workspace/session`). The queue does not route by session: reuse happens when the
+same worker takes the next dispatch — always with one worker, by chance with several — and a
+cold start is only slower, never wrong, since the history and checkpoint come with the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import Error as JetStreamError
+from pydantic import ValidationError
+
+from suzumio.contracts.runner import (
+    ActivationDispatch,
+    PoolCancel,
+    PoolStatus,
+    PoolStatusKind,
+    PoolStatusReason,
+    PoolWorkerInfo,
+)
+from suzumio.contracts.subjects import Topology
+from suzumio.runner.log import log
+
+DETAIL_BYTES = 2_000
+# The orchestrator stops a run at its deadline; the worker does too, this much later, in case
+# nobody is left to do it.
+DEADLINE_BACKSTOP_SECONDS = 30.0
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
+_POOL = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # the contracts' Slug
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def default_worker_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40] or "worker"
+    return f"{host}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    nats_url: str = "nats://127.0.0.1:4222"
+    namespace: str = ""
+    pool: str = "default"
+    concurrency: int = 1
+    workdir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "suzumio-worker")
+    worker_id: str = field(default_factory=default_worker_id)
+    heartbeat_seconds: float = 3.0
+    ack_wait_seconds: float = 30.0  # used only when this worker creates the pool's consumer
+    kill_grace_seconds: float = 5.0
+    drain_seconds: float = 30.0
+    idle_ttl_seconds: float = 0.0  # > 0: keep a session's workspace warm this long
+    max_warm: int = 8
+    recent_seconds: float = 600.0  # how long ends and cancels are remembered
+    sandbox_path: str = "/usr/local/bin:/usr/bin:/bin"
+
+    def __post_init__(self) -> None:
+        if not _TOKEN.fullmatch(self.worker_id):
+            raise ValueError(f"worker id must match {_TOKEN.pattern}: {self.worker_id!r}")
+        if not _POOL.fullmatch(self.pool):
+            raise ValueError(f"pool must match {_POOL.pattern}: {self.pool!r}")
+
+
+@dataclass
+class _Run:
+    dispatch: ActivationDispatch
+    msg: Msg
+    root: Path  # input.json and runner.log: outside the workspace, so tools cannot read them
+    workspace: Path
+    warm_key: str | None  # the warm session workspace this run holds
+    warm_start: bool
+    proc: asyncio.subprocess.Process | None = None
+    stop_reason: PoolStatusReason | None = None
+    started: PoolStatus | None = None
+
+
+class WarmSessions:
+    """Session workspaces kept `ttl` seconds after their last run: the warm sessions.
+
+    A dispatch with an affinity key gets the key's workspace — the files its session's last
+    activation left on this worker, if it ran here within the TTL — unless another run holds it.
+    """
+
+    def __init__(self, root: Path, ttl: float, limit: int) -> None:
+        self._root, self._ttl, self._limit = root, ttl, limit
+        self._idle: dict[str, float] = {}
+        self._busy: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def take(self, key: str) -> tuple[Path, bool] | None:
+        if self._ttl <= 0 or key in self._busy:
+            return None
+        self._busy.add(key)
+        warm = self._idle.pop(key, None) is not None
+        path = self._root / key
+        path.mkdir(parents=True, exist_ok=True)
+        return path, warm
+
+    def give_back(self, key: str) -> list[str]:
+        """Keep it warm; returns the keys evicted to stay within the limit."""
+        self._busy.discard(key)
+        self._idle[key] = time.monotonic()
+        evicted = sorted(self._idle, key=self._idle.__getitem__)[
+            : max(len(self._idle) - self._limit, 0)
+        ]
+        for old in evicted:
+            del self._idle[old]
+        return evicted
+
+    def expired(self) -> list[str]:
+        now = time.monotonic()
+        keys = [k for k, seen in self._idle.items() if now - seen > self._ttl]
+        for key in keys:
+            del self._idle[key]
+        return keys
+
+    def path(self, key: str) -> Path:
+        return self._root / key
+
+
+def _die_with_parent() -> None:  # in the child, between fork and exec
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _seconds_left(dispatch: ActivationDispatch) -> float:
+    deadline = dispatch.deadline
+    if deadline.tzinfo is None:
+        deadline = deadline.replace(tzinfo=UTC)
+    return (deadline - datetime.now(UTC)).total_seconds()
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - DETAIL_BYTES, 0))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ids_of(data: bytes) -> tuple[str, int] | None:
+    """Activation id and attempt of a dispatch this worker cannot read, to refuse it openly."""
+    try:
+        doc: Any = json.loads(data)
+        return str(doc["input"]["activation"]["id"]), int(doc.get("attempt", 1))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.cfg = config
+        self.topology = Topology(namespace=config.namespace)
+        self.root = config.workdir / config.worker_id
+        self.warm = WarmSessions(self.root / "sessions", config.idle_ttl_seconds, config.max_warm)
+        self._runs: dict[str, _Run] = {}
+        self._cancelled: dict[str, float] = {}  # dispatch id, or "<activation id>.*"
+        self._recent: dict[str, tuple[float, PoolStatus]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # one per dispatch in hand
+        self._aux: set[asyncio.Task[None]] = set()  # kills, removals
+        self._freed = asyncio.Event()
+        self._nc: NATS | None = None
+
+    @property
+    def nc(self) -> NATS:
+        assert self._nc is not None
+        return self._nc
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then drain: let runs end (or stop them) and ack them."""
+        self._nc = await nats.connect(
+            servers=[self.cfg.nats_url],
+            name=f"suzumio-worker-{self.cfg.worker_id}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+        try:
+            psub = await self._subscribe(stop)
+            if psub is None:
+                return
+            presence = asyncio.create_task(self._presence())
+            log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
+            try:
+                while not stop.is_set():
+                    await self._pull_once(psub)
+            finally:
+                await self._drain()
+                presence.cancel()
+                with contextlib.suppress(Exception):
+                    await psub.unsubscribe()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.nc.close()  # what must reach the server was flushed already
+            await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
+            log("worker.stopped", worker=self.cfg.worker_id)
+
+    async def _subscribe(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
+        js = self.nc.jetstream()
+        stream, durable = (
+            self.topology.activations_stream,
+            self.topology.pool_consumer(self.cfg.pool),
+        )
+        while not stop.is_set():
+            try:
+                await self._ensure_consumer(js, stream, durable)
+                break
+            except (JetStreamError, TimeoutError, NatsTimeoutError) as exc:
+                log("worker.waiting_for_stream", stream=stream, error=repr(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+        else:
+            return None
+        await self.nc.subscribe(self.topology.pool_cancel_filter(), cb=self._on_cancel)
+        await self.nc.subscribe(self.topology.pool_list_subject(), cb=self._on_list)
+        return await js.pull_subscribe_bind(durable, stream=stream)
+
+    async def _ensure_consumer(self, js: JetStreamContext, stream: str, durable: str) -> None:
+        """Create the pool's consumer if nobody has; the orchestrator's settings win after."""
+        with contextlib.suppress(JetStreamError):
+            await js.consumer_info(stream, durable)
+            return
+        config = ConsumerConfig(
+            durable_name=durable,
+            filter_subject=self.topology.activation_subject(self.cfg.pool),
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.cfg.ack_wait_seconds,
+            max_deliver=5,
+            max_ack_pending=10_000,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        try:
+            await js.add_consumer(stream, config)
+        except JetStreamError:
+            await js.consumer_info(stream, durable)  # created by someone else meanwhile
+
+    async def _pull_once(self, psub: JetStreamContext.PullSubscription) -> None:
+        free = self.cfg.concurrency - len(self._tasks)
+        if free <= 0:
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), 1.0)
+            return
+        try:
+            msgs = await psub.fetch(free, timeout=1.0)
+        except (TimeoutError, NatsTimeoutError):
+            return
+        except Exception as exc:
+            log("worker.fetch_failed", error=repr(exc))
+            await asyncio.sleep(1.0)
+            return
+        for msg in msgs:
+            task = asyncio.create_task(self._handle(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log("worker.run_crashed", error=repr(task.exception()))
+
+    # -- one dispatch ------------------------------------------------------------------------
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            dispatch = ActivationDispatch.model_validate_json(msg.data)
+        except ValidationError:
+            await self._refuse_unreadable(msg)
+            return
+        did = dispatch.dispatch_id
+        if msg.metadata.num_delivered > 1:
+            log("worker.redelivered", dispatch=did, deliveries=msg.metadata.num_delivered)
+        refusal = self._refusal(dispatch)
+        if refusal is not None:
+            log("worker.refused", dispatch=did, reason=refusal)
+            await self._publish(self._status(dispatch, "refused", reason=refusal), flush=True)
+            await msg.term()
+            return
+        if did in self._runs:
+            return  # redelivered while this worker runs it: that run acks the message
+        run = self._prepare(dispatch, msg)
+        self._runs[did] = run
+        try:
+            await self._execute(run)
+        finally:
+            del self._runs[did]
+            await self._release(run)
+
+    def _refusal(self, dispatch: ActivationDispatch) -> PoolStatusReason | None:
+        if _seconds_left(dispatch) <= 0:
+            return "deadline"
+        any_of_it = f"{dispatch.input.activation.id}.*"
+        if dispatch.dispatch_id in self._cancelled or any_of_it in self._cancelled:
+            return "cancelled"
+        return None
+
+    async def _refuse_unreadable(self, msg: Msg) -> None:
+        log("worker.invalid_dispatch", seq=msg.metadata.sequence.stream)
+        ids = _ids_of(msg.data)
+        if ids is not None:
+            status = PoolStatus(
+                kind="refused",
+                dispatch_id=f"{ids[0]}.{ids[1]}",
+                activation_id=ids[0],
+                attempt=max(ids[1], 1),
+                worker_id=self.cfg.worker_id,
+                pool=self.cfg.pool,
+                at=datetime.now(UTC),
+                reason="invalid",
+            )
+            with contextlib.suppress(ValidationError):
+                await self._publish(status, flush=True)
+        await msg.term()
+
+    def _prepare(self, dispatch: ActivationDispatch, msg: Msg) -> _Run:
+        root = self.root / "runs" / dispatch.dispatch_id
+        shutil.rmtree(root, ignore_errors=True)  # left by an earlier delivery
+        root.mkdir(parents=True)
+        taken = self.warm.take(dispatch.affinity_key) if dispatch.affinity_key else None
+        if taken is None:
+            workspace, warm_start, key = root / "workspace", False, None
+            workspace.mkdir()
+        else:
+            (workspace, warm_start), key = taken, dispatch.affinity_key
+        spec = dispatch.input.model_copy(update={"workspace": str(workspace)})
+        fd = os.open(root / "input.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(spec.model_dump_json())
+        return _Run(dispatch, msg, root, workspace, key, warm_start)
+
+    async def _execute(self, run: _Run) -> None:
+        dispatch = run.dispatch
+        try:
+            run.proc = await self._spawn(run)
+        except OSError as exc:
+            await self._finish(
+                run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
+            )
+            return
+        run.started = self._status(
+            dispatch, "started", warm=run.warm_start, deadline=dispatch.deadline
+        )
+        await self._publish(run.started)
+        log("worker.started", dispatch=dispatch.dispatch_id, warm=run.warm_start)
+        if run.stop_reason is not None:  # cancelled while it was being prepared
+            self._background(self._kill(run, run.stop_reason))
+        beats = asyncio.create_task(self._beat(run))
+        try:
+            code = await self._wait(run)
+        finally:
+            beats.cancel()
+        await self._finish(run, self._exit_status(run, code))
+
+    async def _spawn(self, run: _Run) -> asyncio.subprocess.Process:
+        env = {
+            "PATH": self.cfg.sandbox_path,
+            "LANG": "C.UTF-8",
+            "HOME": str(run.workspace),
+            **run.dispatch.env,
+        }
+        with (run.root / "runner.log").open("ab") as out:
+            return await asyncio.create_subprocess_exec(
+                sys.executable,
+                *("-m", "suzumio.runner", "run", str(run.root / "input.json")),
+                cwd=run.workspace,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    async def _wait(self, run: _Run) -> int:
+        assert run.proc is not None
+        try:
+            left = _seconds_left(run.dispatch) + DEADLINE_BACKSTOP_SECONDS
+            return await asyncio.wait_for(run.proc.wait(), max(left, 0.0))
+        except TimeoutError:
+            await self._kill(run, "timeout")
+            return await run.proc.wait()
+
+    async def _kill(self, run: _Run, reason: PoolStatusReason) -> None:
+        run.stop_reason = run.stop_reason or reason
+        proc = run.proc
+        if proc is None or proc.returncode is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), self.cfg.kill_grace_seconds)
+        except TimeoutError:
+            _signal_group(proc.pid, signal.SIGKILL)
+
+    async def _beat(self, run: _Run) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_seconds)
+            await self._publish(self._status(run.dispatch, "heartbeat"))
+            with contextlib.suppress(Exception):
+                await run.msg.in_progress()
+
+    def _exit_status(self, run: _Run, code: int) -> PoolStatus:
+        return self._status(
+            run.dispatch,
+            "exited",
+            reason=run.stop_reason or ("killed" if code < 0 else "exited"),
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            warm=run.warm_key is not None,
+            detail=_tail(run.root / "runner.log") if code != 0 else "",
+        )
+
+    async def _finish(self, run: _Run, status: PoolStatus) -> None:
+        """Tell the orchestrator, then ack: any end is final for this attempt."""
+        self._recent[status.dispatch_id] = (time.monotonic(), status)
+        await self._publish(status, flush=True)
+        for attempt in range(3):
+            try:
+                await run.msg.ack_sync(timeout=5.0)
+                break
+            except Exception as exc:
+                log("worker.ack_failed", dispatch=status.dispatch_id, error=repr(exc))
+                await asyncio.sleep(0.5 * (attempt + 1))
+        log("worker.exited", dispatch=status.dispatch_id, reason=status.reason,
+            exit_code=status.exit_code, signal=status.signal)  # fmt: skip
+
+    async def _release(self, run: _Run) -> None:
+        if run.warm_key is not None:
+            for key in self.warm.give_back(run.warm_key):
+                self._discard(self.warm.path(key))
+        self._discard(run.root)
+
+    def _discard(self, path: Path) -> None:
+        """Move it aside at once (a new run may want the name), remove it in the background."""
+        trash = self.root / "trash" / secrets.token_hex(8)
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.rename(trash)
+            self._background(asyncio.to_thread(shutil.rmtree, trash, ignore_errors=True))
+
+    # -- control subjects -------------------------------------------------------------------
+    async def _on_cancel(self, msg: Msg) -> None:
+        activation_id = msg.subject.rsplit(".", 1)[-1]
+        try:
+            wanted = PoolCancel.model_validate_json(msg.data or b"{}").dispatch_id
+        except ValidationError:
+            wanted = None
+        self._cancelled[wanted or f"{activation_id}.*"] = time.monotonic()
+        for run in list(self._runs.values()):
+            if run.dispatch.input.activation.id == activation_id and wanted in {
+                None,
+                run.dispatch.dispatch_id,
+            }:
+                log("worker.cancelling", dispatch=run.dispatch.dispatch_id)
+                run.stop_reason = run.stop_reason or "cancelled"
+                if run.proc is not None:
+                    self._background(self._kill(run, "cancelled"))
+
+    async def _on_list(self, msg: Msg) -> None:
+        with contextlib.suppress(Exception):
+            await msg.respond(self._info(with_exited=True).model_dump_json().encode())
+
+    async def _presence(self) -> None:
+        subject = self.topology.pool_worker_subject(self.cfg.worker_id)
+        while True:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(
+                    subject, self._info(with_exited=False).model_dump_json().encode()
+                )
+            for key in self.warm.expired():
+                self._discard(self.warm.path(key))
+            horizon = time.monotonic() - self.cfg.recent_seconds
+            self._recent = {k: v for k, v in self._recent.items() if v[0] > horizon}
+            self._cancelled = {k: t for k, t in self._cancelled.items() if t > horizon}
+            await asyncio.sleep(self.cfg.heartbeat_seconds)
+
+    async def _drain(self) -> None:
+        if self._tasks:
+            log("worker.draining", running=len(self._runs))
+            await asyncio.wait(set(self._tasks), timeout=self.cfg.drain_seconds)
+        for run in list(self._runs.values()):
+            self._background(self._kill(run, "shutdown"))
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.cfg.kill_grace_seconds + 10)
+        if self._aux:
+            await asyncio.wait(set(self._aux), timeout=10)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _status(
+        self, dispatch: ActivationDispatch, kind: PoolStatusKind, **fields: Any
+    ) -> PoolStatus:
+        return PoolStatus(
+            kind=kind,
+            dispatch_id=dispatch.dispatch_id,
+            activation_id=dispatch.input.activation.id,
+            attempt=dispatch.attempt,
+            worker_id=self.cfg.worker_id,
+            pool=self.cfg.pool,
+            at=datetime.now(UTC),
+            **fields,
+        )
+
+    def _info(self, *, with_exited: bool) -> PoolWorkerInfo:
+        return PoolWorkerInfo(
+            worker_id=self.cfg.worker_id,
+            pool=self.cfg.pool,
+            capacity=self.cfg.concurrency,
+            at=datetime.now(UTC),
+            running=tuple(r.started for r in self._runs.values() if r.started is not None),
+            exited=tuple(s for _, s in self._recent.values()) if with_exited else (),
+            warm_sessions=len(self.warm),
+        )
+
+    async def _publish(self, status: PoolStatus, *, flush: bool = False) -> None:
+        try:
+            await self.nc.publish(
+                self.topology.pool_status_subject(status.activation_id),
+                status.model_dump_json().encode(),
+            )
+            if flush:
+                await self.nc.flush(timeout=5)
+        except Exception as exc:
+            log(
+                "worker.publish_failed",
+                dispatch=status.dispatch_id,
+                kind=status.kind,
+                error=repr(exc),
+            )
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._aux.add(task)
+        task.add_done_callback(self._aux.discard)
+
+
+def serve(config: WorkerConfig) -> int:
+    """Run a worker until SIGTERM or SIGINT; returns the process's exit code."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Worker(config).run(stop)
+
+    asyncio.run(main())
+    return 0

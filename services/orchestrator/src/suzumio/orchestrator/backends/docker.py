@@ -1,0 +1,413 @@
+"""The docker backend: one container per activation through the Docker Engine API (DESIGN.md §8).
+
+A container gets the input file read-only at `/activation/input.json`, the activation's
+workspace at `/workspace`, the session's directory at `/workspace/session`, the granted mounts,
+the plan's environment and labels naming the project, agent, session and activation. It runs
+as a non-root numeric user with no capabilities, no privilege escalation, a read-only root
+filesystem (a tmpfs `/tmp`), pids/memory/CPU limits and the network of its profile: `none`, or
+for `egress`/`full` the engine's host network when it has no bridge (then the sandbox reaches
+the tool-broker on 127.0.0.1), else the configured network with `host.docker.internal` mapped to
+the host gateway (loopback broker URLs are rewritten to it).
+
+Bind sources are paths on the engine's host: an orchestrator that itself runs in a container
+must see its data directory at the same path as the engine does. The disk limit of a profile
+bounds `/tmp` only; the workspace lives on the host's disk.
+
+Every engine call runs in this backend's own thread pool, off the event loop; `watch` waits in
+short slices so a cancelled watch frees its thread soon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import os
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker  # type: ignore[import-untyped]
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound  # type: ignore[import-untyped]
+from docker.types import Mount  # type: ignore[import-untyped]
+
+from suzumio.orchestrator.backends.base import (
+    INPUT_PATH,
+    LABEL_PREFIX,
+    WORKSPACE,
+    Exit,
+    Handle,
+    Health,
+    LaunchError,
+    LaunchPlan,
+    labels_for,
+)
+from suzumio.orchestrator.backends.docker_settings import (
+    SANDBOX_TMP,
+    DockerSettings,
+    check_mounts,
+    network_mode,
+    via_gateway,
+)
+from suzumio.platform.logging import get_logger
+
+__all__ = ["DockerBackend", "DockerSettings"]
+log = get_logger(__name__)
+NAME = "docker"
+SESSION_TARGET = f"{WORKSPACE}/session"
+HASH_LABEL = f"{LABEL_PREFIX}.content-hash"  # set by tools/runner_image.py
+# Of `labels_for`'s labels, what a handle carries (a container also inherits its image's).
+HANDLE_LABELS = ("namespace", "project", "agent", "session", "activation", "attempt")
+WAIT_SLICE_SECONDS = 5
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
+T = TypeVar("T")
+
+
+def _own(root: Path, uid: int, gid: int) -> None:
+    """Make `root` and everything in it writable by the sandbox's user: its owner when we may
+    chown, else open to all (an orchestrator that is not root)."""
+    as_root = os.geteuid() == 0
+
+    def give(path: Path) -> None:
+        if path.is_symlink():
+            return
+        st = path.lstat()
+        if as_root and (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(path, uid, gid, follow_symlinks=False)
+        elif (
+            not as_root and (mode := st.st_mode | (0o777 if path.is_dir() else 0o666)) != st.st_mode
+        ):
+            path.chmod(mode)
+
+    give(root)
+    for base, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            give(Path(base, name))
+
+
+def _state_exit(state: dict[str, Any], cancelled: bool) -> Exit:
+    status = state.get("Status", "")
+    code = state.get("ExitCode")
+    detail = f"status {status}, exit code {code}" + (
+        f": {state['Error']}" if state.get("Error") else ""
+    )
+    if status in {"created", "dead", "removing"}:
+        return Exit(None, "lost", detail)
+    if state.get("OOMKilled"):
+        return Exit(None if code is None or code >= 128 else code, "oom", detail)
+    signalled = code is None or code >= 128
+    if cancelled:
+        return Exit(None if signalled else code, "cancelled", detail)
+    if signalled:
+        return Exit(None, "killed", detail)
+    return Exit(code, "exited", detail)
+
+
+def _redact(text: str, plan: LaunchPlan) -> str:
+    for key in plan.secret_keys:
+        value = plan.env.get(key)
+        if value:
+            text = text.replace(value, "***")
+    return text
+
+
+class DockerBackend:
+    name = NAME
+
+    def __init__(self, settings: DockerSettings | None = None, namespace: str = "") -> None:
+        self._settings = settings or DockerSettings()
+        self._namespace = namespace
+        self._ns_label = namespace or "-"
+        uid, gid = self._settings.user.split(":")
+        self._uid, self._gid = int(uid), int(gid)
+        self._pool = ThreadPoolExecutor(self._settings.max_threads, thread_name_prefix="docker")
+        self._api: Any = None
+        self._api_lock = threading.Lock()
+        self._cancelled: set[str] = set()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _client(self) -> Any:
+        with self._api_lock:
+            if self._api is None:  # connects (and negotiates the API version) on first use
+                self._api = docker.APIClient(
+                    base_url=self._settings.base_url,
+                    version="auto",
+                    timeout=self._settings.api_timeout_seconds,
+                    max_pool_size=self._settings.max_threads,
+                )
+            return self._api
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(ctx.run, fn, *args))
+
+    # -- launch -----------------------------------------------------------------------------
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        check_mounts(plan)
+        image = plan.profile.image or self._settings.image
+        try:
+            container_id = await self._call(self._launch_sync, plan, image)
+        except LaunchError:
+            raise
+        except (DockerException, requests.RequestException, OSError) as exc:
+            message = _redact(f"docker: {exc}", plan)
+            log.warning("docker.launch_failed", activation=plan.activation_id, error=message)
+            raise LaunchError(message, retryable=not _client_error(exc)) from None
+        log.info(
+            "docker.launched",
+            activation=plan.activation_id,
+            container=container_id[:12],
+            image=image,
+            network=network_mode(self._settings, plan.profile.network),
+            env=plan.redacted_env(),
+        )
+        labels = labels_for(plan, self._namespace)
+        return self._handle(container_id, self._name(plan), "running", labels)
+
+    def _launch_sync(self, plan: LaunchPlan, image: str) -> str:
+        self._prepare(plan)
+        api = self._client()
+        name = self._name(plan)
+        try:
+            container_id = self._create(api, plan, image, name)
+        except ImageNotFound:
+            self._pull(api, image)
+            container_id = self._create(api, plan, image, name)
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+            adopted = self._adopt(api, name, plan)
+            if adopted is not None:
+                return adopted
+            container_id = self._create(api, plan, image, name)
+        try:
+            api.start(container_id)
+        except DockerException:
+            api.remove_container(container_id, force=True)
+            raise
+        return container_id
+
+    def _prepare(self, plan: LaunchPlan) -> None:
+        workspace = plan.host_dir / "workspace"
+        for d in (workspace / "out", workspace / "session", plan.session_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        update: dict[str, Any] = {"workspace": WORKSPACE}
+        if network_mode(self._settings, plan.profile.network) not in {"host", "none"}:
+            update["controller_url"] = via_gateway(plan.input.controller_url)
+        path = plan.host_dir / "input.json"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:  # the token is in it: readable by the sandbox only
+            f.write(plan.input.model_copy(update=update).model_dump_json())
+        if os.geteuid() == 0:
+            os.chown(path, self._uid, self._gid)
+        else:
+            path.chmod(0o644)
+        _own(workspace, self._uid, self._gid)
+        _own(plan.session_dir, self._uid, self._gid)
+
+    def _create(self, api: Any, plan: LaunchPlan, image: str, name: str) -> str:
+        network = network_mode(self._settings, plan.profile.network)
+        limits = plan.profile.limits
+        mounts = [
+            Mount(INPUT_PATH, str(plan.host_dir / "input.json"), type="bind", read_only=True),
+            Mount(WORKSPACE, str(plan.host_dir / "workspace"), type="bind"),
+            Mount(SESSION_TARGET, str(plan.session_dir), type="bind"),
+            *(
+                Mount(m.target, str(m.host_path), type="bind", read_only=not m.writable)
+                for m in plan.mounts
+            ),
+        ]
+        tmp_mb = min(self._settings.tmp_mb, limits.disk_mb)
+        host_config = api.create_host_config(
+            mounts=mounts,
+            tmpfs={SANDBOX_TMP: f"rw,nosuid,nodev,size={tmp_mb}m,mode=1777"},
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=limits.pids,
+            mem_limit=f"{limits.memory_mb}m",
+            memswap_limit=f"{limits.memory_mb}m",
+            nano_cpus=int(limits.cpus * 1_000_000_000),
+            network_mode=network,
+            extra_hosts=None
+            if network in {"host", "none"}
+            else {"host.docker.internal": "host-gateway"},
+            init=self._settings.init,
+        )
+        created = api.create_container(
+            image,
+            command=list(plan.profile.entry) or None,
+            name=name,
+            user=self._settings.user,
+            environment=[f"{k}={v}" for k, v in plan.env.items()],
+            labels={**plan.labels, **labels_for(plan, self._namespace)},
+            working_dir=WORKSPACE,
+            host_config=host_config,
+        )
+        return str(created["Id"])
+
+    def _adopt(self, api: Any, name: str, plan: LaunchPlan) -> str | None:
+        """A container of this name exists (a launch repeated after a crash): keep it if it
+        runs this activation, else remove it so the attempt starts afresh."""
+        info = api.inspect_container(name)
+        labels = info["Config"].get("Labels") or {}
+        if (
+            info["State"].get("Running")
+            and labels.get(f"{LABEL_PREFIX}.activation") == plan.activation_id
+        ):
+            return str(info["Id"])
+        api.remove_container(info["Id"], force=True)
+        return None
+
+    def _pull(self, api: Any, image: str) -> None:
+        if not self._settings.pull_missing:
+            raise LaunchError(f"image {image} is not on the engine", retryable=False)
+        try:
+            api.pull(image)
+            api.inspect_image(image)  # a pull can fail inside its stream without raising
+        except DockerException as exc:
+            raise LaunchError(
+                f"image {image} is not on the engine and could not be pulled: {exc}",
+                retryable=False,
+            ) from None
+
+    def _name(self, plan: LaunchPlan) -> str:
+        ns = _NAME_UNSAFE.sub("-", self._namespace).strip("-.")
+        return "-".join(p for p in ("suzumio", ns, plan.activation_id, str(plan.attempt)) if p)
+
+    def _handle(self, container_id: str, name: str, status: str, labels: dict[str, str]) -> Handle:
+        """Named by the container's id; `data` carries its name, status and our labels (the
+        ids of the project, agent, session and activation, the attempt, the namespace)."""
+        ours = {k: labels[f"{LABEL_PREFIX}.{k}"] for k in HANDLE_LABELS}
+        data = {**ours, "name": name, "status": status}
+        return Handle(ours["activation"], NAME, container_id, data)
+
+    # -- watch, cancel, cleanup -------------------------------------------------------------
+    async def watch(self, handle: Handle) -> Exit:
+        unreachable_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                state = await self._call(self._wait_slice, handle.sandbox_id)
+            except NotFound:
+                return Exit(None, "lost", "the container is gone")
+            except (DockerException, requests.ConnectionError) as exc:
+                unreachable_since = unreachable_since or loop.time()
+                if loop.time() - unreachable_since > self._settings.lost_after_seconds:
+                    return Exit(None, "lost", f"engine unreachable: {exc}")
+                await asyncio.sleep(1.0)
+                continue
+            unreachable_since = None
+            if state is not None:
+                return _state_exit(state, handle.sandbox_id in self._cancelled)
+
+    def _wait_slice(self, container_id: str) -> dict[str, Any] | None:
+        api = self._client()
+        try:
+            api.wait(container_id, timeout=WAIT_SLICE_SECONDS)
+        except requests.exceptions.ReadTimeout:
+            return None
+        except requests.ConnectionError as exc:  # a read timeout on a unix socket looks so
+            if "timed out" in str(exc).lower():
+                return None
+            raise
+        state: dict[str, Any] = api.inspect_container(container_id)["State"]
+        return state
+
+    async def cancel(self, handle: Handle) -> None:
+        self._cancelled.add(handle.sandbox_id)
+        try:
+            await self._call(self._stop, handle.sandbox_id)
+        except NotFound:
+            return
+        log.info(
+            "docker.cancelled", activation=handle.activation_id, container=handle.sandbox_id[:12]
+        )
+
+    def _stop(self, container_id: str) -> None:
+        try:
+            self._client().stop(container_id, timeout=self._settings.stop_grace_seconds)
+        except APIError as exc:
+            if exc.status_code != 409:  # 409: already being removed
+                raise
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        policy = self._settings.cleanup
+        if policy == "never" or (policy == "on_success" and not succeeded):
+            log.info(
+                "docker.kept", activation=handle.activation_id, container=handle.sandbox_id[:12]
+            )
+            return
+        try:
+            await self._call(self._remove, handle.sandbox_id)
+        finally:
+            self._cancelled.discard(handle.sandbox_id)
+
+    def _remove(self, container_id: str) -> None:
+        try:
+            self._client().remove_container(container_id, v=True, force=True)
+        except NotFound:
+            return
+        except APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress
+                raise
+
+    # -- reconciliation, health -------------------------------------------------------------
+    async def list_live(self) -> list[Handle]:
+        found = await self._call(self._list)
+        return [
+            self._handle(c["Id"], (c.get("Names") or ["/"])[0].lstrip("/"), c["State"], c["Labels"])
+            for c in found
+        ]
+
+    def _list(self) -> list[dict[str, Any]]:
+        wanted = [f"{LABEL_PREFIX}.managed=true", f"{LABEL_PREFIX}.namespace={self._ns_label}"]
+        found: list[dict[str, Any]] = self._client().containers(all=True, filters={"label": wanted})
+        return [
+            c
+            for c in found
+            if all(f"{LABEL_PREFIX}.{k}" in (c.get("Labels") or {}) for k in HANDLE_LABELS)
+        ]
+
+    async def health(self) -> Health:
+        try:
+            detail = await self._call(self._health)
+        except (DockerException, requests.RequestException) as exc:
+            return Health(ok=False, detail={"engine": "unreachable", "error": str(exc)[:500]})
+        return Health(ok=bool(detail["image_present"]), detail=detail)
+
+    def _health(self) -> dict[str, Any]:
+        api = self._client()
+        api.ping()
+        version = api.version()
+        detail: dict[str, Any] = {
+            "engine": "reachable",
+            "server_version": version.get("Version"),
+            "api_version": api.api_version,
+            "image": self._settings.image,
+            "image_present": False,
+        }
+        try:
+            image = api.inspect_image(self._settings.image)
+        except ImageNotFound:
+            return detail
+        labels = image.get("Config", {}).get("Labels") or {}
+        detail.update(image_present=True, image_id=image["Id"], content_hash=labels.get(HASH_LABEL))
+        return detail
+
+    async def close(self) -> None:
+        api, self._api = self._api, None
+        if api is not None:
+            await self._call(api.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _client_error(exc: BaseException) -> bool:
+    """An engine's 4xx (bad image name, bad mount, …) will not succeed when tried again."""
+    return isinstance(exc, APIError) and exc.is_client_error() and exc.status_code != 409

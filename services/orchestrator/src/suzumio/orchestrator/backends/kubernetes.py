@@ -1,0 +1,380 @@
+"""The kubernetes backend (DESIGN.md §8): one Job per activation, through kubernetes-asyncio.
+
+Launch creates the Job suspended, then its Secret, ConfigMap and NetworkPolicy owned by the
+Job's uid, then resumes the Job: the pod never starts before its input or its network policy
+exists, and deleting the Job (cancel, cleanup, `ttlSecondsAfterFinished`) removes everything.
+Every step tolerates 409 AlreadyExists, so a retried launch of the same attempt is idempotent;
+a launch that fails halfway deletes its Job (and so the rest).
+
+Watch follows the Job through the watch API (re-reading it with backoff when a watch fails)
+until it is complete or failed, then reads the pod's terminated container for the exit code.
+Manifests are in `kubernetes_render`; this module does the talking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any, cast
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+from kubernetes_asyncio.watch import Watch
+
+from suzumio.orchestrator.backends.base import Exit, Handle, Health, LaunchError, LaunchPlan
+from suzumio.orchestrator.backends.kubernetes_render import (
+    ACTIVATION_ANNOTATION,
+    CONTAINER,
+    KubernetesSettings,
+    Manifest,
+    redact,
+    render,
+    selector_for,
+    with_owner_uid,
+)
+from suzumio.platform.logging import get_logger
+
+__all__ = ["KubernetesBackend", "KubernetesSettings", "job_outcome"]
+
+log = get_logger(__name__)
+
+_UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError)
+_JOB_POD_LABEL = "batch.kubernetes.io/job-name"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message") or exc.reason
+        except (ValueError, AttributeError):
+            message = exc.reason
+        return f"{exc.status} {message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _body(manifest: Manifest) -> Any:
+    """A manifest as a request body: the client sends plain dicts as they are."""
+    return manifest
+
+
+def _retryable(exc: BaseException) -> bool:
+    return not isinstance(exc, ApiException) or exc.status in (409, 429) or exc.status >= 500
+
+
+def job_outcome(job: Manifest) -> tuple[str, str, str] | None:
+    """(`Complete` | `Failed`, reason, message) once the Job is finished, else None."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        kind = {"Complete": "Complete", "SuccessCriteriaMet": "Complete"}.get(
+            condition.get("type", ""),
+            "Failed" if condition.get("type") in ("Failed", "FailureTarget") else "",
+        )
+        if kind:
+            return kind, condition.get("reason") or "", condition.get("message") or ""
+    return None
+
+
+def exit_from(outcome: tuple[str, str, str], pod: Manifest | None) -> Exit:
+    """The Exit of a finished Job, from its outcome and its pod (None when it is gone)."""
+    kind, reason, message = outcome
+    if kind == "Failed" and reason == "DeadlineExceeded":
+        return Exit(None, "timeout", message or "the Job's active deadline passed")
+    status = (pod or {}).get("status") or {}
+    if status.get("reason") == "Evicted":
+        return Exit(None, "killed", status.get("message") or "the pod was evicted")
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if container.get("name") == CONTAINER and terminated:
+            code = terminated.get("exitCode")
+            if terminated.get("reason") == "OOMKilled":
+                return Exit(code, "oom", "the container ran out of memory")
+            return Exit(code, "exited", terminated.get("reason") or "")
+    if kind == "Complete":
+        return Exit(0, "exited", "the Job completed (its pod is gone)")
+    return Exit(None, "lost", f"the Job failed ({reason or 'no reason'}) and left no exit code")
+
+
+class KubernetesBackend:
+    """Runs activations as Kubernetes Jobs in `settings.namespace`; `namespace` is the
+    platform's (the label every Job carries, so two platforms can share a cluster)."""
+
+    name = "kubernetes"
+
+    def __init__(self, settings: KubernetesSettings, namespace: str = "") -> None:
+        self.settings = settings
+        self.namespace = namespace
+        self._api: ApiClient | None = None
+        self._connecting = asyncio.Lock()
+        self._cancelled: set[str] = set()
+
+    @property
+    def _ns(self) -> str:
+        return self.settings.namespace
+
+    @property
+    def _timeout(self) -> float:
+        return self.settings.request_timeout_seconds
+
+    async def _client(self) -> ApiClient:
+        async with self._connecting:
+            if self._api is None:
+                self._api = ApiClient(configuration=await self._configuration())
+            return self._api
+
+    async def _configuration(self) -> Configuration:
+        settings = self.settings
+        if settings.api_url:
+            return Configuration(host=settings.api_url.rstrip("/"))
+        configuration = Configuration()
+        if settings.in_cluster:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(
+                config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+                context=settings.context,
+                client_configuration=configuration,
+            )
+        return configuration
+
+    # -- launch ------------------------------------------------------------------------------
+
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        try:
+            job, *dependents = render(plan, self.settings, namespace=self.namespace)
+        except ValueError as exc:
+            raise LaunchError(str(exc), retryable=False) from exc
+        name = job["metadata"]["name"]
+        try:
+            api = await self._client()
+            uid = await self._create_job(api, job, plan.activation_id)
+        except (ApiException, ConfigException, *_UNREACHABLE) as exc:
+            raise LaunchError(f"job {name}: {_describe(exc)}", retryable=_retryable(exc)) from exc
+        try:
+            for manifest in dependents:
+                await self._create(api, with_owner_uid(manifest, uid))
+            resume = _body({"spec": {"suspend": False}})
+            await client.BatchV1Api(api).patch_namespaced_job(
+                name, self._ns, resume, _request_timeout=self._timeout
+            )
+        except (ApiException, *_UNREACHABLE) as exc:
+            with contextlib.suppress(ApiException, *_UNREACHABLE):
+                await self._delete_job(name)
+            raise LaunchError(f"job {name}: {_describe(exc)}", retryable=_retryable(exc)) from exc
+        log.info("kubernetes job launched", job=name, activation=plan.activation_id)
+        data = {"namespace": self._ns, "uid": uid, "attempt": plan.attempt}
+        return Handle(plan.activation_id, self.name, name, data)
+
+    async def _create_job(self, api: ApiClient, job: Manifest, activation_id: str) -> str:
+        batch = client.BatchV1Api(api)
+        name = job["metadata"]["name"]
+        try:
+            created = await batch.create_namespaced_job(
+                self._ns, _body(job), _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            created = await batch.read_namespaced_job(
+                name, self._ns, _request_timeout=self._timeout
+            )
+            owner = (created.metadata.annotations or {}).get(ACTIVATION_ANNOTATION)
+            if owner != activation_id:
+                raise LaunchError(f"job {name} belongs to {owner}", retryable=False) from exc
+        return str(created.metadata.uid)
+
+    async def _create(self, api: ApiClient, manifest: Manifest, dry_run: str | None = None) -> Any:
+        """Create one object (409 AlreadyExists is success); returns the server's object."""
+        kind, body = manifest["kind"], _body(manifest)
+        options: dict[str, Any] = {"_request_timeout": self._timeout}
+        if dry_run:
+            options["dry_run"] = dry_run
+        try:
+            if kind == "Secret":
+                return await self._create_secret(api, body, options)
+            if kind == "Job":
+                return await client.BatchV1Api(api).create_namespaced_job(self._ns, body, **options)
+            if kind == "ConfigMap":
+                core = client.CoreV1Api(api)
+                return await core.create_namespaced_config_map(self._ns, body, **options)
+            networking = client.NetworkingV1Api(api)
+            return await networking.create_namespaced_network_policy(self._ns, body, **options)
+        except ApiException as exc:
+            if exc.status != 409 or dry_run:
+                raise
+            return None
+
+    async def _create_secret(self, api: ApiClient, body: Any, options: dict[str, Any]) -> None:
+        # Unread and undeserialized: the answer echoes the keys, and the client would keep
+        # it as `last_response` and log it at debug level.
+        core = client.CoreV1Api(api)
+        raw = await core.create_namespaced_secret(self._ns, body, _preload_content=False, **options)
+        response = cast("aiohttp.ClientResponse", raw)
+        try:
+            if response.status >= 400:
+                raise ApiException(status=response.status, reason=response.reason)
+        finally:
+            response.release()
+
+    # -- watch -------------------------------------------------------------------------------
+
+    async def watch(self, handle: Handle) -> Exit:
+        name = handle.sandbox_id
+        delay = 0.2
+        while True:
+            try:
+                api = await self._client()
+                job = await self._read_job(api, name)
+                outcome = job_outcome(job) if job else None
+                while job is not None and outcome is None:
+                    version = job["metadata"].get("resourceVersion")
+                    job = await self._next_change(api, name, version)
+                    outcome = job_outcome(job) if job else None
+                    delay = 0.2
+                if outcome is None:  # the Job is gone
+                    return self._gone(name)
+                return exit_from(outcome, await self._pod_of(api, name))
+            except Exception as exc:  # the watch API can fail in many ways: poll instead
+                log.warning("kubernetes watch failed; polling", job=name, error=_describe(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def _read_job(self, api: ApiClient, name: str) -> Manifest | None:
+        try:
+            job = await client.BatchV1Api(api).read_namespaced_job(
+                name, self._ns, _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        serialized: Manifest = api.sanitize_for_serialization(job)
+        return serialized
+
+    async def _next_change(self, api: ApiClient, name: str, version: str | None) -> Manifest | None:
+        """The Job after its next change (None once deleted); the Job as it is now when a
+        watch request ends with nothing (its server-side timeout)."""
+        batch = client.BatchV1Api(api)
+        async with Watch() as watch:
+            stream = watch.stream(
+                batch.list_namespaced_job,
+                namespace=self._ns,
+                field_selector=f"metadata.name={name}",
+                resource_version=version,
+                timeout_seconds=self.settings.watch_timeout_seconds,
+                _request_timeout=self.settings.watch_timeout_seconds + self._timeout,
+            )
+            async for event in stream:
+                if event["type"] == "DELETED":
+                    return None
+                obj: Manifest = event["raw_object"]
+                if job_outcome(obj) is not None:
+                    return obj
+        return await self._read_job(api, name)
+
+    async def _pod_of(self, api: ApiClient, name: str) -> Manifest | None:
+        pods = await client.CoreV1Api(api).list_namespaced_pod(
+            self._ns, label_selector=f"{_JOB_POD_LABEL}={name}", _request_timeout=self._timeout
+        )
+        serialized: list[Manifest] = [api.sanitize_for_serialization(p) for p in pods.items]
+        finished = [p for p in serialized if (p.get("status") or {}).get("containerStatuses")]
+        candidates = finished or serialized
+        return candidates[-1] if candidates else None
+
+    def _gone(self, name: str) -> Exit:
+        if name in self._cancelled:
+            return Exit(None, "cancelled", "the Job was deleted by cancel")
+        return Exit(None, "lost", "the Job was deleted")
+
+    # -- cancel, cleanup, reconciliation, health -----------------------------------------------
+
+    async def cancel(self, handle: Handle) -> None:
+        self._cancelled.add(handle.sandbox_id)
+        await self._delete_job(handle.sandbox_id)
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        policy = self.settings.cleanup
+        if policy == "always" or (policy == "on_success" and succeeded):
+            await self._delete_job(handle.sandbox_id)
+        self._cancelled.discard(handle.sandbox_id)
+
+    async def _delete_job(self, name: str) -> None:
+        # Background: the garbage collector removes the pod, Secret, ConfigMap and policy
+        # (a Job deleted without a policy orphans them).
+        api = await self._client()
+        try:
+            await client.BatchV1Api(api).delete_namespaced_job(
+                name, self._ns, propagation_policy="Background", _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.info("kubernetes job deleted", job=name)
+
+    async def list_live(self) -> list[Handle]:
+        api = await self._client()
+        jobs = await client.BatchV1Api(api).list_namespaced_job(
+            self._ns, label_selector=selector_for(self.namespace), _request_timeout=self._timeout
+        )
+        handles = []
+        for job in jobs.items:
+            annotations = job.metadata.annotations or {}
+            activation = annotations.get(ACTIVATION_ANNOTATION)
+            if activation is None:
+                continue
+            attempt = annotations.get("suzumio.io/attempt", "0")
+            data = {"namespace": self._ns, "uid": job.metadata.uid, "attempt": int(attempt)}
+            handles.append(Handle(activation, self.name, job.metadata.name, data))
+        return handles
+
+    async def health(self) -> Health:
+        detail: dict[str, Any] = {"namespace": self._ns}
+        try:
+            api = await self._client()
+            version = await client.VersionApi(api).get_code(_request_timeout=self._timeout)
+            detail["version"] = version.git_version
+            await client.CoreV1Api(api).read_namespace(self._ns, _request_timeout=self._timeout)
+        except (ApiException, ConfigException, *_UNREACHABLE) as exc:
+            detail["error"] = _describe(exc)
+            return Health(ok=False, detail=detail)
+        return Health(ok=True, detail=detail)
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    # -- dry run -----------------------------------------------------------------------------
+
+    async def dry_run(self, plan: LaunchPlan) -> list[Manifest]:
+        """The manifests of `plan`, Secret values redacted; also sent to the API server with
+        `dryRun=All` when it is reachable (only the redacted Secret ever leaves the process).
+
+        Raises:
+            LaunchError: the plan cannot run here, or the API server rejected a manifest.
+        """
+        try:
+            manifests = redact(render(plan, self.settings, namespace=self.namespace))
+        except ValueError as exc:
+            raise LaunchError(str(exc), retryable=False) from exc
+        try:
+            api = await self._client()
+            job = await self._create(api, manifests[0], dry_run="All")
+        except (ConfigException, *_UNREACHABLE) as exc:
+            log.info("kubernetes api not reachable: rendered only", error=_describe(exc))
+            return manifests
+        except ApiException as exc:
+            raise LaunchError(f"rejected: {_describe(exc)}", retryable=False) from exc
+        uid = str(job.metadata.uid)
+        checked = [manifests[0], *(with_owner_uid(m, uid) for m in manifests[1:])]
+        for manifest in checked[1:]:
+            try:
+                await self._create(api, manifest, dry_run="All")
+            except ApiException as exc:
+                kind = manifest["kind"]
+                raise LaunchError(f"{kind} rejected: {_describe(exc)}", retryable=False) from exc
+        return checked

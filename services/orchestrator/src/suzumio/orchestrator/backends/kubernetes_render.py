@@ -1,0 +1,426 @@
+"""The Kubernetes objects of one activation (DESIGN.md §8, §10), rendered without any I/O.
+
+Per activation: a Job (created first, suspended), a Secret, a ConfigMap and a NetworkPolicy,
+all four named alike (`resource_name`) and the last three owned by the Job, so deleting the Job
+deletes the rest.
+
+Where the token lives: the runner reads its token from `/activation/input.json` and the token is
+a credential, so the whole input file is a key of the **Secret** (`input.json`), mounted
+read-only at `/activation` with only that key projected. The Secret also holds the provider
+keys (`plan.secret_keys`), each handed to the container through its own `secretKeyRef` (never
+`envFrom`: that would turn the `input.json` key into an environment variable). The
+**ConfigMap** holds the rest of the environment (ids, model endpoints), read with `envFrom`;
+nothing in it is secret. `redact` replaces every Secret value (and the token inside the input)
+with `***` for dry runs and logs.
+
+The Job is rendered with `suspend: true`: the backend resumes it once its Secret, ConfigMap
+and NetworkPolicy exist, so its pod never runs without its network policy or its input.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import ipaddress
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from suzumio.contracts.values import NetworkProfile
+from suzumio.orchestrator.backends.base import (
+    INPUT_PATH,
+    LABEL_PREFIX,
+    WORKSPACE,
+    CleanupPolicy,
+    LaunchPlan,
+    labels_for,
+)
+
+Manifest = dict[str, Any]
+
+DOMAIN = "suzumio.io"
+MANAGED_LABEL = f"{DOMAIN}/managed"
+NAMESPACE_LABEL = f"{DOMAIN}/namespace"
+JOB_LABEL = f"{DOMAIN}/job"
+ACTIVATION_ANNOTATION = f"{DOMAIN}/activation"
+CONTAINER = "runner"
+INPUT_KEY = "input.json"
+ACTIVATION_DIR = str(Path(INPUT_PATH).parent)
+REDACTED = "***"
+MAX_SECRET_BYTES = 1_048_576  # the API server's limit on a Secret's data
+PENDING_UID = "00000000-0000-0000-0000-000000000000"
+"""The Job's uid in owner references until the Job exists (the backend fills in the real one)."""
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class KubernetesSettings(BaseModel):
+    """Where and how the kubernetes backend runs activations."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(default="suzumio-sandboxes", pattern=_DNS_LABEL.pattern, max_length=63)
+    api_url: str | None = Field(
+        default=None, description="API server URL without auth (`kubectl proxy`, a test server)"
+    )
+    kubeconfig: Path | None = Field(default=None, description="default: ~/.kube/config")
+    context: str | None = None
+    in_cluster: bool = Field(default=False, description="use the pod's service account")
+    image: str | None = Field(default=None, description="when the runtime profile names none")
+    command: tuple[str, ...] = Field(default=(), description="when the profile has no entry")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account: str | None = Field(default=None, description="none: the namespace default")
+    runtime_class: str | None = Field(default=None, description="e.g. gvisor or kata")
+    ttl_seconds_after_finished: int | None = Field(default=3_600, ge=0)
+    run_as_user: int = Field(default=65_534, ge=1)
+    run_as_group: int = Field(default=65_534, ge=1)
+    fs_group: int = Field(default=65_534, ge=1)
+    broker_url: str | None = Field(
+        default=None, description="the tool-broker as pods reach it (replaces controller_url)"
+    )
+    egress_cidrs: tuple[str, ...] = Field(
+        default=(), description="network 'egress': where pods may go (none: anywhere)"
+    )
+    broker_pod_labels: dict[str, str] = Field(
+        default_factory=dict, description="network 'egress': the tool-broker's pods"
+    )
+    broker_namespace: str | None = None
+    tmp_size_mb: int = Field(default=256, ge=16)
+    host_paths: bool = Field(
+        default=False,
+        description="single-node clusters: workspace, session dir and mounts as hostPath",
+    )
+    cleanup: CleanupPolicy = "always"
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
+    watch_timeout_seconds: int = Field(default=60, ge=1, description="one watch request")
+
+    @field_validator("egress_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(str(ipaddress.ip_network(cidr, strict=False)) for cidr in value)
+
+
+def _digest(text: str, size: int = 10) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:size]
+
+
+def resource_name(activation_id: str, attempt: int) -> str:
+    """`sz-<activation id>-<attempt>`, a DNS-1123 label of at most 63 characters.
+
+    A UUID keeps its full text (its first 8 hex digits are a timestamp shared by every
+    activation of the same minute); any other id is cleaned, shortened and made unique by
+    a digest of the original."""
+    suffix = f"-{attempt}"
+    plain = f"sz-{activation_id}{suffix}"
+    if _DNS_LABEL.fullmatch(activation_id) and len(plain) <= 63:
+        return plain
+    digest = _digest(activation_id)
+    cleaned = re.sub(r"[^a-z0-9]+", "-", activation_id.lower()).strip("-")
+    room = 63 - len(f"sz--{digest}{suffix}")
+    head = cleaned[:room].strip("-")
+    return f"sz-{head}-{digest}{suffix}" if head else f"sz-{digest}{suffix}"
+
+
+def label_value(value: str) -> str:
+    """`value` if it is a valid label value, else a cleaned prefix plus a digest of it."""
+    if len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
+        return value
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:52]
+    cleaned = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)
+    return f"{cleaned}-{_digest(value)}" if cleaned else _digest(value)
+
+
+def selector_for(namespace: str) -> str:
+    """The label selector of every Job this platform namespace created."""
+    return f"{MANAGED_LABEL}=true,{NAMESPACE_LABEL}={label_value(namespace or '-')}"
+
+
+def _k8s_key(key: str) -> str:
+    return f"{DOMAIN}/{key.removeprefix(LABEL_PREFIX + '.')}"
+
+
+def _metadata(plan: LaunchPlan, settings: KubernetesSettings, namespace: str) -> Manifest:
+    name = resource_name(plan.activation_id, plan.attempt)
+    ours = labels_for(plan, namespace)
+    labels = {_k8s_key(k): label_value(v) for k, v in ours.items()} | {JOB_LABEL: name}
+    annotations = {_k8s_key(k): v for k, v in ours.items()}  # the exact ids, for list_live
+    extra = {k: v for k, v in plan.labels.items() if k not in ours}
+    if extra:  # free-form: not necessarily valid label keys or values
+        annotations[f"{DOMAIN}/labels"] = json.dumps(extra, sort_keys=True)
+    return {
+        "name": name,
+        "namespace": settings.namespace,
+        "labels": labels,
+        "annotations": annotations,
+    }
+
+
+def owner_reference(job_name: str, uid: str) -> Manifest:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job_name,
+        "uid": uid,
+        "controller": True,
+    }
+
+
+def with_owner_uid(manifest: Manifest, uid: str) -> Manifest:
+    """A copy of a dependent's manifest owned by the Job with this uid."""
+    owned = copy.deepcopy(manifest)
+    for ref in owned["metadata"].get("ownerReferences", []):
+        ref["uid"] = uid
+    return owned
+
+
+def render(
+    plan: LaunchPlan,
+    settings: KubernetesSettings,
+    *,
+    namespace: str = "",
+    job_uid: str = PENDING_UID,
+) -> list[Manifest]:
+    """Job, Secret, ConfigMap and NetworkPolicy, in the order they are created.
+
+    Raises:
+        ValueError: the plan cannot run here (no image, an invalid env name, host mounts on a
+            cluster without `host_paths`, an input larger than a Secret can hold).
+    """
+    for key in plan.env:
+        if not _ENV_NAME.fullmatch(key):
+            raise ValueError(f"not a valid environment variable name: {key!r}")
+    meta = _metadata(plan, settings, namespace)
+    owned = {**copy.deepcopy(meta), "ownerReferences": [owner_reference(meta["name"], job_uid)]}
+    return [
+        _job(plan, settings, meta),
+        _secret(plan, settings, owned),
+        _config_map(plan, copy.deepcopy(owned)),
+        network_policy(plan.profile.network, settings, copy.deepcopy(owned)),
+    ]
+
+
+def _secret(plan: LaunchPlan, settings: KubernetesSettings, meta: Manifest) -> Manifest:
+    update: dict[str, Any] = {"workspace": WORKSPACE}
+    if settings.broker_url:
+        update["controller_url"] = settings.broker_url
+    runner_input = plan.input.model_copy(update=update).model_dump_json()
+    keys = {k: plan.env[k] for k in sorted(plan.secret_keys) if k in plan.env}
+    size = sum(len(v.encode()) for v in (runner_input, *keys.values()))
+    if size > MAX_SECRET_BYTES:
+        raise ValueError(f"the input is too large for a Secret: {size} bytes (1 MiB at most)")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {INPUT_KEY: runner_input, **keys},
+    }
+
+
+def _config_map(plan: LaunchPlan, meta: Manifest) -> Manifest:
+    data = {"HOME": "/tmp"}  # noqa: S108 - the root filesystem is read-only
+    data |= {k: v for k, v in sorted(plan.env.items()) if k not in plan.secret_keys}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "immutable": True,
+        "data": data,
+    }
+
+
+def _job(plan: LaunchPlan, settings: KubernetesSettings, meta: Manifest) -> Manifest:
+    spec: Manifest = {
+        "backoffLimit": 0,
+        "suspend": True,
+        "activeDeadlineSeconds": plan.profile.timeouts.wall_clock_seconds,
+        "template": {
+            "metadata": {"labels": dict(meta["labels"]), "annotations": dict(meta["annotations"])},
+            "spec": _pod_spec(plan, settings, meta["name"]),
+        },
+    }
+    if settings.ttl_seconds_after_finished is not None:
+        spec["ttlSecondsAfterFinished"] = settings.ttl_seconds_after_finished
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": copy.deepcopy(meta), "spec": spec}
+
+
+def _pod_spec(plan: LaunchPlan, settings: KubernetesSettings, name: str) -> Manifest:
+    volumes, mounts = _volumes(plan, settings, name)
+    spec: Manifest = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,  # no service addresses in the env: only what the plan says
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_group,
+            "fsGroup": settings.fs_group,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(plan, settings, name, mounts)],
+        "volumes": volumes,
+    }
+    if settings.service_account:
+        spec["serviceAccountName"] = settings.service_account
+    if settings.runtime_class:
+        spec["runtimeClassName"] = settings.runtime_class
+    return spec
+
+
+def _container(
+    plan: LaunchPlan, settings: KubernetesSettings, name: str, mounts: list[Manifest]
+) -> Manifest:
+    image = plan.profile.image or settings.image
+    if not image:
+        raise ValueError("no image: neither the runtime profile nor the settings name one")
+    limits = plan.profile.limits
+    # Kubernetes has no per-pod pids limit (that is the kubelet's podPidsLimit): not rendered.
+    resources = {
+        "cpu": f"{max(1, round(limits.cpus * 1000))}m",
+        "memory": f"{limits.memory_mb}Mi",
+        "ephemeral-storage": f"{limits.disk_mb}Mi",
+    }
+    secret_env = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": name, "key": k}}}
+        for k in sorted(plan.secret_keys)
+        if k in plan.env
+    ]
+    container: Manifest = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "workingDir": WORKSPACE,
+        "envFrom": [{"configMapRef": {"name": name}}],
+        "env": secret_env,
+        "resources": {"requests": dict(resources), "limits": resources},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    command = list(plan.profile.entry or settings.command)
+    if command:
+        container["command"] = command
+    return container
+
+
+def _volumes(
+    plan: LaunchPlan, settings: KubernetesSettings, name: str
+) -> tuple[list[Manifest], list[Manifest]]:
+    disk = plan.profile.limits.disk_mb
+    activation = {"secretName": name, "items": [{"key": INPUT_KEY, "path": INPUT_KEY}]}
+    if settings.host_paths:
+        workspace: Manifest = {
+            "hostPath": {"path": str(plan.host_dir / "workspace"), "type": "Directory"}
+        }
+    else:
+        workspace = {"emptyDir": {"sizeLimit": f"{disk}Mi"}}
+    volumes: list[Manifest] = [
+        {"name": "activation", "secret": {**activation, "defaultMode": 0o440}},
+        {"name": "workspace", **workspace},
+        {"name": "tmp", "emptyDir": {"sizeLimit": f"{min(settings.tmp_size_mb, disk)}Mi"}},
+    ]
+    mounts: list[Manifest] = [
+        {"name": "activation", "mountPath": ACTIVATION_DIR, "readOnly": True},
+        {"name": "workspace", "mountPath": WORKSPACE},
+        {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the sandbox's own scratch volume
+    ]
+    if not settings.host_paths:
+        if plan.mounts:
+            raise ValueError("mount grants need host_paths (a single-node cluster)")
+        return volumes, mounts
+    volumes.append(
+        {
+            "name": "session",
+            "hostPath": {"path": str(plan.session_dir), "type": "DirectoryOrCreate"},
+        }
+    )
+    mounts.append({"name": "session", "mountPath": f"{WORKSPACE}/session"})
+    for index, grant in enumerate(plan.mounts):
+        volumes.append(
+            {
+                "name": f"mount-{index}",
+                "hostPath": {"path": str(grant.host_path), "type": "Directory"},
+            }
+        )
+        mounts.append(
+            {"name": f"mount-{index}", "mountPath": grant.target, "readOnly": not grant.writable}
+        )
+    return volumes, mounts
+
+
+def network_policy(
+    profile: NetworkProfile, settings: KubernetesSettings, meta: Manifest
+) -> Manifest:
+    """none: nothing in or out; egress: nothing in, out to DNS and the broker, and to the
+    configured CIDRs (anywhere when none is configured); full: everything in and out."""
+    spec: Manifest = {
+        "podSelector": {"matchLabels": {JOB_LABEL: meta["name"]}},
+        "policyTypes": ["Ingress", "Egress"],
+    }
+    if profile is NetworkProfile.FULL:
+        spec |= {"ingress": [{}], "egress": [{}]}
+    elif profile is NetworkProfile.EGRESS:
+        spec["egress"] = _egress_rules(settings)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": spec,
+    }
+
+
+def _egress_rules(settings: KubernetesSettings) -> list[Manifest]:
+    if not settings.egress_cidrs:
+        return [{}]
+    dns = {"ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
+    rules: list[Manifest] = [
+        dns,
+        {"to": [{"ipBlock": {"cidr": cidr}} for cidr in settings.egress_cidrs]},
+    ]
+    if settings.broker_pod_labels:
+        peer: Manifest = {"podSelector": {"matchLabels": dict(settings.broker_pod_labels)}}
+        if settings.broker_namespace:
+            match = {"kubernetes.io/metadata.name": settings.broker_namespace}
+            peer["namespaceSelector"] = {"matchLabels": match}
+        rules.append({"to": [peer]})
+    return rules
+
+
+def redact(manifests: list[Manifest]) -> list[Manifest]:
+    """Copies with every Secret value replaced by `***`; the input keeps its shape, with its
+    token (and any secret value found in it) replaced."""
+    out = copy.deepcopy(manifests)
+    for manifest in out:
+        if manifest.get("kind") != "Secret":
+            continue
+        for field in ("stringData", "data"):
+            values: dict[str, str] = manifest.get(field) or {}
+            hidden = [v for k, v in values.items() if k != INPUT_KEY and v]
+            for key, value in values.items():
+                values[key] = _redact_input(value, hidden) if key == INPUT_KEY else REDACTED
+    return out
+
+
+def _redact_input(text: str, hidden: list[str]) -> str:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return REDACTED  # base64 `data` from a server: no shape to keep
+    if isinstance(data, dict) and "token" in data:
+        data["token"] = REDACTED
+    redacted = json.dumps(data)
+    for value in hidden:
+        for form in (value, json.dumps(value)[1:-1]):
+            redacted = redacted.replace(form, REDACTED)
+    return redacted

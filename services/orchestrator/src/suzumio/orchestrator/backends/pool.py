@@ -1,0 +1,427 @@
+"""The pool backend (DESIGN.md §8): activations as dispatches on a work queue,
+run by long-lived workers (`python -m suzumio.runner worker`) on as many hosts as wanted.
+
+`launch` publishes an `ActivationDispatch` to `act.<pool>` (stream ACTIVATIONS, work-queue
+retention) with `Nats-Msg-Id` = the dispatch id (`<activation>.<attempt>`), so a retried
+launch is one dispatch. The dispatch carries the sandbox's environment — provider keys — and
+the input's token: they stay inside the platform's NATS (only services and workers may reach
+`act.>`; use TLS and accounts between hosts), leave the stream when the worker acks, and are
+never logged here or by the worker.
+
+Workers answer on core NATS (`Topology.pool_*`): `pool.status.<activation>` carries `started`,
+`heartbeat` and `exited` (or `refused`); `pool.worker.<id>` their presence; `pool.list` what they
+run. `watch` waits for the end; after `started`, heartbeats missing for
+`heartbeat_timeout_seconds` — and no worker claiming the dispatch when asked — is
+`Exit(None, "lost")`, and the dispatch is then deleted from the queue and cancelled on every
+worker, so that attempt never runs again (`ack_wait_seconds` must outlast the heartbeat timeout,
+so the queue does not hand it to another worker first). `cancel` does the same.
+
+What a pool sandbox does not have: the orchestrator's disk. Host mounts are refused unless
+`allow_mounts` says the workers see the same paths; files copied into `host_dir` and left in
+`workspace/out/` stay on the side they were written. With `session_affinity` the dispatch names
+its session, and a worker that ran the session's last activation within its idle TTL runs the
+next one in the same workspace (warm sessions; see `suzumio.runner.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from suzumio.contracts.runner import (
+    ActivationDispatch,
+    PoolCancel,
+    PoolStatus,
+    PoolWorkerInfo,
+)
+from suzumio.contracts.subjects import Topology
+from suzumio.contracts.values import Slug
+from suzumio.orchestrator.backends.base import Exit, Handle, Health, LaunchError, LaunchPlan
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+
+ERR_NO_MESSAGE = 10057
+
+
+class PoolSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    default_pool: Slug = Field(default="default", description="for profiles that name none")
+    pools: tuple[Slug, ...] = Field(default=("default",), description="pools `health` requires")
+    heartbeat_timeout_seconds: float = Field(default=15.0, gt=0)
+    ack_wait_seconds: float = Field(default=30.0, gt=0, description="the pool consumer's")
+    max_deliver: int = Field(default=5, ge=1)
+    max_ack_pending: int = Field(default=10_000, ge=1, description="in flight, pool-wide")
+    queue_timeout_seconds: float = Field(
+        default=3_600, gt=0, description="added to the wall clock when the plan has no deadline"
+    )
+    list_timeout_seconds: float = Field(default=0.5, gt=0)
+    worker_alive_seconds: float = Field(default=15.0, gt=0)
+    request_timeout_seconds: float = Field(default=5.0, gt=0)
+    max_listed: int = Field(default=10_000, ge=0, description="queued dispatches list_live reads")
+    broker_url: str | None = Field(default=None, description="the broker as workers reach it")
+    allow_mounts: bool = Field(
+        default=False, description="pass host mounts through (workers share the paths)"
+    )
+    session_affinity: bool = Field(default=True, description="let workers keep sessions warm")
+
+    @model_validator(mode="after")
+    def _ack_wait_outlasts_heartbeats(self) -> PoolSettings:
+        if self.ack_wait_seconds <= self.heartbeat_timeout_seconds:
+            raise ValueError("ack_wait_seconds must exceed heartbeat_timeout_seconds")
+        return self
+
+
+@dataclass
+class _Tracker:
+    """What the workers said about one dispatch, kept by a subscription from launch on."""
+
+    dispatch_id: str
+    started: bool
+    sub: Subscription | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+    worker_id: str | None = None
+    final: PoolStatus | Exit | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def update(self, status: PoolStatus) -> None:
+        self.last_seen = time.monotonic()
+        if status.kind in {"exited", "refused"}:
+            self.final = status
+        else:
+            self.started = True
+            self.worker_id = status.worker_id
+        self.changed.set()
+
+
+_REFUSALS: dict[str, tuple[Literal["timeout", "cancelled"], str]] = {
+    "deadline": ("timeout", "the deadline passed before a worker started it"),
+    "cancelled": ("cancelled", "cancelled before it started"),
+}
+
+
+def exit_of(status: PoolStatus) -> Exit:
+    """How a worker's last word reads as the backend's `Exit`."""
+    if status.kind == "refused":
+        if status.reason in _REFUSALS:
+            return Exit(None, *_REFUSALS[status.reason])
+        return Exit(None, "lost", f"worker {status.worker_id} could not read the dispatch")
+    code, detail = status.exit_code, status.detail
+    if status.reason in {"exited", "timeout"}:
+        return Exit(code, "timeout" if status.reason == "timeout" else "exited", detail)
+    if status.reason == "spawn_failed":
+        return Exit(None, "lost", f"worker {status.worker_id} could not start it: {detail}")
+    why = status.reason if status.reason in {"cancelled", "shutdown"} else f"signal {status.signal}"
+    return Exit(code, "killed", f"{why}; {detail}" if detail else why)
+
+
+class PoolBackend:
+    name = "pool"
+
+    def __init__(self, nc: NATS, topology: Topology, settings: PoolSettings | None = None) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self.topology = topology
+        self.settings = settings or PoolSettings()
+        self._trackers: dict[str, _Tracker] = {}
+        self._consumers: set[str] = set()
+        self._workers: dict[str, tuple[float, PoolWorkerInfo]] = {}
+        self._presence: Subscription | None = None
+        self._presence_since = 0.0
+
+    # -- launch -----------------------------------------------------------------------------
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        if plan.mounts and not self.settings.allow_mounts:
+            raise LaunchError("the pool backend cannot mount host directories", retryable=False)
+        dispatch = self._dispatch(plan)
+        did = dispatch.dispatch_id
+        try:
+            await self._ensure_consumer(dispatch.pool)
+            await self._track(did, plan.activation_id, started=False)
+            ack = await self._js.publish(
+                self.topology.activation_subject(dispatch.pool),
+                dispatch.model_dump_json().encode(),
+                headers={"Nats-Msg-Id": did},
+                timeout=self.settings.request_timeout_seconds,
+            )
+        except (NatsError, TimeoutError) as exc:
+            await self._untrack(did)
+            raise LaunchError(f"could not queue dispatch {did}: {type(exc).__name__}") from None
+        log.info("pool.dispatched", activation=plan.activation_id, dispatch=did,
+                 pool=dispatch.pool, seq=ack.seq, duplicate=bool(ack.duplicate))  # fmt: skip
+        data = {"pool": dispatch.pool, "attempt": dispatch.attempt, "seq": ack.seq,
+                "deadline": dispatch.deadline.timestamp(), "state": "queued"}  # fmt: skip
+        return Handle(plan.activation_id, self.name, did, data)
+
+    def _dispatch(self, plan: LaunchPlan) -> ActivationDispatch:
+        spec = plan.input
+        if self.settings.broker_url:
+            spec = spec.model_copy(update={"controller_url": self.settings.broker_url})
+        deadline = plan.deadline or datetime.now(UTC) + timedelta(
+            seconds=plan.profile.timeouts.wall_clock_seconds + self.settings.queue_timeout_seconds
+        )
+        return ActivationDispatch(
+            attempt=plan.attempt,
+            deadline=deadline,
+            input=spec,
+            pool=plan.profile.pool or self.settings.default_pool,
+            env=dict(plan.env),
+            affinity_key=plan.session_id if self.settings.session_affinity else None,
+        )
+
+    async def _ensure_consumer(self, pool: str) -> None:
+        """Create or update the pool's consumer: these settings win over a worker's defaults."""
+        if pool in self._consumers:
+            return
+        config = ConsumerConfig(
+            durable_name=self.topology.pool_consumer(pool),
+            filter_subject=self.topology.activation_subject(pool),
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait_seconds,
+            max_deliver=self.settings.max_deliver,
+            max_ack_pending=self.settings.max_ack_pending,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        await self._js.add_consumer(self.topology.activations_stream, config)
+        self._consumers.add(pool)
+
+    # -- watch ------------------------------------------------------------------------------
+    async def watch(self, handle: Handle) -> Exit:
+        did = handle.sandbox_id
+        tracker = self._trackers.get(did) or await self._track(
+            did, handle.activation_id, started=handle.data.get("state") != "queued"
+        )
+        # Cancelled (the caller's own timeout), the tracker stays: a later watch, after a
+        # cancel, still sees what the workers said meanwhile.
+        result = await self._until_end(handle, tracker)
+        await self._untrack(did)
+        return result
+
+    async def _until_end(self, handle: Handle, tracker: _Tracker) -> Exit:
+        deadline = handle.data.get("deadline")
+        while True:
+            tracker.changed.clear()
+            if isinstance(tracker.final, Exit):
+                return tracker.final
+            if tracker.final is not None:
+                return exit_of(tracker.final)
+            if tracker.started:
+                silent = time.monotonic() - tracker.last_seen
+                wait = self.settings.heartbeat_timeout_seconds - silent
+                if wait <= 0 and not await self._claimed(tracker):
+                    return await self._abandon(handle, Exit(None, "lost", _silent(tracker)))
+            else:
+                wait = deadline - time.time() if isinstance(deadline, (int, float)) else 60.0
+                if wait <= 0:
+                    detail = "no worker started it before its deadline"
+                    return await self._abandon(handle, Exit(None, "timeout", detail))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tracker.changed.wait(), max(wait, 0.05))
+
+    async def _claimed(self, tracker: _Tracker) -> bool:
+        """Heartbeats stopped: ask the workers before declaring it lost (a core NATS message
+        may have been missed across a reconnect)."""
+        for info in await self._ask_workers():
+            for status in info.exited:
+                if status.dispatch_id == tracker.dispatch_id:
+                    tracker.update(status)
+                    return True
+            if any(s.dispatch_id == tracker.dispatch_id for s in info.running):
+                tracker.last_seen = time.monotonic()
+                return True
+        return False
+
+    async def _abandon(self, handle: Handle, result: Exit) -> Exit:
+        log.warning("pool.abandoned", activation=handle.activation_id,
+                    dispatch=handle.sandbox_id, reason=result.reason)  # fmt: skip
+        await self._withdraw(handle)
+        return result
+
+    # -- cancel, cleanup --------------------------------------------------------------------
+    async def cancel(self, handle: Handle) -> None:
+        """Take the dispatch out of the queue and stop it on whichever worker runs it."""
+        await self._withdraw(handle)
+        tracker = self._trackers.get(handle.sandbox_id)
+        if tracker is not None and not tracker.started and tracker.final is None:
+            tracker.final = Exit(None, "cancelled", "cancelled before a worker started it")
+            tracker.changed.set()
+
+    async def _withdraw(self, handle: Handle) -> None:
+        body = PoolCancel(dispatch_id=handle.sandbox_id).model_dump_json().encode()
+        with contextlib.suppress(NatsError, TimeoutError):
+            await self._nc.publish(self.topology.pool_cancel_subject(handle.activation_id), body)
+            await self._nc.flush(timeout=int(self.settings.request_timeout_seconds) or 1)
+        seq = handle.data.get("seq")
+        if isinstance(seq, int):
+            try:
+                await self._js.delete_msg(self.topology.activations_stream, seq)
+            except NatsError as exc:
+                if getattr(exc, "err_code", None) != ERR_NO_MESSAGE:
+                    log.warning("pool.withdraw_failed", dispatch=handle.sandbox_id, error=repr(exc))
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:  # noqa: ARG002
+        # Workers remove a run's directory when it ends (or keep the session's workspace warm
+        # for their idle TTL); nothing of it is left on this side but the subscription.
+        await self._untrack(handle.sandbox_id)
+
+    # -- list_live, health ------------------------------------------------------------------
+    async def list_live(self) -> list[Handle]:
+        """What the workers run (asked on `pool.list`) and what still waits in the queue."""
+        handles: dict[str, Handle] = {}
+        for info in await self._ask_workers():
+            for status in info.running:
+                handles[status.dispatch_id] = Handle(
+                    status.activation_id,
+                    self.name,
+                    status.dispatch_id,
+                    {
+                        "pool": status.pool,
+                        "attempt": status.attempt,
+                        "state": "running",
+                        "worker_id": info.worker_id,
+                        "deadline": status.deadline.timestamp() if status.deadline else None,
+                    },
+                )
+        for handle in await self._queued():
+            handles.setdefault(handle.sandbox_id, handle)
+        return list(handles.values())
+
+    async def _queued(self) -> list[Handle]:
+        found: list[Handle] = []
+        seq = 1
+        while len(found) < self.settings.max_listed:
+            try:
+                raw = await self._js.get_msg(
+                    self.topology.activations_stream,
+                    seq=seq,
+                    subject=self.topology.activation_subject("*"),
+                    next=True,
+                    direct=True,
+                )
+            except NotFoundError:
+                break
+            seq = (raw.seq or seq) + 1
+            try:
+                d = ActivationDispatch.model_validate_json(raw.data or b"")
+            except ValidationError:
+                continue
+            data = {"pool": d.pool, "attempt": d.attempt, "seq": raw.seq,
+                    "deadline": d.deadline.timestamp(), "state": "queued"}  # fmt: skip
+            found.append(Handle(d.input.activation.id, self.name, d.dispatch_id, data))
+        return found
+
+    async def health(self) -> Health:
+        await self._ensure_presence()
+        if time.monotonic() - self._presence_since < self.settings.worker_alive_seconds:
+            for info in await self._ask_workers():  # just subscribed: no beat seen yet
+                self._workers[info.worker_id] = (time.monotonic(), info)
+        horizon = time.monotonic() - self.settings.worker_alive_seconds
+        alive = [info for seen, info in self._workers.values() if seen >= horizon]
+        pools: dict[str, dict[str, Any]] = {}
+        try:
+            for pool in sorted({*self.settings.pools, *(i.pool for i in alive)}):
+                mine = [i for i in alive if i.pool == pool]
+                pools[pool] = {
+                    "workers": sorted(i.worker_id for i in mine),
+                    "capacity": sum(i.capacity for i in mine),
+                    "running": sum(len(i.running) for i in mine),
+                    **await self._depth(pool),
+                }
+        except (NatsError, TimeoutError) as exc:
+            return Health(ok=False, detail={"error": f"jetstream: {type(exc).__name__}"})
+        ok = all(pools[p]["workers"] for p in self.settings.pools)
+        return Health(ok=ok, detail={"pools": pools})
+
+    async def _depth(self, pool: str) -> dict[str, int]:
+        """Dispatches waiting for a worker (`pending`) and held by one (`in_flight`)."""
+        try:
+            info = await self._js.consumer_info(
+                self.topology.activations_stream, self.topology.pool_consumer(pool)
+            )
+        except NotFoundError:
+            stream = await self._js.stream_info(
+                self.topology.activations_stream,
+                subjects_filter=self.topology.activation_subject(pool),
+            )
+            return {"pending": sum((stream.state.subjects or {}).values()), "in_flight": 0}
+        return {"pending": info.num_pending or 0, "in_flight": info.num_ack_pending or 0}
+
+    async def close(self) -> None:
+        for did in list(self._trackers):
+            await self._untrack(did)
+        if self._presence is not None:
+            with contextlib.suppress(NatsError):
+                await self._presence.unsubscribe()
+            self._presence = None
+
+    # -- subscriptions ----------------------------------------------------------------------
+    async def _track(self, did: str, activation_id: str, *, started: bool) -> _Tracker:
+        if did in self._trackers:
+            return self._trackers[did]
+        tracker = _Tracker(did, started=started)
+        self._trackers[did] = tracker
+
+        async def on_status(msg: Msg) -> None:
+            try:
+                status = PoolStatus.model_validate_json(msg.data)
+            except ValidationError:
+                return
+            if status.dispatch_id == did:  # an earlier attempt's worker may still speak here
+                tracker.update(status)
+
+        subject = self.topology.pool_status_subject(activation_id)
+        tracker.sub = await self._nc.subscribe(subject, cb=on_status)
+        return tracker
+
+    async def _untrack(self, did: str) -> None:
+        tracker = self._trackers.pop(did, None)
+        if tracker is not None and tracker.sub is not None:
+            with contextlib.suppress(NatsError):
+                await tracker.sub.unsubscribe()
+
+    async def _ensure_presence(self) -> None:
+        if self._presence is not None:
+            return
+
+        async def on_beat(msg: Msg) -> None:
+            with contextlib.suppress(ValidationError):
+                info = PoolWorkerInfo.model_validate_json(msg.data)
+                self._workers[info.worker_id] = (time.monotonic(), info)
+
+        self._presence = await self._nc.subscribe(self.topology.pool_worker_filter(), cb=on_beat)
+        self._presence_since = time.monotonic()
+
+    async def _ask_workers(self) -> list[PoolWorkerInfo]:
+        """Request on `pool.list` and gather every worker's answer for a moment."""
+        inbox = self._nc.new_inbox()
+        answers: list[PoolWorkerInfo] = []
+
+        async def on_answer(msg: Msg) -> None:
+            with contextlib.suppress(ValidationError):
+                answers.append(PoolWorkerInfo.model_validate_json(msg.data))
+
+        sub = await self._nc.subscribe(inbox, cb=on_answer)
+        try:
+            await self._nc.publish(self.topology.pool_list_subject(), b"", reply=inbox)
+            await asyncio.sleep(self.settings.list_timeout_seconds)
+        finally:
+            with contextlib.suppress(NatsError):
+                await sub.unsubscribe()
+        return answers
+
+
+def _silent(tracker: _Tracker) -> str:
+    return f"no heartbeat from worker {tracker.worker_id} and no worker claims the dispatch"

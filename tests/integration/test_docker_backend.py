@@ -1,0 +1,413 @@
+"""The docker backend against a real Docker engine and the real runner image (DESIGN.md §8, §13).
+
+Nothing is faked: the engine is the machine's (installed and started by tools/docker_engine.py
+when we may), the image is `suzumio-runner:latest` built by tools/runner_image.py. Without
+them these tests fail with the reason; they are never skipped. Every container a test makes
+carries the test's own namespace label and is removed when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import docker  # type: ignore[import-untyped]
+import pytest
+import structlog
+from docker.errors import NotFound  # type: ignore[import-untyped]
+from tools import docker_engine, runner_image
+
+from suzumio.contracts.runner import (
+    ActivationSpec,
+    AgentSpec,
+    ProjectRef,
+    RunnerActivationInput,
+    RunnerConfig,
+    SessionRef,
+)
+from suzumio.contracts.values import (
+    Backend,
+    ModelSpec,
+    NetworkProfile,
+    ResourceLimits,
+    RuntimeProfileSpec,
+)
+from suzumio.orchestrator.backends import docker as docker_backend
+from suzumio.orchestrator.backends import docker_settings
+from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan, MountPlan
+from suzumio.orchestrator.backends.docker import DockerBackend, DockerSettings
+
+pytestmark = pytest.mark.timeout(300)  # a cold image build (debootstrap) is in the first test
+STEP = 60.0  # no single wait below may take longer
+# Not shaped like a provider key on purpose: the log redactor must not be what saves us.
+SECRET = f"provider-key-{uuid4().hex}"
+SLEEP = ("python3", "-c", "import time; time.sleep(30)")
+LIMITS = ResourceLimits(cpus=0.5, memory_mb=256, disk_mb=512, pids=128)
+
+MakeBackend = Callable[..., DockerBackend]
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    if not docker_engine.ensure_engine():
+        pytest.fail(
+            "no Docker engine answers and none could be installed/started here "
+            "(run `python3 tools/docker_engine.py` as root; see .suzumio/dockerd.log)"
+        )
+    try:
+        return runner_image.ensure_image()
+    except runner_image.BuildError as exc:
+        pytest.fail(f"the runner image could not be built: {exc}")
+
+
+@pytest.fixture
+def engine(image: str) -> Iterator[Any]:
+    api = docker.APIClient(version="auto", timeout=STEP)
+    yield api
+    api.close()
+
+
+@pytest.fixture
+async def make_backend(image: str, engine: Any) -> AsyncIterator[MakeBackend]:
+    namespace = f"test-{uuid4().hex[:10]}"
+    made: list[DockerBackend] = []
+
+    def make(namespace: str = namespace, **settings: Any) -> DockerBackend:
+        backend = DockerBackend(DockerSettings(**{"image": image, **settings}), namespace=namespace)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.close()
+    for ns in {namespace, *(b._namespace for b in made)}:
+        for c in engine.containers(all=True, filters={"label": f"io.suzumio.namespace={ns}"}):
+            engine.remove_container(c["Id"], force=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_plan(
+    root: Path,
+    *,
+    entry: tuple[str, ...] = (),
+    network: NetworkProfile = NetworkProfile.EGRESS,
+    mounts: tuple[MountPlan, ...] = (),
+    limits: ResourceLimits = LIMITS,
+) -> LaunchPlan:
+    ids = {k: f"{k}-{uuid4().hex[:12]}" for k in ("project", "agent", "session", "act")}
+    spec = RunnerActivationInput(
+        project=ProjectRef(id=ids["project"], name="docker test"),
+        agent=AgentSpec(
+            id=ids["agent"], role="tester", prompt="Say hi.", model=ModelSpec(name="m")
+        ),
+        session=SessionRef(id=ids["session"]),
+        activation=ActivationSpec(id=ids["act"]),
+        workspace="/somewhere/else",  # the backend must put /workspace here
+        controller_url=f"http://127.0.0.1:{free_port()}",  # nobody listens there
+        token="sza1.bogus.token",
+        runner=RunnerConfig(max_retries=0, wall_clock_seconds=60),
+    )
+    env = {
+        "SUZUMIO_PROJECT_ID": ids["project"],
+        "SUZUMIO_ACTIVATION_ID": ids["act"],
+        "SUZUMIO_MODEL_BASE_URL": f"http://127.0.0.1:{free_port()}/v1",
+        "SUZUMIO_MODEL_API_KEY": SECRET,
+    }
+    return LaunchPlan(
+        activation_id=ids["act"],
+        session_id=ids["session"],
+        project_id=ids["project"],
+        agent_id=ids["agent"],
+        attempt=1,
+        input=spec,
+        profile=RuntimeProfileSpec(
+            backend=Backend.DOCKER, entry=entry, limits=limits, network=network
+        ),
+        env=env,
+        secret_keys=frozenset({"SUZUMIO_MODEL_API_KEY"}),
+        host_dir=root / ids["act"],
+        session_dir=root / "sessions" / ids["session"],
+        mounts=mounts,
+    )
+
+
+async def watch(backend: DockerBackend, handle: Handle) -> Exit:
+    return await asyncio.wait_for(backend.watch(handle), STEP)
+
+
+async def until_running(engine: Any, handle: Handle) -> dict[str, Any]:
+    for _ in range(200):
+        info: dict[str, Any] = engine.inspect_container(handle.sandbox_id)
+        if info["State"]["Running"]:
+            return info
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"container never ran: {info['State']}")
+
+
+def exec_in(engine: Any, container_id: str, code: str) -> tuple[int, str]:
+    run = engine.exec_create(container_id, ["python3", "-c", code])
+    output = engine.exec_start(run["Id"]).decode()
+    return int(engine.exec_inspect(run["Id"])["ExitCode"]), output
+
+
+async def test_runner_without_broker_exits_broker_unreachable(make_backend, tmp_path):
+    backend = make_backend()
+    plan = make_plan(tmp_path)
+    handle = await backend.launch(plan)
+    assert handle.backend == "docker"
+    assert handle.activation_id == plan.activation_id
+    assert handle.data["session"] == plan.session_id
+    assert handle.data["attempt"] == "1"
+    assert handle.data["status"] == "running"
+    written = json.loads((plan.host_dir / "input.json").read_text())
+    assert written["workspace"] == "/workspace"
+    assert written["token"] == "sza1.bogus.token"
+    assert await watch(backend, handle) == Exit(7, "exited", "status exited, exit code 7")
+    await backend.cleanup(handle, succeeded=False)
+
+
+async def test_container_is_locked_down_and_secrets_stay_out_of_logs(
+    make_backend, engine, tmp_path, monkeypatch, caplog, capfd
+):
+    captured = structlog.testing.LogCapture()
+    raw = structlog.wrap_logger(
+        None, processors=[captured], wrapper_class=structlog.stdlib.BoundLogger
+    )
+    monkeypatch.setattr(docker_backend, "log", raw)
+    caplog.set_level(logging.DEBUG)
+    granted = tmp_path / "granted"
+    granted.mkdir()
+    (granted / "data.txt").write_text("granted data")
+    backend = make_backend()
+    egress = make_plan(tmp_path, entry=SLEEP, mounts=(MountPlan(granted, "/data", writable=False),))
+    isolated = make_plan(tmp_path, entry=SLEEP, network=NetworkProfile.NONE)
+    handles = [await backend.launch(egress), await backend.launch(isolated)]
+    info = await until_running(engine, handles[0])
+    host = info["HostConfig"]
+    assert info["Config"]["User"] == "65534:65534"
+    assert host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["Privileged"] is False
+    assert host["ReadonlyRootfs"] is True
+    assert "/tmp" in host["Tmpfs"]
+    assert host["PidsLimit"] == 128
+    assert host["Memory"] == 256 * 1024 * 1024
+    assert host["NanoCpus"] == 500_000_000
+    assert host["NetworkMode"] == "host"
+    mounts = {m["Destination"]: m for m in info["Mounts"]}
+    assert mounts["/activation/input.json"]["RW"] is False
+    assert mounts["/activation/input.json"]["Source"] == str(egress.host_dir / "input.json")
+    assert mounts["/workspace"]["RW"] is True
+    assert mounts["/workspace/session"]["Source"] == str(egress.session_dir)
+    assert mounts["/data"]["RW"] is False
+    labels = info["Config"]["Labels"]
+    assert labels["io.suzumio.managed"] == "true"
+    assert labels["io.suzumio.project"] == egress.project_id
+    assert labels["io.suzumio.agent"] == egress.agent_id
+    assert labels["io.suzumio.session"] == egress.session_id
+    assert labels["io.suzumio.activation"] == egress.activation_id
+    assert labels["io.suzumio.attempt"] == "1"
+    assert f"SUZUMIO_MODEL_API_KEY={SECRET}" in info["Config"]["Env"]
+    assert SECRET not in json.dumps(labels)
+
+    code, out = exec_in(engine, handles[0].sandbox_id, _PROBE)
+    assert code == 0, out
+    assert json.loads(out) == {
+        "uid": 65534,
+        "input": True,
+        "input_writable": False,
+        "workspace_writable": True,
+        "session_writable": True,
+        "root_writable": False,
+        "data": "granted data",
+        "data_writable": False,
+    }
+    assert (egress.session_dir / "probe.txt").read_text() == "ok"  # the session dir is shared
+    isolated_info = await until_running(engine, handles[1])
+    assert isolated_info["HostConfig"]["NetworkMode"] == "none"
+
+    for handle in handles:
+        await backend.cancel(handle)
+        await watch(backend, handle)
+        await backend.cleanup(handle, succeeded=False)
+    launched = [e for e in captured.entries if e["event"] == "docker.launched"]
+    assert len(launched) == 2
+    assert launched[0]["env"]["SUZUMIO_MODEL_API_KEY"] == "***"
+    out, err = capfd.readouterr()
+    logged = json.dumps(captured.entries, default=str) + caplog.text + out + err
+    assert SECRET not in logged
+    assert SECRET not in json.dumps([h.data for h in handles])
+
+
+_PROBE = """
+import json, os
+def writable(path):
+    try:
+        with open(path, "a") as f:
+            f.write("ok")
+        return True
+    except OSError:
+        return False
+print(json.dumps({
+    "uid": os.getuid(),
+    "input": os.access("/activation/input.json", os.R_OK)
+        and json.load(open("/activation/input.json"))["workspace"] == "/workspace",
+    "input_writable": writable("/activation/input.json"),
+    "workspace_writable": writable("/workspace/probe.txt"),
+    "session_writable": writable("/workspace/session/probe.txt"),
+    "root_writable": writable("/probe.txt"),
+    "data": open("/data/data.txt").read(),
+    "data_writable": writable("/data/data.txt"),
+}))
+"""
+
+
+async def test_cancel_kills_it_and_watch_returns(make_backend, engine, tmp_path):
+    backend = make_backend()
+    handle = await backend.launch(make_plan(tmp_path, entry=SLEEP))
+    await until_running(engine, handle)
+    watching = asyncio.create_task(backend.watch(handle))
+    await asyncio.sleep(0.2)
+    assert not watching.done()
+    await asyncio.wait_for(backend.cancel(handle), STEP)
+    ended = await asyncio.wait_for(watching, STEP)
+    assert ended.reason == "cancelled"
+    assert ended.code is None  # ended by a signal, not by the runner
+    await backend.cancel(handle)  # again: nothing happens
+    await backend.cleanup(handle, succeeded=False)
+    await backend.cancel(handle)  # gone: still fine
+    with pytest.raises(NotFound):
+        engine.inspect_container(handle.sandbox_id)
+
+
+async def test_crash_is_reported_with_its_exit_code(make_backend, tmp_path):
+    backend = make_backend()
+    handle = await backend.launch(
+        make_plan(tmp_path, entry=("python3", "-c", "import sys; sys.exit(3)"))
+    )
+    ended = await watch(backend, handle)
+    assert (ended.code, ended.reason) == (3, "exited")
+
+
+async def test_out_of_memory_is_reported(make_backend, tmp_path):
+    backend = make_backend()
+    hog = ("python3", "-c", "b = [bytearray(1 << 20) for _ in range(1024)]")
+    small = ResourceLimits(cpus=0.5, memory_mb=64, disk_mb=512, pids=128)
+    handle = await backend.launch(make_plan(tmp_path, entry=hog, limits=small))
+    ended = await watch(backend, handle)
+    assert (ended.code, ended.reason) == (None, "oom"), ended
+
+
+@pytest.mark.parametrize(
+    ("policy", "succeeded", "removed"),
+    [
+        ("always", True, True),
+        ("always", False, True),
+        ("never", True, False),
+        ("never", False, False),
+        ("on_success", True, True),
+        ("on_success", False, False),
+    ],
+)
+async def test_cleanup_policy(make_backend, engine, tmp_path, policy, succeeded, removed):
+    backend = make_backend(cleanup=policy)
+    code = 0 if succeeded else 3
+    handle = await backend.launch(
+        make_plan(tmp_path, entry=("python3", "-c", f"import sys; sys.exit({code})"))
+    )
+    assert (await watch(backend, handle)).code == code
+    await backend.cleanup(handle, succeeded=succeeded)
+    if removed:
+        with pytest.raises(NotFound):
+            engine.inspect_container(handle.sandbox_id)
+    else:
+        assert engine.inspect_container(handle.sandbox_id)["State"]["Status"] == "exited"
+
+
+async def test_a_fresh_backend_finds_and_watches_what_runs(make_backend, engine, tmp_path):
+    first = make_backend(cleanup="never")
+    running = await first.launch(make_plan(tmp_path, entry=SLEEP))
+    finished = await first.launch(make_plan(tmp_path, entry=("python3", "-c", "pass")))
+    await watch(first, finished)
+    other = make_backend(namespace=f"other-{uuid4().hex[:8]}")
+    stranger = await other.launch(make_plan(tmp_path, entry=SLEEP))
+    await first.close()
+
+    fresh = make_backend()  # an orchestrator after a restart: same namespace, no memory
+    found = {h.activation_id: h for h in await fresh.list_live()}
+    assert set(found) == {running.activation_id, finished.activation_id}
+    assert stranger.activation_id not in found
+    again = found[running.activation_id]
+    assert again.sandbox_id == running.sandbox_id
+    assert again.data == running.data  # status "running", the ids, the name
+    assert again.data["session"] == running.data["session"]
+    assert found[finished.activation_id].data["status"] == "exited"
+    assert await watch(fresh, found[finished.activation_id]) == Exit(
+        0, "exited", "status exited, exit code 0"
+    )
+
+    watching = asyncio.create_task(fresh.watch(again))
+    await asyncio.sleep(0.2)
+    assert not watching.done()
+    engine.kill(again.sandbox_id)  # killed from outside: not a cancel of ours
+    ended = await asyncio.wait_for(watching, STEP)
+    assert (ended.code, ended.reason) == (None, "killed")
+
+
+async def test_health_reports_engine_and_image(make_backend, image):
+    health = await make_backend().health()
+    assert health.ok, health.detail
+    assert health.detail["engine"] == "reachable"
+    assert health.detail["server_version"]
+    assert health.detail["image"] == image
+    assert health.detail["image_present"] is True
+    assert health.detail["content_hash"] == runner_image.image_hash(image)
+
+    missing = await make_backend(image="suzumio-runner:no-such-tag").health()
+    assert not missing.ok
+    assert missing.detail["image_present"] is False
+    down = await make_backend(base_url="unix:///nonexistent/docker.sock").health()
+    assert not down.ok
+    assert down.detail["engine"] == "unreachable"
+
+
+def test_bridge_networks_reach_the_host_through_the_gateway():
+    # This engine has no bridge (host networking), so only the URL rewrite is checked here.
+    assert docker_settings.via_gateway("http://127.0.0.1:8081/x") == (
+        "http://host.docker.internal:8081/x"
+    )
+    assert docker_settings.via_gateway("http://localhost/") == "http://host.docker.internal/"
+    assert docker_settings.via_gateway("https://broker.example:443") == (
+        "https://broker.example:443"
+    )
+    settings = DockerSettings(network_mode_egress="suzumio-net")
+    assert docker_settings.network_mode(settings, NetworkProfile.EGRESS) == "suzumio-net"
+    assert docker_settings.network_mode(settings, NetworkProfile.FULL) == "suzumio-net"
+    assert docker_settings.network_mode(settings, NetworkProfile.NONE) == "none"
+
+
+async def test_bad_launches_are_refused(make_backend, tmp_path):
+    backend = make_backend(pull_missing=False)
+    for target in ("/workspace/x", "/activation", "/etc", "/tmp", "relative", "/a/../etc"):
+        plan = make_plan(tmp_path, mounts=(MountPlan(tmp_path, target),))
+        with pytest.raises(LaunchError) as refused:
+            await backend.launch(plan)
+        assert not refused.value.retryable
+    plan = make_plan(tmp_path)
+    plan = LaunchPlan(
+        **{**plan.__dict__, "profile": plan.profile.model_copy(update={"image": "nope:none"})}
+    )
+    with pytest.raises(LaunchError, match="not on the engine") as missing:
+        await backend.launch(plan)
+    assert not missing.value.retryable

@@ -1,0 +1,364 @@
+"""The kubernetes backend against a FAKE Kubernetes API server (`suzumio.testing.fake_kubernetes`,
+no cluster exists here; DESIGN.md §13): the real kubernetes-asyncio client over HTTP, the Job
+and its pod ended by the fake's test controls."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from kubernetes_asyncio import client
+
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.values import NetworkProfile
+from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan
+from suzumio.orchestrator.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from suzumio.testing.fake_kubernetes import FakeKubernetesServer
+from tests.unit.test_kubernetes_render import PROVIDER_KEY, TOKEN, make_plan
+
+NS = "sandboxes"
+KINDS = ("Job", "Secret", "ConfigMap", "NetworkPolicy")
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[FakeKubernetesServer]:
+    async with FakeKubernetesServer(namespaces=[NS, "default"]) as fake:
+        yield fake
+
+
+def settings_for(server: FakeKubernetesServer, **overrides: Any) -> KubernetesSettings:
+    base: dict[str, Any] = {
+        "namespace": NS,
+        "image": "suzumio/runner:test",
+        "api_url": server.url,
+        "watch_timeout_seconds": 5,
+    }
+    return KubernetesSettings(**(base | overrides))
+
+
+@pytest.fixture
+def platform_ns() -> str:
+    return f"t{new_id()[-12:]}"
+
+
+@pytest_asyncio.fixture
+async def backend(
+    server: FakeKubernetesServer, platform_ns: str
+) -> AsyncIterator[KubernetesBackend]:
+    backend = KubernetesBackend(settings_for(server), platform_ns)
+    yield backend
+    await backend.close()
+
+
+def plan_in(platform_ns: str, **kwargs: Any) -> LaunchPlan:
+    return make_plan(namespace=platform_ns, **kwargs)
+
+
+async def watching(server: FakeKubernetesServer, backend: KubernetesBackend, handle: Handle):
+    """`watch` running, once its watch request reached the server."""
+    before = sum(1 for r in server.requests if r.query.get("watch") == "True")
+    task = asyncio.create_task(backend.watch(handle))
+    for _ in range(500):
+        if sum(1 for r in server.requests if r.query.get("watch") == "True") > before:
+            return task
+        await asyncio.sleep(0.01)
+    task.cancel()
+    raise AssertionError("watch never reached the fake Kubernetes API server")
+
+
+# -- launch -----------------------------------------------------------------------------------
+
+
+async def test_launch_creates_the_job_then_its_owned_objects(server, backend, platform_ns):
+    plan = plan_in(platform_ns)
+    handle = await backend.launch(plan)
+    assert handle.backend == "kubernetes"
+    assert handle.activation_id == plan.activation_id
+    [job] = server.objects("Job", NS)
+    assert handle.sandbox_id == job["metadata"]["name"]
+    assert handle.data["uid"] == job["metadata"]["uid"]
+    assert job["spec"]["suspend"] is False  # resumed once its dependents existed
+    writes = [(r.method, r.path.rsplit("/", 1)[-1]) for r in server.requests if r.method != "GET"]
+    name = handle.sandbox_id
+    assert writes == [
+        ("POST", "jobs"),
+        ("POST", "secrets"),
+        ("POST", "configmaps"),
+        ("POST", "networkpolicies"),
+        ("PATCH", name),
+    ]
+    for kind in KINDS[1:]:
+        [obj] = server.objects(kind, NS)
+        assert obj["metadata"]["name"] == name
+        [owner] = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Job", name, job["metadata"]["uid"])
+    for kind in KINDS:
+        labels = server.objects(kind, NS)[0]["metadata"]["labels"]
+        assert labels["suzumio.io/managed"] == "true"
+        assert labels["suzumio.io/namespace"] == platform_ns
+        assert labels["suzumio.io/activation"] == plan.activation_id
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    container = pod["containers"][0]["securityContext"]
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["readOnlyRootFilesystem"] is True
+    [secret] = server.objects("Secret", NS)
+    stored = json.loads(base64.b64decode(secret["data"]["input.json"]))
+    assert stored["token"] == TOKEN
+    [running] = server.objects("Pod", NS)
+    assert running["status"]["phase"] == "Running"
+
+
+async def test_a_retried_launch_is_idempotent(server, backend, platform_ns):
+    plan = plan_in(platform_ns)
+    first = await backend.launch(plan)
+    second = await backend.launch(plan)
+    assert first == second
+    for kind in KINDS:
+        assert len(server.objects(kind, NS)) == 1
+
+
+async def test_launch_failures_are_launch_errors(server, platform_ns):
+    missing_ns = KubernetesBackend(settings_for(server, namespace="nowhere"), platform_ns)
+    with pytest.raises(LaunchError) as refused:
+        await missing_ns.launch(plan_in(platform_ns))
+    assert not refused.value.retryable
+    assert "nowhere" in str(refused.value)
+    no_image = KubernetesBackend(settings_for(server, image=None), platform_ns)
+    with pytest.raises(LaunchError) as imageless:
+        await no_image.launch(plan_in(platform_ns))
+    assert not imageless.value.retryable
+    for backend in (missing_ns, no_image):
+        await backend.close()
+    assert server.objects("Job") == []
+
+
+# -- watch ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "reason", "expected"),
+    [
+        (0, None, Exit(0, "exited", "Completed")),
+        (1, None, Exit(1, "exited", "Error")),
+        (137, "OOMKilled", Exit(137, "oom", "the container ran out of memory")),
+        (0, "DeadlineExceeded", Exit(None, "timeout")),
+        (0, "Evicted", Exit(None, "killed")),
+    ],
+)
+async def test_watch_turns_the_job_and_pod_into_an_exit(
+    server, backend, platform_ns, exit_code, reason, expected
+):
+    handle = await backend.launch(plan_in(platform_ns))
+    task = await watching(server, backend, handle)
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    server.finish_job(handle.sandbox_id, exit_code, reason=reason)
+    result = await asyncio.wait_for(task, 10)
+    assert (result.code, result.reason) == (expected.code, expected.reason)
+    if expected.reason in ("exited", "oom"):
+        assert result.detail == expected.detail
+
+
+async def test_watch_of_a_finished_job_returns_at_once(server, backend, platform_ns):
+    handle = await backend.launch(plan_in(platform_ns))
+    server.finish_job(handle.sandbox_id, 3)
+    assert await asyncio.wait_for(backend.watch(handle), 5) == Exit(3, "exited", "Error")
+
+
+async def test_watch_polls_when_the_watch_api_fails(server, backend, platform_ns):
+    server.fail_watches = True
+    handle = await backend.launch(plan_in(platform_ns))
+    task = asyncio.create_task(backend.watch(handle))
+    await asyncio.sleep(0.5)
+    assert not task.done()
+    server.finish_job(handle.sandbox_id, 0)
+    assert (await asyncio.wait_for(task, 15)).code == 0
+    reads = [r for r in server.requests if r.method == "GET" and r.path.endswith(handle.sandbox_id)]
+    assert len(reads) >= 2
+
+
+async def test_watch_of_a_job_deleted_by_someone_else_is_lost(server, backend, platform_ns):
+    handle = await backend.launch(plan_in(platform_ns))
+    task = await watching(server, backend, handle)
+    other = KubernetesBackend(settings_for(server), platform_ns)
+    await other.cancel(handle)
+    await other.close()
+    assert (await asyncio.wait_for(task, 5)).reason == "lost"
+
+
+# -- cancel and cleanup -----------------------------------------------------------------------
+
+
+async def test_cancel_deletes_the_job_and_everything_it_owns(server, backend, platform_ns):
+    handle = await backend.launch(plan_in(platform_ns))
+    task = await watching(server, backend, handle)
+    await backend.cancel(handle)
+    assert await asyncio.wait_for(task, 5) == Exit(
+        None, "cancelled", "the Job was deleted by cancel"
+    )
+    for kind in (*KINDS, "Pod"):
+        assert server.objects(kind, NS) == [], kind
+    await backend.cancel(handle)  # gone already: fine
+    deletes = [r for r in server.requests if r.method == "DELETE"]
+    assert all(r.query.get("propagationPolicy") == "Background" for r in deletes)
+
+
+@pytest.mark.parametrize(
+    ("policy", "succeeded", "removed"),
+    [
+        ("always", True, True),
+        ("always", False, True),
+        ("on_success", True, True),
+        ("on_success", False, False),
+        ("never", True, False),
+    ],
+)
+async def test_cleanup_follows_the_policy(server, platform_ns, policy, succeeded, removed):
+    backend = KubernetesBackend(settings_for(server, cleanup=policy), platform_ns)
+    handle = await backend.launch(plan_in(platform_ns))
+    server.finish_job(handle.sandbox_id, 0 if succeeded else 1)
+    await backend.cleanup(handle, succeeded=succeeded)
+    await backend.close()
+    left = {kind: len(server.objects(kind, NS)) for kind in KINDS}
+    assert left == dict.fromkeys(KINDS, 0 if removed else 1)
+
+
+# -- reconciliation, health -------------------------------------------------------------------
+
+
+async def test_a_fresh_backend_finds_and_follows_live_jobs(server, backend, platform_ns):
+    plans = [plan_in(platform_ns) for _ in range(2)]
+    handles = [await backend.launch(plan) for plan in plans]
+    stranger = KubernetesBackend(settings_for(server), "another-platform")
+    await stranger.launch(make_plan(namespace="another-platform"))
+    await stranger.close()
+
+    restarted = KubernetesBackend(settings_for(server), platform_ns)
+    try:
+        found = await restarted.list_live()
+        assert sorted(h.sandbox_id for h in found) == sorted(h.sandbox_id for h in handles)
+        assert {h.activation_id for h in found} == {p.activation_id for p in plans}
+        assert all(h.data["attempt"] == 1 and h.backend == "kubernetes" for h in found)
+        server.finish_job(found[0].sandbox_id, 0)
+        assert (await asyncio.wait_for(restarted.watch(found[0]), 5)).code == 0
+    finally:
+        await restarted.close()
+
+
+async def test_the_empty_platform_namespace_is_listed_too(server):
+    backend = KubernetesBackend(settings_for(server), "")
+    try:
+        handle = await backend.launch(make_plan())
+        assert [h.sandbox_id for h in await backend.list_live()] == [handle.sandbox_id]
+    finally:
+        await backend.close()
+
+
+async def test_health(server, backend, platform_ns):
+    health = await backend.health()
+    assert health.ok
+    assert health.detail["version"] == server.git_version
+    missing = KubernetesBackend(settings_for(server, namespace="nowhere"), platform_ns)
+    assert not (await missing.health()).ok
+    await missing.close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    unreachable = KubernetesBackend(
+        KubernetesSettings(namespace=NS, api_url=f"http://127.0.0.1:{closed_port}"), platform_ns
+    )
+    down = await unreachable.health()
+    await unreachable.close()
+    assert not down.ok
+    assert down.detail["error"]
+
+
+# -- dry run ----------------------------------------------------------------------------------
+
+
+async def test_dry_run_validates_with_the_api_and_never_shows_a_secret(
+    server, backend, platform_ns, caplog, capsys
+):
+    caplog.set_level(logging.DEBUG)
+    plan = plan_in(platform_ns, network=NetworkProfile.NONE)
+    manifests = await backend.dry_run(plan)
+    assert [m["kind"] for m in manifests] == list(KINDS)
+    secret = manifests[1]
+    assert secret["stringData"]["SUZUMIO_MODEL_API_KEY"] == "***"
+    assert json.loads(secret["stringData"]["input.json"])["token"] == "***"
+    posts = [r for r in server.requests if r.method == "POST"]
+    assert len(posts) == 4
+    assert all(r.query.get("dryRun") == "All" for r in posts)
+    assert all(server.objects(kind) == [] for kind in KINDS)
+    job_uid = manifests[1]["metadata"]["ownerReferences"][0]["uid"]
+    assert job_uid != "00000000-0000-0000-0000-000000000000"  # the dry-run Job's uid
+    # The key appears nowhere: not in the output, not in a log line, not on the console.
+    encoded = base64.b64encode(PROVIDER_KEY.encode()).decode()
+    out = capsys.readouterr()
+    for text in (json.dumps(manifests), caplog.text, out.out, out.err):
+        for secret_text in (PROVIDER_KEY, encoded, TOKEN):
+            assert secret_text not in text
+
+
+async def test_launch_logs_no_secret(server, backend, platform_ns, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    handle = await backend.launch(plan_in(platform_ns))
+    server.finish_job(handle.sandbox_id, 0)
+    await backend.watch(handle)
+    encoded = base64.b64encode(PROVIDER_KEY.encode()).decode()
+    out = capsys.readouterr()
+    for text in (caplog.text, out.out, out.err):
+        assert PROVIDER_KEY not in text
+        assert encoded not in text
+
+
+async def test_dry_run_without_a_reachable_api_renders_only(platform_ns):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    settings = KubernetesSettings(image="i", api_url=f"http://127.0.0.1:{closed_port}")
+    backend = KubernetesBackend(settings, platform_ns)
+    try:
+        manifests = await backend.dry_run(plan_in(platform_ns))
+    finally:
+        await backend.close()
+    assert [m["kind"] for m in manifests] == list(KINDS)
+    assert PROVIDER_KEY not in json.dumps(manifests)
+
+
+async def test_dry_run_reports_what_the_api_rejects(server, backend, platform_ns):
+    await backend.launch(plan := plan_in(platform_ns))
+    with pytest.raises(LaunchError, match="already exists"):
+        await backend.dry_run(plan)
+
+
+# -- the fake itself: where it behaves like the API server in ways the backend relies on ------
+
+
+async def test_the_fake_orphans_a_jobs_dependents_unless_told_otherwise(
+    server, backend, platform_ns
+):
+    handle = await backend.launch(plan_in(platform_ns))
+    api = client.ApiClient(client.Configuration(host=server.url))
+    try:
+        await client.BatchV1Api(api).delete_namespaced_job(handle.sandbox_id, NS)
+        with pytest.raises(client.ApiException) as missing:
+            await client.BatchV1Api(api).read_namespaced_job(handle.sandbox_id, NS)
+        assert missing.value.status == 404
+        assert json.loads(missing.value.body or "{}")["reason"] == "NotFound"
+    finally:
+        await api.close()
+    [secret] = server.objects("Secret", NS)  # orphaned: what a Job deleted without a policy does
+    assert "ownerReferences" not in secret["metadata"]
+    assert len(server.objects("Pod", NS)) == 1

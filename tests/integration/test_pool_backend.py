@@ -1,0 +1,486 @@
+"""The pool backend with real workers (`python -m suzumio.runner worker` processes) on real NATS.
+
+The runners really run. Where they should end fast, the broker answers 401 (the runner is
+fenced: exit 6) or does not exist (exit 7); where they should hang, the broker accepts the
+connection and never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerInfo
+
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.runner import (
+    ActivationSpec,
+    AgentSpec,
+    PoolStatus,
+    ProjectRef,
+    RunnerActivationInput,
+    SessionRef,
+    SignalSpec,
+)
+from suzumio.contracts.subjects import Topology
+from suzumio.contracts.values import Backend, ModelSpec, Priority, RuntimeProfileSpec, SignalKind
+from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan, MountPlan
+from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
+
+HEARTBEAT_TIMEOUT = 2.0
+ACK_WAIT = 4.0
+SECRET = "sk-test-secret-value"
+
+
+def make_plan(
+    broker_url: str,
+    tmp_path: Path,
+    *,
+    session_id: str = "s1",
+    pool: str | None = None,
+    deadline: datetime | None = None,
+) -> LaunchPlan:
+    activation_id = new_id()
+    signal_spec = SignalSpec(id=new_id(), kind=SignalKind.TIMER, priority=Priority.P3)
+    spec = RunnerActivationInput(
+        project=ProjectRef(id="p1", name="project"),
+        agent=AgentSpec(id="a1", role="tester", prompt="be brief", model=ModelSpec(name="m")),
+        session=SessionRef(id=session_id),
+        activation=ActivationSpec(id=activation_id, signals=(signal_spec,)),
+        controller_url=broker_url,
+        token="not-a-real-token",
+    )
+    return LaunchPlan(
+        activation_id=activation_id,
+        session_id=session_id,
+        project_id="p1",
+        agent_id="a1",
+        attempt=1,
+        input=spec,
+        profile=RuntimeProfileSpec(backend=Backend.POOL, pool=pool),
+        env={"SUZUMIO_MODEL_API_KEY": SECRET, "SUZUMIO_ACTIVATION_ID": activation_id},
+        secret_keys=frozenset({"SUZUMIO_MODEL_API_KEY"}),
+        host_dir=tmp_path / activation_id,
+        session_dir=tmp_path / session_id,
+        deadline=deadline,
+    )
+
+
+# -- brokers the runner talks to ------------------------------------------------------------
+class Hanging:
+    """Accepts connections and never answers; counts the ones still open."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        try:
+            while await reader.read(4096):
+                pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+
+async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        await reader.readuntil(b"\r\n\r\n")
+        body = b'{"title":"fenced"}'
+        writer.write(
+            b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/problem+json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+    writer.close()
+
+
+@pytest_asyncio.fixture
+async def fenced_url() -> AsyncIterator[str]:
+    """A broker that refuses every token: the runner exits 6 at its first call."""
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+
+
+@pytest_asyncio.fixture
+async def hanging() -> AsyncIterator[tuple[str, Hanging]]:
+    state = Hanging()
+    server = await asyncio.start_server(state.handle, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", state
+    server.close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+# -- workers and the backend ----------------------------------------------------------------
+StartWorker = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def workers(nats_url: str, topology: Topology, tmp_path: Path) -> Iterator[StartWorker]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(worker_id: str, *, concurrency: int = 1, pool: str = "default", idle_ttl: float = 0):
+        log = (tmp_path / f"{worker_id}.log").open("wb")
+        cmd = [sys.executable, "-m", "suzumio.runner", "worker", "--nats", nats_url,
+               "--namespace", topology.namespace, "--pool", pool, "--worker-id", worker_id,
+               "--concurrency", str(concurrency), "--workdir", str(tmp_path / "work"),
+               "--heartbeat", "0.3", "--kill-grace", "1", "--drain", "1",
+               "--idle-ttl", str(idle_ttl)]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@pytest_asyncio.fixture
+async def backend(nc: NATS, topology: Topology) -> AsyncIterator[PoolBackend]:
+    settings = PoolSettings(
+        pools=("default",),
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+        ack_wait_seconds=ACK_WAIT,
+        worker_alive_seconds=2.0,
+        list_timeout_seconds=0.3,
+    )
+    created = PoolBackend(nc, topology, settings)
+    yield created
+    await created.close()
+
+
+async def eventually(check: Callable[[], object], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await _holds(check):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout} s: {check}")
+        await asyncio.sleep(0.1)
+
+
+async def _holds(check: Callable[[], object]) -> bool:
+    result = check()
+    if asyncio.iscoroutine(result):
+        result = await result
+    return bool(result)
+
+
+async def wait_workers(backend: PoolBackend, *ids: str, pool: str = "default") -> None:
+    async def ready() -> bool:
+        health = await backend.health()
+        return set(ids) <= set(health.detail.get("pools", {}).get(pool, {}).get("workers", []))
+
+    await eventually(ready, timeout=20)
+
+
+class Statuses:
+    """Every status the workers publish in this namespace."""
+
+    def __init__(self) -> None:
+        self.seen: list[PoolStatus] = []
+
+    async def on(self, msg: Msg) -> None:
+        self.seen.append(PoolStatus.model_validate_json(msg.data))
+
+    def of(self, dispatch: str, kind: str | None = None) -> list[PoolStatus]:
+        return [s for s in self.seen if s.dispatch_id == dispatch and kind in {None, s.kind}]
+
+
+@pytest_asyncio.fixture
+async def statuses(nc: NATS, topology: Topology) -> AsyncIterator[Statuses]:
+    recorder = Statuses()
+    sub = await nc.subscribe(topology.pool_status_subject("*"), cb=recorder.on)
+    yield recorder
+    await sub.unsubscribe()
+
+
+async def consumer(nc: NATS, topology: Topology, pool: str = "default") -> ConsumerInfo:
+    info: ConsumerInfo = await nc.jetstream().consumer_info(
+        topology.activations_stream, topology.pool_consumer(pool)
+    )
+    return info
+
+
+async def queue_is_empty(nc: NATS, topology: Topology, pool: str = "default") -> bool:
+    info = await consumer(nc, topology, pool)
+    stream = await nc.jetstream().stream_info(topology.activations_stream)
+    return info.num_pending == 0 and info.num_ack_pending == 0 and stream.state.messages == 0
+
+
+async def watch(backend: PoolBackend, handle: Handle, timeout: float = 45.0) -> Exit:
+    return await asyncio.wait_for(backend.watch(handle), timeout)
+
+
+# -- the tests ------------------------------------------------------------------------------
+async def test_a_retried_launch_is_one_dispatch_and_a_queued_cancel_removes_it(
+    backend: PoolBackend, nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    plan = make_plan(closed_port_url(), tmp_path)
+    first = await backend.launch(plan)
+    again = await backend.launch(plan)
+    assert first.sandbox_id == again.sandbox_id == f"{plan.activation_id}.1"
+    assert first.data["seq"] == again.data["seq"]
+    assert (await consumer(nc, topology)).num_pending == 1
+
+    listed = {h.sandbox_id: h for h in await backend.list_live()}
+    assert listed[first.sandbox_id].data["state"] == "queued"
+    health = await backend.health()
+    assert not health.ok  # no worker serves the pool
+    assert health.detail["pools"]["default"] == {
+        "workers": [], "capacity": 0, "running": 0, "pending": 1, "in_flight": 0,
+    }  # fmt: skip
+
+    with pytest.raises(TimeoutError):  # the orchestrator's own timeout, as on a wall clock
+        await watch(backend, first, timeout=0.5)
+    await backend.cancel(first)
+    assert await watch(backend, first) == Exit(
+        None, "cancelled", "cancelled before a worker started it"
+    )
+    assert await queue_is_empty(nc, topology)
+
+
+async def test_host_mounts_are_refused(backend: PoolBackend, tmp_path: Path) -> None:
+    plan = make_plan(closed_port_url(), tmp_path)
+    mounted = replace(plan, mounts=(MountPlan(tmp_path, "/data"),))
+    with pytest.raises(LaunchError) as caught:
+        await backend.launch(mounted)
+    assert not caught.value.retryable
+
+
+async def test_an_unreachable_broker_exits_7_and_the_dispatch_is_acked(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path,
+) -> None:  # fmt: skip
+    workers("wa")
+    await wait_workers(backend, "wa")
+    handle = await backend.launch(make_plan(closed_port_url(), tmp_path))
+
+    result = await watch(backend, handle)
+
+    assert (result.code, result.reason) == (7, "exited")
+    assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["wa"]
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+    assert SECRET not in (tmp_path / "wa.log").read_text()
+
+
+async def test_cancel_kills_the_running_runner(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    url, broker = hanging
+    workers("wa")
+    await wait_workers(backend, "wa")
+    handle = await backend.launch(make_plan(url, tmp_path))
+    await eventually(lambda: broker.open > 0)  # the runner is waiting on its broker call
+    with pytest.raises(TimeoutError):  # the orchestrator's own timeout, as on a wall clock
+        await watch(backend, handle, timeout=0.5)
+
+    await backend.cancel(handle)
+    result = await watch(backend, handle, timeout=15)
+
+    assert result.reason == "killed"
+    assert result.detail.startswith("cancelled")
+    assert result.code == 9  # the runner ended on SIGTERM
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+    assert handle.sandbox_id not in {h.sandbox_id for h in await backend.list_live()}
+    await eventually(lambda: broker.open == 0, timeout=5)
+
+
+async def test_a_killed_worker_is_lost_and_its_attempt_never_runs_again(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    url, broker = hanging
+    doomed = workers("wa")
+    await wait_workers(backend, "wa")
+    handle = await backend.launch(make_plan(url, tmp_path))
+    await eventually(lambda: statuses.of(handle.sandbox_id, "started"))
+    workers("wb")
+    await wait_workers(backend, "wb")
+    watching = asyncio.create_task(watch(backend, handle, timeout=20))
+    await asyncio.sleep(0.5)
+
+    os.kill(doomed.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    result = await watching
+
+    assert (result.code, result.reason) == (None, "lost")
+    assert time.monotonic() - killed_at < HEARTBEAT_TIMEOUT + 2.5
+    await eventually(lambda: broker.open == 0, timeout=5)  # its runner died with it
+    # The dispatch was withdrawn when it was declared lost: past the ack wait, no other worker
+    # has been handed that attempt.
+    await asyncio.sleep(ACK_WAIT + 1.0)
+    assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["wa"]
+    assert await queue_is_empty(nc, topology)
+
+
+async def test_a_redelivered_dispatch_runs_only_within_its_deadline(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    soon = datetime.now(UTC) + timedelta(seconds=ACK_WAIT - 1.5)
+    in_time = await backend.launch(make_plan(fenced_url, tmp_path))
+    too_late = await backend.launch(make_plan(fenced_url, tmp_path, deadline=soon))
+    # A worker takes both and dies before starting either: nothing acks, nothing says started.
+    js = nc.jetstream()
+    held = await js.pull_subscribe_bind(
+        topology.pool_consumer("default"), stream=topology.activations_stream
+    )
+    assert len(await held.fetch(2, timeout=5)) == 2
+    await held.unsubscribe()
+    workers("wb")
+
+    result = await watch(backend, in_time, timeout=30)
+
+    assert (result.code, result.reason) == (6, "exited")  # redelivered to wb and run
+    assert [s.worker_id for s in statuses.of(in_time.sandbox_id, "started")] == ["wb"]
+    await eventually(lambda: statuses.of(too_late.sandbox_id, "refused"), timeout=10)
+    [refused] = statuses.of(too_late.sandbox_id, "refused")
+    assert (refused.worker_id, refused.reason) == ("wb", "deadline")
+    assert not statuses.of(too_late.sandbox_id, "started")
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+
+async def test_two_workers_share_ten_dispatches(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    workers("wa", concurrency=2)
+    workers("wb", concurrency=2)
+    await wait_workers(backend, "wa", "wb")
+    plans = [make_plan(fenced_url, tmp_path, session_id=f"s{i}") for i in range(10)]
+    handles = [await backend.launch(p) for p in plans]
+
+    results = await asyncio.gather(*(watch(backend, h, timeout=60) for h in handles))
+
+    assert {(r.code, r.reason) for r in results} == {(6, "exited")}
+    runners = [[s.worker_id for s in statuses.of(h.sandbox_id, "started")] for h in handles]
+    assert all(len(r) == 1 for r in runners), runners  # each dispatch ran exactly once
+    assert {r[0] for r in runners} == {"wa", "wb"}
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+
+async def test_list_live_and_health_show_workers_runs_and_queue_depth(
+    nc: NATS, topology: Topology, workers: StartWorker, statuses: Statuses,
+    tmp_path: Path, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    url, _ = hanging
+    settings = PoolSettings(
+        pools=("default", "spare"),
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+        ack_wait_seconds=ACK_WAIT,
+        worker_alive_seconds=2.0,
+        list_timeout_seconds=0.3,
+    )
+    backend = PoolBackend(nc, topology, settings)
+    try:
+        workers("wa", concurrency=2)
+        workers("wb")
+        await wait_workers(backend, "wa", "wb")
+        running = [
+            await backend.launch(make_plan(url, tmp_path, session_id=f"r{i}")) for i in range(3)
+        ]
+        queued = [
+            await backend.launch(make_plan(url, tmp_path, session_id=f"q{i}", pool="spare"))
+            for i in range(2)
+        ]
+        await eventually(lambda: all(statuses.of(h.sandbox_id, "started") for h in running))
+
+        live = {h.sandbox_id: h for h in await backend.list_live()}
+        assert set(live) == {h.sandbox_id for h in running + queued}
+        assert {live[h.sandbox_id].data["state"] for h in running} == {"running"}
+        assert {live[h.sandbox_id].data["state"] for h in queued} == {"queued"}
+        assert {live[h.sandbox_id].data["worker_id"] for h in running} == {"wa", "wb"}
+
+        health = await backend.health()
+        assert not health.ok  # nobody serves "spare"
+        default, spare = health.detail["pools"]["default"], health.detail["pools"]["spare"]
+        assert default == {
+            "workers": ["wa", "wb"], "capacity": 3, "running": 3, "pending": 0, "in_flight": 3,
+        }  # fmt: skip
+        assert (spare["workers"], spare["pending"]) == ([], 2)
+
+        for handle in running + queued:
+            await backend.cancel(handle)
+        results = await asyncio.gather(*(watch(backend, h, timeout=15) for h in running + queued))
+        assert [r.reason for r in results] == ["killed"] * 3 + ["cancelled"] * 2
+        await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+        assert (await consumer(nc, topology, "spare")).num_pending == 0
+    finally:
+        await backend.close()
+
+
+async def test_a_warm_session_keeps_its_workspace_for_the_idle_ttl(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str,
+) -> None:  # fmt: skip
+    workers("wa", idle_ttl=3)
+    await wait_workers(backend, "wa")
+    warm_dir = tmp_path / "work" / "wa" / "sessions" / "s1"
+
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert (await watch(backend, first)).code == 6
+    [started] = statuses.of(first.sandbox_id, "started")
+    [exited] = statuses.of(first.sandbox_id, "exited")
+    assert (started.warm, exited.warm) == (False, True)
+    assert warm_dir.is_dir()
+    (warm_dir / "left-by-the-agent.txt").write_text("still here")
+
+    second = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    other = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s2"))
+    assert (await watch(backend, second)).code == 6
+    assert (await watch(backend, other)).code == 6
+    assert [s.warm for s in statuses.of(second.sandbox_id, "started")] == [True]
+    assert [s.warm for s in statuses.of(other.sandbox_id, "started")] == [False]
+    assert (warm_dir / "left-by-the-agent.txt").read_text() == "still here"
+
+    await eventually(lambda: not warm_dir.exists(), timeout=8)  # idle past its TTL
+
+
+async def test_a_worker_told_to_stop_drains_then_stops_its_runs_and_reports_them(
+    backend: PoolBackend, workers: StartWorker, nc: NATS, topology: Topology, tmp_path: Path,
+    hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    url, broker = hanging
+    worker = workers("wa")
+    await wait_workers(backend, "wa")
+    handle = await backend.launch(make_plan(url, tmp_path))
+    await eventually(lambda: broker.open > 0)
+
+    worker.send_signal(signal.SIGTERM)  # --drain 1: the hanging run is stopped after a second
+    result = await watch(backend, handle, timeout=15)
+
+    assert (result.code, result.reason) == (9, "killed")
+    assert result.detail.startswith("shutdown")
+    assert await asyncio.to_thread(worker.wait, 10) == 0
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+    assert not (tmp_path / "work" / "wa").exists()
