@@ -22,7 +22,7 @@ import uvloop
 
 from suzumio.platform.embedded import start_nats, start_postgres
 from suzumio.platform.logging import configure_logging
-from tests.bench import broker, eventlog, gateway, scheduler, services
+from tests.bench import broker, eventlog, gateway, orchestration, scheduler, services
 
 Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
 SECTIONS: dict[str, Section] = {
@@ -34,6 +34,7 @@ SECTIONS: dict[str, Section] = {
     "scheduling": scheduler.scheduling,
     "broker_audit": broker.audit,
     "runner_stream": broker.runner_stream,
+    "backends": orchestration.backends,
     "idle_rss": services.idle_rss,
 }
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -14,7 +16,10 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 
+from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.events import ActivationRequested
+from suzumio.contracts.values import Backend, RuntimeProfileSpec
+from suzumio.platform.bus.commands import CommandClient
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.e2e.api import World, new_world
 from tests.e2e.runner_env import post
@@ -38,9 +43,41 @@ async def everything(
     scripted: ScriptedModelServer,
 ) -> AsyncIterator[Stack]:
     tmp = Path(tmp_path_factory.mktemp("everything"))
-    env = {"SUZUMIO_MODEL_BASE_URL": f"{scripted.url}/v1", "SUZUMIO_MODEL_API_KEY": "sk-e2e-secret"}
+    env = {
+        "SUZUMIO_MODEL_BASE_URL": f"{scripted.url}/v1",
+        "SUZUMIO_MODEL_API_KEY": "sk-e2e-secret",
+        "SUZUMIO_BACKENDS": '["process", "docker", "pool"]',
+    }
     async with running_stack(nats_url, postgres_url, tmp, SERVICES, env) as stack:
-        yield stack
+        with (tmp / "worker.log").open("wb") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "suzumio.runner", "worker", "--nats", stack.nats_url,
+                 "--namespace", stack.topology.namespace, "--workdir", str(tmp / "worker")],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            yield stack
+        finally:
+            worker.terminate()
+            worker.wait(30)
+
+
+async def on_backend(stack: Stack, world: World, backend: str) -> None:
+    """Run the world's agent on `backend` (a runtime profile naming it)."""
+    if backend == "process":
+        return
+    spec = RuntimeProfileSpec(
+        backend=Backend(backend),
+        image="suzumio-runner:latest" if backend == "docker" else None,
+        pool="default" if backend == "pool" else None,
+    )
+    commands = CommandClient(stack.nc, stack.topology)
+    await commands.send(
+        SetRuntimeProfile(project_id=world.project_id, name="box", spec=spec), actor="system:t"
+    )
+    await commands.send(
+        UpdateAgent(agent_id=world.agent_id, runtime_profile="box"), actor="system:t"
+    )
 
 
 async def sse_texts(stack: Stack, world: World, texts: list[str], ready: asyncio.Event) -> None:
@@ -67,10 +104,12 @@ async def story(stack: Stack, activation_id: str) -> list[str]:
     return [e.envelope.type for e in stream.events]
 
 
+@pytest.mark.parametrize("backend", ["process", "docker", "pool"])
 async def test_a_message_is_answered_through_the_whole_platform(
-    everything: Stack, scripted: ScriptedModelServer
+    everything: Stack, scripted: ScriptedModelServer, backend: str
 ) -> None:
-    world = await new_world(everything, "wren")
+    world = await new_world(everything, f"wren{backend}")
+    await on_backend(everything, world, backend)
     scripted.script(
         [
             Reply.tool_calls(
@@ -108,6 +147,7 @@ async def test_a_message_is_answered_through_the_whole_platform(
     await eventually(
         lambda: asyncio.sleep(0, "".join(texts)),
         lambda streamed: "I saved the summary as summary.txt." in streamed,
+        timeout=30,
         what="the answer on the SSE stream",
     )
     reader.cancel()
@@ -119,14 +159,15 @@ async def test_a_message_is_answered_through_the_whole_platform(
             ),
             what="the answer in the history",
         )
-        artifacts = await eventually(
-            lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
-            lambda r: any(a["path"] == "summary.txt" for a in r.json()["items"]),
-            what="the out/ file as an artifact",
-        )
-    assert messages.status_code == 200
-    [artifact] = [a for a in artifacts.json()["items"] if a["path"] == "summary.txt"]
-    assert artifact["source"] == "activation"
+        assert messages.status_code == 200
+        if backend != "pool":  # pool workers run elsewhere: their files stay there
+            artifacts = await eventually(
+                lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
+                lambda r: any(a["path"] == "summary.txt" for a in r.json()["items"]),
+                what="the out/ file as an artifact",
+            )
+            [artifact] = [a for a in artifacts.json()["items"] if a["path"] == "summary.txt"]
+            assert artifact["source"] == "activation"
     # The provider key went to the model, never into the log.
     assert scripted.requests[-1].headers["authorization"] == "Bearer sk-e2e-secret"
     for aggregate, ident in (("activation", activation_id), ("session", world.session_id)):

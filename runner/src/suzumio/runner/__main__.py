@@ -51,6 +51,9 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cmd.add_argument("--max-warm", type=int, default=8, help="warm sessions kept at most")
     cmd.add_argument("--kill-grace", type=float, default=5.0, help="SIGTERM to SIGKILL (s)")
     cmd.add_argument("--drain", type=float, default=30.0, help="wait for runs at shutdown (s)")
+    cmd.add_argument(
+        "--cold", action="store_true", help="start a new Python per activation (no fork server)"
+    )
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -67,6 +70,7 @@ def worker(args: argparse.Namespace) -> int:
             max_warm=args.max_warm,
             kill_grace_seconds=args.kill_grace,
             drain_seconds=args.drain,
+            warm_runners=not args.cold,
         )
         if args.workdir is not None:
             config = replace(config, workdir=args.workdir)
@@ -86,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     run_cmd = commands.add_parser("run", help="run one activation")
     run_cmd.add_argument("input", type=Path, nargs="?", default=Path("/activation/input.json"))
     add_worker_command(commands)
+    commands.add_parser("forkserver", help="(internal) the worker's source of warm runners")
     args = parser.parse_args(argv)
     if args.command == "worker":
         return worker(args)
+    if args.command == "forkserver":
+        from suzumio.runner.forkserver import serve  # noqa: PLC0415
+
+        return serve()
     if args.command == "run":
         from suzumio.runner.main import run  # noqa: PLC0415 - `check` stays light
 

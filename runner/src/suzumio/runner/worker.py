@@ -65,6 +65,7 @@ from suzumio.contracts.runner import (
     PoolWorkerInfo,
 )
 from suzumio.contracts.subjects import Topology
+from suzumio.runner.forkserver import ForkedProcess, ForkServer
 from suzumio.runner.log import log
 
 DETAIL_BYTES = 2_000
@@ -98,6 +99,7 @@ class WorkerConfig:
     max_warm: int = 8
     recent_seconds: float = 600.0  # how long ends and cancels are remembered
     sandbox_path: str = "/usr/local/bin:/usr/bin:/bin"
+    warm_runners: bool = True  # fork runners from a fork server instead of starting Python
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
@@ -114,7 +116,7 @@ class _Run:
     workspace: Path
     warm_key: str | None  # the warm session workspace this run holds
     warm_start: bool
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | ForkedProcess | None = None
     stop_reason: PoolStatusReason | None = None
     started: PoolStatus | None = None
 
@@ -213,6 +215,7 @@ class Worker:
         self._aux: set[asyncio.Task[None]] = set()  # kills, removals
         self._freed = asyncio.Event()
         self._nc: NATS | None = None
+        self._forks: ForkServer | None = None
 
     @property
     def nc(self) -> NATS:
@@ -227,6 +230,9 @@ class Worker:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
         )
+        if self.cfg.warm_runners:
+            self._forks = ForkServer()
+            await self._forks.start()
         try:
             psub = await self._subscribe(stop)
             if psub is None:
@@ -242,6 +248,8 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await psub.unsubscribe()
         finally:
+            if self._forks is not None:
+                await self._forks.close()
             with contextlib.suppress(Exception):
                 await self.nc.close()  # what must reach the server was flushed already
             await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
@@ -403,13 +411,17 @@ class Worker:
             beats.cancel()
         await self._finish(run, self._exit_status(run, code))
 
-    async def _spawn(self, run: _Run) -> asyncio.subprocess.Process:
+    async def _spawn(self, run: _Run) -> asyncio.subprocess.Process | ForkedProcess:
         env = {
             "PATH": self.cfg.sandbox_path,
             "LANG": "C.UTF-8",
             "HOME": str(run.workspace),
             **run.dispatch.env,
         }
+        if self._forks is not None:  # a warm runner: forked from the fork server
+            return await self._forks.spawn(
+                run.root / "input.json", run.workspace, run.root / "runner.log", env
+            )
         with (run.root / "runner.log").open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 sys.executable,

@@ -1,0 +1,229 @@
+"""Warm runners for the worker: a fork server that has imported the runner once and forks a
+fresh process per activation, so an activation does not pay for a Python start and the
+imports (about a second of CPU) before its first model call.
+
+Each child is still a sandbox of its own: a new session and process group, the dispatch's
+environment only, its own working directory, stdin closed, output to its log, the parent-death
+signal set; it runs `suzumio.runner.main.run` and exits with its code. The server is single-
+threaded (forking a threaded process is unsafe) and reports each child's exit.
+
+Protocol on the server's stdin/stdout, one JSON object per line:
+`{"id", "input", "cwd", "log", "env"}` → `{"id", "pid"}` or `{"id", "error"}`; later
+`{"pid", "code"}` when that child ends (`code` < 0: killed by signal `-code`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import random
+import selectors
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _child(request: dict[str, Any], inherited: list[int]) -> None:
+    """In the forked child: become the sandbox, run the activation, never return."""
+    code = 1
+    try:
+        os.setsid()
+        libc = _libc()
+        if libc is not None:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in inherited:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        random.seed()
+        from suzumio.runner.main import run  # noqa: PLC0415 - imported already: a lookup
+
+        code = run(Path(request["input"]))
+    except BaseException as exc:  # the child must exit, whatever happened
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"forkserver child failed: {exc!r}\n")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> int:
+    """The server's loop (`python -m suzumio.runner forkserver`)."""
+    import suzumio.runner.main  # noqa: F401, PLC0415 - the point: import it all once, here
+
+    asyncio.get_event_loop_policy()  # and asyncio's own lazy imports
+    libc = _libc()
+    if libc is not None:  # the worker's death ends the server, and with it its children
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    requests = os.fdopen(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+    replies = sys.stdout
+    selector = selectors.DefaultSelector()
+    selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "request")
+    selector.register(wake_r, selectors.EVENT_READ, "child")
+    buffer = b""
+    inherited = [sys.stdin.fileno(), sys.stdout.fileno(), wake_r, wake_w]
+
+    def reply(body: dict[str, Any]) -> None:
+        replies.write(json.dumps(body) + "\n")
+        replies.flush()
+
+    while True:
+        for key, _ in selector.select():
+            if key.data == "child":
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+                _reap(reply)
+                continue
+            chunk = requests.read(65536)
+            if not chunk:
+                return 0  # the worker is gone
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    reply({"id": request["id"], "error": str(exc)})
+                    continue
+                if pid == 0:
+                    selector.close()
+                    _child(request, inherited)
+                reply({"id": request["id"], "pid": pid})
+        _reap(reply)
+
+
+def _reap(reply: Any) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        reply({"pid": pid, "code": code})
+
+
+class ForkedProcess:
+    """A runner forked by the server, looking enough like an asyncio Process for the worker."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def ended(self, code: int) -> None:
+        self.returncode = code
+        if not self._ended.done():
+            self._ended.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._ended)
+
+
+class ForkServer:
+    """The worker's side: starts the server and asks it for runners."""
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+        self._next = 0
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._children: dict[int, ForkedProcess] = {}
+        self._early: dict[int, int] = {}  # exits reported before the spawn's reply was read
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "suzumio.runner", "forkserver",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._reader = asyncio.create_task(self._read())
+
+    async def spawn(
+        self, input_path: Path, cwd: Path, log: Path, env: dict[str, str]
+    ) -> ForkedProcess:
+        proc = self._proc
+        if proc is None or proc.returncode is not None or proc.stdin is None:
+            raise OSError("the fork server is not running")
+        self._next += 1
+        request_id = self._next
+        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = answer
+        body = {"id": request_id, "input": str(input_path), "cwd": str(cwd), "log": str(log)}
+        async with self._lock:
+            proc.stdin.write((json.dumps({**body, "env": env}) + "\n").encode())
+            await proc.stdin.drain()
+        pid = await asyncio.wait_for(answer, 30)
+        child = ForkedProcess(pid)
+        self._children[pid] = child
+        if pid in self._early:
+            child.ended(self._early.pop(pid))
+        return child
+
+    async def _read(self) -> None:
+        assert self._proc is not None
+        assert self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            message = json.loads(line)
+            if "code" in message:
+                child = self._children.pop(message["pid"], None)
+                if child is None:
+                    self._early[message["pid"]] = message["code"]
+                else:
+                    child.ended(message["code"])
+                continue
+            answer = self._pending.pop(message["id"], None)
+            if answer is not None and not answer.done():
+                if "error" in message:
+                    answer.set_exception(OSError(message["error"]))
+                else:
+                    answer.set_result(int(message["pid"]))
+        for answer in self._pending.values():  # the server died: nobody answers any more
+            if not answer.done():
+                answer.set_exception(OSError("the fork server stopped"))
+        for child in self._children.values():
+            child.ended(-int(signal.SIGKILL))
+
+    async def close(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 5)
+            if self._proc.returncode is None:
+                self._proc.kill()
+        if self._reader is not None:
+            self._reader.cancel()

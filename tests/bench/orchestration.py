@@ -1,0 +1,215 @@
+"""Figures of the orchestrator and its backends, with the real services and a no-op scripted
+model (it answers at once):
+
+- control-plane overhead: `activation.requested` stored → the backend is called to start the
+  sandbox (plan, token, fold; the sandbox's own start excluded), per backend, and the backend's
+  launch call itself;
+- a user message (through the gateway) → the first model call of its runner, per backend; for
+  the pool, → the worker starting it (`started` on the pool's status subject);
+- pool throughput: activations per second from requested to ended, with a no-op model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationRequested
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.runner import PoolStatus
+from suzumio.orchestrator.backends.base import Backend
+from suzumio.orchestrator.backends.docker import DockerBackend, DockerSettings
+from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
+from suzumio.orchestrator.backends.process import ProcessBackend
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.testing.model_server import Reply, ScriptedModelServer
+from tests.backend_suite import TERMINAL, Harness, harness
+from tests.bench.gateway import percentiles
+from tests.e2e.api import World
+from tests.e2e.runner_env import post
+from tests.e2e.stack import Stack, running_stack
+
+SERVICES = ("session", "scheduler", "toolbroker", "gateway")
+OVERHEAD_SAMPLES = 30
+MESSAGE_SAMPLES = 10
+THROUGHPUT_ACTIVATIONS = 300
+WORKER_CONCURRENCY = 8
+
+
+@contextlib.asynccontextmanager
+async def workers(stack: Stack, tmp: Path, count: int = 1) -> AsyncIterator[None]:
+    procs = []
+    for i in range(count):
+        log = (tmp / f"worker{i}.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "suzumio.runner",
+                    "worker",
+                    "--nats",
+                    stack.nats_url,
+                    "--namespace",
+                    stack.topology.namespace,
+                    "--workdir",
+                    str(tmp / f"w{i}"),
+                    "--concurrency",
+                    str(WORKER_CONCURRENCY),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        )
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def factory(name: str, stack: Stack) -> Callable[[OrchestratorSettings], Awaitable[Backend]]:
+    async def make(settings: OrchestratorSettings) -> Backend:
+        match name:
+            case "process":
+                return ProcessBackend(settings.sandboxes())
+            case "docker":
+                return DockerBackend(DockerSettings(), settings.namespace)
+        return PoolBackend(stack.nc, stack.topology, PoolSettings())
+
+    return make
+
+
+async def _request(h: Harness, world: World) -> tuple[str, float]:
+    activation_id = new_id()
+    at = time.time()
+    await h.stack.store.append_next(
+        world.session_id,
+        [ActivationRequested(activation_id=activation_id, agent_id=world.agent_id, signal_ids=())],
+        EventMeta(actor="system:scheduler"),
+    )
+    return activation_id, at
+
+
+async def _ended(h: Harness, activation_id: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(t in TERMINAL for t in await h.story(activation_id)):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(activation_id)
+
+
+async def _overhead(h: Harness) -> dict[str, Any]:
+    world = await h.world("ovh")
+    control: list[float] = []
+    launch: list[float] = []
+    for _ in range(OVERHEAD_SAMPLES):
+        activation_id, at = await _request(h, world)
+        await _ended(h, activation_id)
+        tracked = h.orchestrator.activations[activation_id]
+        control.append(tracked.launching_at - at)
+        launch.append(tracked.launched_at - tracked.launching_at)
+    return {
+        "requested_to_launch_call": percentiles(control),
+        "launch_call": percentiles(launch),
+        "targets": {"p50_ms": 20, "p99_ms": 100},
+    }
+
+
+async def _message_to_model(h: Harness, pool_started: dict[str, float] | None) -> dict[str, Any]:
+    to_model: list[float] = []
+    to_worker: list[float] = []
+    for i in range(MESSAGE_SAMPLES):
+        world = await h.world(f"msg{i}")
+        seen = len(h.model.requests)
+        sent = time.monotonic()
+        sent_wall = time.time()
+        await post(h.stack, world, "hello")
+        while True:
+            found = [r for r in h.model.requests[seen:] if world.session_id in str(r.messages[0])]
+            if found:
+                to_model.append(found[0].received_at - sent)
+                break
+            await asyncio.sleep(0.005)
+        if pool_started is not None:
+            stream = await h.stack.store.load("session", world.session_id)
+            [activation_id] = [
+                e.data.activation_id
+                for e in stream.events
+                if isinstance(e.data, ActivationRequested)
+            ]
+            to_worker.append(pool_started[activation_id] - sent_wall)
+        await asyncio.sleep(0.3)  # let it end before the next one
+    out: dict[str, Any] = {"message_to_first_model_call": percentiles(to_model)}
+    if pool_started is not None:
+        out["message_to_worker_started"] = percentiles(to_worker)
+    return out
+
+
+async def _throughput(h: Harness) -> dict[str, Any]:
+    sessions = [await h.world(f"tp{i}") for i in range(20)]
+    started = time.perf_counter()
+    ids = []
+    for i in range(THROUGHPUT_ACTIVATIONS):
+        activation_id, _ = await _request(h, sessions[i % len(sessions)])
+        ids.append(activation_id)
+    for activation_id in ids:
+        await _ended(h, activation_id, timeout=600)
+    elapsed = time.perf_counter() - started
+    outcomes = [(await h.story(i))[-1] for i in ids]
+    return {
+        "activations": THROUGHPUT_ACTIVATIONS,
+        "seconds": round(elapsed, 2),
+        "activations_per_s": round(THROUGHPUT_ACTIVATIONS / elapsed, 1),
+        "completed": outcomes.count("activation.completed"),
+        "worker_concurrency": WORKER_CONCURRENCY,
+        "target_per_s": 200,
+    }
+
+
+async def _backend(stack: Stack, tmp: Path, name: str) -> dict[str, Any]:
+    async with (
+        ScriptedModelServer(default=Reply.text("ok")) as model,
+        harness(stack, model, tmp / name, factory(name, stack), name) as h,
+    ):
+        started_at: dict[str, float] = {}
+
+        async def on_status(msg: Msg) -> None:
+            status = PoolStatus.model_validate_json(msg.data)
+            if status.kind == "started":
+                started_at.setdefault(status.activation_id, time.time())
+
+        sub = await stack.nc.subscribe(stack.topology.pool_status_subject("*"), cb=on_status)
+        figures: dict[str, Any] = {"overhead": await _overhead(h)}
+        figures |= await _message_to_model(h, started_at if name == "pool" else None)
+        if name == "pool":
+            figures["throughput"] = await _throughput(h)
+        await sub.unsubscribe()
+        return figures
+
+
+async def backends(nats_url: str, pg_url: str, root: Path) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(dir=root))
+    out: dict[str, Any] = {}
+    async with running_stack(nats_url, pg_url, tmp, SERVICES) as stack:
+        for name in ("process", "docker"):
+            out[name] = await _backend(stack, tmp, name)
+        async with workers(stack, tmp):
+            out["pool"] = await _backend(stack, tmp, "pool")
+    return out
