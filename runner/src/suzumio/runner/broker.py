@@ -32,6 +32,7 @@ from suzumio.contracts.broker import (
     ToolCallStart,
 )
 from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
+from suzumio.runner import tls
 
 M = TypeVar("M", bound=BaseModel)
 MAX_BATCH_ENTRIES = 200
@@ -70,6 +71,7 @@ class BrokerClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
             transport=transport,
+            verify=tls.CONTEXT,
         )
         self._retries = retries
 

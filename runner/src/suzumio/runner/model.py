@@ -21,6 +21,7 @@ from typing import Any
 import openai
 
 from suzumio.contracts.values import ModelSpec
+from suzumio.runner import tls
 
 Message = dict[str, Any]
 
@@ -65,7 +66,11 @@ class ModelClient:
     def __init__(self, spec: ModelSpec, endpoint: Endpoint, timeout: float = 600.0) -> None:
         self.spec = spec
         self._client = openai.AsyncOpenAI(
-            base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, timeout=timeout
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            max_retries=0,
+            timeout=timeout,
+            http_client=openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
         )
 
     async def close(self) -> None:

@@ -301,14 +301,22 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._freed.wait(), 1.0)
             return
+        # One at a time while waiting: nats-py's fetch of a batch waits for the whole batch
+        # (or the timeout) once its first message came, which would hold that message back.
         try:
-            msgs = await psub.fetch(free, timeout=1.0)
+            msgs = await psub.fetch(1, timeout=1.0)
         except (TimeoutError, NatsTimeoutError):
             return
         except Exception as exc:
             log("worker.fetch_failed", error=repr(exc))
             await asyncio.sleep(1.0)
             return
+        self._take(msgs)
+        if free > 1:  # and then whatever else is queued already, without lingering
+            with contextlib.suppress(TimeoutError, NatsTimeoutError):
+                self._take(await psub.fetch(free - 1, timeout=0.05))
+
+    def _take(self, msgs: list[Msg]) -> None:
         for msg in msgs:
             task = asyncio.create_task(self._handle(msg))
             self._tasks.add(task)
