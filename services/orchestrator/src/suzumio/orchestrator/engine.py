@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import shutil
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -54,6 +55,7 @@ WANTED = frozenset(
         *TERMINAL_ACTIVATION_EVENTS,
     }
 )
+KEEP_ENDED = 10_000  # ended activations remembered (timings, late duplicates)
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
 PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
 
@@ -101,6 +103,7 @@ class Orchestrator:
         self._follower = LogFollower(nc, topology)
         self.leadership = Leadership(database_url, f"orchestrator.{topology.namespace or '-'}")
         self.activations: dict[str, Tracked] = {}
+        self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._folded = asyncio.Condition()
         self.position = 0
@@ -153,6 +156,9 @@ class Orchestrator:
             case _:  # a terminal event
                 if (t := self.activations.get(aggregate_id)) is not None:
                     t.ended = True
+                    self._ended.append(aggregate_id)
+                    while len(self._ended) > KEEP_ENDED:  # memory stays bounded
+                        self.activations.pop(self._ended.popleft(), None)
 
     async def wait_position(self, position: int, timeout: float) -> bool:
         async with self._folded:
@@ -193,8 +199,8 @@ class Orchestrator:
             except Exception as exc:
                 log.warning("orchestrator.list_live_failed", backend=backend.name, error=repr(exc))
         for activation_id, tracked in list(self.activations.items()):
-            if tracked.ended:
-                continue
+            if tracked.ended or activation_id in self._tasks:
+                continue  # over, or requested while we looked and being launched already
             handle = live.pop(activation_id) if activation_id in live else None
             if handle is not None:
                 tracked.handle = handle
@@ -210,6 +216,8 @@ class Orchestrator:
             else:
                 self._begin(activation_id)
         for handle in live.values():  # sandboxes no live activation owns: orphans
+            if handle.activation_id in self._tasks:
+                continue
             log.warning(
                 "orchestrator.orphan", activation=handle.activation_id, backend=handle.backend
             )
