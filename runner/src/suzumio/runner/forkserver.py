@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import random
@@ -72,11 +73,60 @@ def _child(request: dict[str, Any], inherited: list[int]) -> None:
         os._exit(code)
 
 
+async def _warm_up() -> None:
+    """One request of each client a runner makes, to a port nobody listens on: the transport
+    modules they import lazily (anyio, httpcore, h11, openai's resources) are then imported
+    here once, not in every runner."""
+    import httpx  # noqa: PLC0415
+    import openai  # noqa: PLC0415
+
+    from suzumio.runner import tls  # noqa: PLC0415
+
+    async with httpx.AsyncClient(verify=tls.CONTEXT, timeout=0.5) as client:
+        with contextlib.suppress(httpx.HTTPError):
+            await client.post("http://127.0.0.1:9/runner/history", json={})
+    model = openai.AsyncOpenAI(
+        api_key="warm-up",
+        base_url="http://127.0.0.1:9/v1",
+        max_retries=0,
+        timeout=0.5,
+        http_client=openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
+    )
+    with contextlib.suppress(openai.OpenAIError):
+        await model.chat.completions.create(
+            model="warm-up", messages=[{"role": "user", "content": "-"}], stream=True
+        )
+    await model.close()
+
+
+def _complete_models() -> None:
+    """Build every pydantic model whose build was deferred (forward references): otherwise
+    each runner would build them again on first use, at tens of milliseconds apiece."""
+    from pydantic import BaseModel  # noqa: PLC0415
+
+    pending: list[type[BaseModel]] = [BaseModel]
+    seen: set[type[BaseModel]] = set()
+    while pending:
+        cls = pending.pop()
+        for sub in cls.__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                pending.append(sub)
+        if cls is not BaseModel and not getattr(cls, "__pydantic_complete__", True):
+            with contextlib.suppress(Exception):  # a generic or an unresolvable one: as before
+                cls.model_rebuild()
+
+
 def serve() -> int:
     """The server's loop (`python -m suzumio.runner forkserver`)."""
     import suzumio.runner.main  # noqa: F401, PLC0415 - the point: import it all once, here
 
-    asyncio.get_event_loop_policy()  # and asyncio's own lazy imports
+    asyncio.run(_warm_up())  # and what the HTTP stacks import on their first request
+    _complete_models()
+    # Everything imported so far lives as long as the server: out of the collector's sight, a
+    # child's collections do not touch (and so copy) the pages it shares with the server.
+    gc.collect()
+    gc.freeze()
     libc = _libc()
     if libc is not None:  # the worker's death ends the server, and with it its children
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
