@@ -1,8 +1,8 @@
-"""Running real runners for tests, until the orchestrator exists: a launcher that follows the
-log, and for every requested activation builds the runner input from the session's events
-(history after the last compaction, the batch's signals), mints a token, starts
-`python -m suzumio.runner run` as a process, and writes the activation's lifecycle from its exit.
-"""
+"""A launcher that runs real runners for the runner tests without the orchestrator's engine:
+it follows the log and, for every requested activation, builds the runner input with the
+orchestrator's own reader (history after the last compaction, the batch's signals, the
+checkpoint), mints a token, starts `python -m suzumio.runner run` as a process, and writes the
+activation's lifecycle from its exit — so a test can tailor each input (`customise`)."""
 
 from __future__ import annotations
 
@@ -29,26 +29,18 @@ from suzumio.contracts.events import (
     ActivationOutputRecorded,
     ActivationRequested,
     ActivationStarted,
-    CheckpointSaved,
-    HistoryCompacted,
-    SessionMessageAppended,
-    SessionOpened,
-    SignalRecorded,
 )
 from suzumio.contracts.runner import (
     ActivationSpec,
-    AgentHistoryMessage,
     AgentSpec,
-    CheckpointRef,
     ProjectRef,
     RunnerActivationInput,
     RunnerConfig,
     SessionRef,
-    SignalSpec,
-    ToolCall,
 )
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import ModelSpec
+from suzumio.orchestrator.sources import load_session
 from suzumio.platform.bus.eventstore import EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
 from suzumio.platform.bus.jsapi import stream_last_seq
@@ -64,62 +56,6 @@ class Run:
     input_path: Path
     exit_code: int | None = None
     stderr: str = ""
-
-
-async def session_input(
-    store: EventStore, session_id: str, request: ActivationRequested
-) -> dict[str, Any]:
-    """History after the last compaction (the marker as its summary), the batch's signals in
-    order, and the latest checkpoint — what the orchestrator will put in the input."""
-    stream = await store.load("session", session_id)
-    history: list[AgentHistoryMessage] = []
-    texts: dict[str, str] = {}
-    signals: dict[str, SignalSpec] = {}
-    checkpoint = None
-    project_id = ""
-    for event in stream.events:
-        data = event.data
-        match data:
-            case SessionOpened():
-                project_id = data.project_id
-            case SessionMessageAppended():
-                texts[data.message_id] = data.text
-                history.append(
-                    AgentHistoryMessage(
-                        id=data.message_id,
-                        role=data.role,  # type: ignore[arg-type]
-                        content=data.text,
-                        tool_calls=tuple(
-                            ToolCall(id=c.id, name=c.name, arguments=c.arguments)
-                            for c in data.tool_calls
-                        ),
-                        tool_call_id=data.tool_call_id,
-                        name=data.name,
-                    )
-                )
-            case HistoryCompacted():
-                history = compacted(history, data)
-            case SignalRecorded():
-                signals[data.signal_id] = SignalSpec(
-                    id=data.signal_id,
-                    kind=data.kind,
-                    priority=data.priority,
-                    payload=data.payload,
-                    text=texts.get(data.message_id or ""),
-                    message_id=data.message_id,
-                )
-            case CheckpointSaved():
-                checkpoint = CheckpointRef(
-                    id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
-                )
-            case ActivationRequested() if data.activation_id == request.activation_id:
-                break
-    return {
-        "project_id": project_id,
-        "history": tuple(history),
-        "signals": tuple(signals[i] for i in request.signal_ids if i in signals),
-        "checkpoint": checkpoint,
-    }
 
 
 @dataclass
@@ -194,19 +130,19 @@ class RunnerLauncher:
                             os.killpg(proc.pid, signal.SIGKILL)
 
     async def _launch(self, session_id: str, request: ActivationRequested) -> None:
-        parts = await session_input(self.store, session_id, request)
+        parts = await load_session(self.store, session_id, request)  # as the orchestrator
         workspace = self.workdir / request.activation_id / "workspace"
         workspace.mkdir(parents=True)
         signer = TokenSigner([self.secret_key])
         token = signer.issue(
             activation_id=request.activation_id,
             session_id=session_id,
-            project_id=parts["project_id"],
+            project_id=parts.project_id,
             agent_id=request.agent_id,
             ttl=timedelta(minutes=10),
         )
         spec = RunnerActivationInput(
-            project=ProjectRef(id=parts["project_id"], name="test project"),
+            project=ProjectRef(id=parts.project_id, name="test project"),
             agent=AgentSpec(
                 id=request.agent_id,
                 role="a test agent",
@@ -216,14 +152,14 @@ class RunnerLauncher:
             ),
             session=SessionRef(id=session_id),
             activation=ActivationSpec(
-                id=request.activation_id, signals=parts["signals"], attempt=request.attempt
+                id=request.activation_id, signals=parts.signals, attempt=request.attempt
             ),
             workspace=str(workspace),
             controller_url=self.broker_url,
             token=token,
             runner=self.config,
-            history=parts["history"],
-            checkpoint=parts["checkpoint"],
+            history=parts.history,
+            checkpoint=parts.checkpoint,
         )
         if self.customise is not None:
             spec = self.customise(spec)
@@ -235,7 +171,7 @@ class RunnerLauncher:
             request.activation_id,
             ActivationStarted(
                 session_id=session_id,
-                project_id=parts["project_id"],
+                project_id=parts.project_id,
                 agent_id=request.agent_id,
                 backend="test-process",
             ),
@@ -288,26 +224,3 @@ class RunnerLauncher:
 
 def dump(value: Any) -> str:
     return json.dumps(value, indent=1, default=str)[:4_000]
-
-
-SUMMARY_PREFIX = "[Summary of earlier conversation]"
-
-
-def compacted(
-    history: list[AgentHistoryMessage], marker: HistoryCompacted
-) -> list[AgentHistoryMessage]:
-    """The history with the archived entries replaced by the summary, where they stood."""
-    gone = set(marker.archived_ids)
-    if not gone:  # an older marker: everything up to the range's end
-        ids = [h.id for h in history]
-        if marker.archived_through not in ids:
-            return history
-        gone = {i for i in ids[: ids.index(marker.archived_through) + 1] if i}
-    place = next((i for i, h in enumerate(history) if h.id in gone), None)
-    if place is None:
-        return history
-    kept = [h for h in history if h.id not in gone]
-    summary = AgentHistoryMessage(
-        id=marker.marker_id, role="user", content=f"{SUMMARY_PREFIX}\n{marker.summary}"
-    )
-    return [*kept[:place], summary, *kept[place:]]

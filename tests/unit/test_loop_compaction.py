@@ -517,7 +517,7 @@ def test_redact_catches(text, secret):
 
 
 KEPT = {
-    "a path": "/work/main/runner/src/suzumio/runner/loop/compaction.py",
+    "a path": "/srv/app/runner/src/suzumio/runner/loop/compaction.py",
     "a long identifier": "test_compaction_never_splits_tool_calls_from_results",
     "a camel-case name with a digit": "TestCompactionNeverSplitsToolCalls2Results",
     "a UUID": "123e4567-e89b-12d3-a456-426614174000",
