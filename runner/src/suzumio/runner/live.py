@@ -16,6 +16,7 @@ from suzumio.runner.log import log
 
 FLUSH_SECONDS = 0.02
 MAX_TEXT_PER_CHUNK = 50_000
+CLOSE_TIMEOUT = 30.0
 
 
 class LiveStream:
@@ -29,6 +30,7 @@ class LiveStream:
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
         self.chunks_sent = 0
+        self._closing = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -74,15 +76,24 @@ class LiveStream:
             log("live.flush_failed", error=repr(exc), chunks=len(batch))
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(self._flush_seconds)  # gather a batch
+            if not self._closing:
+                await asyncio.sleep(self._flush_seconds)  # gather a batch
             await self.flush()
 
     async def close(self) -> None:
+        """Send what is buffered. A batch on its way is let finish, never cancelled: its
+        chunks were taken from the buffer already, so cancelling would lose them."""
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), CLOSE_TIMEOUT)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            self._task = None
         await self.flush()
