@@ -4,8 +4,9 @@ model (it answers at once):
 - control-plane overhead: `activation.requested` stored → the backend is called to start the
   sandbox (plan, token, fold; the sandbox's own start excluded), per backend, and the backend's
   launch call itself;
-- a user message (through the gateway) → the first model call of its runner, per backend; for
-  the pool, → the worker starting it (`started` on the pool's status subject);
+- a user message (sent by a connected client through the gateway) → the first model call of
+  its runner, per backend; for the pool, → the worker starting it (`started` on the pool's
+  status subject);
 - pool throughput: activations per second from requested to ended, with a no-op model.
 """
 
@@ -35,8 +36,7 @@ from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import Reply, ScriptedModelServer
 from tests.backend_suite import TERMINAL, Harness, harness
 from tests.bench.gateway import percentiles
-from tests.e2e.api import World
-from tests.e2e.runner_env import post
+from tests.e2e.api import World, ok
 from tests.e2e.stack import Stack, running_stack
 
 SERVICES = ("session", "scheduler", "toolbroker", "gateway")
@@ -138,9 +138,16 @@ async def _message_to_model(h: Harness, pool_started: dict[str, float] | None) -
     for i in range(MESSAGE_SAMPLES):
         world = await h.world(f"msg{i}")
         seen = len(h.model.requests)
-        sent = time.monotonic()
-        sent_wall = time.time()
-        await post(h.stack, world, "hello")
+        async with h.stack.client(world.key) as client:
+            # A connected client, as a user's would be: building an HTTP client (its TLS
+            # context alone takes 20-35 ms here) and connecting are not the platform's time.
+            ok(await client.get(f"/v1/sessions/{world.session_id}"), 200)
+            sent = time.monotonic()
+            sent_wall = time.time()
+            reply = await client.post(
+                f"/v1/sessions/{world.session_id}/messages", json={"text": "hello"}
+            )
+            ok(reply, 201)
         while True:
             found = [r for r in h.model.requests[seen:] if world.session_id in str(r.messages[0])]
             if found:

@@ -9,6 +9,12 @@ provider settings there; keys never pass through the broker):
   provider `<id>` (upper-cased, other characters than letters and digits as `_`).
 
 Responses are streamed; text deltas go to `on_text` as they arrive.
+
+The request goes through the SDK's generic `post` (its documented way to send a body as is):
+`chat.completions.create` first walks the whole body through its type-driven transformation,
+which for messages and tool schemas that are plain JSON already changes nothing and cost a
+warm runner about as much CPU as everything else it does. Errors, streaming and response
+types are the SDK's all the same.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner import tls
@@ -59,6 +66,10 @@ def endpoint_for(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:
     return Endpoint(base, key)
 
 
+# Looked up once per process (the fork server's runners inherit it); see ModelClient.
+PLATFORM = openai._base_client.get_platform()
+
+
 class ModelClient:
     """One model of the chain. The SDK's own retries are off: the loop classifies failures
     and decides (DESIGN.md Appendix A), so retries are counted in one place."""
@@ -72,6 +83,10 @@ class ModelClient:
             timeout=timeout,
             http_client=openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
         )
+        # The SDK looks the platform up on a client's first request in a worker thread; the
+        # thread (and joining it when the loop ends) costs a short-lived runner milliseconds.
+        if getattr(self._client, "_platform", "absent") is None:
+            self._client._platform = PLATFORM
 
     async def close(self) -> None:
         await self._client.close()
@@ -83,13 +98,20 @@ class ModelClient:
         max_tokens: int,
         on_text: Callable[[str], None] | None = None,
     ) -> ModelTurn:
-        stream = await self._client.chat.completions.create(  # type: ignore[call-overload]
-            model=self.spec.name,
-            messages=list(messages),
-            max_tokens=max_tokens,
+        body: dict[str, Any] = {
+            "model": self.spec.name,
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        } | ({"tools": list(tools)} if tools else {})
+        stream = await self._client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=ChatCompletion,
             stream=True,
-            stream_options={"include_usage": True},
-            tools=list(tools) if tools else openai.omit,
+            stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            options={"security": {"bearer_auth": True}},  # as `create` asks: the API key only
         )
         turn = ModelTurn(model=self.spec.name)
         text: list[str] = []

@@ -38,6 +38,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.planning import PlanError, Planner
+from suzumio.orchestrator.sources import Agent, Directory, Project
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
 from suzumio.platform.bus.jsapi import stream_last_seq
@@ -47,7 +48,7 @@ from suzumio.platform.telemetry import meter
 
 log = get_logger(__name__)
 ACTOR = "system:orchestrator"
-WANTED = frozenset(
+ACTIVATION_EVENTS = frozenset(
     {
         ActivationRequested.event_type,
         ActivationCancelRequested.event_type,
@@ -55,6 +56,7 @@ WANTED = frozenset(
         *TERMINAL_ACTIVATION_EVENTS,
     }
 )
+WANTED = ACTIVATION_EVENTS | Directory.EVENT_TYPES
 KEEP_ENDED = 10_000  # ended activations remembered (timings, late duplicates)
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
 PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
@@ -71,6 +73,8 @@ _launch = meter.create_histogram(
 class Tracked:
     session_id: str
     request: ActivationRequested
+    agent: Agent | None = None  # as the log had them when the request was stored
+    project: Project | None = None
     started: bool = False
     cancel_reason: str | None = None
     ended: bool = False
@@ -102,6 +106,7 @@ class Orchestrator:
         self._retention = retention_hours * 3600
         self._follower = LogFollower(nc, topology)
         self.leadership = Leadership(database_url, f"orchestrator.{topology.namespace or '-'}")
+        self.directory = Directory()
         self.activations: dict[str, Tracked] = {}
         self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -129,8 +134,10 @@ class Orchestrator:
             while msg is not None:
                 if WANTED.intersection(msg.types):
                     for envelope in envelopes_of(msg.data):
-                        if envelope.type in WANTED:
+                        if envelope.type in ACTIVATION_EVENTS:
                             self._apply(envelope.aggregate_id, decode_data(envelope))
+                        elif envelope.type in WANTED:
+                            self.directory.apply(envelope.aggregate_id, decode_data(envelope))
                 self.position = msg.seq
                 msg = self._follower.next_nowait()
             if not self.caught_up and self.position >= self._follower.replay_end:
@@ -141,7 +148,9 @@ class Orchestrator:
     def _apply(self, aggregate_id: str, data: DomainEvent) -> None:
         match data:
             case ActivationRequested():
-                self.activations[data.activation_id] = Tracked(aggregate_id, data)
+                agent = self.directory.agent(data.agent_id)
+                project = self.directory.project(agent.project_id) if agent else None
+                self.activations[data.activation_id] = Tracked(aggregate_id, data, agent, project)
                 if self.leading:
                     self._begin(data.activation_id)
             case ActivationCancelRequested():
@@ -251,7 +260,9 @@ class Orchestrator:
         folded_at = time.perf_counter()
         try:
             try:
-                plan = await self._planner.plan(tracked.session_id, tracked.request)
+                plan = await self._planner.plan(
+                    tracked.session_id, tracked.request, tracked.agent, tracked.project
+                )
             except PlanError as exc:
                 await self._end(tracked, ActivationFailed(reason=str(exc), retryable=False))
                 return

@@ -30,7 +30,7 @@ from suzumio.contracts.runner import (
 from suzumio.contracts.values import RuntimeProfileSpec, WorkspaceMode
 from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
 from suzumio.orchestrator.settings import OrchestratorSettings
-from suzumio.orchestrator.sources import Agent, Project, load_agent, load_project, load_session
+from suzumio.orchestrator.sources import Agent, Project, load_session
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.secrets import SecretBox, SecretError
 from suzumio.platform.tokens import TokenSigner
@@ -48,11 +48,17 @@ class Planner:
     settings: OrchestratorSettings
     namespace: str = ""
 
-    async def plan(self, session_id: str, request: ActivationRequested) -> LaunchPlan:
-        agent = await load_agent(self.store, request.agent_id)
-        if not agent.project_id:
+    async def plan(
+        self,
+        session_id: str,
+        request: ActivationRequested,
+        agent: Agent | None,
+        project: Project | None,
+    ) -> LaunchPlan:
+        """The plan of `request`, with its agent and project as they were when it was
+        stored (the orchestrator's `Directory` at that point of the log)."""
+        if agent is None or not agent.project_id or project is None:
             raise PlanError(f"agent {request.agent_id} does not exist")
-        project = await load_project(self.store, agent.project_id)
         snapshot = await load_session(self.store, session_id, request)
         profile = self._profile(agent, project)
         env, secrets = self._model_env(agent, project)

@@ -1,12 +1,14 @@
-"""What a launch plan is made of, read from the log: the agent's settings, the project's
-runtime profiles, providers and mount grants, and the session's active history, the batch's
-signals and the latest checkpoint. Read per aggregate (not from projections), so a launch
-sees every fact stored before its request, whatever the projector's lag."""
+"""What a launch plan is made of, from the log: the agent's settings and the project's
+runtime profiles, providers and mount grants (folded as the log is followed), and the
+session's active history, the batch's signals and the latest checkpoint (read per session).
+Never from projections, so a launch sees every fact stored before its request, whatever the
+projector's lag."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.events import (
     ActivationRequested,
     AgentCreated,
@@ -90,47 +92,85 @@ class SessionSnapshot:
     artifacts: dict[str, Artifact]
 
 
-async def load_agent(store: EventStore, agent_id: str) -> Agent:
-    agent = Agent(agent_id)
-    for event in (await store.load("agent", agent_id)).events:
-        match event.data:
-            case AgentCreated() as d:
-                agent.project_id, agent.role, agent.prompt = d.project_id, d.role, d.prompt
-                agent.model, agent.fallbacks = d.model, d.fallbacks
-                agent.tools, agent.toolpacks = d.tools, d.toolpacks
-                agent.runtime_profile, agent.permissions = d.runtime_profile, d.permissions
-                agent.workspace_mode, agent.assets = d.workspace_mode, d.assets
-            case AgentUpdated() as d:
-                for name in (
-                    "role", "prompt", "model", "fallbacks", "tools", "toolpacks",
-                    "runtime_profile", "permissions", "workspace_mode", "assets",
-                ):  # fmt: skip
-                    value = getattr(d, name)
-                    if value is not None:
-                        setattr(agent, name, value)
-    return agent
+AGENT_EVENTS = frozenset({AgentCreated.event_type, AgentUpdated.event_type})
+PROJECT_EVENTS = frozenset(
+    t.event_type
+    for t in (
+        ProjectCreated, ProjectRenamed, RuntimeProfileSet, RuntimeProfileRemoved,
+        ProviderSet, ProviderRemoved, MountGranted, MountRevoked,
+    )
+)  # fmt: skip
+AGENT_FIELDS = (
+    "role", "prompt", "model", "fallbacks", "tools", "toolpacks",
+    "runtime_profile", "permissions", "workspace_mode", "assets",
+)  # fmt: skip
 
 
-async def load_project(store: EventStore, project_id: str) -> Project:
-    project = Project(project_id)
-    for event in (await store.load("project", project_id)).events:
-        match event.data:
-            case ProjectCreated() | ProjectRenamed() as d:
-                project.name = d.name
-            case RuntimeProfileSet() as d:
-                project.profiles[d.name] = d.spec
-            case RuntimeProfileRemoved() as d:
-                project.profiles.pop(d.name, None)
-            case ProviderSet() as d:
-                project.providers[d.name] = d.spec
-            case ProviderRemoved() as d:
-                project.providers.pop(d.name, None)
-            case MountGranted() as d:
-                writable = d.mode is MountMode.READ_WRITE
-                project.grants[d.grant_id] = Grant(d.host_path, d.target, writable, d.agent_id)
-            case MountRevoked() as d:
-                project.grants.pop(d.grant_id, None)
-    return project
+class Directory:
+    """Every agent and project, folded from the log the orchestrator follows anyway: a plan
+    then needs no read of them, and sees them exactly as they were when its request was
+    folded (everything stored before it, nothing after).
+
+    States are replaced, never changed in place, so a state handed out stays as it was."""
+
+    EVENT_TYPES = AGENT_EVENTS | PROJECT_EVENTS
+
+    def __init__(self) -> None:
+        self._agents: dict[str, Agent] = {}
+        self._projects: dict[str, Project] = {}
+
+    def agent(self, agent_id: str) -> Agent | None:
+        return self._agents.get(agent_id)
+
+    def project(self, project_id: str) -> Project:
+        return self._projects.get(project_id) or Project(project_id)
+
+    def apply(self, aggregate_id: str, data: DomainEvent) -> None:
+        match data:
+            case AgentCreated() | AgentUpdated():
+                self._agents[aggregate_id] = fold_agent(
+                    self._agents.get(aggregate_id) or Agent(aggregate_id), data
+                )
+            case (
+                ProjectCreated() | ProjectRenamed() | RuntimeProfileSet() | RuntimeProfileRemoved()
+                | ProviderSet() | ProviderRemoved() | MountGranted() | MountRevoked()
+            ):  # fmt: skip
+                self._projects[aggregate_id] = fold_project(
+                    self._projects.get(aggregate_id) or Project(aggregate_id), data
+                )
+
+
+def fold_agent(agent: Agent, data: AgentCreated | AgentUpdated) -> Agent:
+    if isinstance(data, AgentCreated):
+        return replace(
+            agent,
+            project_id=data.project_id,
+            **{name: getattr(data, name) for name in AGENT_FIELDS},
+        )
+    changed = {n: v for n in AGENT_FIELDS if (v := getattr(data, n)) is not None}
+    return replace(agent, **changed)
+
+
+def fold_project(project: Project, data: DomainEvent) -> Project:
+    profiles, providers = dict(project.profiles), dict(project.providers)
+    grants, name = dict(project.grants), project.name
+    match data:
+        case ProjectCreated() | ProjectRenamed():
+            name = data.name
+        case RuntimeProfileSet():
+            profiles[data.name] = data.spec
+        case RuntimeProfileRemoved():
+            profiles.pop(data.name, None)
+        case ProviderSet():
+            providers[data.name] = data.spec
+        case ProviderRemoved():
+            providers.pop(data.name, None)
+        case MountGranted():
+            writable = data.mode is MountMode.READ_WRITE
+            grants[data.grant_id] = Grant(data.host_path, data.target, writable, data.agent_id)
+        case MountRevoked():
+            grants.pop(data.grant_id, None)
+    return Project(project.id, name, profiles, providers, grants)
 
 
 async def load_session(

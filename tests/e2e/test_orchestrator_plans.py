@@ -1,0 +1,82 @@
+"""The orchestrator plans from the agents and projects it folds while following the log: a plan
+sees its agent exactly as it was when the request was stored, and a request for an agent the
+log does not know fails at once, without a launch (process backend, real services)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from suzumio.contracts.commands import UpdateAgent
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationFailed, ActivationRequested
+from suzumio.contracts.ids import new_id
+from suzumio.orchestrator.backends.base import Backend
+from suzumio.orchestrator.backends.process import ProcessBackend
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.testing.model_server import Reply, ScriptedModelServer
+from tests.backend_suite import harness
+from tests.e2e.stack import Stack
+
+
+async def process_backend(settings: OrchestratorSettings) -> Backend:
+    return ProcessBackend(settings.sandboxes())
+
+
+async def test_a_plan_sees_the_agent_as_it_was_when_requested(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    commands = CommandClient(platform.nc, platform.topology)
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        world = await h.world("asof")
+        await commands.send(
+            UpdateAgent(agent_id=world.agent_id, prompt="Prompt-before-the-request"),
+            actor="system:test",
+        )
+        model.script([Reply.text("done")])
+        activation_id = await h.request(world)
+        # Stored right after the request: whenever the plan is made, it must not see this.
+        await commands.send(
+            UpdateAgent(agent_id=world.agent_id, prompt="Prompt-after-the-request"),
+            actor="system:test",
+        )
+        story = await h.ended(activation_id)
+        assert story[-1] == "activation.completed", story
+        [request] = [r for r in model.requests if world.session_id in str(r.messages[0])]
+        system = str(request.messages[0])
+        assert "Prompt-before-the-request" in system
+        assert "Prompt-after-the-request" not in system
+
+        # The next request is planned with the update.
+        model.script([Reply.text("again")])
+        second = await h.request(world)
+        assert (await h.ended(second))[-1] == "activation.completed"
+        later = [r for r in model.requests if world.session_id in str(r.messages[0])][-1]
+        assert "Prompt-after-the-request" in str(later.messages[0])
+
+
+async def test_a_request_for_an_unknown_agent_fails_without_a_launch(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        world = dataclasses.replace(await h.world("ghost"), agent_id=new_id())
+        calls = len(model.requests)
+        activation_id = new_id()
+        await platform.store.append_next(
+            world.session_id,
+            [
+                ActivationRequested(
+                    activation_id=activation_id, agent_id=world.agent_id, signal_ids=()
+                )
+            ],
+            EventMeta(actor="system:scheduler"),
+        )
+        assert await h.ended(activation_id) == ["activation.failed"]
+        stream = await platform.store.load("activation", activation_id)
+        failed = stream.events[-1].data
+        assert isinstance(failed, ActivationFailed)
+        assert "does not exist" in failed.reason
+        assert failed.retryable is False
+        assert activation_id not in await h.live_ids()
+        assert len(model.requests) == calls
