@@ -6,6 +6,7 @@ and the activation's events tell its whole story. All services are real processe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from suzumio.contracts.events import ActivationRequested
 from suzumio.contracts.values import Backend, RuntimeProfileSpec
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.e2e.api import World, new_world
+from tests.e2e.api import World, new_world, ok
 from tests.e2e.runner_env import post
 from tests.e2e.stack import Stack, running_stack
 from tests.support import eventually
@@ -160,19 +161,60 @@ async def test_a_message_is_answered_through_the_whole_platform(
             what="the answer in the history",
         )
         assert messages.status_code == 200
-        if backend != "pool":  # pool workers run elsewhere: their files stay there
-            artifacts = await eventually(
-                lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
-                lambda r: any(a["path"] == "summary.txt" for a in r.json()["items"]),
-                what="the out/ file as an artifact",
-            )
-            [artifact] = [a for a in artifacts.json()["items"] if a["path"] == "summary.txt"]
-            assert artifact["source"] == "activation"
+        artifacts = await eventually(
+            lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
+            lambda r: any(a["path"] == "summary.txt" for a in r.json()["items"]),
+            what="the out/ file as an artifact",
+        )
+        [artifact] = [a for a in artifacts.json()["items"] if a["path"] == "summary.txt"]
+        assert artifact["source"] == "activation"
+        assert artifact["sha256"] == hashlib.sha256(b"all good").hexdigest()
     # The provider key went to the model, never into the log.
     assert scripted.requests[-1].headers["authorization"] == "Bearer sk-e2e-secret"
     for aggregate, ident in (("activation", activation_id), ("session", world.session_id)):
         stream = await everything.store.load(aggregate, ident)
         assert "sk-e2e-secret" not in str([e.envelope.model_dump() for e in stream.events])
+
+
+@pytest.mark.parametrize("backend", ["process", "docker", "pool"])
+async def test_the_sessions_artifacts_are_in_the_next_activations_inputs(
+    everything: Stack, scripted: ScriptedModelServer, backend: str
+) -> None:
+    """Files uploaded to the session are in `/workspace/in` (for the pool: brought from the
+    object store by the worker), at their paths, byte for byte."""
+    world = await new_world(everything, f"ibis{backend}")
+    await on_backend(everything, world, backend)
+    async with everything.client(world.key) as c:
+        ok(
+            await c.post(
+                f"/v1/projects/{world.project_id}/artifacts",
+                files=[("file", ("notes/brief.md", b"# the brief: ship it\n", "text/markdown"))],
+                data={"session_id": world.session_id},
+            ),
+            201,
+        )
+    scripted.script(
+        [
+            Reply.tool_calls([ToolCall("file_read", {"path": "in/notes/brief.md"})]),
+            Reply.text("read it"),
+        ]
+    )
+    seen = len(scripted.requests)
+    await post(everything, world, "read the brief")
+
+    def tool_results() -> list[str]:
+        return [
+            str(m.get("content"))
+            for r in scripted.requests[seen:]
+            if world.session_id in str(r.messages[0])
+            for m in r.messages
+            if m.get("role") == "tool"
+        ]
+
+    results = await eventually(
+        lambda: asyncio.sleep(0, tool_results()), bool, timeout=60, what="the tool result"
+    )
+    assert "# the brief: ship it" in results[0], results
 
 
 async def test_cancelling_a_running_activation_kills_its_sandbox(

@@ -50,21 +50,25 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import Error as JetStreamError
+from nats.js.object_store import ObjectStore
 from pydantic import ValidationError
 
 from suzumio.contracts.runner import (
     ActivationDispatch,
+    FileRef,
     PoolCancel,
     PoolStatus,
     PoolStatusKind,
     PoolStatusReason,
     PoolWorkerInfo,
 )
-from suzumio.contracts.subjects import Topology
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
+from suzumio.runner import exchange
 from suzumio.runner.forkserver import ForkedProcess, ForkServer
 from suzumio.runner.log import log
 
@@ -216,6 +220,7 @@ class Worker:
         self._freed = asyncio.Event()
         self._nc: NATS | None = None
         self._forks: ForkServer | None = None
+        self._store: ObjectStore | None = None  # the artifacts' object store, once needed
 
     @property
     def nc(self) -> NATS:
@@ -390,6 +395,9 @@ class Worker:
             workspace.mkdir()
         else:
             (workspace, warm_start), key = taken, dispatch.affinity_key
+        if dispatch.max_output_files > 0:  # where the activation leaves its files
+            with contextlib.suppress(FileExistsError):
+                (workspace / "out").mkdir()
         spec = dispatch.input.model_copy(update={"workspace": str(workspace)})
         fd = os.open(root / "input.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -399,8 +407,12 @@ class Worker:
     async def _execute(self, run: _Run) -> None:
         dispatch = run.dispatch
         try:
+            if dispatch.inputs:
+                await exchange.bring_in(
+                    await self._objects(), run.workspace / "in", dispatch.inputs
+                )
             run.proc = await self._spawn(run)
-        except OSError as exc:
+        except (OSError, exchange.ExchangeError, JetStreamError) as exc:
             await self._finish(
                 run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             )
@@ -417,7 +429,28 @@ class Worker:
             code = await self._wait(run)
         finally:
             beats.cancel()
-        await self._finish(run, self._exit_status(run, code))
+        await self._finish(run, self._exit_status(run, code, await self._bring_out(run)))
+
+    async def _bring_out(self, run: _Run) -> tuple[FileRef, ...]:
+        """What the activation left in `/workspace/out`, stored (an exit is reported with
+        whatever could be: the files are the activation's, not its outcome)."""
+        dispatch = run.dispatch
+        if dispatch.max_output_files <= 0:
+            return ()
+        try:
+            store = await self._objects()
+        except (JetStreamError, NatsError) as exc:
+            log("worker.outputs_unstored", dispatch=dispatch.dispatch_id, error=repr(exc))
+            return ()
+        return await exchange.bring_out(
+            store, run.workspace / "out", dispatch.max_output_files, dispatch.max_output_bytes
+        )
+
+    async def _objects(self) -> ObjectStore:
+        if self._store is None:
+            bucket = self.topology.bucket(ARTIFACTS_BUCKET)
+            self._store = await self.nc.jetstream().object_store(bucket)
+        return self._store
 
     async def _spawn(self, run: _Run) -> asyncio.subprocess.Process | ForkedProcess:
         env = {
@@ -470,7 +503,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await run.msg.in_progress()
 
-    def _exit_status(self, run: _Run, code: int) -> PoolStatus:
+    def _exit_status(self, run: _Run, code: int, outputs: tuple[FileRef, ...] = ()) -> PoolStatus:
         return self._status(
             run.dispatch,
             "exited",
@@ -479,6 +512,7 @@ class Worker:
             signal=-code if code < 0 else None,
             warm=run.warm_key is not None,
             detail=_tail(run.root / "runner.log") if code != 0 else "",
+            outputs=outputs,
         )
 
     async def _finish(self, run: _Run, status: PoolStatus) -> None:

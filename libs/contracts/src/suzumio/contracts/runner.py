@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import ModelSpec, Priority, SignalKind, Slug, ToolPolicy
@@ -167,6 +167,25 @@ def dispatch_id(activation_id: str, attempt: int) -> str:
     return f"{activation_id}.{attempt}"
 
 
+class FileRef(_Frozen):
+    """A file of the artifacts' object store (`blob_name(sha256)` in `ARTIFACTS_BUCKET`) at a
+    path relative to a workspace directory (`/workspace/in` or `/workspace/out`)."""
+
+    path: str = Field(
+        min_length=1, max_length=1_000, description="relative, `/`-separated, no `.` or `..`"
+    )
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, path: str) -> str:
+        parts = path.split("/")
+        if "\x00" in path or "\\" in path or any(p in {"", ".", ".."} for p in parts):
+            raise ValueError("a relative path of named parts")
+        return path
+
+
 class ActivationDispatch(_Frozen):
     """A unit of work on `act.<pool>` for warm workers (the QueueConsumer channel).
 
@@ -191,6 +210,13 @@ class ActivationDispatch(_Frozen):
         description="a warm workspace kept under this key (the session) is reused by a worker "
         "that still holds it; none: a fresh workspace",
     )
+    inputs: tuple[FileRef, ...] = Field(
+        default=(), description="the session's artifacts, copied into `/workspace/in` first"
+    )
+    max_output_files: int = Field(
+        default=0, ge=0, description="files of `/workspace/out` to store afterwards (0: none)"
+    )
+    max_output_bytes: int = Field(default=0, ge=0, description="larger files are left out")
 
     @property
     def dispatch_id(self) -> str:
@@ -229,6 +255,9 @@ class PoolStatus(_Frozen):
     )
     detail: str = Field(default="", max_length=4_000, description="the runner's last log lines")
     deadline: datetime | None = Field(default=None, description="started: the dispatch's")
+    outputs: tuple[FileRef, ...] = Field(
+        default=(), description="exited: the files of `/workspace/out` it stored"
+    )
 
 
 class PoolCancel(_Frozen):

@@ -14,8 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9]{0,31}$")
 ARTIFACTS_BUCKET = "artifacts"
-"""The object store of artifact bytes (`sha256/<hex>`), shared by the gateway and the
-orchestrator."""
+"""The object store of artifact bytes (`blob_name`), shared by the gateway, the orchestrator
+and the pool's workers."""
+
+
+def blob_name(sha256_hex: str) -> str:
+    """The object holding the bytes whose SHA-256 is `sha256_hex`."""
+    return f"sha256/{sha256_hex}"
 
 
 class Storage(StrEnum):

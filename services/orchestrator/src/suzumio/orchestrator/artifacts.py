@@ -2,8 +2,12 @@
 launch (agents in `copy` workspace mode), and what the activation left in `/workspace/out`
 stored as artifacts of the session afterwards, so the next activation can use them.
 
-Only backends that use this host's disk (process, docker) exchange files this way; the
-kubernetes and pool backends run elsewhere (their sandboxes would upload through the broker).
+Backends that use this host's disk (process, docker) exchange the files here, through the
+activation's directory. The pool's sandboxes run on the workers' hosts: the plan names the
+session's artifacts (`LaunchPlan.inputs`), the worker copies them in from the object store,
+stores what the activation left in `out/` there and names those files in its last word
+(`Exit.outputs`), which are recorded here like local ones. Kubernetes Jobs exchange no files
+yet (docs/orchestrator.md).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mimetypes
+from dataclasses import replace
 from pathlib import Path
 
 from nats.js.client import JetStreamContext
@@ -19,15 +24,17 @@ from nats.js.object_store import ObjectStore
 from suzumio.contracts.commands import RecordArtifact
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import derived_id
-from suzumio.orchestrator.backends.base import LaunchPlan
+from suzumio.contracts.runner import FileRef
+from suzumio.orchestrator.backends.base import Exit, LaunchPlan
 from suzumio.orchestrator.sources import session_artifacts
 from suzumio.platform.bus.commands import CommandClient
-from suzumio.platform.bus.objects import put_blob, read_chunks
+from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 LOCAL_BACKENDS = frozenset({"process", "docker"})
+REMOTE_BACKENDS = frozenset({"pool"})  # exchange through the object store
 ACTOR = "system:orchestrator"
 
 
@@ -49,14 +56,24 @@ class ArtifactCollector:
         self._max_bytes = max_bytes
         self._max_files = max_files
 
-    async def copy_in(self, plan: LaunchPlan) -> None:
-        if plan.profile.backend.value not in LOCAL_BACKENDS:
-            return
+    async def copy_in(self, plan: LaunchPlan) -> LaunchPlan:
+        """Put the session's artifacts where the sandbox finds them in `/workspace/in` (or, for
+        a remote backend, name them in the plan); the plan to launch."""
+        backend = plan.profile.backend.value
+        if backend in REMOTE_BACKENDS:
+            return replace(
+                plan,
+                inputs=() if plan.mounts else await self._inputs(plan),
+                max_output_files=self._max_files,
+                max_output_bytes=self._max_bytes,
+            )
+        if backend not in LOCAL_BACKENDS:
+            return plan
         workspace = plan.host_dir / "workspace"
         (workspace / "out").mkdir(parents=True, exist_ok=True)
         plan.session_dir.mkdir(parents=True, exist_ok=True)
         if plan.mounts:
-            return  # `mount` workspace mode: the grants are the inputs
+            return plan  # `mount` workspace mode: the grants are the inputs
         for path, artifact in (await session_artifacts(self._pool, plan.session_id)).items():
             target = _inside(workspace / "in", path)
             if target is None or (target.exists() and target.stat().st_size == artifact.size):
@@ -67,10 +84,25 @@ class ArtifactCollector:
                     self._js, self._store, self._bucket, artifact.sha256
                 ):
                     sink.write(chunk)
+        return plan
 
-    async def collect(self, plan: LaunchPlan) -> list[str]:
-        """Store the files of `workspace/out` (regular files only, no symlinks) as artifacts."""
-        if plan.profile.backend.value not in LOCAL_BACKENDS:
+    async def _inputs(self, plan: LaunchPlan) -> tuple[FileRef, ...]:
+        artifacts = await session_artifacts(self._pool, plan.session_id)
+        refs = []
+        for path, artifact in artifacts.items():
+            try:
+                refs.append(FileRef(path=path, sha256=artifact.sha256, size=artifact.size))
+            except ValueError:  # a path no workspace can hold (recorded by an older version)
+                log.warning("artifacts.unplaceable", session=plan.session_id, path=path)
+        return tuple(refs)
+
+    async def collect(self, plan: LaunchPlan, exit_: Exit) -> list[str]:
+        """Record what the activation left in `workspace/out` (regular files only, no
+        symlinks) as artifacts of the session; the paths recorded."""
+        backend = plan.profile.backend.value
+        if backend in REMOTE_BACKENDS:
+            return await self._record_remote(plan, exit_.outputs)
+        if backend not in LOCAL_BACKENDS:
             return []
         out = plan.host_dir / "workspace" / "out"
         if not out.is_dir():
@@ -90,24 +122,39 @@ class ArtifactCollector:
             digest = _sha256(path)
             with path.open("rb") as source:
                 await put_blob(self._store, digest, source)
-            content_type = mimetypes.guess_type(relative)[0] or "application/octet-stream"
-            with contextlib.suppress(ConflictError):  # recorded before (collected again)
-                await self._commands.send(
-                    RecordArtifact(
-                        project_id=plan.project_id,
-                        artifact_id=derived_id("artifact", plan.activation_id, relative),
-                        session_id=plan.session_id,
-                        path=relative,
-                        sha256=digest,
-                        size=size,
-                        content_type=content_type,
-                        source="activation",
-                        activation_id=plan.activation_id,
-                    ),
-                    actor=ACTOR,
-                )
+            await self._record(plan, FileRef(path=relative, sha256=digest, size=size))
             recorded.append(relative)
         return recorded
+
+    async def _record_remote(self, plan: LaunchPlan, outputs: tuple[FileRef, ...]) -> list[str]:
+        """The files a worker says it stored, within this collector's limits, and only if
+        their bytes are really in the object store."""
+        recorded: list[str] = []
+        for ref in outputs[: self._max_files]:
+            if ref.size > self._max_bytes or not await has_blob(self._store, ref.sha256):
+                log.warning("artifacts.refused", activation=plan.activation_id, path=ref.path)
+                continue
+            await self._record(plan, ref)
+            recorded.append(ref.path)
+        return recorded
+
+    async def _record(self, plan: LaunchPlan, ref: FileRef) -> None:
+        content_type = mimetypes.guess_type(ref.path)[0] or "application/octet-stream"
+        with contextlib.suppress(ConflictError):  # recorded before (collected again)
+            await self._commands.send(
+                RecordArtifact(
+                    project_id=plan.project_id,
+                    artifact_id=derived_id("artifact", plan.activation_id, ref.path),
+                    session_id=plan.session_id,
+                    path=ref.path,
+                    sha256=ref.sha256,
+                    size=ref.size,
+                    content_type=content_type,
+                    source="activation",
+                    activation_id=plan.activation_id,
+                ),
+                actor=ACTOR,
+            )
 
 
 def _inside(root: Path, relative: str) -> Path | None:

@@ -271,7 +271,7 @@ class Orchestrator:
                 reason = f"backend {plan.profile.backend.value!r} is not enabled here"
                 await self._end(tracked, ActivationFailed(reason=reason, retryable=False))
                 return
-            await self._artifacts.copy_in(plan)
+            plan = await self._artifacts.copy_in(plan)
             if tracked.cancel_reason is not None:
                 await self._end(tracked, ActivationCancelled(reason=tracked.cancel_reason))
                 return
@@ -329,7 +329,7 @@ class Orchestrator:
             await backend.cancel(handle)
             exit_ = await asyncio.wait_for(backend.watch(handle), 30)
         if plan is not None:
-            await self._artifacts.collect(plan)
+            await self._artifacts.collect(plan, exit_)
         terminal = await self._terminal(tracked, exit_)
         await self._end(tracked, terminal)
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))

@@ -19,11 +19,9 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
+from suzumio.contracts.subjects import blob_name
+
 CHUNKS_SUBJECT = "$O.{bucket}.C.{nuid}"
-
-
-def blob_name(sha256_hex: str) -> str:
-    return f"sha256/{sha256_hex}"
 
 
 async def has_blob(store: ObjectStore, sha256_hex: str) -> bool:

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from suzumio.contracts.runner import RunnerActivationInput
+from suzumio.contracts.runner import FileRef, RunnerActivationInput
 from suzumio.contracts.values import RuntimeProfileSpec
 
 LABEL_PREFIX = "io.suzumio"
@@ -56,6 +56,11 @@ class LaunchPlan:
     mounts: tuple[MountPlan, ...] = ()
     deadline: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    inputs: tuple[FileRef, ...] = ()
+    """For a backend whose sandboxes run elsewhere (pool): the files to copy into
+    `/workspace/in` there, and the limits of what to bring back from `/workspace/out`."""
+    max_output_files: int = 0
+    max_output_bytes: int = 0
 
     def redacted_env(self) -> dict[str, str]:
         return {k: ("***" if k in self.secret_keys else v) for k, v in self.env.items()}
@@ -74,6 +79,7 @@ class Exit:
     code: int | None  # the runner's exit code; None when the sandbox was lost or killed
     reason: Literal["exited", "killed", "oom", "lost", "timeout", "cancelled"] = "exited"
     detail: str = ""
+    outputs: tuple[FileRef, ...] = ()  # stored from `/workspace/out` where the sandbox ran
 
 
 @dataclass(frozen=True)

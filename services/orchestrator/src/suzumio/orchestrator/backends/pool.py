@@ -121,11 +121,12 @@ def exit_of(status: PoolStatus) -> Exit:
         return Exit(None, "lost", f"worker {status.worker_id} could not read the dispatch")
     code, detail = status.exit_code, status.detail
     if status.reason in {"exited", "timeout"}:
-        return Exit(code, "timeout" if status.reason == "timeout" else "exited", detail)
+        reason: Literal["timeout", "exited"] = "timeout" if status.reason == "timeout" else "exited"
+        return Exit(code, reason, detail, status.outputs)
     if status.reason == "spawn_failed":
         return Exit(None, "lost", f"worker {status.worker_id} could not start it: {detail}")
     why = status.reason if status.reason in {"cancelled", "shutdown"} else f"signal {status.signal}"
-    return Exit(code, "killed", f"{why}; {detail}" if detail else why)
+    return Exit(code, "killed", f"{why}; {detail}" if detail else why, status.outputs)
 
 
 class PoolBackend:
@@ -180,6 +181,9 @@ class PoolBackend:
             pool=plan.profile.pool or self.settings.default_pool,
             env=dict(plan.env),
             affinity_key=plan.session_id if self.settings.session_affinity else None,
+            inputs=plan.inputs,
+            max_output_files=plan.max_output_files,
+            max_output_bytes=plan.max_output_bytes,
         )
 
     async def _ensure_consumer(self, pool: str) -> None:

@@ -1,0 +1,110 @@
+"""A pool worker's file exchange through the artifacts' object store (real NATS): inputs
+brought into `in/` byte for byte, outputs stored content-addressed within the limits, and
+nothing a sandbox plants (links out of its workspace) makes the worker read or write outside
+it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.object_store import ObjectStore
+
+from suzumio.contracts.runner import FileRef
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology, blob_name
+from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.runner.exchange import ExchangeError, bring_in, bring_out
+
+
+async def objects(nc: NATS, topology: Topology) -> ObjectStore:
+    return await ensure_object_store(nc.jetstream(), topology.bucket(ARTIFACTS_BUCKET))
+
+
+async def stored(store: ObjectStore, data: bytes, path: str) -> FileRef:
+    digest = hashlib.sha256(data).hexdigest()
+    await store.put(blob_name(digest), data)
+    return FileRef(path=path, sha256=digest, size=len(data))
+
+
+async def test_inputs_land_at_their_paths(nc: NATS, topology: Topology, tmp_path: Path) -> None:
+    store = await objects(nc, topology)
+    big = os.urandom(300_000)  # several chunks
+    refs = (await stored(store, b"hello\n", "a.txt"), await stored(store, big, "deep/er/b.bin"))
+    inbox = tmp_path / "in"
+    await bring_in(store, inbox, refs)
+    assert (inbox / "a.txt").read_bytes() == b"hello\n"
+    assert (inbox / "deep/er/b.bin").read_bytes() == big
+    assert sorted(p.name for p in (inbox / "deep/er").iterdir()) == ["b.bin"]  # no partials
+
+    # A warm workspace keeps a file of the same size; a changed size is fetched again.
+    (inbox / "a.txt").write_bytes(b"HELLO\n")
+    (inbox / "deep/er/b.bin").write_bytes(b"short")
+    await bring_in(store, inbox, refs)
+    assert (inbox / "a.txt").read_bytes() == b"HELLO\n"
+    assert (inbox / "deep/er/b.bin").read_bytes() == big
+
+
+async def test_a_missing_input_or_a_planted_link_is_an_error(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    store = await objects(nc, topology)
+    inbox = tmp_path / "in"
+    missing = FileRef(path="gone.txt", sha256="ab" * 32, size=3)
+    with pytest.raises(ExchangeError, match=r"gone\.txt"):
+        await bring_in(store, inbox, (missing,))
+    assert not (inbox / "gone.txt").exists()
+
+    # An earlier activation left `in/docs` as a link to a directory outside the workspace.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (inbox / "docs").symlink_to(outside)
+    ref = await stored(store, b"data", "docs/x.txt")
+    with pytest.raises(ExchangeError, match="outside"):
+        await bring_in(store, inbox, (ref,))
+    assert list(outside.iterdir()) == []
+
+
+async def test_outputs_are_stored_and_the_outbox_emptied(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    store = await objects(nc, topology)
+    outbox = tmp_path / "out"
+    (outbox / "sub").mkdir(parents=True)
+    (outbox / "report.md").write_bytes(b"# report\n")
+    (outbox / "sub" / "data.csv").write_bytes(b"a,b\n1,2\n")
+    (outbox / "huge.bin").write_bytes(b"x" * 2_000)
+    secret = tmp_path / "host-secret"
+    secret.write_bytes(b"the worker's own file")
+    (outbox / "leak.txt").symlink_to(secret)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "more.txt").write_bytes(b"not the sandbox's")
+    (outbox / "linked-dir").symlink_to(tmp_path / "elsewhere")
+
+    refs = await bring_out(store, outbox, max_files=10, max_bytes=1_000)
+
+    assert [(r.path, r.size) for r in refs] == [("report.md", 9), ("sub/data.csv", 8)]
+    for ref, data in zip(refs, (b"# report\n", b"a,b\n1,2\n"), strict=True):
+        assert ref.sha256 == hashlib.sha256(data).hexdigest()
+        assert (await store.get(blob_name(ref.sha256))).data == data
+    assert list(outbox.iterdir()) == []  # a warm workspace does not hand them in again
+    assert secret.read_bytes() == b"the worker's own file"  # links removed, not followed
+    assert (tmp_path / "elsewhere" / "more.txt").exists()
+
+
+async def test_outputs_beyond_the_count_are_left_out(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    store = await objects(nc, topology)
+    outbox = tmp_path / "out"
+    outbox.mkdir()
+    for i in range(5):
+        (outbox / f"f{i}.txt").write_text(f"file {i}")
+    refs = await bring_out(store, outbox, max_files=3, max_bytes=1_000)
+    assert [r.path for r in refs] == ["f0.txt", "f1.txt", "f2.txt"]
+    assert list(outbox.iterdir()) == []
+    (outbox / "kept.txt").write_text("no collection asked for")
+    assert await bring_out(store, outbox, max_files=0, max_bytes=1_000) == ()
+    assert (outbox / "kept.txt").exists()
