@@ -73,30 +73,81 @@ def _child(request: dict[str, Any], inherited: list[int]) -> None:
         os._exit(code)
 
 
-async def _warm_up() -> None:
-    """One request of each client a runner makes, to a port nobody listens on: the transport
-    modules they import lazily (anyio, httpcore, h11, openai's resources) are then imported
-    here once, not in every runner."""
-    import httpx  # noqa: PLC0415
-    import openai  # noqa: PLC0415
+_WARM_CHUNKS = (
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}}]},
+    {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_0",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ]
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    },
+    {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
+)
 
-    from suzumio.runner import tls  # noqa: PLC0415
 
-    async with httpx.AsyncClient(verify=tls.CONTEXT, timeout=0.5) as client:
-        with contextlib.suppress(httpx.HTTPError):
-            await client.post("http://127.0.0.1:9/runner/history", json={})
-    model = openai.AsyncOpenAI(
-        api_key="warm-up",
-        base_url="http://127.0.0.1:9/v1",
-        max_retries=0,
-        timeout=0.5,
-        http_client=openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
-    )
-    with contextlib.suppress(openai.OpenAIError):
-        await model.chat.completions.create(
-            model="warm-up", messages=[{"role": "user", "content": "-"}], stream=True
+async def _answer_warm_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A canned model stream or broker reply, for `_warm_up` only."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+         if line.startswith(b"content-length:")),
+        0,
+    )  # fmt: skip
+    await reader.readexactly(length)
+    if b"/chat/completions" in head.split(b"\r\n", 1)[0]:
+        common = {"id": "warm", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+        body = b"".join(
+            b"data: " + json.dumps({**common, **chunk}).encode() + b"\n\n" for chunk in _WARM_CHUNKS
         )
-    await model.close()
+        body += b"data: [DONE]\n\n"
+        kind = b"text/event-stream"
+    else:
+        body, kind = b'{"recorded": true}', b"application/json"
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: " + kind + b"\r\nContent-Length: "
+        + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+    )  # fmt: skip
+    await writer.drain()
+    writer.close()
+
+
+async def _warm_up() -> None:
+    """One model call and one broker call through the runner's own clients, against a canned
+    server on loopback: everything they import or build lazily on first use (the transport
+    modules, the SDK's cached response validators) is then made here once, not in every
+    runner."""
+    from suzumio.contracts.broker import HistoryEntryIn  # noqa: PLC0415
+    from suzumio.contracts.values import ModelSpec  # noqa: PLC0415
+    from suzumio.runner.broker import BrokerClient  # noqa: PLC0415
+    from suzumio.runner.model import Endpoint, ModelClient  # noqa: PLC0415
+
+    server = await asyncio.start_server(_answer_warm_up, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        broker = BrokerClient(url, "warm-up", retries=0, timeout=5)
+        with contextlib.suppress(Exception):
+            await broker.append_history([HistoryEntryIn(message_id="w" * 26, role="assistant")])
+        await broker.aclose()
+        model = ModelClient(ModelSpec(name="warm-up"), Endpoint(f"{url}/v1", "warm-up"), 5)
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        with contextlib.suppress(Exception):
+            await model.complete([{"role": "user", "content": "-"}], [tool], 16)
+        await model.close()
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def _complete_models() -> None:
