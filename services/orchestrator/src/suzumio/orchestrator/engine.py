@@ -39,7 +39,12 @@ from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.planning import PlanError, Planner
 from suzumio.orchestrator.sources import Agent, Directory, Project
-from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
+from suzumio.platform.bus.eventstore import (
+    AggregateStream,
+    ConcurrencyConflictError,
+    EventStore,
+    envelopes_of,
+)
 from suzumio.platform.bus.follower import LogFollower
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.db.leadership import Leadership
@@ -330,8 +335,9 @@ class Orchestrator:
             exit_ = await asyncio.wait_for(backend.watch(handle), 30)
         if plan is not None:
             await self._artifacts.collect(plan, exit_)
-        terminal = await self._terminal(tracked, exit_)
-        await self._end(tracked, terminal)
+        stream = await self._store.load("activation", tracked.request.activation_id)
+        terminal = self._terminal(tracked, exit_, stream)
+        await self._end(tracked, terminal, stream)
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
 
     def _remaining(self, tracked: Tracked, plan: LaunchPlan | None) -> float | None:
@@ -343,12 +349,14 @@ class Orchestrator:
             return max(deadline - time.time(), 1.0)
         return None  # found after a restart with no deadline on record: the broker fences it
 
-    async def _terminal(self, tracked: Tracked, exit_: Exit) -> DomainEvent:  # noqa: PLR0911
+    @staticmethod
+    def _terminal(  # noqa: PLR0911
+        tracked: Tracked, exit_: Exit, stream: AggregateStream
+    ) -> DomainEvent:
         if tracked.timed_out:
             return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
         if tracked.cancel_reason is not None:
             return ActivationCancelled(reason=tracked.cancel_reason)
-        stream = await self._store.load("activation", tracked.request.activation_id)
         output = next(
             (e.data for e in stream.events if isinstance(e.data, ActivationOutputRecorded)), None
         )
@@ -366,11 +374,15 @@ class Orchestrator:
         return ActivationFailed(reason=f"runner exit {exit_.code}: {detail}", exit_code=exit_.code)
 
     # -- the log -------------------------------------------------------------------------------
-    async def _end(self, tracked: Tracked, event: DomainEvent) -> None:
-        """The activation's one terminal event: appended on the condition that none is there."""
+    async def _end(
+        self, tracked: Tracked, event: DomainEvent, stream: AggregateStream | None = None
+    ) -> None:
+        """The activation's one terminal event: appended on the condition that none is there
+        (`stream`: the activation as just read, if it was)."""
         activation_id = tracked.request.activation_id
         for _ in range(10):
-            stream = await self._store.load("activation", activation_id)
+            if stream is None:
+                stream = await self._store.load("activation", activation_id)
             if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
                 break
             try:
@@ -378,6 +390,7 @@ class Orchestrator:
                     activation_id, [event], stream.version, EventMeta(actor=ACTOR)
                 )
             except ConcurrencyConflictError:
+                stream = None
                 continue
             _outcomes.add(1, {"outcome": event.event_type.rsplit(".", 1)[-1]})
             break

@@ -30,7 +30,7 @@ from suzumio.contracts.runner import (
 from suzumio.contracts.values import RuntimeProfileSpec, WorkspaceMode
 from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
 from suzumio.orchestrator.settings import OrchestratorSettings
-from suzumio.orchestrator.sources import Agent, Project, load_session
+from suzumio.orchestrator.sources import Agent, Project, SessionReader
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.secrets import SecretBox, SecretError
 from suzumio.platform.tokens import TokenSigner
@@ -48,6 +48,9 @@ class Planner:
     settings: OrchestratorSettings
     namespace: str = ""
 
+    def __post_init__(self) -> None:
+        self._sessions = SessionReader(self.store)
+
     async def plan(
         self,
         session_id: str,
@@ -59,7 +62,7 @@ class Planner:
         stored (the orchestrator's `Directory` at that point of the log)."""
         if agent is None or not agent.project_id or project is None:
             raise PlanError(f"agent {request.agent_id} does not exist")
-        snapshot = await load_session(self.store, session_id, request)
+        snapshot = await self._sessions.snapshot(session_id, request)
         profile = self._profile(agent, project)
         env, secrets = self._model_env(agent, project)
         ttl = timedelta(seconds=profile.timeouts.wall_clock_seconds)

@@ -6,9 +6,10 @@ projector's lag."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-from suzumio.contracts.envelope import DomainEvent
+from suzumio.contracts.envelope import DomainEvent, RecordedEvent
 from suzumio.contracts.events import (
     ActivationRequested,
     AgentCreated,
@@ -37,7 +38,7 @@ from suzumio.contracts.values import (
     ToolPolicy,
     WorkspaceMode,
 )
-from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.eventstore import EventStore, Head
 from suzumio.platform.db.pool import Pool
 
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
@@ -173,49 +174,104 @@ def fold_project(project: Project, data: DomainEvent) -> Project:
     return Project(project.id, name, profiles, providers, grants)
 
 
+@dataclass
+class _SessionFold:
+    """A session folded up to `head`: what a snapshot is made of."""
+
+    head: Head = field(default_factory=lambda: Head(0, 0))
+    project_id: str = ""
+    history: list[AgentHistoryMessage] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+    signals: dict[str, SignalSpec] = field(default_factory=dict)
+    checkpoint: CheckpointRef | None = None
+
+    def copy(self) -> _SessionFold:
+        return replace(
+            self, history=list(self.history), texts=dict(self.texts), signals=dict(self.signals)
+        )
+
+    def apply(self, event: RecordedEvent[DomainEvent]) -> None:
+        data = event.data
+        match data:
+            case SessionOpened():
+                self.project_id = data.project_id
+            case SessionMessageAppended():
+                self.texts[data.message_id] = data.text
+                self.history.append(_entry(data))
+            case HistoryCompacted():
+                self.history = compacted(self.history, data)
+            case SignalRecorded():
+                self.signals[data.signal_id] = SignalSpec(
+                    id=data.signal_id,
+                    kind=data.kind,
+                    priority=data.priority,
+                    payload=data.payload,
+                    text=self.texts.get(data.message_id or ""),
+                    message_id=data.message_id,
+                )
+            case CheckpointSaved():
+                self.checkpoint = CheckpointRef(
+                    id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
+                )
+        self.head = Head(event.envelope.version, event.seq)
+
+    def snapshot(self, request: ActivationRequested) -> SessionSnapshot:
+        return SessionSnapshot(
+            project_id=self.project_id,
+            history=tuple(self.history),
+            signals=tuple(self.signals[i] for i in request.signal_ids if i in self.signals),
+            checkpoint=self.checkpoint,
+            artifacts={},
+        )
+
+
+async def _fold_until(
+    store: EventStore, session_id: str, fold: _SessionFold, request: ActivationRequested
+) -> bool:
+    """Fold the session's events after `fold.head` up to (not including) the request; false
+    when the request is not among them (it is older than `fold.head`, or not there)."""
+    for event in (await store.load("session", session_id, after=fold.head)).events:
+        data = event.data
+        if isinstance(data, ActivationRequested) and data.activation_id == request.activation_id:
+            return True
+        fold.apply(event)
+    return False
+
+
 async def load_session(
     store: EventStore, session_id: str, request: ActivationRequested
 ) -> SessionSnapshot:
     """The session as it was when the activation was requested: the active history (after
     the last compaction, whose summary stands in for the archived range), the batch's signals
-    in the scheduler's order, the latest checkpoint and the session's artifacts."""
-    history: list[AgentHistoryMessage] = []
-    texts: dict[str, str] = {}
-    signals: dict[str, SignalSpec] = {}
-    checkpoint: CheckpointRef | None = None
-    project_id = ""
-    for event in (await store.load("session", session_id)).events:
-        data = event.data
-        match data:
-            case SessionOpened():
-                project_id = data.project_id
-            case SessionMessageAppended():
-                texts[data.message_id] = data.text
-                history.append(_entry(data))
-            case HistoryCompacted():
-                history = compacted(history, data)
-            case SignalRecorded():
-                signals[data.signal_id] = SignalSpec(
-                    id=data.signal_id,
-                    kind=data.kind,
-                    priority=data.priority,
-                    payload=data.payload,
-                    text=texts.get(data.message_id or ""),
-                    message_id=data.message_id,
-                )
-            case CheckpointSaved():
-                checkpoint = CheckpointRef(
-                    id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
-                )
-            case ActivationRequested() if data.activation_id == request.activation_id:
-                break
-    return SessionSnapshot(
-        project_id=project_id,
-        history=tuple(history),
-        signals=tuple(signals[i] for i in request.signal_ids if i in signals),
-        checkpoint=checkpoint,
-        artifacts={},
-    )
+    in the scheduler's order and the latest checkpoint."""
+    fold = _SessionFold()
+    await _fold_until(store, session_id, fold, request)
+    return fold.snapshot(request)
+
+
+class SessionReader:
+    """`load_session` for a long-lived planner: the folds of the sessions planned most
+    recently are kept, so the next request of a session reads only the events stored since
+    its last one, not the whole session again (which grows with every turn)."""
+
+    def __init__(self, store: EventStore, keep: int = 128) -> None:
+        self._store = store
+        self._keep = keep
+        self._folds: OrderedDict[str, _SessionFold] = OrderedDict()
+
+    async def snapshot(self, session_id: str, request: ActivationRequested) -> SessionSnapshot:
+        cached = self._folds.get(session_id)
+        fold = cached.copy() if cached is not None else _SessionFold()
+        found = await _fold_until(self._store, session_id, fold, request)
+        if not found and cached is not None:  # an older request than the one folded last
+            fold = _SessionFold()
+            found = await _fold_until(self._store, session_id, fold, request)
+        if found and (cached is None or fold.head.seq >= cached.head.seq):
+            self._folds[session_id] = fold.copy()  # plans may fold on from it concurrently
+            self._folds.move_to_end(session_id)
+            while len(self._folds) > self._keep:
+                self._folds.popitem(last=False)
+        return fold.snapshot(request)
 
 
 def _entry(data: SessionMessageAppended) -> AgentHistoryMessage:

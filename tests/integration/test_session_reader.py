@@ -1,0 +1,103 @@
+"""The orchestrator's session reader (real NATS): a snapshot is the session exactly as it was
+when its request was stored — the same as reading the whole session — whether the reader
+folds on from a kept fold, falls back for an older request, or starts afresh."""
+
+from __future__ import annotations
+
+from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.contracts.events import (
+    ActivationRequested,
+    HistoryCompacted,
+    SessionMessageAppended,
+    SessionOpened,
+    SignalRecorded,
+)
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.values import Author, Priority, SignalKind
+from suzumio.orchestrator.sources import SessionReader, SessionSnapshot, load_session
+from suzumio.platform.bus.eventstore import EventStore
+
+META = EventMeta(actor="system:test")
+
+
+def message(text: str, role: str = "user") -> SessionMessageAppended:
+    return SessionMessageAppended(
+        message_id=new_id(), author=Author(kind="user", id="u"), role=role, text=text
+    )
+
+
+def request(*signal_ids: str) -> ActivationRequested:
+    return ActivationRequested(activation_id=new_id(), agent_id="a" * 26, signal_ids=signal_ids)
+
+
+def signal_for(msg: SessionMessageAppended) -> SignalRecorded:
+    return SignalRecorded(
+        signal_id=new_id(),
+        agent_id="a" * 26,
+        kind=SignalKind.USER_MESSAGE,
+        priority=Priority.P1,
+        message_id=msg.message_id,
+    )
+
+
+def texts(snapshot: SessionSnapshot) -> list[str]:
+    return [m.content or "" for m in snapshot.history]
+
+
+async def test_snapshots_match_a_full_read_however_they_are_folded(store: EventStore) -> None:
+    session = new_id()
+
+    async def add(*events: DomainEvent) -> None:
+        await store.append_next(session, list(events), META)
+
+    await add(SessionOpened(project_id="p" * 26, agent_id="a" * 26))
+    first = message("one")
+    s1 = signal_for(first)
+    await add(first, s1)
+    r1 = request(s1.signal_id)
+    await add(r1)
+    await add(message("answer one", "assistant"))
+    second = message("two")
+    s2 = signal_for(second)
+    await add(second, s2)
+    r2 = request(s2.signal_id)
+    await add(r2)
+
+    reader = SessionReader(store)
+    snap2 = await reader.snapshot(session, r2)  # afresh, kept
+    assert texts(snap2) == ["one", "answer one", "two"]
+    assert [s.text for s in snap2.signals] == ["two"]
+    assert snap2 == await load_session(store, session, r2)
+
+    snap1 = await reader.snapshot(session, r1)  # older than the kept fold: read afresh
+    assert texts(snap1) == ["one"]
+    assert [s.text for s in snap1.signals] == ["one"]
+    assert snap1 == await load_session(store, session, r1)
+
+    # Later turns, with a compaction: folded on from the kept fold (r2's), not from r1's.
+    await add(message("answer two", "assistant"))
+    archived = [m.id for m in snap2.history if m.id]
+    await add(
+        HistoryCompacted(
+            activation_id=new_id(),
+            marker_id=new_id(),
+            summary="they said one and two",
+            archived_from=archived[0],
+            archived_through=archived[-1],
+            archived_count=len(archived),
+            archived_ids=tuple(archived),
+        )
+    )
+    third = message("three")
+    s3 = signal_for(third)
+    await add(third, s3)
+    r3 = request(s3.signal_id)
+    await add(r3, message("after the request"))
+    snap3 = await reader.snapshot(session, r3)
+    assert snap3 == await load_session(store, session, r3)
+    assert "after the request" not in texts(snap3)
+    assert "one" not in texts(snap3)  # compacted away
+    assert any("they said one and two" in t for t in texts(snap3))
+    assert [s.text for s in snap3.signals] == ["three"]
+    # And an older request still reads as it was.
+    assert await reader.snapshot(session, r2) == snap2
