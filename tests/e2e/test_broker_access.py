@@ -11,14 +11,19 @@ from typing import Any
 import httpx
 import pytest
 
+from suzumio.contracts.commands import AppendHistory
+from suzumio.contracts.commands.sessions import HistoryEntry
 from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import ForbiddenError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationCompleted,
+    SessionMessageAppended,
     ToolCallFinished,
     ToolCallStarted,
 )
 from suzumio.contracts.ids import new_id
+from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.tokens import TokenSigner
 from tests.e2e.api import World, new_world
 from tests.e2e.runner_env import request_activation
@@ -150,6 +155,41 @@ async def test_a_cancelled_activation_is_fenced_at_once(platform: Stack) -> None
         output = await c.post("/activation-output", json={"text": "too late"})
         assert output.status_code == 403
     assert await activation_types(platform, a.activation_id) == ["activation.tool_call_started"]
+
+
+async def test_history_from_a_cancelled_activation_is_refused_by_the_session_itself(
+    platform: Stack,
+) -> None:
+    """The race the broker's check cannot close alone: a cancel stored after the broker let a
+    history call through but before the session appends it. The session service re-checks
+    on the state its append is conditional on, so the late entry is refused, not stored."""
+    a = await live(platform, "rhea")
+    commands = CommandClient(platform.nc, platform.topology)
+
+    def entry(message_id: str) -> AppendHistory:
+        return AppendHistory(
+            session_id=a.world.session_id,
+            activation_id=a.activation_id,
+            agent_id=a.world.agent_id,
+            entries=(HistoryEntry(message_id=message_id, role="assistant", text="hi"),),
+        )
+
+    before, late = new_id(), new_id()
+    await commands.send(entry(before), actor="system:toolbroker")
+    await platform.store.append_next(
+        a.world.session_id,
+        [ActivationCancelRequested(activation_id=a.activation_id, reason="replaced")],
+        EventMeta(actor="system:scheduler"),
+    )
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        await commands.send(entry(late), actor="system:toolbroker")
+    await commands.send(entry(before), actor="system:toolbroker")  # a retry: harmless
+    stream = await platform.store.load("session", a.world.session_id)
+    written = [
+        e.data.message_id for e in stream.events if isinstance(e.data, SessionMessageAppended)
+    ]
+    assert before in written
+    assert late not in written
 
 
 async def test_an_ended_activation_can_no_longer_act(platform: Stack) -> None:

@@ -17,6 +17,7 @@ from suzumio.contracts.commands import (
 from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
+    ActivationCancelRequested,
     CheckpointSaved,
     HistoryCompacted,
     SessionClosed,
@@ -53,6 +54,7 @@ class SessionState(AggregateState):
         self.resumed: set[str] = set()  # pending actions whose outcome was signalled
         self.entries: dict[str, int] = {}  # history message id -> its place (retries skip)
         self.checkpoints: set[str] = set()
+        self.fenced: set[str] = set()  # activations cancelled (or replaced by a P0)
 
     def apply(self, data: DomainEvent) -> None:
         match data:
@@ -69,6 +71,8 @@ class SessionState(AggregateState):
                 self.closed = True
             case SessionReopened():
                 self.closed = False
+            case ActivationCancelRequested():
+                self.fenced.add(data.activation_id)
             case SignalRecorded():
                 self.signals.add(data.signal_id)
                 action = data.payload.get("pending_action_id")
@@ -138,31 +142,39 @@ def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> l
     ]
 
 
+def _live(state: SessionState, activation_id: str) -> None:
+    """An activation writes to its session only until it is cancelled. The tool-broker checks
+    that before it asks; checked here too, on the state the append is conditional on, a cancel
+    stored while the request was on its way is never overtaken."""
+    if activation_id in state.fenced:
+        raise ForbiddenError("the activation is cancelled")
+
+
 def append_history(state: SessionState, cmd: AppendHistory) -> list[DomainEvent]:
     """An activation's history entries; those recorded already (a retry) are skipped. A
     closed session still takes them: the activation ran while it was open."""
-    events: list[DomainEvent] = []
-    for entry in cmd.entries:
-        if entry.message_id in state.entries:
-            continue
-        events.append(
-            SessionMessageAppended(
-                message_id=entry.message_id,
-                author=Author(kind="agent", id=cmd.agent_id),
-                role=entry.role,
-                text=entry.text,
-                activation_id=cmd.activation_id,
-                tool_calls=entry.tool_calls,
-                tool_call_id=entry.tool_call_id,
-                name=entry.name,
-            )
+    new = [e for e in cmd.entries if e.message_id not in state.entries]
+    if new:
+        _live(state, cmd.activation_id)
+    return [
+        SessionMessageAppended(
+            message_id=entry.message_id,
+            author=Author(kind="agent", id=cmd.agent_id),
+            role=entry.role,
+            text=entry.text,
+            activation_id=cmd.activation_id,
+            tool_calls=entry.tool_calls,
+            tool_call_id=entry.tool_call_id,
+            name=entry.name,
         )
-    return events
+        for entry in new
+    ]
 
 
 def compact_history(state: SessionState, cmd: CompactHistory) -> list[DomainEvent]:
     if cmd.marker_id in state.entries:
         return []
+    _live(state, cmd.activation_id)
     first, last = state.entries.get(cmd.archived_from), state.entries.get(cmd.archived_through)
     if first is None or last is None:
         raise InvalidError("the archived range names entries that are not in this session")
@@ -187,6 +199,7 @@ def compact_history(state: SessionState, cmd: CompactHistory) -> list[DomainEven
 def save_checkpoint(state: SessionState, cmd: SaveCheckpoint) -> list[DomainEvent]:
     if cmd.checkpoint_id in state.checkpoints:
         return []
+    _live(state, cmd.activation_id)
     return [
         CheckpointSaved(
             checkpoint_id=cmd.checkpoint_id, activation_id=cmd.activation_id, data=cmd.data

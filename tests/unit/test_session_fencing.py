@@ -1,0 +1,81 @@
+"""The session aggregate refuses what a cancelled activation writes to it (history,
+compaction, checkpoint), on the very state its append is conditional on: a cancel stored while
+the tool-broker's request was on its way is never overtaken. Retries of what was recorded
+before the cancel stay harmless no-ops."""
+
+from __future__ import annotations
+
+import pytest
+
+from suzumio.contracts.commands import AppendHistory, CompactHistory, SaveCheckpoint
+from suzumio.contracts.commands.sessions import HistoryEntry
+from suzumio.contracts.envelope import DomainEvent
+from suzumio.contracts.errors import ForbiddenError
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationRequested,
+    SessionOpened,
+)
+from suzumio.session.domain import session
+from suzumio.session.domain.session import SessionState
+
+AGENT, RUNNING, OTHER = "a" * 26, "x" * 26, "y" * 26
+
+
+def state_after(*events: DomainEvent) -> SessionState:
+    state = SessionState("s" * 26)
+    for version, data in enumerate(events, start=1):
+        state.fold(data, version, version)
+    return state
+
+
+def history(activation_id: str, *message_ids: str) -> AppendHistory:
+    return AppendHistory(
+        session_id="s" * 26,
+        activation_id=activation_id,
+        agent_id=AGENT,
+        entries=tuple(HistoryEntry(message_id=m, role="assistant", text=m) for m in message_ids),
+    )
+
+
+def opened() -> list[DomainEvent]:
+    return [
+        SessionOpened(project_id="p" * 26, agent_id=AGENT),
+        ActivationRequested(activation_id=RUNNING, agent_id=AGENT, signal_ids=()),
+        ActivationRequested(activation_id=OTHER, agent_id=AGENT, signal_ids=()),
+    ]
+
+
+def test_a_cancelled_activation_writes_no_more_history() -> None:
+    live = state_after(*opened())
+    [written] = session.append_history(live, history(RUNNING, "m" * 26))
+    cancelled = state_after(
+        *opened(), written, ActivationCancelRequested(activation_id=RUNNING, reason="P0")
+    )
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        session.append_history(cancelled, history(RUNNING, "n" * 26))
+    # Its retry of an entry recorded before the cancel: nothing to do, no refusal.
+    assert session.append_history(cancelled, history(RUNNING, "m" * 26)) == []
+    # Another activation of the session is not fenced by it.
+    assert len(session.append_history(cancelled, history(OTHER, "o" * 26))) == 1
+
+
+def test_a_cancelled_activation_compacts_and_checkpoints_no_more() -> None:
+    cancelled = state_after(*opened(), ActivationCancelRequested(activation_id=RUNNING))
+    compaction = CompactHistory(
+        session_id="s" * 26,
+        activation_id=RUNNING,
+        marker_id="k" * 26,
+        summary="so far",
+        archived_from="m" * 26,
+        archived_through="m" * 26,
+    )
+    with pytest.raises(ForbiddenError):
+        session.compact_history(cancelled, compaction)
+    checkpoint = SaveCheckpoint(
+        session_id="s" * 26, activation_id=RUNNING, checkpoint_id="c" * 26, data={"step": 1}
+    )
+    with pytest.raises(ForbiddenError):
+        session.save_checkpoint(cancelled, checkpoint)
+    live = state_after(*opened())
+    assert len(session.save_checkpoint(live, checkpoint)) == 1
