@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import nats.errors
 import pytest
 
 from suzumio.contracts.commands import AppendHistory
@@ -270,6 +271,28 @@ async def test_live_chunks_reach_the_session_stream(platform: Stack) -> None:
         assert response.status_code == 200
     texts = [(await sub.next_msg(timeout=5)).data for _ in range(2)]
     assert [b'"Hel"' in texts[0], b'"lo"' in texts[1]] == [True, True]
+    await sub.unsubscribe()
+
+
+async def test_a_numbered_batch_sent_again_is_published_once(platform: Stack) -> None:
+    """A runner's retry after a lost reply repeats its batch (same number): the session's
+    stream carries its chunks once. The next number is new output."""
+    a = await live(platform, "bea")
+    sub = await platform.nc.jetstream().subscribe(
+        platform.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    first = {
+        "batch": 0,
+        "chunks": [{"kind": "text", "text": "Hel"}, {"kind": "text", "text": "lo"}],
+    }
+    second = {"batch": 1, "chunks": [{"kind": "text", "text": "Hel"}]}
+    async with broker(platform, a.token) as c:
+        for body in (first, first, second, first):
+            assert (await c.post("/runner/stream", json=body)).status_code == 200
+    texts = [(await sub.next_msg(timeout=5)).data for _ in range(3)]
+    assert [b'"Hel"' in texts[0], b'"lo"' in texts[1], b'"Hel"' in texts[2]] == [True] * 3
+    with pytest.raises(nats.errors.TimeoutError):
+        await sub.next_msg(timeout=0.5)
     await sub.unsubscribe()
 
 

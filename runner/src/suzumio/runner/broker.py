@@ -156,8 +156,11 @@ class BrokerClient:
     async def compaction(self, marker: CompactionMarker) -> None:
         await self._must("POST", "/runner/history/compaction", marker, Recorded)
 
-    async def stream(self, chunks: Sequence[StreamChunk]) -> None:
-        await self._must("POST", "/runner/stream", StreamBatch(chunks=tuple(chunks)), Recorded)
+    async def stream(self, chunks: Sequence[StreamChunk], batch: int | None = None) -> None:
+        """Live chunks; numbered batches (`batch` counting up from 0 within the activation)
+        are published once however often a lost reply makes this send them."""
+        body = StreamBatch(chunks=tuple(chunks), batch=batch)
+        await self._must("POST", "/runner/stream", body, Recorded)
 
     async def signals(self, received: Sequence[str]) -> tuple[SignalSpec, ...]:
         try:

@@ -30,6 +30,7 @@ class LiveStream:
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
         self.chunks_sent = 0
+        self._batches = 0  # numbered, so the broker publishes a retried batch once
         self._closing = False
 
     def start(self) -> None:
@@ -68,7 +69,8 @@ class LiveStream:
             return
         try:
             for i in range(0, len(batch), 1_000):
-                await self._broker.stream(batch[i : i + 1_000])
+                self._batches += 1
+                await self._broker.stream(batch[i : i + 1_000], self._batches - 1)
             self.chunks_sent += len(batch)
         except FencedError:
             self.fenced = True

@@ -90,6 +90,12 @@ class StreamChunk(_Body):
 
 class StreamBatch(_Body):
     chunks: tuple[StreamChunk, ...] = Field(min_length=1, max_length=1_000)
+    batch: int | None = Field(
+        default=None,
+        ge=0,
+        description="the batch's number within its activation: a batch sent again (a retry "
+        "after a lost reply) is published once",
+    )
 
 
 class SignalsTaken(_Body):

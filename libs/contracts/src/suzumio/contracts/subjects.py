@@ -99,6 +99,9 @@ class Topology(BaseModel):
                 subjects=(self._subject("live", ">"),),
                 storage=Storage.MEMORY,
                 max_age_seconds=self.live_max_age_seconds,
+                # Long enough for a runner's retries of a batch (seconds), short enough that the
+                # ids remembered at thousands of chunks a second stay a few megabytes.
+                duplicate_window_seconds=30.0,
                 replicas=self.replicas,
                 description="live output (token chunks, tool progress); short retention",
             ),

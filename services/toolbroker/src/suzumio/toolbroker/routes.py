@@ -191,8 +191,13 @@ async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
             )
             .model_dump_json()
             .encode(),
+            headers=(
+                None
+                if body.batch is None
+                else {"Nats-Msg-Id": f"{c.activation_id}.{body.batch}.{i}"}
+            ),
         )
-        for chunk in body.chunks
+        for i, chunk in enumerate(body.chunks)
     ]
     await asyncio.gather(*acks)  # in order: one publisher, one connection
     return Recorded(recorded=True)
