@@ -4,7 +4,9 @@ The docker backend's tests talk to a real engine (DESIGN.md §13). On a machine 
 when we are root and apt-get exists, this installs `docker.io` (and `debootstrap`, which
 `tools/runner_image.py` uses to make a base image offline) and starts `dockerd` in the
 background without a bridge or iptables rules (containers then use the host's network), with
-its log in `.suzumio/dockerd.log`. The daemon is left running for whoever comes next.
+its log in `.suzumio/dockerd.log`. The daemon is left running for whoever comes next. As root
+it also installs `bubblewrap`, with which the process backend isolates its runners (its tests
+check that isolation).
 
 Runs under any python3 (dev.py calls it before the venv matters), so standard library only.
 """
@@ -26,7 +28,7 @@ STATE = ROOT / ".suzumio"
 # Machine-wide, not per clone: every checkout on this machine shares the one engine.
 LOCK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "suzumio" / "engine.lock"
 DOCKERD_ARGS = ("--bridge=none", "--iptables=false", "--ip6tables=false")
-PACKAGES = ("docker.io", "debootstrap")
+PACKAGES = ("docker.io", "debootstrap", "bubblewrap")
 START_TIMEOUT = 60.0
 
 
@@ -64,7 +66,11 @@ def _lock() -> Iterator[None]:
 
 
 def _missing() -> list[str]:
-    wanted = {"docker.io": ("dockerd", "docker"), "debootstrap": ("debootstrap",)}
+    wanted = {
+        "docker.io": ("dockerd", "docker"),
+        "debootstrap": ("debootstrap",),
+        "bubblewrap": ("bwrap",),
+    }
     return [pkg for pkg, tools in wanted.items() if any(shutil.which(t) is None for t in tools)]
 
 
@@ -118,6 +124,8 @@ def _install_and_start(install: bool) -> bool:
     missing = _missing()
     if missing and (not install or not _apt_install(missing)):
         return False
+    if engine_answers():  # it did already: only tools were missing
+        return True
     if shutil.which("dockerd") is None:
         _say("dockerd is not installed")
         return False
@@ -131,14 +139,18 @@ def _install_and_start(install: bool) -> bool:
 
 
 def ensure_engine(install: bool = True) -> bool:
-    """Make a Docker engine answer if this machine allows it; return whether one answers."""
-    if engine_answers():
+    """Make a Docker engine answer (and the tools above be installed) if this machine allows
+    it; return whether an engine answers."""
+    can_install = os.geteuid() == 0 and shutil.which("apt-get") is not None
+    if engine_answers() and not (install and can_install and _missing()):
         return True
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    if not can_install:
+        if engine_answers():
+            return True
         _say("none answers, and only root with apt-get can install and start one here")
         return False
     with _lock():
-        return engine_answers() or _install_and_start(install)
+        return _install_and_start(install)
 
 
 def main() -> int:

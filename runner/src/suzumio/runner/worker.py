@@ -427,9 +427,10 @@ class Worker:
         beats = asyncio.create_task(self._beat(run))
         try:
             code = await self._wait(run)
+            outputs = await self._bring_out(run)  # still beating: uploads may take a while
         finally:
             beats.cancel()
-        await self._finish(run, self._exit_status(run, code, await self._bring_out(run)))
+        await self._finish(run, self._exit_status(run, code, outputs))
 
     async def _bring_out(self, run: _Run) -> tuple[FileRef, ...]:
         """What the activation left in `/workspace/out`, stored (an exit is reported with

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 from starlette.types import ASGIApp
 
@@ -36,7 +37,9 @@ async def build_backends(
     for name in settings.backends:
         match name.value:
             case "process":
-                backends["process"] = ProcessBackend(settings.sandboxes(), settings.process)
+                backends["process"] = ProcessBackend(
+                    settings.sandboxes(), settings.process, Path(settings.data_dir)
+                )
             case "docker":
                 backends["docker"] = DockerBackend(settings.docker, namespace)
             case "kubernetes":

@@ -138,17 +138,27 @@ class Orchestrator:
             msg = await self._follower.next(timeout=0.5)
             while msg is not None:
                 if WANTED.intersection(msg.types):
-                    for envelope in envelopes_of(msg.data):
-                        if envelope.type in ACTIVATION_EVENTS:
-                            self._apply(envelope.aggregate_id, decode_data(envelope))
-                        elif envelope.type in WANTED:
-                            self.directory.apply(envelope.aggregate_id, decode_data(envelope))
+                    self._fold(msg.seq, msg.data)
                 self.position = msg.seq
                 msg = self._follower.next_nowait()
             if not self.caught_up and self.position >= self._follower.replay_end:
                 self.caught_up = True
             async with self._folded:
                 self._folded.notify_all()
+
+    def _fold(self, seq: int, data: bytes) -> None:
+        for envelope in envelopes_of(data):
+            if envelope.type not in WANTED:
+                continue
+            try:
+                event = decode_data(envelope)
+            except Exception:  # a newer release's schema: not ours to guess
+                log.warning("orchestrator.undecodable", seq=seq, type=envelope.type)
+                continue
+            if envelope.type in ACTIVATION_EVENTS:
+                self._apply(envelope.aggregate_id, event)
+            else:
+                self.directory.apply(envelope.aggregate_id, event)
 
     def _apply(self, aggregate_id: str, data: DomainEvent) -> None:
         match data:

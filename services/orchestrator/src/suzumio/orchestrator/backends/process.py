@@ -8,8 +8,11 @@ again from those files, watched by polling, and its exit code read back.
 
 Without isolation tools this is process separation, not a security boundary: the runner runs
 as the orchestrator's user. With `bwrap` (bubblewrap) installed and `isolate` on, it runs in
-new PID/IPC/UTS namespaces with a read-only view of the host, a private /tmp and only the
-workspace, the session directory and the granted mounts writable.
+new PID/IPC/UTS/mount namespaces without any capability, with a read-only view of the host in
+which the platform's own directories (`hide`: the data directory, every sandbox) are empty, a
+private /tmp, and only its own workspace, its session directory and the granted mounts
+writable. The rest of the host stays readable as the orchestrator's user reads it: for a
+boundary, use the docker or kubernetes backend.
 """
 
 from __future__ import annotations
@@ -50,6 +53,24 @@ class ProcessSettings(BaseModel):
     stop_grace_seconds: float = Field(default=3.0, gt=0)
     max_open_files: int = Field(default=1_024, ge=64)
     cleanup: str = Field(default="always", pattern="^(always|on_success|never)$")
+    hide: tuple[Path, ...] = Field(
+        default=(),
+        description="more host directories an isolated runner must not see (the data "
+        "directory and the sandboxes are always hidden)",
+    )
+
+
+def _hideable(paths: list[Path], python: str) -> tuple[Path, ...]:
+    """The directories to empty in an isolated runner's view: not one holding the Python it
+    runs on (a data directory around the virtualenv would leave it nothing to start)."""
+    needed = [Path(python).absolute().parent.parent.resolve(), Path(sys.base_prefix).resolve()]
+    kept = []
+    for path in dict.fromkeys(p.resolve() for p in paths):
+        if any(n.is_relative_to(path) for n in needed):
+            log.warning("process.not_hidden", path=str(path), reason="holds the runner's Python")
+            continue
+        kept.append(path)
+    return tuple(kept)
 
 
 def _start_time(pid: int) -> int | None:
@@ -64,9 +85,13 @@ def _start_time(pid: int) -> int | None:
 class ProcessBackend:
     name = NAME
 
-    def __init__(self, root: Path, settings: ProcessSettings | None = None) -> None:
+    def __init__(
+        self, root: Path, settings: ProcessSettings | None = None, data_dir: Path | None = None
+    ) -> None:
         self._root = root / "activations"
         self._settings = settings or ProcessSettings()
+        hide = [root, *([data_dir] if data_dir else []), *self._settings.hide]
+        self._hidden = _hideable(hide, self._settings.python)
         self._children: dict[str, asyncio.subprocess.Process] = {}
         self._bwrap = shutil.which("bwrap") if self._settings.isolate else None
 
@@ -126,9 +151,13 @@ class ProcessBackend:
             *(m.host_path for m in plan.mounts if m.writable),
         ]
         readonly = [m.host_path for m in plan.mounts if not m.writable]
+        # No --die-with-parent: like an unisolated runner it outlives an orchestrator restart.
         args = [self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                 "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--unshare-uts",  # noqa: S108
-                "--die-with-parent", "--new-session"]  # fmt: skip
+                "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+        for path in self._hidden:  # empty; what this activation may use is bound back below
+            if path.is_dir():
+                args += ["--tmpfs", str(path)]
         for path in writable:
             args += ["--bind", str(path), str(path)]
         for path in readonly:
