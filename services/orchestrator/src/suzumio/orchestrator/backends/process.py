@@ -10,9 +10,10 @@ Without isolation tools this is process separation, not a security boundary: the
 as the orchestrator's user. With `bwrap` (bubblewrap) installed and `isolate` on, it runs in
 new PID/IPC/UTS/mount namespaces without any capability, with a read-only view of the host in
 which the platform's own directories (`hide`: the data directory, every sandbox) are empty, a
-private /tmp, and only its own workspace, its session directory and the granted mounts
-writable. The rest of the host stays readable as the orchestrator's user reads it: for a
-boundary, use the docker or kubernetes backend.
+private /tmp (the runner's own Python and import path bound back read-only where masked),
+and only its own workspace, its session directory and the granted mounts writable. The rest
+of the host stays readable as the orchestrator's user reads it: for a boundary, use the
+docker or kubernetes backend.
 """
 
 from __future__ import annotations
@@ -60,17 +61,18 @@ class ProcessSettings(BaseModel):
     )
 
 
-def _hideable(paths: list[Path], python: str) -> tuple[Path, ...]:
-    """The directories to empty in an isolated runner's view: not one holding the Python it
-    runs on (a data directory around the virtualenv would leave it nothing to start)."""
-    needed = [Path(python).absolute().parent.parent.resolve(), Path(sys.base_prefix).resolve()]
-    kept = []
-    for path in dict.fromkeys(p.resolve() for p in paths):
-        if any(n.is_relative_to(path) for n in needed):
-            log.warning("process.not_hidden", path=str(path), reason="holds the runner's Python")
-            continue
-        kept.append(path)
-    return tuple(kept)
+def _startup_paths(python: str) -> tuple[Path, ...]:
+    """What the runner's Python reads to start: its prefix and the import path (this
+    interpreter's, the runner's by default), where an editable install's sources may be
+    anywhere — under /tmp or the data directory included."""
+    found = []
+    candidates = [str(Path(python).absolute().parent.parent), sys.base_prefix, *sys.path]
+    for raw in filter(None, candidates):  # "" on sys.path: the current directory, not needed
+        with contextlib.suppress(OSError):
+            path = Path(raw).resolve()
+            if path.is_dir():
+                found.append(path)
+    return tuple(dict.fromkeys(found))
 
 
 def _start_time(pid: int) -> int | None:
@@ -91,7 +93,8 @@ class ProcessBackend:
         self._root = root / "activations"
         self._settings = settings or ProcessSettings()
         hide = [root, *([data_dir] if data_dir else []), *self._settings.hide]
-        self._hidden = _hideable(hide, self._settings.python)
+        self._hidden = tuple(dict.fromkeys(p.resolve() for p in hide))
+        self._startup = _startup_paths(self._settings.python)
         self._children: dict[str, asyncio.subprocess.Process] = {}
         self._bwrap = shutil.which("bwrap") if self._settings.isolate else None
 
@@ -158,6 +161,11 @@ class ProcessBackend:
         for path in self._hidden:  # empty; what this activation may use is bound back below
             if path.is_dir():
                 args += ["--tmpfs", str(path)]
+        masked = (Path("/tmp"), *self._hidden)  # noqa: S108
+        for path in self._startup:  # the Python it starts, if masked (never a hidden dir again)
+            inside = any(path.is_relative_to(m) for m in masked)
+            if inside and not any(h.is_relative_to(path) for h in self._hidden):
+                args += ["--ro-bind", str(path), str(path)]
         for path in writable:
             args += ["--bind", str(path), str(path)]
         for path in readonly:
