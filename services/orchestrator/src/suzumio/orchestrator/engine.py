@@ -46,9 +46,9 @@ from suzumio.platform.bus.eventstore import (
     envelopes_of,
 )
 from suzumio.platform.bus.follower import LogFollower
-from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.db.leadership import Leadership
 from suzumio.platform.logging import get_logger
+from suzumio.platform.position import Position
 from suzumio.platform.telemetry import meter
 
 log = get_logger(__name__)
@@ -115,8 +115,7 @@ class Orchestrator:
         self.activations: dict[str, Tracked] = {}
         self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._folded = asyncio.Condition()
-        self.position = 0
+        self.folded = Position()
         self.leading = False
         self.caught_up = False
 
@@ -136,15 +135,15 @@ class Orchestrator:
     async def _fold_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             msg = await self._follower.next(timeout=0.5)
+            position = self.folded.value
             while msg is not None:
                 if WANTED.intersection(msg.types):
                     self._fold(msg.seq, msg.data)
-                self.position = msg.seq
+                position = msg.seq
                 msg = self._follower.next_nowait()
-            if not self.caught_up and self.position >= self._follower.replay_end:
+            if not self.caught_up and position >= self._follower.replay_end:
                 self.caught_up = True
-            async with self._folded:
-                self._folded.notify_all()
+            await self.folded.advance(position)
 
     def _fold(self, seq: int, data: bytes) -> None:
         for envelope in envelopes_of(data):
@@ -184,24 +183,12 @@ class Orchestrator:
                     while len(self._ended) > KEEP_ENDED:  # memory stays bounded
                         self.activations.pop(self._ended.popleft(), None)
 
-    async def wait_position(self, position: int, timeout: float) -> bool:
-        async with self._folded:
-            try:
-                await asyncio.wait_for(
-                    self._folded.wait_for(lambda: self.position >= position), timeout
-                )
-            except TimeoutError:
-                return False
-        return True
-
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, done: asyncio.Event) -> None:
-        end = await stream_last_seq(self._nc, self._topology.events_stream)
-        while not await self.wait_position(end, 5.0):
-            if done.is_set():
-                return
+        if not await self.folded.caught_up(self._nc, self._topology, done):
+            return
         self.leading = True
-        log.info("orchestrator.leading", position=self.position)
+        log.info("orchestrator.leading", position=self.folded.value)
         gc = asyncio.create_task(self._gc_loop(done))
         try:
             await self._reconcile()

@@ -45,6 +45,7 @@ from suzumio.platform.bus.follower import LogFollower, LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.db.leadership import Leadership
 from suzumio.platform.logging import get_logger
+from suzumio.platform.position import Position
 from suzumio.platform.telemetry import meter
 from suzumio.scheduler.domain import policy
 from suzumio.scheduler.domain.admission import Admission
@@ -106,7 +107,7 @@ class Scheduler:
         self._landing: dict[str, asyncio.Event] = {}  # set when a session's append is folded
         self._reviewing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._folded = asyncio.Condition()
+        self.folded = Position()  # follows world.position, for those who wait on it
         self.leading = False
         self.caught_up = False
 
@@ -123,22 +124,9 @@ class Scheduler:
                 await folding
             await self._follower.close()
 
-    async def wait_folded(self, position: int, timeout: float) -> bool:
-        """True once the log is folded up to `position`."""
-        async with self._folded:
-            try:
-                await asyncio.wait_for(
-                    self._folded.wait_for(lambda: self.world.position >= position), timeout
-                )
-            except TimeoutError:
-                return False
-        return True
-
     async def _lead(self, done: asyncio.Event) -> None:
-        end = await stream_last_seq(self._nc, self._topology.events_stream)
-        while not await self.wait_folded(end, 5.0):
-            if done.is_set():
-                return
+        if not await self.folded.caught_up(self._nc, self._topology, done):
+            return
         self.leading = True
         log.info("scheduler.leading", position=self.world.position)
         self._dirty.update(self.world.sessions)  # the last leader may have left work undone
@@ -171,8 +159,7 @@ class Scheduler:
             if not self.caught_up and self.world.position >= self._follower.replay_end:
                 self.caught_up = True
                 log.info("scheduler.caught_up", position=self.world.position)
-            async with self._folded:
-                self._folded.notify_all()
+            await self.folded.advance(self.world.position)
             self._dirty |= changes.sessions
             if self.leading:
                 self._decide()
@@ -371,7 +358,7 @@ class Scheduler:
             except ConcurrencyConflictError:
                 self._release(session_id)
                 end = await stream_last_seq(self._nc, self._topology.events_stream)
-                await self.wait_folded(end, 5.0)
+                await self.folded.reached(end, 5.0)
                 continue
             except BaseException:
                 self._again(session_id)

@@ -31,6 +31,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.eventstore import EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
 from suzumio.platform.logging import get_logger
+from suzumio.platform.position import Position
 
 log = get_logger(__name__)
 
@@ -68,8 +69,7 @@ class ActivationRegistry:
         self._follower: LogFollower | None = None
         self._activations: dict[str, LiveActivation] = {}
         self._ended: deque[tuple[float, str]] = deque()  # forgotten after the look-back
-        self._folded = asyncio.Condition()
-        self.position = 0
+        self.folded = Position()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -78,7 +78,7 @@ class ActivationRegistry:
         )
         end = await self._follower.start()
         self._task = asyncio.create_task(self._fold_loop())
-        await self.wait_position(end, 60.0)
+        await self.folded.reached(end, 60.0)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -109,24 +109,13 @@ class ActivationRegistry:
         fence stored before this moment is seen; False if that took longer than `timeout`.
         (Waiting for the whole log would also wait for the broker's own audit appends.)"""
         head = await store.head("session", session_id)
-        return await self.wait_position(head.seq, timeout)
-
-    async def wait_position(self, position: int, timeout: float) -> bool:
-        if self.position >= position:
-            return True
-        async with self._folded:
-            try:
-                await asyncio.wait_for(
-                    self._folded.wait_for(lambda: self.position >= position), timeout
-                )
-            except TimeoutError:
-                return False
-        return True
+        return await self.folded.reached(head.seq, timeout)
 
     async def _fold_loop(self) -> None:
         assert self._follower is not None
         while True:
             msg = await self._follower.next(timeout=None)
+            position = self.folded.value
             while msg is not None:  # fold what is queued before waking the waiters
                 if WANTED.intersection(msg.types):
                     try:
@@ -135,11 +124,10 @@ class ActivationRegistry:
                                 self._apply(envelope.aggregate_id, decode_data(envelope))
                     except Exception:  # one bad message must not stop the fencing
                         log.exception("registry.undecodable", seq=msg.seq)
-                self.position = msg.seq
+                position = msg.seq
                 msg = self._follower.next_nowait()
             self._forget_ended()
-            async with self._folded:
-                self._folded.notify_all()
+            await self.folded.advance(position)
 
     def _forget_ended(self) -> None:
         horizon = time.monotonic() - self._lookback.total_seconds()

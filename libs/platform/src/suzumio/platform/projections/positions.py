@@ -12,6 +12,7 @@ import contextlib
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.logging import get_logger
+from suzumio.platform.position import Position
 
 log = get_logger(__name__)
 CHANNEL = "suzumio_projections"
@@ -26,8 +27,7 @@ async def notify(conn: Connection, position: int) -> None:
 class PositionWatcher:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self.position = 0
-        self._changed = asyncio.Condition()
+        self._position = Position()
         self._conn: Connection | None = None
         self._query = asyncio.Lock()  # one query at a time on the listening connection
         self._dirty = False
@@ -68,18 +68,14 @@ class PositionWatcher:
                 if self._conn is None or self._conn.is_closed():
                     return
                 position = int(await self._conn.fetchval(MIN_POSITION))
-                if position != self.position:
-                    self.position = position
-                    async with self._changed:
-                        self._changed.notify_all()
+                if position != self._position.value:
+                    await self._position.advance(position)
+
+    @property
+    def position(self) -> int:
+        """The lowest position every serving read model reflects."""
+        return self._position.value
 
     async def wait_for(self, position: int, timeout: float) -> bool:
         """True once every read model reflects `position`; False after `timeout` seconds."""
-        if self.position >= position:
-            return True
-        try:
-            async with asyncio.timeout(timeout), self._changed:
-                await self._changed.wait_for(lambda: self.position >= position)
-        except TimeoutError:
-            return False
-        return True
+        return await self._position.reached(position, timeout)
