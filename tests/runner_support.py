@@ -40,7 +40,7 @@ from suzumio.contracts.runner import (
 )
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import ModelSpec
-from suzumio.orchestrator.sources import load_session
+from suzumio.orchestrator.sessions import load_session
 from suzumio.platform.bus.eventstore import EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
 from suzumio.platform.bus.jsapi import stream_last_seq

@@ -15,6 +15,7 @@ from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.backend_suite import SCENARIOS, Harness, harness
 from tests.e2e.stack import Stack
+from tests.support import eventually
 
 
 async def process_backend(settings: OrchestratorSettings) -> Backend:
@@ -81,3 +82,28 @@ async def test_with_bubblewrap_the_runner_sees_and_changes_only_its_own(
     assert facts["SECRET"] != "0", result
     assert "the platform's own" not in result
     assert list(outside.iterdir()) == []
+
+
+async def test_an_out_file_no_workspace_could_hold_is_left_out(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """A name with a backslash cannot come back as `in/<path>`: it is not recorded, and the
+    activation's other files and its end are as usual."""
+    command = "printf one > 'out/a\\b.txt'; printf two > out/ok.txt"
+    model.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": command})]),
+            Reply.text("wrote them"),
+        ]
+    )
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        world = await h.world("names")
+        activation_id = await h.request(world)
+        assert (await h.ended(activation_id))[-1] == "activation.completed"
+        async with platform.client(world.key) as c:
+            listed = await eventually(
+                lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
+                lambda r: r.status_code == 200 and len(r.json()["items"]) >= 1,
+                what="the artifacts",
+            )
+    assert [a["path"] for a in listed.json()["items"]] == ["ok.txt"]

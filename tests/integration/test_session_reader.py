@@ -14,7 +14,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.values import Author, Priority, SignalKind
-from suzumio.orchestrator.sources import SessionReader, SessionSnapshot, load_session
+from suzumio.orchestrator.sessions import SessionReader, SessionSnapshot, load_session
 from suzumio.platform.bus.eventstore import EventStore
 
 META = EventMeta(actor="system:test")

@@ -12,8 +12,8 @@ Responses are streamed; text deltas go to `on_text` as they arrive.
 
 The request goes through the SDK's generic `post` (its documented way to send a body as is):
 `chat.completions.create` first walks the whole body through its type-driven transformation,
-which for messages and tool schemas that are plain JSON already changes nothing and cost a
-warm runner about as much CPU as everything else it does. Errors, streaming and response
+which for messages and tool schemas that are plain JSON already changes nothing and costs
+every call milliseconds of CPU (more with every tool schema). Errors, streaming and response
 types are the SDK's all the same.
 """
 

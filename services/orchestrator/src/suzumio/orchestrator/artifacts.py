@@ -26,7 +26,7 @@ from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.runner import FileRef
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
-from suzumio.orchestrator.sources import session_artifacts
+from suzumio.orchestrator.sessions import session_artifacts
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
 from suzumio.platform.db.pool import Pool
@@ -119,10 +119,14 @@ class ArtifactCollector:
                 log.warning("artifacts.too_large", activation=plan.activation_id, size=size)
                 continue
             relative = path.relative_to(out).as_posix()
-            digest = _sha256(path)
+            try:
+                ref = FileRef(path=relative, sha256=_sha256(path), size=size)
+            except ValueError:  # a name no workspace could hold again (a backslash, …)
+                log.warning("artifacts.unplaceable", activation=plan.activation_id)
+                continue
             with path.open("rb") as source:
-                await put_blob(self._store, digest, source)
-            await self._record(plan, FileRef(path=relative, sha256=digest, size=size))
+                await put_blob(self._store, ref.sha256, source)
+            await self._record(plan, ref)
             recorded.append(relative)
         return recorded
 

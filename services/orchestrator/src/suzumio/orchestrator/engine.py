@@ -37,8 +37,8 @@ from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
 from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
+from suzumio.orchestrator.directory import Agent, Directory, Project
 from suzumio.orchestrator.planning import PlanError, Planner
-from suzumio.orchestrator.sources import Agent, Directory, Project
 from suzumio.platform.bus.eventstore import (
     AggregateStream,
     ConcurrencyConflictError,

@@ -29,8 +29,9 @@ from suzumio.contracts.runner import (
 )
 from suzumio.contracts.values import RuntimeProfileSpec, WorkspaceMode
 from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
+from suzumio.orchestrator.directory import Agent, Project
+from suzumio.orchestrator.sessions import SessionReader
 from suzumio.orchestrator.settings import OrchestratorSettings
-from suzumio.orchestrator.sources import Agent, Project, SessionReader
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.secrets import SecretBox, SecretError
 from suzumio.platform.tokens import TokenSigner
