@@ -14,6 +14,7 @@ from suzumio.orchestrator.backends.process import ProcessBackend
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.backend_suite import SCENARIOS, Harness, harness
+from tests.e2e.api import World
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -31,6 +32,21 @@ async def test_process_backend(
 ) -> None:
     async with harness(platform, model, tmp_path, process_backend, "process") as h:
         await scenario(h)
+
+
+async def run_shell(h: Harness, name: str, command: str) -> World:
+    """One activation of a new world whose model runs `command` in the sandbox, then answers;
+    it must complete."""
+    h.model.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": command})]),
+            Reply.text("done"),
+        ]
+    )
+    world = await h.world(name)
+    activation_id = await h.request(world)
+    assert (await h.ended(activation_id))[-1] == "activation.completed"
+    return world
 
 
 async def test_with_bubblewrap_the_runner_sees_and_changes_only_its_own(
@@ -54,16 +70,8 @@ async def test_with_bubblewrap_the_runner_sees_and_changes_only_its_own(
             f"cat {secret} 2>/dev/null; echo SECRET=$?",
         ]
     )
-    model.script(
-        [
-            Reply.tool_calls([ToolCall("shell_exec", {"command": command})]),
-            Reply.text("looked around"),
-        ]
-    )
     async with harness(platform, model, tmp_path, process_backend, "process") as h:
-        world = await h.world("bwrap")
-        activation_id = await h.request(world)
-        assert (await h.ended(activation_id))[-1] == "activation.completed"
+        world = await run_shell(h, "bwrap", command)
     [result] = [
         str(m.get("content"))
         for r in model.requests
@@ -90,16 +98,8 @@ async def test_an_out_file_no_workspace_could_hold_is_left_out(
     """A name with a backslash cannot come back as `in/<path>`: it is not recorded, and the
     activation's other files and its end are as usual."""
     command = "printf one > 'out/a\\b.txt'; printf two > out/ok.txt"
-    model.script(
-        [
-            Reply.tool_calls([ToolCall("shell_exec", {"command": command})]),
-            Reply.text("wrote them"),
-        ]
-    )
     async with harness(platform, model, tmp_path, process_backend, "process") as h:
-        world = await h.world("names")
-        activation_id = await h.request(world)
-        assert (await h.ended(activation_id))[-1] == "activation.completed"
+        world = await run_shell(h, "names", command)
         async with platform.client(world.key) as c:
             listed = await eventually(
                 lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
