@@ -7,13 +7,16 @@ model (it answers at once):
 - a user message (sent by a connected client through the gateway) → the first model call of
   its runner, per backend; for the pool, → the worker starting it (`started` on the pool's
   status subject);
-- pool throughput: activations per second from requested to ended, with a no-op model.
+- pool throughput: activations per second from requested to ended, with a no-op model, and
+  where their CPU went (ms per activation: the forked runners with their worker, the
+  orchestrator with this process, each service, and the rest of the machine).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from nats.aio.msg import Msg
 
 from suzumio.contracts.envelope import EventMeta
@@ -47,7 +51,9 @@ WORKER_CONCURRENCY = 8
 
 
 @contextlib.asynccontextmanager
-async def workers(stack: Stack, tmp: Path, count: int = 1) -> AsyncIterator[None]:
+async def workers(
+    stack: Stack, tmp: Path, count: int = 1
+) -> AsyncIterator[list[subprocess.Popen[bytes]]]:
     procs = []
     for i in range(count):
         log = (tmp / f"worker{i}.log").open("wb")
@@ -72,7 +78,7 @@ async def workers(stack: Stack, tmp: Path, count: int = 1) -> AsyncIterator[None
             )  # fmt: skip
         )
     try:
-        yield
+        yield procs
     finally:
         for proc in procs:
             proc.terminate()
@@ -169,8 +175,40 @@ async def _message_to_model(h: Harness, pool_started: dict[str, float] | None) -
     return out
 
 
-async def _throughput(h: Harness) -> dict[str, Any]:
+def _cpu_seconds(pid: int, *, with_children: bool = False) -> float:
+    """User and system CPU of a process (and of its descendants, reaped ones included)."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *(proc.children(recursive=True) if with_children else [])]
+        total = 0.0
+        for p in procs:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    except psutil.Error:
+        return 0.0
+    return total
+
+
+def _machine_cpu_seconds() -> float:
+    t = psutil.cpu_times()  # everything that ran, interrupts (loopback networking) included
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0))
+
+
+def _cpu_by_part(h: Harness, pool: list[int]) -> dict[str, float]:
+    parts = {
+        "machine": _machine_cpu_seconds(),
+        "orchestrator_and_bench": _cpu_seconds(os.getpid()),
+        "worker_and_runners": sum(_cpu_seconds(pid, with_children=True) for pid in pool),
+    }
+    for service in h.stack.processes:
+        if service.process is not None:
+            parts[service.name] = _cpu_seconds(service.process.pid)
+    return parts
+
+
+async def _throughput(h: Harness, pool: list[int]) -> dict[str, Any]:
     sessions = [await h.world(f"tp{i}") for i in range(20)]
+    cpu_before = _cpu_by_part(h, pool)
     started = time.perf_counter()
     ids = []
     for i in range(THROUGHPUT_ACTIVATIONS):
@@ -179,6 +217,10 @@ async def _throughput(h: Harness) -> dict[str, Any]:
     for activation_id in ids:
         await _ended(h, activation_id, timeout=600)
     elapsed = time.perf_counter() - started
+    cpu = {k: v - cpu_before[k] for k, v in _cpu_by_part(h, pool).items()}
+    cpu["nats_postgres_and_the_rest"] = cpu["machine"] - sum(
+        v for k, v in cpu.items() if k != "machine"
+    )
     outcomes = [(await h.story(i))[-1] for i in ids]
     return {
         "activations": THROUGHPUT_ACTIVATIONS,
@@ -187,10 +229,16 @@ async def _throughput(h: Harness) -> dict[str, Any]:
         "completed": outcomes.count("activation.completed"),
         "worker_concurrency": WORKER_CONCURRENCY,
         "target_per_s": 200,
+        # Where an activation's CPU goes (ms per activation), to tell what bounds the rate.
+        "cpu_ms_per_activation": {
+            k: round(v * 1000 / THROUGHPUT_ACTIVATIONS, 1) for k, v in cpu.items()
+        },
     }
 
 
-async def _backend(stack: Stack, tmp: Path, name: str) -> dict[str, Any]:
+async def _backend(
+    stack: Stack, tmp: Path, name: str, pool: list[int] | None = None
+) -> dict[str, Any]:
     async with (
         ScriptedModelServer(default=Reply.text("ok")) as model,
         harness(stack, model, tmp / name, factory(name, stack), name) as h,
@@ -205,8 +253,8 @@ async def _backend(stack: Stack, tmp: Path, name: str) -> dict[str, Any]:
         sub = await stack.nc.subscribe(stack.topology.pool_status_subject("*"), cb=on_status)
         figures: dict[str, Any] = {"overhead": await _overhead(h)}
         figures |= await _message_to_model(h, started_at if name == "pool" else None)
-        if name == "pool":
-            figures["throughput"] = await _throughput(h)
+        if pool is not None:
+            figures["throughput"] = await _throughput(h, pool)
         await sub.unsubscribe()
         return figures
 
@@ -217,6 +265,6 @@ async def backends(nats_url: str, pg_url: str, root: Path) -> dict[str, Any]:
     async with running_stack(nats_url, pg_url, tmp, SERVICES) as stack:
         for name in ("process", "docker"):
             out[name] = await _backend(stack, tmp, name)
-        async with workers(stack, tmp):
-            out["pool"] = await _backend(stack, tmp, "pool")
+        async with workers(stack, tmp) as procs:
+            out["pool"] = await _backend(stack, tmp, "pool", [p.pid for p in procs])
     return out
