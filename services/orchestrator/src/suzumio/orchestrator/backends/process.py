@@ -97,9 +97,52 @@ class ProcessBackend:
         self._startup = _startup_paths(self._settings.python)
         self._children: dict[str, asyncio.subprocess.Process] = {}
         self._bwrap = shutil.which("bwrap") if self._settings.isolate else None
+        self._bwrap_problem: str | None = None  # why bubblewrap cannot sandbox here
+        self._probed = False
+        self._probing = asyncio.Lock()
 
     # -- launching -------------------------------------------------------------------------
+    async def _isolation_problem(self) -> str | None:
+        """Whether bubblewrap can make its namespaces here (inside an unprivileged container it
+        often cannot): found out once, so every launch is not a runner that dies at once."""
+        if self._bwrap is None or self._probed:
+            return self._bwrap_problem
+        async with self._probing:
+            if not self._probed:
+                await self._probe(self._bwrap)
+                self._probed = True
+        return self._bwrap_problem
+
+    async def _probe(self, bwrap: str) -> None:
+        try:
+            probe = await asyncio.create_subprocess_exec(
+                bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--cap-drop", "ALL",
+                "--", "/bin/true",
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+        except OSError as exc:
+            self._bwrap_problem = repr(exc)
+            return
+        try:
+            _, err = await asyncio.wait_for(probe.communicate(), 10)
+        except TimeoutError:
+            probe.kill()
+            self._bwrap_problem = "it did not start within 10 s"
+        else:
+            if probe.returncode != 0:
+                self._bwrap_problem = err.decode(errors="replace").strip()[-300:] or "failed"
+        if self._bwrap_problem is not None:
+            log.warning("process.isolation_unavailable", problem=self._bwrap_problem)
+
     async def launch(self, plan: LaunchPlan) -> Handle:
+        problem = await self._isolation_problem()
+        if problem is not None:  # refused, not run unisolated behind the operator's back
+            raise LaunchError(
+                f"bubblewrap cannot isolate the runner here ({problem}); set "
+                "SUZUMIO_PROCESS__ISOLATE=false to run it without isolation, or use docker",
+                retryable=False,
+            )
         workspace = plan.host_dir / "workspace"
         for d in (workspace / "out", plan.session_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -238,7 +281,11 @@ class ProcessBackend:
         return found
 
     async def health(self) -> Health:
-        return Health(ok=True, detail={"isolation": "bwrap" if self._bwrap else "none"})
+        problem = await self._isolation_problem()
+        detail: dict[str, object] = {"isolation": "bwrap" if self._bwrap else "none"}
+        if problem is not None:
+            detail["isolation_problem"] = problem
+        return Health(ok=problem is None, detail=detail)
 
     async def close(self) -> None:
         return
