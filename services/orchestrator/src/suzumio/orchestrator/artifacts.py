@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mimetypes
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nats.js.client import JetStreamContext
@@ -36,6 +36,29 @@ log = get_logger(__name__)
 LOCAL_BACKENDS = frozenset({"process", "docker"})
 REMOTE_BACKENDS = frozenset({"pool"})  # exchange through the object store
 ACTOR = "system:orchestrator"
+
+
+@dataclass(frozen=True)
+class Collection:
+    """Whose files to collect and where: from the plan, or — for an activation found again
+    after an orchestrator restart, whose plan is gone — from what the log and the settings
+    say, so its files are not lost with the orchestrator that launched it."""
+
+    project_id: str
+    session_id: str
+    activation_id: str
+    backend: str
+    host_dir: Path
+
+    @classmethod
+    def of(cls, plan: LaunchPlan) -> Collection:
+        return cls(
+            plan.project_id,
+            plan.session_id,
+            plan.activation_id,
+            plan.profile.backend.value,
+            plan.host_dir,
+        )
 
 
 class ArtifactCollector:
@@ -96,66 +119,65 @@ class ArtifactCollector:
                 log.warning("artifacts.unplaceable", session=plan.session_id, path=path)
         return tuple(refs)
 
-    async def collect(self, plan: LaunchPlan, exit_: Exit) -> list[str]:
+    async def collect(self, target: Collection, exit_: Exit) -> list[str]:
         """Record what the activation left in `workspace/out` (regular files only, no
         symlinks) as artifacts of the session; the paths recorded."""
-        backend = plan.profile.backend.value
-        if backend in REMOTE_BACKENDS:
-            return await self._record_remote(plan, exit_.outputs)
-        if backend not in LOCAL_BACKENDS:
+        if target.backend in REMOTE_BACKENDS:
+            return await self._record_remote(target, exit_.outputs)
+        if target.backend not in LOCAL_BACKENDS:
             return []
-        out = plan.host_dir / "workspace" / "out"
+        out = target.host_dir / "workspace" / "out"
         if not out.is_dir():
             return []
         recorded: list[str] = []
         for path in sorted(out.rglob("*")):
             if len(recorded) >= self._max_files:
-                log.warning("artifacts.too_many", activation=plan.activation_id)
+                log.warning("artifacts.too_many", activation=target.activation_id)
                 break
             if path.is_symlink() or not path.is_file():
                 continue
             size = path.stat().st_size
             if size > self._max_bytes:
-                log.warning("artifacts.too_large", activation=plan.activation_id, size=size)
+                log.warning("artifacts.too_large", activation=target.activation_id, size=size)
                 continue
             relative = path.relative_to(out).as_posix()
             try:
                 ref = FileRef(path=relative, sha256=_sha256(path), size=size)
             except ValueError:  # a name no workspace could hold again (a backslash, …)
-                log.warning("artifacts.unplaceable", activation=plan.activation_id)
+                log.warning("artifacts.unplaceable", activation=target.activation_id)
                 continue
             with path.open("rb") as source:
                 await put_blob(self._store, ref.sha256, source)
-            await self._record(plan, ref)
+            await self._record(target, ref)
             recorded.append(relative)
         return recorded
 
-    async def _record_remote(self, plan: LaunchPlan, outputs: tuple[FileRef, ...]) -> list[str]:
+    async def _record_remote(self, target: Collection, outputs: tuple[FileRef, ...]) -> list[str]:
         """The files a worker says it stored, within this collector's limits, and only if
         their bytes are really in the object store."""
         recorded: list[str] = []
         for ref in outputs[: self._max_files]:
             if ref.size > self._max_bytes or not await has_blob(self._store, ref.sha256):
-                log.warning("artifacts.refused", activation=plan.activation_id, path=ref.path)
+                log.warning("artifacts.refused", activation=target.activation_id, path=ref.path)
                 continue
-            await self._record(plan, ref)
+            await self._record(target, ref)
             recorded.append(ref.path)
         return recorded
 
-    async def _record(self, plan: LaunchPlan, ref: FileRef) -> None:
+    async def _record(self, target: Collection, ref: FileRef) -> None:
         content_type = mimetypes.guess_type(ref.path)[0] or "application/octet-stream"
         with contextlib.suppress(ConflictError):  # recorded before (collected again)
             await self._commands.send(
                 RecordArtifact(
-                    project_id=plan.project_id,
-                    artifact_id=derived_id("artifact", plan.activation_id, ref.path),
-                    session_id=plan.session_id,
+                    project_id=target.project_id,
+                    artifact_id=derived_id("artifact", target.activation_id, ref.path),
+                    session_id=target.session_id,
                     path=ref.path,
                     sha256=ref.sha256,
                     size=ref.size,
                     content_type=content_type,
                     source="activation",
-                    activation_id=plan.activation_id,
+                    activation_id=target.activation_id,
                 ),
                 actor=ACTOR,
             )

@@ -35,7 +35,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
-from suzumio.orchestrator.artifacts import ArtifactCollector
+from suzumio.orchestrator.artifacts import ArtifactCollector, Collection
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.directory import Agent, Directory, Project
 from suzumio.orchestrator.planning import PlanError, Planner
@@ -330,12 +330,23 @@ class Orchestrator:
             tracked.timed_out = True
             await backend.cancel(handle)
             exit_ = await asyncio.wait_for(backend.watch(handle), 30)
-        if plan is not None:
-            await self._artifacts.collect(plan, exit_)
+        target = Collection.of(plan) if plan is not None else self._found_again(tracked, handle)
+        if target is not None:
+            await self._artifacts.collect(target, exit_)
         stream = await self._store.load("activation", tracked.request.activation_id)
         terminal = self._terminal(tracked, exit_, stream)
         await self._end(tracked, terminal, stream)
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
+
+    def _found_again(self, tracked: Tracked, handle: Handle) -> Collection | None:
+        """Where the files of an activation launched before a restart are: its directory is
+        where every plan puts it; its project, what the log said when it was requested."""
+        project_id = tracked.project.id if tracked.project else tracked.request.project_id
+        if not project_id:
+            return None
+        activation_id = tracked.request.activation_id
+        host_dir = self._planner.settings.activation_dir(activation_id)
+        return Collection(project_id, tracked.session_id, activation_id, handle.backend, host_dir)
 
     def _remaining(self, tracked: Tracked, plan: LaunchPlan | None) -> float | None:
         if plan is not None and plan.deadline is not None:

@@ -119,7 +119,7 @@ class Planner:
             profile=profile,
             env={**ids, **env},
             secret_keys=frozenset(secrets),
-            host_dir=root / "activations" / request.activation_id,
+            host_dir=self.settings.activation_dir(request.activation_id),
             session_dir=root / "sessions" / session_id,
             mounts=mounts,
             deadline=datetime.now(UTC) + ttl,

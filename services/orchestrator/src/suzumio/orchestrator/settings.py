@@ -56,3 +56,7 @@ class OrchestratorSettings(ServiceSettings):
 
     def sandboxes(self) -> Path:
         return (self.work_dir or Path(self.data_dir) / "sandboxes").resolve()
+
+    def activation_dir(self, activation_id: str) -> Path:
+        """An activation's directory on this host (its input, workspace and exit record)."""
+        return self.sandboxes() / "activations" / activation_id
