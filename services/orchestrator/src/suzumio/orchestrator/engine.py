@@ -45,10 +45,8 @@ from suzumio.platform.bus.eventstore import (
     EventStore,
     envelopes_of,
 )
-from suzumio.platform.bus.follower import LogFollower
-from suzumio.platform.db.leadership import Leadership
 from suzumio.platform.logging import get_logger
-from suzumio.platform.position import Position
+from suzumio.platform.replica import Replica
 from suzumio.platform.telemetry import meter
 
 log = get_logger(__name__)
@@ -109,40 +107,31 @@ class Orchestrator:
         self.backends = dict(backends)
         self._artifacts = artifacts
         self._retention = retention_hours * 3600
-        self._follower = LogFollower(nc, topology)
-        self.leadership = Leadership(database_url, f"orchestrator.{topology.namespace or '-'}")
+        self.replica = Replica(nc, topology, database_url, "orchestrator")
         self.directory = Directory()
         self.activations: dict[str, Tracked] = {}
         self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.folded = Position()
+        self.folded = self.replica.folded
         self.leading = False
-        self.caught_up = False
 
     # -- following the log -------------------------------------------------------------------
+    @property
+    def caught_up(self) -> bool:
+        return self.replica.caught_up
+
     async def run(self, stop: asyncio.Event) -> None:
-        await self._follower.start()
-        self.caught_up = self._follower.replay_end == 0
-        folding = asyncio.create_task(self._fold_loop(stop))
-        try:
-            await self.leadership.run(stop, self._lead)
-        finally:
-            folding.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await folding
-            await self._follower.close()
+        await self.replica.run(stop, self._fold_loop, self._lead)
 
     async def _fold_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            msg = await self._follower.next(timeout=0.5)
+            msg = await self.replica.follower.next(timeout=0.5)
             position = self.folded.value
             while msg is not None:
                 if WANTED.intersection(msg.types):
                     self._fold(msg.seq, msg.data)
                 position = msg.seq
-                msg = self._follower.next_nowait()
-            if not self.caught_up and position >= self._follower.replay_end:
-                self.caught_up = True
+                msg = self.replica.follower.next_nowait()
             await self.folded.advance(position)
 
     def _fold(self, seq: int, data: bytes) -> None:

@@ -41,11 +41,10 @@ from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Priority, SignalKind, SignalOutcome
 from suzumio.platform.bus.commands import CommandClient, CommandServer
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
-from suzumio.platform.bus.follower import LogFollower, LogMessage
+from suzumio.platform.bus.follower import LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
-from suzumio.platform.db.leadership import Leadership
 from suzumio.platform.logging import get_logger
-from suzumio.platform.position import Position
+from suzumio.platform.replica import Replica
 from suzumio.platform.telemetry import meter
 from suzumio.scheduler.domain import policy
 from suzumio.scheduler.domain.admission import Admission
@@ -96,8 +95,7 @@ class Scheduler:
         self._hooks = hooks
         self._clock = clock
         self.world = World(RetryPolicy(settings.retry_budget, settings.retry_backoff_seconds))
-        self._follower = LogFollower(nc, topology)
-        self.leadership = Leadership(database_url, f"scheduler.{topology.namespace or '-'}")
+        self.replica = Replica(nc, topology, database_url, "scheduler")
         self._admission = Admission()
         self._timers = Timers()
         self._timer_changed = asyncio.Event()
@@ -107,22 +105,16 @@ class Scheduler:
         self._landing: dict[str, asyncio.Event] = {}  # set when a session's append is folded
         self._reviewing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.folded = Position()  # follows world.position, for those who wait on it
+        self.folded = self.replica.folded  # follows world.position, for those who wait on it
         self.leading = False
-        self.caught_up = False
 
     # -- running -------------------------------------------------------------------------
+    @property
+    def caught_up(self) -> bool:
+        return self.replica.caught_up
+
     async def run(self, stop: asyncio.Event) -> None:
-        await self._follower.start()
-        self.caught_up = self._follower.replay_end == 0
-        folding = asyncio.create_task(self._fold_loop(stop))
-        try:
-            await self.leadership.run(stop, self._lead)
-        finally:
-            folding.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await folding
-            await self._follower.close()
+        await self.replica.run(stop, self._fold_loop, self._lead)
 
     async def _lead(self, done: asyncio.Event) -> None:
         if not await self.folded.caught_up(self._nc, self._topology, done):
@@ -146,20 +138,20 @@ class Scheduler:
 
     async def _fold_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            first = await self._follower.next(timeout=0.5)
+            first = await self.replica.follower.next(timeout=0.5)
             if first is None:
                 continue
             changes = Changes()
             self._fold(first, changes)
             for _ in range(FOLD_BURST):  # what is queued already: decide on the latest state
-                more = self._follower.next_nowait()
+                more = self.replica.follower.next_nowait()
                 if more is None:
                     break
                 self._fold(more, changes)
-            if not self.caught_up and self.world.position >= self._follower.replay_end:
-                self.caught_up = True
-                log.info("scheduler.caught_up", position=self.world.position)
+            replaying = not self.caught_up
             await self.folded.advance(self.world.position)
+            if replaying and self.caught_up:
+                log.info("scheduler.caught_up", position=self.world.position)
             self._dirty |= changes.sessions
             if self.leading:
                 self._decide()
