@@ -13,7 +13,7 @@ from pathlib import Path
 
 from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.events import ActivationCancelRequested, ActivationRequested
+from suzumio.contracts.events import ActivationCancelRequested
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.contracts.values import Backend as BackendName
@@ -30,6 +30,7 @@ from suzumio.platform.secrets import SecretBox
 from suzumio.platform.tokens import TokenSigner
 from suzumio.testing.model_server import Reply, ScriptedModelServer
 from tests.e2e.api import World, new_world
+from tests.e2e.runner_env import request_activation
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -71,20 +72,7 @@ class Harness:
         return world
 
     async def request(self, world: World) -> str:
-        activation_id = new_id()
-        await self.stack.store.append_next(
-            world.session_id,
-            [
-                ActivationRequested(
-                    activation_id=activation_id,
-                    agent_id=world.agent_id,
-                    signal_ids=(),
-                    project_id=world.project_id,
-                )
-            ],
-            EventMeta(actor="system:scheduler"),
-        )
-        return activation_id
+        return await request_activation(self.stack, world)
 
     async def story(self, activation_id: str) -> list[str]:
         stream = await self.stack.store.load("activation", activation_id)
