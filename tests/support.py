@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -26,3 +29,16 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}; last value: {result!r}")
         await asyncio.sleep(0.02)
+
+
+def start_pool_worker(
+    nats_url: str, namespace: str, workdir: Path, log: Path, *options: str
+) -> subprocess.Popen[bytes]:
+    """`python -m suzumio.runner worker` on the test's NATS and namespace, its output in `log`;
+    `options` are more of the worker's flags (`--concurrency 2`, `--heartbeat 1`, …)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "suzumio.runner", "worker", "--nats", nats_url,
+             "--namespace", namespace, "--workdir", str(workdir), *options],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +41,7 @@ from tests.backend_suite import TERMINAL, Harness, harness
 from tests.bench.gateway import percentiles
 from tests.e2e.api import World, ok
 from tests.e2e.stack import Stack, running_stack
+from tests.support import start_pool_worker
 
 SERVICES = ("session", "scheduler", "toolbroker", "gateway")
 OVERHEAD_SAMPLES = 30
@@ -56,25 +56,14 @@ async def workers(
 ) -> AsyncIterator[list[subprocess.Popen[bytes]]]:
     procs = []
     for i in range(count):
-        log = (tmp / f"worker{i}.log").open("wb")
         procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "suzumio.runner",
-                    "worker",
-                    "--nats",
-                    stack.nats_url,
-                    "--namespace",
-                    stack.topology.namespace,
-                    "--workdir",
-                    str(tmp / f"w{i}"),
-                    "--concurrency",
-                    str(WORKER_CONCURRENCY),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
+            start_pool_worker(
+                stack.nats_url,
+                stack.topology.namespace,
+                tmp / f"w{i}",
+                tmp / f"worker{i}.log",
+                "--concurrency",
+                str(WORKER_CONCURRENCY),
             )  # fmt: skip
         )
     try:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,7 +23,7 @@ from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.e2e.api import World, new_world, ok
 from tests.e2e.runner_env import post
 from tests.e2e.stack import Stack, running_stack
-from tests.support import eventually
+from tests.support import eventually, start_pool_worker
 
 SERVICES = ("session", "scheduler", "orchestrator", "toolbroker", "gateway")
 
@@ -50,12 +48,9 @@ async def everything(
         "SUZUMIO_BACKENDS": '["process", "docker", "pool"]',
     }
     async with running_stack(nats_url, postgres_url, tmp, SERVICES, env) as stack:
-        with (tmp / "worker.log").open("wb") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "suzumio.runner", "worker", "--nats", stack.nats_url,
-                 "--namespace", stack.topology.namespace, "--workdir", str(tmp / "worker")],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        worker = start_pool_worker(
+            stack.nats_url, stack.topology.namespace, tmp / "worker", tmp / "worker.log"
+        )
         try:
             yield stack
         finally:

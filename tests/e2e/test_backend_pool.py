@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import ScriptedModelServer
 from tests.backend_suite import SCENARIOS, Harness, harness
 from tests.e2e.stack import Stack
+from tests.support import start_pool_worker
 
 
 @pytest.fixture
@@ -44,31 +44,20 @@ async def test_pool_backend(
 ) -> None:
     async def pool_backend(settings: OrchestratorSettings) -> Backend:
         del settings
-        with (tmp_path / "worker.log").open("wb") as log:
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "suzumio.runner",
-                        "worker",
-                        "--nats",
-                        platform.nats_url,
-                        "--namespace",
-                        platform.topology.namespace,
-                        "--workdir",
-                        str(tmp_path / "worker"),
-                        "--heartbeat",
-                        "1",
-                        "--concurrency",
-                        "2",
-                        "--kill-grace",
-                        "2",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )  # fmt: skip
-            )
+        workers.append(
+            start_pool_worker(
+                platform.nats_url,
+                platform.topology.namespace,
+                tmp_path / "worker",
+                tmp_path / "worker.log",
+                "--heartbeat",
+                "1",
+                "--concurrency",
+                "2",
+                "--kill-grace",
+                "2",
+            )  # fmt: skip
+        )
         pool = PoolSettings(heartbeat_timeout_seconds=5, ack_wait_seconds=10)
         return PoolBackend(platform.nc, platform.topology, pool)
 

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -40,6 +39,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Backend, ModelSpec, Priority, RuntimeProfileSpec, SignalKind
 from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan, MountPlan
 from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
+from tests.support import start_pool_worker
 
 HEARTBEAT_TIMEOUT = 2.0
 ACK_WAIT = 4.0
@@ -142,14 +142,12 @@ def workers(nats_url: str, topology: Topology, tmp_path: Path) -> Iterator[Start
     started: list[subprocess.Popen[bytes]] = []
 
     def start(worker_id: str, *, concurrency: int = 1, pool: str = "default", idle_ttl: float = 0):
-        log = (tmp_path / f"{worker_id}.log").open("wb")
-        cmd = [sys.executable, "-m", "suzumio.runner", "worker", "--nats", nats_url,
-               "--namespace", topology.namespace, "--pool", pool, "--worker-id", worker_id,
-               "--concurrency", str(concurrency), "--workdir", str(tmp_path / "work"),
-               "--heartbeat", "0.3", "--kill-grace", "1", "--drain", "1",
-               "--idle-ttl", str(idle_ttl)]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        proc = start_pool_worker(
+            nats_url, topology.namespace, tmp_path / "work", tmp_path / f"{worker_id}.log",
+            "--pool", pool, "--worker-id", worker_id, "--concurrency", str(concurrency),
+            "--heartbeat", "0.3", "--kill-grace", "1", "--drain", "1",
+            "--idle-ttl", str(idle_ttl),
+        )  # fmt: skip
         started.append(proc)
         return proc
 
