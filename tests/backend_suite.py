@@ -1,12 +1,14 @@
 """The behaviour every sandbox backend must show, driven through the real orchestrator engine
 (in-process) against the real session, scheduler and tool-broker processes and a scripted model
 (the one fake provider): launch → output → terminal event; cancel; timeout; a crash with a
-non-zero exit; cleanup. Each backend's test module supplies a `BackendFactory`."""
+non-zero exit; cleanup; the session's files in `/workspace/in` and `/workspace/out`'s files
+back as artifacts. Each backend's test module supplies a `BackendFactory`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +30,8 @@ from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.db import pool as db
 from suzumio.platform.secrets import SecretBox
 from suzumio.platform.tokens import TokenSigner
-from suzumio.testing.model_server import Reply, ScriptedModelServer
-from tests.e2e.api import World, new_world
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
+from tests.e2e.api import World, new_world, upload_artifact
 from tests.e2e.runner_env import request_activation
 from tests.e2e.stack import Stack
 from tests.support import eventually
@@ -202,9 +204,55 @@ async def wall_clock_timeout_ends_timed_out(h: Harness) -> None:
     await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
 
 
+async def session_files_go_in_and_come_out(h: Harness) -> None:
+    """An artifact of the session is in `/workspace/in` at its path; a file the activation
+    leaves in `/workspace/out` becomes an artifact of the session, byte for byte — wherever
+    the sandbox ran (the pool's worker and the kubernetes runner share no disk with this)."""
+    world = await h.world("files")
+    await upload_artifact(h.stack, world, "notes/brief.md", b"# the brief: ship it\n")
+    async with h.stack.client(world.key) as c:
+        await eventually(
+            lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
+            lambda r: len(r.json()["items"]) == 1,
+            what="the upload in the projection",
+        )
+    h.model.script(
+        [
+            Reply.tool_calls([ToolCall("file_read", {"path": "in/notes/brief.md"})]),
+            Reply.tool_calls(
+                [ToolCall("file_write", {"path": "out/report/done.txt", "content": "shipped"})]
+            ),
+            Reply.text("filed"),
+        ]
+    )
+    seen = len(h.model.requests)
+    activation_id = await h.request(world)
+    story = await h.ended(activation_id)
+    assert story[-1] == "activation.completed", story
+    results = [
+        str(m.get("content"))
+        for r in h.model.requests[seen:]
+        if world.session_id in str(r.messages[0])
+        for m in r.messages
+        if m.get("role") == "tool"
+    ]
+    assert results, "no tool result reached the model"
+    assert "# the brief: ship it" in results[0], results
+    async with h.stack.client(world.key) as c:
+        listed = await eventually(
+            lambda: c.get(f"/v1/projects/{world.project_id}/artifacts"),
+            lambda r: any(a["path"] == "report/done.txt" for a in r.json()["items"]),
+            what="the out/ file as an artifact",
+        )
+    [out] = [a for a in listed.json()["items"] if a["path"] == "report/done.txt"]
+    assert (out["source"], out["session_id"]) == ("activation", world.session_id)
+    assert (out["sha256"], out["size"]) == (hashlib.sha256(b"shipped").hexdigest(), 7)
+
+
 SCENARIOS = (
     answers_and_ends_completed,
     crash_with_nonzero_exit_fails,
     cancel_kills_the_sandbox,
     wall_clock_timeout_ends_timed_out,
+    session_files_go_in_and_come_out,
 )

@@ -64,6 +64,23 @@ async def new_world(stack: Stack, name: str) -> World:
     return World(key, user_id, project["id"], agent["id"], session["id"])
 
 
+async def upload_artifact(
+    stack: Stack, world: World, path: str, data: bytes, content_type: str = "text/plain"
+) -> dict[str, Any]:
+    """`data` uploaded as an artifact of the world's session at `path`; the artifact."""
+    async with stack.client(world.key) as c:
+        body = ok(
+            await c.post(
+                f"/v1/projects/{world.project_id}/artifacts",
+                files=[("file", (path, data, content_type))],
+                data={"session_id": world.session_id},
+            ),
+            201,
+        )
+    item: dict[str, Any] = body["items"][0]
+    return item
+
+
 def tar_gz(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:

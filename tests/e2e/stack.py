@@ -23,6 +23,7 @@ from suzumio.testing import servers
 from suzumio.testing.processes import ServiceProcess
 
 MAX_UPLOAD = 256 * 1024
+MAX_ARTIFACT = 256 * 1024  # what a sandbox may send back per file (the broker, the collector)
 
 
 @dataclass
@@ -67,6 +68,7 @@ async def running_stack(
         "SUZUMIO_SECRET_KEY": secret_key,
         "SUZUMIO_MOUNT_ROOTS": str(mount_root),
         "SUZUMIO_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
+        "SUZUMIO_MAX_ARTIFACT_BYTES": str(MAX_ARTIFACT),
         "SUZUMIO_READ_YOUR_WRITES_TIMEOUT": "5",
         "SUZUMIO_STREAM_RECHECK_SECONDS": "0.5",
         "SUZUMIO_WORK_DIR": str(tmp / "sandboxes"),

@@ -20,7 +20,7 @@ from suzumio.contracts.events import ActivationRequested
 from suzumio.contracts.values import Backend, RuntimeProfileSpec
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.e2e.api import World, new_world, ok
+from tests.e2e.api import World, new_world, upload_artifact
 from tests.e2e.runner_env import post
 from tests.e2e.stack import Stack, running_stack
 from tests.support import eventually, start_pool_worker
@@ -179,15 +179,7 @@ async def test_the_sessions_artifacts_are_in_the_next_activations_inputs(
     object store by the worker), at their paths, byte for byte."""
     world = await new_world(everything, f"ibis{backend}")
     await on_backend(everything, world, backend)
-    async with everything.client(world.key) as c:
-        ok(
-            await c.post(
-                f"/v1/projects/{world.project_id}/artifacts",
-                files=[("file", ("notes/brief.md", b"# the brief: ship it\n", "text/markdown"))],
-                data={"session_id": world.session_id},
-            ),
-            201,
-        )
+    await upload_artifact(everything, world, "notes/brief.md", b"# the brief: ship it\n")
     scripted.script(
         [
             Reply.tool_calls([ToolCall("file_read", {"path": "in/notes/brief.md"})]),

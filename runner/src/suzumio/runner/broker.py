@@ -8,9 +8,10 @@ raised and the loop stops at once without touching anything else.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -31,12 +32,18 @@ from suzumio.contracts.broker import (
     ToolCallFinish,
     ToolCallStart,
 )
-from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
+from suzumio.contracts.runner import (
+    CheckpointRef,
+    InputFile,
+    RunnerActivationOutput,
+    SignalSpec,
+)
 from suzumio.runner import tls
 
 M = TypeVar("M", bound=BaseModel)
 MAX_BATCH_ENTRIES = 200
 MAX_BATCH_CHARS = 2_000_000  # well under the bus's message size
+FILE_CHUNK = 256 * 1024
 
 
 class BrokerError(Exception):
@@ -101,15 +108,19 @@ class BrokerClient:
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError:
-                if attempt == self._retries:
-                    raise BrokerUnavailableError(f"{method} {path}: broker unreachable") from None
-                await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2))
+                await self._pause(attempt, f"{method} {path}")
                 continue
             if response.status_code >= 500 and attempt < self._retries:
-                await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2))
+                await self._pause(attempt, f"{method} {path}")
                 continue
             return self._answer(response, answer)
         raise BrokerUnavailableError(f"{method} {path}: gave up")  # pragma: no cover - loop returns
+
+    async def _pause(self, attempt: int, what: str) -> None:
+        """Back off before another try, or give up after the last."""
+        if attempt == self._retries:
+            raise BrokerUnavailableError(f"{what}: broker unreachable")
+        await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2))
 
     @staticmethod
     def _answer(response: httpx.Response, answer: type[M] | None) -> M | None:
@@ -192,6 +203,66 @@ class BrokerClient:
 
     async def output(self, output: RunnerActivationOutput) -> None:
         await self._must("POST", "/activation-output", output, Recorded)
+
+    async def download(self, ref: InputFile, sink: BinaryIO) -> None:
+        """The artifact's bytes into `sink` (from its start), checked against `ref`'s digest and
+        size; an interrupted download starts over.
+
+        Raises:
+            BrokerError: refused (404: not an artifact of this session).
+            ValueError: the bytes received are not the ones `ref` names.
+        """
+        path = f"/runner/files/{ref.artifact_id}"
+        for attempt in range(self._retries + 1):
+            sink.seek(0)
+            sink.truncate()
+            digest, size = hashlib.sha256(), 0
+            try:
+                async with self._http.stream("GET", path) as response:
+                    if response.status_code >= 500:
+                        await self._pause(attempt, f"GET {path}")
+                        continue
+                    if response.status_code >= 400:
+                        await response.aread()
+                        self._answer(response, None)
+                    async for chunk in response.aiter_bytes(FILE_CHUNK):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        sink.write(chunk)
+            except httpx.TransportError:
+                await self._pause(attempt, f"GET {path}")
+                continue
+            if (digest.hexdigest(), size) != (ref.sha256, ref.size):
+                raise ValueError(f"{ref.path}: the bytes received are not the artifact's")
+            return
+        raise BrokerUnavailableError(f"GET {path}: gave up")  # pragma: no cover - loop returns
+
+    async def upload(self, index: int, path: str, source: BinaryIO, size: int) -> bool:
+        """One output file (read from `source`'s start) as the activation's `index`th; False if
+        the broker had it already (a retried upload)."""
+
+        async def body() -> AsyncIterator[bytes]:
+            source.seek(0)
+            while chunk := source.read(FILE_CHUNK):
+                yield chunk
+
+        url = f"/runner/files/out/{index}"
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        for attempt in range(self._retries + 1):
+            try:
+                response = await self._http.put(
+                    url, content=body(), headers=headers, params={"path": path}
+                )
+            except httpx.TransportError:
+                await self._pause(attempt, f"PUT {url}")
+                continue
+            if response.status_code >= 500 and attempt < self._retries:
+                await self._pause(attempt, f"PUT {url}")
+                continue
+            recorded = self._answer(response, Recorded)
+            assert recorded is not None
+            return recorded.recorded
+        raise BrokerUnavailableError(f"PUT {url}: gave up")  # pragma: no cover - loop returns
 
 
 def _detail(response: httpx.Response) -> str:

@@ -12,5 +12,6 @@ FENCED = 6  # the broker refused the token: cancelled, replaced by a P0, or expi
 BROKER_UNREACHABLE = 7
 TIMED_OUT = 8  # the activation's wall-clock limit
 TERMINATED = 9  # SIGTERM / SIGINT
+INPUTS_UNAVAILABLE = 10  # the session's files could not be fetched into /workspace/in
 
 BY_REASON = {"completed": COMPLETED, "waiting": WAITING, "budget_exhausted": BUDGET_EXHAUSTED}

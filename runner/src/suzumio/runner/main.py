@@ -17,11 +17,13 @@ from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutp
 from suzumio.runner import exits
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
+from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import context, log
 from suzumio.runner.model import ModelClient, endpoint_for
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import Mount, ToolContext
+from suzumio.runner.workfiles import ExchangeError
 
 # What a shell command may see of the runner's environment: never the token or a key.
 SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -39,9 +41,10 @@ def shell_env(env: Mapping[str, str], workspace: str) -> dict[str, str]:
 
 async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) -> int:
     context.update(activation=spec.activation.id, session=spec.session.id, agent=spec.agent.id)
-    Path(spec.workspace, ".tmp").mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once
+    workspace = Path(spec.workspace)
+    (workspace / ".tmp").mkdir(parents=True, exist_ok=True)
     tool_ctx = ToolContext(
-        workspace=Path(spec.workspace),
+        workspace=workspace,
         mounts=tuple(Mount(Path(m.path), m.writable) for m in spec.mounts),
         allow_private_network=spec.allow_private_network,
         env=shell_env(env, spec.workspace),
@@ -56,22 +59,11 @@ async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) ->
     loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live, secrets)
     code = exits.CRASHED
     try:
-        try:
-            async with asyncio.timeout(spec.runner.wall_clock_seconds):
-                ending = await loop.run()
-            code = exits.BY_REASON[ending.reason]
-        except ModelFailedError as exc:
-            ending = Ending("failed", f"the model failed: {exc}", detail=exc.failure_class)
-            code = exits.MODEL_FAILED
-        except TimeoutError:
-            ending = Ending("failed", "the activation ran out of time")
-            code = exits.TIMED_OUT
-        except BrokerError as exc:
-            if isinstance(exc, FencedError):
-                raise
-            ending = Ending("failed", f"the tool-broker refused a request: {exc}")
-            code = exits.CRASHED
+        ending, code = await _run_loop(spec, broker, loop, workspace)
         await live.close()
+        if spec.files is not None and code != exits.INPUTS_UNAVAILABLE:
+            sent = await send_outputs(broker, workspace, spec.files)
+            log("activation.outputs_sent", files=sent)
         text = ending.text[:MAX_OUTPUT_CHARS]
         await broker.output(
             RunnerActivationOutput(text=text, usage=ending.usage or {}, reason=ending.reason)
@@ -89,6 +81,34 @@ async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) ->
             await model.close()
         await broker.aclose()
     return code
+
+
+async def _run_loop(
+    spec: RunnerActivationInput, broker: BrokerClient, loop: AgentLoop, workspace: Path
+) -> tuple[Ending, int]:
+    """The loop (after the inputs, where the runner fetches them) to its ending and exit code.
+
+    Raises:
+        FencedError, BrokerUnavailableError: the activation can do nothing more.
+    """
+    try:
+        async with asyncio.timeout(spec.runner.wall_clock_seconds):
+            if spec.files is not None:
+                await fetch_inputs(broker, workspace, spec.files)
+            ending = await loop.run()
+        return ending, exits.BY_REASON[ending.reason]
+    except ExchangeError as exc:
+        ending = Ending("failed", f"the session's files could not be brought in: {exc}")
+        return ending, exits.INPUTS_UNAVAILABLE
+    except ModelFailedError as exc:
+        ending = Ending("failed", f"the model failed: {exc}", detail=exc.failure_class)
+        return ending, exits.MODEL_FAILED
+    except TimeoutError:
+        return Ending("failed", "the activation ran out of time"), exits.TIMED_OUT
+    except BrokerError as exc:
+        if isinstance(exc, FencedError):
+            raise
+        return Ending("failed", f"the tool-broker refused a request: {exc}"), exits.CRASHED
 
 
 def run(path: Path) -> int:

@@ -127,6 +127,48 @@ class CheckpointRef(_Frozen):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class FileRef(_Frozen):
+    """A file of the artifacts' object store (`blob_name(sha256)` in `ARTIFACTS_BUCKET`) at a
+    path relative to a workspace directory (`/workspace/in` or `/workspace/out`)."""
+
+    path: str = Field(
+        min_length=1, max_length=1_000, description="relative, `/`-separated, no `.` or `..`"
+    )
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, path: str) -> str:
+        if not placeable(path):
+            raise ValueError("a relative path of named parts")
+        return path
+
+
+def placeable(path: str) -> bool:
+    """Whether a workspace directory can hold a file at `path`: relative, `/`-separated,
+    every part a name (no `.`, `..` or empty part), no NUL or backslash."""
+    parts = path.split("/")
+    return not ("\x00" in path or "\\" in path or any(p in {"", ".", ".."} for p in parts))
+
+
+class InputFile(FileRef):
+    """One of the session's artifacts, to fetch from the broker by its id."""
+
+    artifact_id: Identifier
+
+
+class FileExchange(_Frozen):
+    """Files exchanged through the tool-broker by the runner itself, for sandboxes that share
+    neither a disk nor the platform's NATS with it (DESIGN.md §8, kubernetes): the session's
+    artifacts to fetch into `/workspace/in` before the loop, and the limits of what to send
+    back from `/workspace/out` afterwards (the broker enforces its own as well)."""
+
+    inputs: tuple[InputFile, ...] = ()
+    max_output_files: int = Field(default=0, ge=0)
+    max_output_bytes: int = Field(default=0, ge=0)
+
+
 class RunnerActivationInput(_Frozen):
     """Everything the runner needs, written read-only to `/activation/input.json`."""
 
@@ -151,6 +193,11 @@ class RunnerActivationInput(_Frozen):
     )
     history: tuple[AgentHistoryMessage, ...] = ()
     checkpoint: CheckpointRef | None = None
+    files: FileExchange | None = Field(
+        default=None,
+        description="set when the sandbox shares no disk with the platform (kubernetes): the "
+        "runner itself brings these files into `in/` and `out/`'s files back, through the broker",
+    )
 
 
 class RunnerActivationOutput(_Frozen):
@@ -165,25 +212,6 @@ class RunnerActivationOutput(_Frozen):
 def dispatch_id(activation_id: str, attempt: int) -> str:
     """Names one attempt's dispatch: its `Nats-Msg-Id` and the pool backend's sandbox id."""
     return f"{activation_id}.{attempt}"
-
-
-class FileRef(_Frozen):
-    """A file of the artifacts' object store (`blob_name(sha256)` in `ARTIFACTS_BUCKET`) at a
-    path relative to a workspace directory (`/workspace/in` or `/workspace/out`)."""
-
-    path: str = Field(
-        min_length=1, max_length=1_000, description="relative, `/`-separated, no `.` or `..`"
-    )
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)
-
-    @field_validator("path")
-    @classmethod
-    def _relative(cls, path: str) -> str:
-        parts = path.split("/")
-        if "\x00" in path or "\\" in path or any(p in {"", ".", ".."} for p in parts):
-            raise ValueError("a relative path of named parts")
-        return path
 
 
 class ActivationDispatch(_Frozen):

@@ -6,8 +6,9 @@ Backends that use this host's disk (process, docker) exchange the files here, th
 activation's directory. The pool's sandboxes run on the workers' hosts: the plan names the
 session's artifacts (`LaunchPlan.inputs`), the worker copies them in from the object store,
 stores what the activation left in `out/` there and names those files in its last word
-(`Exit.outputs`), which are recorded here like local ones. Kubernetes Jobs exchange no files
-yet (docs/orchestrator.md).
+(`Exit.outputs`), which are recorded here like local ones. A Kubernetes Job's runner shares
+neither with the platform: its input names the artifacts (`files`, with their ids), it fetches
+them from the tool-broker and sends `out/`'s files back there, and the broker records them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from nats.js.object_store import ObjectStore
 from suzumio.contracts.commands import RecordArtifact
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import derived_id
-from suzumio.contracts.runner import FileRef
+from suzumio.contracts.runner import FileExchange, FileRef, InputFile
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
 from suzumio.orchestrator.sessions import session_artifacts
 from suzumio.platform.bus.commands import CommandClient
@@ -34,7 +35,8 @@ from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 LOCAL_BACKENDS = frozenset({"process", "docker"})
-REMOTE_BACKENDS = frozenset({"pool"})  # exchange through the object store
+REMOTE_BACKENDS = frozenset({"pool"})  # the worker exchanges through the object store
+BROKER_BACKENDS = frozenset({"kubernetes"})  # the runner exchanges through the broker
 ACTOR = "system:orchestrator"
 
 
@@ -90,6 +92,13 @@ class ArtifactCollector:
                 max_output_files=self._max_files,
                 max_output_bytes=self._max_bytes,
             )
+        if backend in BROKER_BACKENDS:
+            files = FileExchange(
+                inputs=() if plan.mounts else await self._inputs(plan),
+                max_output_files=self._max_files,
+                max_output_bytes=self._max_bytes,
+            )
+            return replace(plan, input=plan.input.model_copy(update={"files": files}))
         if backend not in LOCAL_BACKENDS:
             return plan
         workspace = plan.host_dir / "workspace"
@@ -109,12 +118,19 @@ class ArtifactCollector:
                     sink.write(chunk)
         return plan
 
-    async def _inputs(self, plan: LaunchPlan) -> tuple[FileRef, ...]:
+    async def _inputs(self, plan: LaunchPlan) -> tuple[InputFile, ...]:
         artifacts = await session_artifacts(self._pool, plan.session_id)
         refs = []
         for path, artifact in artifacts.items():
             try:
-                refs.append(FileRef(path=path, sha256=artifact.sha256, size=artifact.size))
+                refs.append(
+                    InputFile(
+                        path=path,
+                        sha256=artifact.sha256,
+                        size=artifact.size,
+                        artifact_id=artifact.id,
+                    )
+                )
             except ValueError:  # a path no workspace can hold (recorded by an older version)
                 log.warning("artifacts.unplaceable", session=plan.session_id, path=path)
         return tuple(refs)

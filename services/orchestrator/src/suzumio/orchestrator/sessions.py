@@ -27,6 +27,7 @@ SUMMARY_PREFIX = "[Summary of earlier conversation]"
 
 @dataclass(frozen=True)
 class Artifact:
+    id: str
     path: str
     sha256: str
     size: int
@@ -157,11 +158,11 @@ async def session_artifacts(pool: Pool, session_id: str) -> dict[str, Artifact]:
     """The session's artifacts by path, newest per path (from the projection: artifacts are
     aggregates of their own, listed by session only there)."""
     rows = await pool.fetch(
-        "SELECT DISTINCT ON (path) path, sha256, size FROM proj_artifacts.artifacts"
+        "SELECT DISTINCT ON (path) id, path, sha256, size FROM proj_artifacts.artifacts"
         " WHERE session_id = $1 AND deleted_at IS NULL ORDER BY path, position DESC",
         session_id,
     )
-    return {r["path"]: Artifact(r["path"], r["sha256"], r["size"]) for r in rows}
+    return {r["path"]: Artifact(r["id"], r["path"], r["sha256"], r["size"]) for r in rows}
 
 
 def compacted(

@@ -7,17 +7,20 @@ from datetime import timedelta
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.contracts.toolpacks import discover
+from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.secrets import secret_keys
 from suzumio.platform.service import ServiceRuntime
 from suzumio.platform.tokens import TokenSigner
+from suzumio.toolbroker import files
 from suzumio.toolbroker.access import Gate
 from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.problems import HANDLERS
 from suzumio.toolbroker.registry import ActivationRegistry
 from suzumio.toolbroker.routes import router
 from suzumio.toolbroker.settings import ToolbrokerSettings
-from suzumio.toolbroker.state import Broker, Metrics
+from suzumio.toolbroker.state import Artifacts, Broker, Metrics
 from suzumio.toolbroker.support import SupportOperations
 
 
@@ -27,6 +30,7 @@ def create_app(broker: Broker) -> FastAPI:
     for exc_type, handler in HANDLERS.items():
         app.add_exception_handler(exc_type, handler)
     app.include_router(router)
+    app.include_router(files.router)
     return app
 
 
@@ -39,9 +43,17 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     await registry.start()
     waiter = PendingWaiter(runtime.nc, runtime.topology, runtime.store)
     await waiter.start()
+    js = runtime.nc.jetstream()
+    bucket = runtime.topology.bucket(ARTIFACTS_BUCKET)
+    artifacts = Artifacts(
+        store=await ensure_object_store(js, bucket, replicas=settings.replicas),
+        bucket=bucket,
+        max_files=settings.max_artifacts,
+        max_bytes=settings.max_artifact_bytes,
+    )
     broker = Broker(
         nc=runtime.nc,
-        js=runtime.nc.jetstream(),
+        js=js,
         topology=runtime.topology,
         store=runtime.store,
         commands=runtime.commands(),
@@ -50,6 +62,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         metrics=Metrics(),
         gate=Gate(TokenSigner(secret_keys(settings)), registry, runtime.store),
         waiter=waiter,
+        artifacts=artifacts,
     )
 
     async def closing(_: float) -> None:

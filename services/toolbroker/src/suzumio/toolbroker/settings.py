@@ -18,3 +18,7 @@ class ToolbrokerSettings(ServiceSettings):
         description="how much recent log a replica folds on start; older activations are "
         "looked up when their token is first seen",
     )
+    # The same variables as the orchestrator's (SUZUMIO_MAX_ARTIFACT_BYTES, …): what a sandbox
+    # may send back from `/workspace/out` through the broker (kubernetes).
+    max_artifact_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    max_artifacts: int = Field(default=200, ge=0)

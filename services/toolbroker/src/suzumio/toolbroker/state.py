@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.commands import CommandClient
@@ -34,6 +35,17 @@ class Metrics:
             _tool_duration.record(duration_ms / 1000, {"status": status})
 
 
+@dataclass(frozen=True)
+class Artifacts:
+    """The artifacts' object store, and what one activation may send back from its
+    `/workspace/out` through the broker (sandboxes that share no disk: kubernetes)."""
+
+    store: ObjectStore
+    bucket: str
+    max_files: int
+    max_bytes: int
+
+
 @dataclass
 class Broker:
     nc: NATS
@@ -46,3 +58,4 @@ class Broker:
     metrics: Metrics
     gate: Gate
     waiter: PendingWaiter
+    artifacts: Artifacts

@@ -1,0 +1,114 @@
+"""The file handling both ways of exchanging a workspace's files share — a pool worker's through
+the object store (`exchange`) and a sandbox runner's through the broker (`handover`): inputs
+written to a fresh partial file and moved into place, outputs found and opened without ever
+following a link (the sandbox may have planted one to make its host's files leave), and `out/`
+emptied afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import shutil
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from suzumio.contracts.runner import FileRef
+
+
+class ExchangeError(Exception):
+    """An input could not be brought in: the activation cannot start as planned."""
+
+
+def open_slot(inbox: Path, ref: FileRef) -> tuple[Path, Path, io.BufferedWriter] | None:
+    """Where `ref` goes and a fresh partial file to write it to; None if it is there already
+    (a warm workspace's file of the same size).
+
+    Raises:
+        ExchangeError: the file cannot be written, or its directory is a link out of `inbox`.
+    """
+    target = inbox / ref.path
+    if target.is_file() and not target.is_symlink() and target.stat().st_size == ref.size:
+        return None
+    partial = target.with_name(f".{target.name}.part")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        inside = target.parent.resolve().is_relative_to(inbox.resolve())
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        if inside:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            return target, partial, os.fdopen(os.open(partial, flags, 0o644), "wb")
+    except OSError as exc:
+        raise ExchangeError(f"input {ref.path}: {exc!r}"[:300]) from None
+    raise ExchangeError(f"input {ref.path}: its directory leads outside the inputs")
+
+
+async def place(
+    inbox: Path, ref: FileRef, fill: Callable[[io.BufferedWriter], Awaitable[object]]
+) -> None:
+    """`ref` at its path under `inbox`, written by `fill` into a partial file that is moved
+    into place once complete; nothing if it is there already. A failing `fill` leaves no
+    partial file behind, and its exception goes on.
+
+    Raises:
+        ExchangeError: the file cannot be written, or its directory is a link out of `inbox`.
+    """
+    slot = open_slot(inbox, ref)
+    if slot is None:
+        return
+    target, partial, sink = slot
+    try:
+        with sink:
+            await fill(sink)
+        partial.replace(target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def open_output(path: Path) -> tuple[io.BufferedReader, int] | None:
+    """`path` opened for reading with its size, or None if it is not a regular file. Opened
+    without following a link, and checked as opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    source = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        source.close()
+        return None
+    return source, info.st_size
+
+
+def regular_files(root: Path) -> list[Path]:
+    """The files under `root`, sorted, without descending into a linked directory."""
+    if not root.is_dir() or root.is_symlink():
+        return []
+    found: list[Path] = []
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        base = Path(directory)
+        found.extend(p for p in (base / f for f in files) if p.is_file() and not p.is_symlink())
+        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
+    return sorted(found)
+
+
+def empty(root: Path) -> None:
+    if not root.is_dir() or root.is_symlink():
+        return
+    for child in root.iterdir():
+        with contextlib.suppress(OSError):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+
+def sha256_of(source: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: source.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,139 @@
+"""Files through the broker, for sandboxes that share neither a disk nor the platform's NATS with
+it (kubernetes Jobs): the runner fetches the session's artifacts into `/workspace/in` and sends
+what it left in `/workspace/out` back, with its activation token.
+
+- `GET /runner/files/{artifact_id}`: the bytes of an artifact of the token's own session (any
+  other, deleted, or unknown one is 404 alike, so nothing about other sessions leaks).
+- `PUT /runner/files/out/{index}?path=…`: one output file, the raw bytes as the body. `index`
+  counts the activation's outputs from 0 and names the artifact (`derived_id`), so a retried
+  upload is the same artifact and no replica can be talked into more than `max_artifacts` of
+  them; a body over `max_artifact_bytes` is refused while it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+import tempfile
+from collections.abc import AsyncIterator
+from typing import IO, Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import StreamingResponse
+
+from suzumio.contracts.broker import Recorded
+from suzumio.contracts.commands import RecordArtifact
+from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.events import ArtifactDeleted, ArtifactRecorded
+from suzumio.contracts.ids import Identifier, derived_id
+from suzumio.contracts.runner import placeable
+from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
+from suzumio.toolbroker.access import Caller
+from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.routes import Auth, Shared
+from suzumio.toolbroker.state import Broker
+
+router = APIRouter()
+SPOOL_BYTES = 1 << 20  # smaller outputs stay in memory while they are hashed
+
+
+def output_artifact_id(activation_id: str, index: int) -> str:
+    return derived_id("artifact", activation_id, "out", str(index))
+
+
+async def _recorded(broker: Broker, artifact_id: str) -> ArtifactRecorded | None:
+    """The artifact as recorded, or None if it does not exist or was deleted."""
+    stream = await broker.store.load("artifact", artifact_id)
+    recorded: ArtifactRecorded | None = None
+    for event in stream.events:
+        if isinstance(event.data, ArtifactRecorded):
+            recorded = event.data
+        elif isinstance(event.data, ArtifactDeleted):
+            recorded = None
+    return recorded
+
+
+@router.get("/runner/files/{artifact_id}", response_class=StreamingResponse)
+async def fetch(artifact_id: Identifier, caller: Auth, broker: Shared) -> StreamingResponse:
+    """An artifact of the activation's session, streamed."""
+    recorded = await _recorded(broker, artifact_id)
+    files = broker.artifacts
+    if (
+        recorded is None
+        or recorded.session_id != caller.claims.session_id
+        or not await has_blob(files.store, recorded.sha256)
+    ):
+        raise BrokerError(404, "not_found", "no such artifact in this activation's session")
+    chunks: AsyncIterator[bytes] = read_chunks(
+        broker.js, files.store, files.bucket, recorded.sha256
+    )
+    return StreamingResponse(
+        chunks,
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(recorded.size), "ETag": f'"{recorded.sha256}"'},
+    )
+
+
+@router.put("/runner/files/out/{index}")
+async def store_output(
+    request: Request,
+    index: Annotated[int, Path(ge=0)],
+    path: Annotated[str, Query(min_length=1, max_length=1_000)],
+    caller: Auth,
+    broker: Shared,
+) -> Recorded:
+    """One file the activation left in `/workspace/out`, recorded as an artifact of its
+    session (source `activation`) once its bytes are stored."""
+    limits = broker.artifacts
+    if index >= limits.max_files:
+        raise BrokerError(413, "too_many", f"at most {limits.max_files} output files")
+    if not placeable(path):
+        raise BrokerError(422, "invalid", "path: a relative path of named parts")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+        raise BrokerError(413, "too_large", f"output files are at most {limits.max_bytes} bytes")
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
+        sha256, size = await _receive(request, spool, limits.max_bytes)
+        spool.seek(0)
+        await put_blob(limits.store, sha256, spool)  # type: ignore[arg-type]
+    return await _record(broker, caller, index, path, sha256, size)
+
+
+async def _receive(request: Request, sink: IO[bytes], max_bytes: int) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise BrokerError(413, "too_large", f"output files are at most {max_bytes} bytes")
+        digest.update(chunk)
+        sink.write(chunk)
+    return digest.hexdigest(), size
+
+
+async def _record(
+    broker: Broker, caller: Caller, index: int, path: str, sha256: str, size: int
+) -> Recorded:
+    c = caller.claims
+    artifact_id = output_artifact_id(c.activation_id, index)
+    try:
+        await broker.commands.send(
+            RecordArtifact(
+                project_id=c.project_id,
+                artifact_id=artifact_id,
+                session_id=c.session_id,
+                path=path,
+                sha256=sha256,
+                size=size,
+                content_type=mimetypes.guess_type(path)[0] or "application/octet-stream",
+                source="activation",
+                activation_id=c.activation_id,
+            ),
+            actor=caller.actor,
+        )
+    except ConflictError:
+        before = await _recorded(broker, artifact_id)
+        if before is not None and (before.path, before.sha256) == (path, sha256):
+            return Recorded(recorded=False)  # the same upload again (a lost reply)
+        raise BrokerError(409, "conflict", f"output {index} is another file already") from None
+    return Recorded(recorded=True)

@@ -1,0 +1,183 @@
+"""Files through the tool-broker (for sandboxes that share no disk with the platform, such as
+Kubernetes Jobs): a token reads only its own session's artifacts, and what it sends back from
+`/workspace/out` is recorded within the limits — through the broker's routes and through the
+runner's own side of them (`suzumio.runner.handover`). Runs against the real session,
+scheduler, tool-broker and gateway processes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationCancelRequested
+from suzumio.contracts.runner import FileExchange, InputFile
+from suzumio.runner.broker import BrokerClient, FencedError
+from suzumio.runner.handover import fetch_inputs, send_outputs
+from suzumio.runner.workfiles import ExchangeError
+from tests.e2e.api import World, ok, problem, upload_artifact
+from tests.e2e.stack import MAX_ARTIFACT, Stack
+from tests.e2e.test_broker_access import broker, live
+from tests.support import eventually
+
+
+async def artifacts(stack: Stack, world: World) -> list[dict[str, Any]]:
+    async with stack.client(world.key) as c:
+        items: list[dict[str, Any]] = ok(await c.get(f"/v1/projects/{world.project_id}/artifacts"))[
+            "items"
+        ]
+    return items
+
+
+def input_file(item: dict[str, Any], **changes: Any) -> InputFile:
+    fields = {k: item[k] for k in ("path", "sha256", "size")} | {"artifact_id": item["id"]}
+    return InputFile(**(fields | changes))
+
+
+async def test_a_token_reads_its_own_sessions_artifacts_and_no_other(platform: Stack) -> None:
+    mine = await live(platform, "filea")
+    theirs = await live(platform, "fileb")
+    data = os.urandom(100_000)
+    item = await upload_artifact(platform, mine.world, "data/blob.bin", data)
+    async with broker(platform, mine.token) as c:
+        got = await c.get(f"/runner/files/{item['id']}")
+        assert got.status_code == 200
+        assert got.content == data
+        assert got.headers["etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+        problem(await c.get("/runner/files/no-such-artifact"), 404, "not_found")
+    async with broker(platform, theirs.token) as c:  # another session's: as if it did not exist
+        problem(await c.get(f"/runner/files/{item['id']}"), 404, "not_found")
+    async with broker(platform, None) as c:
+        assert (await c.get(f"/runner/files/{item['id']}")).status_code == 401
+    async with platform.client(mine.world.key) as c:
+        ok(await c.delete(f"/v1/artifacts/{item['id']}"), 204)
+    async with broker(platform, mine.token) as c:
+        await eventually(
+            lambda: c.get(f"/runner/files/{item['id']}"),
+            lambda r: r.status_code == 404,
+            what="the deleted artifact refused",
+        )
+
+
+async def test_outputs_are_recorded_once_within_the_limits(platform: Stack) -> None:
+    a = await live(platform, "outa")
+    url = "/runner/files/out/{}"
+    async with broker(platform, a.token) as c:
+        first = await c.put(url.format(0), params={"path": "report/a.txt"}, content=b"one")
+        assert ok(first) == {"recorded": True}
+        again = await c.put(url.format(0), params={"path": "report/a.txt"}, content=b"one")
+        assert ok(again) == {"recorded": False}  # a retry after a lost reply
+        problem(await c.put(url.format(0), params={"path": "b.txt"}, content=b"2"), 409, "conflict")
+        problem(
+            await c.put(url.format(200), params={"path": "c.txt"}, content=b"3"), 413, "too_many"
+        )
+        for bad in ("../x", "/etc/x", "a//b", "a\\b"):
+            problem(await c.put(url.format(1), params={"path": bad}, content=b"4"), 422, "invalid")
+        too_big = os.urandom(MAX_ARTIFACT + 1)
+        problem(
+            await c.put(url.format(1), params={"path": "big"}, content=too_big), 413, "too_large"
+        )
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: refused while read
+            for _ in range(3):
+                yield os.urandom(MAX_ARTIFACT // 2)
+
+        problem(
+            await c.put(url.format(1), params={"path": "big"}, content=chunked()), 413, "too_large"
+        )
+    items = await eventually(
+        lambda: artifacts(platform, a.world),
+        lambda found: any(i["path"] == "report/a.txt" for i in found),
+        what="the output as an artifact",
+    )
+    assert [(i["path"], i["source"], i["size"]) for i in items] == [
+        ("report/a.txt", "activation", 3)
+    ]
+    await platform.store.append_next(
+        a.world.session_id,
+        [ActivationCancelRequested(activation_id=a.activation_id, reason="test")],
+        EventMeta(actor="system:scheduler"),
+    )
+    async with broker(platform, a.token) as c:  # a cancelled activation sends nothing more
+        late = await c.put(url.format(1), params={"path": "late.txt"}, content=b"late")
+        assert late.status_code == 403, late.text
+
+
+async def test_the_runner_brings_inputs_in_and_sends_outputs_without_following_links(
+    platform: Stack, tmp_path: Path
+) -> None:
+    a = await live(platform, "hand")
+    brief = await upload_artifact(platform, a.world, "notes/brief.md", b"# brief\n")
+    workspace = tmp_path / "workspace"
+    client = BrokerClient(platform.url_of("toolbroker"), a.token, retries=1)
+    try:
+        files = FileExchange(
+            inputs=(input_file(brief),), max_output_files=2, max_output_bytes=1_000
+        )
+        await fetch_inputs(client, workspace, files)
+        assert (workspace / "in/notes/brief.md").read_bytes() == b"# brief\n"
+
+        # Bytes that are not the artifact's are refused, and no partial file stays.
+        wrong = FileExchange(inputs=(input_file(brief, path="other.md", size=3),))
+        with pytest.raises(ExchangeError, match="not the artifact's"):
+            await fetch_inputs(client, workspace, wrong)
+        assert sorted(p.name for p in (workspace / "in").iterdir()) == ["notes"]
+
+        # A directory of in/ that leads outside it (a link) fails the start.
+        outside = tmp_path / "elsewhere"
+        outside.mkdir()
+        (workspace / "in/linked").symlink_to(outside)
+        linked = FileExchange(inputs=(input_file(brief, path="linked/brief.md"),))
+        with pytest.raises(ExchangeError, match="outside"):
+            await fetch_inputs(client, workspace, linked)
+        assert list(outside.iterdir()) == []
+
+        out = workspace / "out"
+        (out / "deep").mkdir(parents=True)
+        (out / "a.txt").write_text("alpha")
+        (out / "deep/d.txt").write_text("over the count")
+        (out / "b-huge.bin").write_bytes(b"x" * 1_001)  # over max_output_bytes: stays behind
+        (out / "c.txt").write_text("gamma")
+        secret = tmp_path / "host-secret"
+        secret.write_text("the host's")
+        (out / "leak.txt").symlink_to(secret)  # planted: never followed
+        (out / "leakdir").symlink_to(tmp_path)
+        assert await send_outputs(client, workspace, files) == 2
+    finally:
+        await client.aclose()
+    items = await eventually(
+        lambda: artifacts(platform, a.world),
+        lambda found: len(found) == 3,
+        what="the outputs as artifacts",
+    )
+    assert sorted((i["path"], i["size"]) for i in items if i["source"] == "activation") == [
+        ("a.txt", 5),
+        ("c.txt", 5),
+    ]
+
+
+async def test_a_cancelled_runner_is_fenced_when_it_sends_outputs(
+    platform: Stack, tmp_path: Path
+) -> None:
+    a = await live(platform, "fenc")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/a.txt").write_text("a")
+    await platform.store.append_next(
+        a.world.session_id,
+        [ActivationCancelRequested(activation_id=a.activation_id, reason="test")],
+        EventMeta(actor="system:scheduler"),
+    )
+    client = BrokerClient(platform.url_of("toolbroker"), a.token, retries=1)
+    try:
+        with pytest.raises(FencedError):
+            await send_outputs(
+                client, tmp_path, FileExchange(max_output_files=5, max_output_bytes=9)
+            )
+    finally:
+        await client.aclose()
+    assert await artifacts(platform, a.world) == []
