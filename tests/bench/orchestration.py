@@ -48,24 +48,27 @@ OVERHEAD_SAMPLES = 30
 MESSAGE_SAMPLES = 10
 THROUGHPUT_ACTIVATIONS = 300
 WORKER_CONCURRENCY = 8
+# A worker keeping sessions warm (each session's runner stays for its next activations), with
+# room for every session the throughput figure spreads its activations over.
+WARM_SESSIONS = ("--idle-ttl", "600", "--max-warm", "32")
 
 
 @contextlib.asynccontextmanager
 async def workers(
-    stack: Stack, tmp: Path, count: int = 1
+    stack: Stack, tmp: Path, *options: str
 ) -> AsyncIterator[list[subprocess.Popen[bytes]]]:
-    procs = []
-    for i in range(count):
-        procs.append(
-            start_pool_worker(
-                stack.nats_url,
-                stack.topology.namespace,
-                tmp / f"w{i}",
-                tmp / f"worker{i}.log",
-                "--concurrency",
-                str(WORKER_CONCURRENCY),
-            )  # fmt: skip
+    tmp.mkdir(parents=True, exist_ok=True)
+    procs = [
+        start_pool_worker(
+            stack.nats_url,
+            stack.topology.namespace,
+            tmp / "w",
+            tmp / "worker.log",
+            "--concurrency",
+            str(WORKER_CONCURRENCY),
+            *options,
         )
+    ]
     try:
         yield procs
     finally:
@@ -127,11 +130,16 @@ async def _overhead(h: Harness) -> dict[str, Any]:
     }
 
 
-async def _message_to_model(h: Harness, pool_started: dict[str, float] | None) -> dict[str, Any]:
+async def _message_to_model(
+    h: Harness, pool_started: dict[str, float] | None, *, warm: bool = False
+) -> dict[str, Any]:
+    """Each sample in a new session; `warm`: all in one session, after a first message (its
+    later messages, which a warm session's worker runs on the runner it kept)."""
     to_model: list[float] = []
     to_worker: list[float] = []
-    for i in range(MESSAGE_SAMPLES):
-        world = await h.world(f"msg{i}")
+    kept = await h.world("msgwarm") if warm else None
+    for i in range(-1 if warm else 0, MESSAGE_SAMPLES):
+        world = kept or await h.world(f"msg{i}")
         seen = len(h.model.requests)
         async with h.stack.client(world.key) as client:
             # A connected client, as a user's would be: building an HTTP client (its TLS
@@ -146,18 +154,20 @@ async def _message_to_model(h: Harness, pool_started: dict[str, float] | None) -
         while True:
             found = [r for r in h.model.requests[seen:] if world.session_id in str(r.messages[0])]
             if found:
-                to_model.append(found[0].received_at - sent)
                 break
             await asyncio.sleep(0.005)
+        await asyncio.sleep(0.3)  # let it end before the next one
+        if i < 0:
+            continue  # the warm-up
+        to_model.append(found[0].received_at - sent)
         if pool_started is not None:
             stream = await h.stack.store.load("session", world.session_id)
-            [activation_id] = [
+            activation_id = [
                 e.data.activation_id
                 for e in stream.events
                 if isinstance(e.data, ActivationRequested)
-            ]
+            ][-1]
             to_worker.append(pool_started[activation_id] - sent_wall)
-        await asyncio.sleep(0.3)  # let it end before the next one
     out: dict[str, Any] = {"message_to_first_model_call": percentiles(to_model)}
     if pool_started is not None:
         out["message_to_worker_started"] = percentiles(to_worker)
@@ -195,7 +205,7 @@ def _cpu_by_part(h: Harness, pool: list[int]) -> dict[str, float]:
     return parts
 
 
-async def _throughput(h: Harness, pool: list[int]) -> dict[str, Any]:
+async def _throughput(h: Harness, pool: list[int], resident: set[str]) -> dict[str, Any]:
     sessions = [await h.world(f"tp{i}") for i in range(20)]
     cpu_before = _cpu_by_part(h, pool)
     started = time.perf_counter()
@@ -216,6 +226,7 @@ async def _throughput(h: Harness, pool: list[int]) -> dict[str, Any]:
         "seconds": round(elapsed, 2),
         "activations_per_s": round(THROUGHPUT_ACTIVATIONS / elapsed, 1),
         "completed": outcomes.count("activation.completed"),
+        "on_resident_runners": len(resident.intersection(ids)),
         "worker_concurrency": WORKER_CONCURRENCY,
         "target_per_s": 200,
         # Where an activation's CPU goes (ms per activation), to tell what bounds the rate.
@@ -226,24 +237,27 @@ async def _throughput(h: Harness, pool: list[int]) -> dict[str, Any]:
 
 
 async def _backend(
-    stack: Stack, tmp: Path, name: str, pool: list[int] | None = None
+    stack: Stack, tmp: Path, name: str, pool: list[int] | None = None, *, warm: bool = False
 ) -> dict[str, Any]:
     async with (
         ScriptedModelServer(default=Reply.text("ok")) as model,
-        harness(stack, model, tmp / name, factory(name, stack), name) as h,
+        harness(stack, model, tmp, factory(name, stack), name) as h,
     ):
         started_at: dict[str, float] = {}
+        resident: set[str] = set()  # started on a runner kept from the session's last one
 
         async def on_status(msg: Msg) -> None:
             status = PoolStatus.model_validate_json(msg.data)
             if status.kind == "started":
                 started_at.setdefault(status.activation_id, time.time())
+                if status.resident:
+                    resident.add(status.activation_id)
 
         sub = await stack.nc.subscribe(stack.topology.pool_status_subject("*"), cb=on_status)
         figures: dict[str, Any] = {"overhead": await _overhead(h)}
-        figures |= await _message_to_model(h, started_at if name == "pool" else None)
+        figures |= await _message_to_model(h, started_at if name == "pool" else None, warm=warm)
         if pool is not None:
-            figures["throughput"] = await _throughput(h, pool)
+            figures["throughput"] = await _throughput(h, pool, resident)
         await sub.unsubscribe()
         return figures
 
@@ -253,7 +267,11 @@ async def backends(nats_url: str, pg_url: str, root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with running_stack(nats_url, pg_url, tmp, SERVICES) as stack:
         for name in ("process", "docker"):
-            out[name] = await _backend(stack, tmp, name)
-        async with workers(stack, tmp) as procs:
-            out["pool"] = await _backend(stack, tmp, "pool", [p.pid for p in procs])
+            out[name] = await _backend(stack, tmp / name, name)
+        async with workers(stack, tmp / "cold") as procs:
+            out["pool"] = await _backend(stack, tmp / "pool", "pool", [p.pid for p in procs])
+        async with workers(stack, tmp / "warm", *WARM_SESSIONS) as procs:
+            out["pool_warm_sessions"] = await _backend(
+                stack, tmp / "pool_warm", "pool", [p.pid for p in procs], warm=True
+            )
     return out

@@ -1,6 +1,8 @@
 """The backend behaviour suite (tests/backend_suite.py) on the pool backend: a real worker
 process (`python -m suzumio.runner worker`) pulls the dispatches from the ACTIVATIONS work
-queue and runs each runner as a process sandbox of its own."""
+queue and runs each runner as a process sandbox of its own — with warm sessions, so each
+activation runs on its session's resident runner (tests/integration/test_pool_backend.py covers
+runners forked per activation, and a resident runner kept for a session's next ones)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ async def test_pool_backend(
                 "2",
                 "--kill-grace",
                 "2",
+                "--idle-ttl",
+                "60",
             )  # fmt: skip
         )
         pool = PoolSettings(heartbeat_timeout_seconds=5, ack_wait_seconds=10)

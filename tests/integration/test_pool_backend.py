@@ -141,12 +141,15 @@ StartWorker = Callable[..., subprocess.Popen[bytes]]
 def workers(nats_url: str, topology: Topology, tmp_path: Path) -> Iterator[StartWorker]:
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(worker_id: str, *, concurrency: int = 1, pool: str = "default", idle_ttl: float = 0):
+    def start(
+        worker_id: str, *extra: str, concurrency: int = 1, pool: str = "default",
+        idle_ttl: float = 0,
+    ) -> subprocess.Popen[bytes]:  # fmt: skip
         proc = start_pool_worker(
             nats_url, topology.namespace, tmp_path / "work", tmp_path / f"{worker_id}.log",
             "--pool", pool, "--worker-id", worker_id, "--concurrency", str(concurrency),
             "--heartbeat", "0.3", "--kill-grace", "1", "--drain", "1",
-            "--idle-ttl", str(idle_ttl),
+            "--idle-ttl", str(idle_ttl), *extra,
         )  # fmt: skip
         started.append(proc)
         return proc
@@ -482,3 +485,41 @@ async def test_a_worker_told_to_stop_drains_then_stops_its_runs_and_reports_them
     assert await asyncio.to_thread(worker.wait, 10) == 0
     await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
     assert not (tmp_path / "work" / "wa").exists()
+
+
+async def test_a_warm_sessions_runner_stays_for_its_next_activations(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """With warm sessions, a session's runner process runs its next activations too (no fork,
+    no exit); another environment, or an activation stopped mid-way, gets a fresh one."""
+    workers("wa", "--resident-runs", "3", idle_ttl=30)
+    await wait_workers(backend, "wa")
+
+    async def run(plan: LaunchPlan) -> tuple[int | None, bool]:
+        handle = await backend.launch(plan)
+        result = await watch(backend, handle)
+        [started] = statuses.of(handle.sandbox_id, "started")
+        return result.code, started.resident
+
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, True)
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, True)
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)  # 3 ran
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s2")) == (6, False)
+
+    rotated = make_plan(fenced_url, tmp_path, session_id="s1")
+    rotated = replace(rotated, env={**rotated.env, "SUZUMIO_MODEL_API_KEY": "sk-rotated"})
+    assert await run(rotated) == (6, False)  # another environment: another runner
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)
+
+    url, broker = hanging  # cancelled mid-way: the runner goes with it
+    handle = await backend.launch(make_plan(url, tmp_path, session_id="s1"))
+    await eventually(lambda: broker.open > 0)
+    [started] = statuses.of(handle.sandbox_id, "started")
+    assert started.resident
+    await backend.cancel(handle)
+    assert (await watch(backend, handle, timeout=15)).reason == "killed"
+    await eventually(lambda: broker.open == 0, timeout=5)
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)
+    assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, True)

@@ -54,6 +54,13 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cmd.add_argument(
         "--cold", action="store_true", help="start a new Python per activation (no fork server)"
     )
+    cmd.add_argument(
+        "--resident-runs",
+        type=int,
+        default=100,
+        help="a warm session's runner stays for up to this many of its activations (0: one "
+        "runner per activation)",
+    )
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -71,6 +78,7 @@ def worker(args: argparse.Namespace) -> int:
             kill_grace_seconds=args.kill_grace,
             drain_seconds=args.drain,
             warm_runners=not args.cold,
+            resident_runs=max(args.resident_runs, 0),
         )
         if args.workdir is not None:
             config = replace(config, workdir=args.workdir)

@@ -7,9 +7,19 @@ environment only, its own working directory, stdin closed, output to its log, th
 signal set; it runs `suzumio.runner.main.run` and exits with its code. The server is single-
 threaded (forking a threaded process is unsafe) and reports each child's exit.
 
+**Resident runners** (for warm sessions): a child forked with `"resident": true` does not run
+one activation and exit; it serves the activations the worker sends it, one at a time, over a
+pair of pipes the server holds and relays — the same process for a session's next
+activations, so they pay neither the fork nor the exit, and its clients and caches are warm.
+It leaves after `max_runs` activations, or when the worker retires it (another agent or
+environment, an activation stopped, the session no longer warm).
+
 Protocol on the server's stdin/stdout, one JSON object per line:
-`{"id", "input", "cwd", "log", "env"}` → `{"id", "pid"}` or `{"id", "error"}`; later
-`{"pid", "code"}` when that child ends (`code` < 0: killed by signal `-code`).
+`{"id", "input", "cwd", "log", "env"}` → `{"id", "pid"}` or `{"id", "error"}`;
+`{"id", "resident": true, "cwd", "log", "env", "max_runs"}` → `{"id", "pid"}`;
+`{"id", "to": pid, "input", "cwd", "log", "env"}` (an activation for a resident runner) →
+`{"id", "done": code}` when it ended there, or `{"id", "error"}`; and `{"pid", "code"}` when a
+child ends (`code` < 0: killed by signal `-code`), after any `done` it wrote.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import random
 import selectors
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +48,11 @@ def _libc() -> Any:
         return None
 
 
-def _child(request: dict[str, Any], inherited: list[int]) -> None:
-    """In the forked child: become the sandbox, run the activation, never return."""
+def _child(
+    request: dict[str, Any], inherited: list[int], control: tuple[int, int] | None = None
+) -> None:
+    """In the forked child: become the sandbox, run the activation (or, resident, those that
+    come through `control`: requests in, replies out), never return."""
     code = 1
     try:
         os.setsid()
@@ -60,9 +74,12 @@ def _child(request: dict[str, Any], inherited: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         random.seed()
-        from suzumio.runner.main import run  # noqa: PLC0415 - imported already: a lookup
+        from suzumio.runner.main import run, serve_resident  # noqa: PLC0415 - a lookup
 
-        code = run(Path(request["input"]))
+        if control is None:
+            code = run(Path(request["input"]))
+        else:
+            code = serve_resident(*control, max_runs=int(request.get("max_runs", 1)))
     except BaseException as exc:  # the child must exit, whatever happened
         with contextlib.suppress(Exception):
             sys.stderr.write(f"forkserver child failed: {exc!r}\n")
@@ -168,6 +185,68 @@ def _complete_models() -> None:
                 cls.model_rebuild()
 
 
+class _Residents:
+    """The server's side of its resident runners: the pipe to each, the one from it."""
+
+    def __init__(
+        self, selector: selectors.BaseSelector, reply: Callable[[dict[str, Any]], None]
+    ) -> None:
+        self._selector, self._reply = selector, reply
+        self._pipes: dict[int, tuple[int, int]] = {}  # pid → (requests to it, replies from it)
+        self._partial: dict[int, bytes] = {}
+
+    def fds(self) -> list[int]:
+        return [fd for pair in self._pipes.values() for fd in pair]
+
+    def add(self, pid: int, to_child: int, from_child: int) -> None:
+        self._pipes[pid] = (to_child, from_child)
+        self._partial[pid] = b""
+        self._selector.register(from_child, selectors.EVENT_READ, pid)
+
+    def send(self, request: dict[str, Any]) -> None:
+        pipes = self._pipes.get(int(request["to"]))
+        if pipes is None:
+            self._reply({"id": request["id"], "error": "no such runner"})
+            return
+        body = {k: request[k] for k in ("id", "input", "cwd", "log", "env")}
+        try:
+            os.write(pipes[0], (json.dumps(body) + "\n").encode())
+        except OSError as exc:  # it is ending: its exit is on its way
+            self._reply({"id": request["id"], "error": str(exc)})
+
+    def relay(self, pid: int) -> bool:
+        """Pass on what the runner wrote; whether there was anything (its end closed or
+        nothing to read now: False)."""
+        pipes = self._pipes.get(pid)
+        if pipes is None:
+            return False
+        try:
+            chunk = os.read(pipes[1], 65536)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            self._close(pid)
+            return False
+        *lines, self._partial[pid] = (self._partial[pid] + chunk).split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                self._reply(json.loads(line))
+        return True
+
+    def ended(self, pid: int) -> None:
+        """Its last replies go out before its exit does."""
+        while self.relay(pid):
+            pass
+
+    def _close(self, pid: int) -> None:
+        to_child, from_child = self._pipes.pop(pid)
+        self._partial.pop(pid, None)
+        self._selector.unregister(from_child)
+        for fd in (to_child, from_child):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def serve() -> int:
     """The server's loop (`python -m suzumio.runner forkserver`)."""
     import suzumio.runner.main  # noqa: F401, PLC0415 - the point: import it all once, here
@@ -197,12 +276,16 @@ def serve() -> int:
         replies.write(json.dumps(body) + "\n")
         replies.flush()
 
+    residents = _Residents(selector, reply)
     while True:
         for key, _ in selector.select():
+            if isinstance(key.data, int):
+                residents.relay(key.data)
+                continue
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-                _reap(reply)
+                _reap(reply, residents)
                 continue
             chunk = requests.read(65536)
             if not chunk:
@@ -211,21 +294,47 @@ def serve() -> int:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 request = json.loads(line)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    reply({"id": request["id"], "error": str(exc)})
+                if "to" in request:
+                    residents.send(request)
                     continue
-                if pid == 0:
-                    selector.close()
-                    _child(request, inherited)
-                reply({"id": request["id"], "pid": pid})
-        _reap(reply)
+                _fork(request, [*inherited, *residents.fds()], residents, reply, selector)
+        _reap(reply, residents)
 
 
-def _reap(reply: Any) -> None:
+def _fork(
+    request: dict[str, Any],
+    inherited: list[int],
+    residents: _Residents,
+    reply: Callable[[dict[str, Any]], None],
+    selector: selectors.BaseSelector,
+) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pipes: tuple[int, ...] | None = None  # requests r/w, replies r/w (resident runners)
+    try:
+        if request.get("resident"):
+            pipes = (*os.pipe(), *os.pipe())
+        pid = os.fork()
+    except OSError as exc:
+        for fd in pipes or ():
+            os.close(fd)
+        reply({"id": request["id"], "error": str(exc)})
+        return
+    if pid == 0:
+        selector.close()
+        if pipes is None:
+            _child(request, inherited)
+        else:
+            _child(request, [*inherited, pipes[1], pipes[2]], (pipes[0], pipes[3]))
+    if pipes is not None:
+        os.close(pipes[0])
+        os.close(pipes[3])
+        os.set_blocking(pipes[2], False)
+        residents.add(pid, pipes[1], pipes[2])
+    reply({"id": request["id"], "pid": pid})
+
+
+def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -233,6 +342,7 @@ def _reap(reply: Any) -> None:
             return
         if pid == 0:
             return
+        residents.ended(pid)
         code = os.waitstatus_to_exitcode(status)
         reply({"pid": pid, "code": code})
 
@@ -254,6 +364,11 @@ class ForkedProcess:
         return await asyncio.shield(self._ended)
 
 
+class ResidentRun(ForkedProcess):
+    """One activation on a resident runner: `pid` is the runner's (signalling it stops the
+    runner), `wait()` gives the activation's exit code — or the runner's, if it ended first."""
+
+
 class ForkServer:
     """The worker's side: starts the server and asks it for runners."""
 
@@ -263,6 +378,7 @@ class ForkServer:
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._children: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits reported before the spawn's reply was read
+        self._runs: dict[int, ResidentRun] = {}  # request id → an activation on a resident
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -276,17 +392,50 @@ class ForkServer:
     async def spawn(
         self, input_path: Path, cwd: Path, log: Path, env: dict[str, str]
     ) -> ForkedProcess:
+        """A runner for one activation."""
+        return await self._fork({"input": str(input_path), "cwd": str(cwd), "log": str(log)}, env)
+
+    async def spawn_resident(
+        self, cwd: Path, log: Path, env: dict[str, str], max_runs: int
+    ) -> ForkedProcess:
+        """A resident runner, waiting for activations (`run_in`); it leaves after `max_runs`."""
+        body = {"resident": True, "cwd": str(cwd), "log": str(log), "max_runs": max_runs}
+        return await self._fork(body, env)
+
+    async def run_in(
+        self, runner: ForkedProcess, input_path: Path, cwd: Path, log: Path, env: dict[str, str]
+    ) -> ResidentRun:
+        """One activation on a resident runner (which must be idle)."""
+        if runner.returncode is not None:
+            raise OSError("the resident runner has ended")
+        request_id = self._next_id()
+        run = ResidentRun(runner.pid)
+        self._runs[request_id] = run
+        body = {"to": runner.pid, "input": str(input_path), "cwd": str(cwd), "log": str(log)}
+        await self._send({"id": request_id, **body, "env": env})
+        return run
+
+    def _next_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    async def _send(self, request: dict[str, Any]) -> None:
         proc = self._proc
         if proc is None or proc.returncode is not None or proc.stdin is None:
             raise OSError("the fork server is not running")
-        self._next += 1
-        request_id = self._next
+        async with self._lock:
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            await proc.stdin.drain()
+
+    async def _fork(self, body: dict[str, Any], env: dict[str, str]) -> ForkedProcess:
+        request_id = self._next_id()
         answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = answer
-        body = {"id": request_id, "input": str(input_path), "cwd": str(cwd), "log": str(log)}
-        async with self._lock:
-            proc.stdin.write((json.dumps({**body, "env": env}) + "\n").encode())
-            await proc.stdin.drain()
+        try:
+            await self._send({"id": request_id, **body, "env": env})
+        except OSError:
+            self._pending.pop(request_id, None)
+            raise
         pid = await asyncio.wait_for(answer, 30)
         child = ForkedProcess(pid)
         self._children[pid] = child
@@ -300,11 +449,11 @@ class ForkServer:
         while line := await self._proc.stdout.readline():
             message = json.loads(line)
             if "code" in message:
-                child = self._children.pop(message["pid"], None)
-                if child is None:
-                    self._early[message["pid"]] = message["code"]
-                else:
-                    child.ended(message["code"])
+                self._exited(int(message["pid"]), int(message["code"]))
+                continue
+            run = self._runs.pop(message["id"], None)
+            if run is not None:
+                run.ended(int(message["done"]) if "done" in message else -int(signal.SIGKILL))
                 continue
             answer = self._pending.pop(message["id"], None)
             if answer is not None and not answer.done():
@@ -317,6 +466,19 @@ class ForkServer:
                 answer.set_exception(OSError("the fork server stopped"))
         for child in self._children.values():
             child.ended(-int(signal.SIGKILL))
+        for run in self._runs.values():
+            run.ended(-int(signal.SIGKILL))
+
+    def _exited(self, pid: int, code: int) -> None:
+        child = self._children.pop(pid, None)
+        if child is None:
+            self._early[pid] = code
+        else:
+            child.ended(code)
+        for request_id, run in list(self._runs.items()):
+            if run.pid == pid:  # the resident runner ended before the activation did
+                del self._runs[request_id]
+                run.ended(code)
 
     async def close(self) -> None:
         if self._proc is not None and self._proc.returncode is None:

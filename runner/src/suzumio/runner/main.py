@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -141,6 +142,35 @@ def run(path: Path) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(main())
     return exits.TERMINATED
+
+
+def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int) -> int:
+    """A resident runner (forked by the fork server for a warm session): run the activations
+    that come in on `requests_fd` one after the other, each as `run` would (its own event loop,
+    signal handlers, environment and log), and say how each ended on `replies_fd`; leave after
+    `max_runs` of them, or when the worker closes the pipe."""
+    with (
+        os.fdopen(requests_fd, "rb") as requests,
+        os.fdopen(replies_fd, "wb", buffering=0) as replies,
+    ):
+        for _ in range(max_runs):
+            line = requests.readline()
+            if not line:
+                break
+            request = json.loads(line)
+            out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            context.clear()
+            code = run(Path(request["input"]))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            replies.write(json.dumps({"id": request["id"], "done": code}).encode() + b"\n")
+    return 0
 
 
 def _not_dumpable() -> None:

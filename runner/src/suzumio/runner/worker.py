@@ -104,6 +104,8 @@ class WorkerConfig:
     recent_seconds: float = 600.0  # how long ends and cancels are remembered
     sandbox_path: str = "/usr/local/bin:/usr/bin:/bin"
     warm_runners: bool = True  # fork runners from a fork server instead of starting Python
+    resident_runs: int = 100  # > 0 (with warm sessions and runners): a warm session's runner
+    # stays, and runs up to this many of its activations
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
@@ -123,6 +125,21 @@ class _Run:
     proc: asyncio.subprocess.Process | ForkedProcess | None = None
     stop_reason: PoolStatusReason | None = None
     started: PoolStatus | None = None
+    resident: bool = False  # on a resident runner kept from an earlier activation
+
+
+@dataclass
+class _Resident:
+    """A warm session's resident runner, and the environment it was started with (less the
+    activation's id): an activation with another (another agent, rotated keys) gets a new one."""
+
+    proc: ForkedProcess
+    env: dict[str, str]
+    runs: int = 0  # it leaves after `resident_runs`: one that has them all is not asked again
+
+
+def _resident_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k != "SUZUMIO_ACTIVATION_ID"}
 
 
 class WarmSessions:
@@ -220,6 +237,7 @@ class Worker:
         self._freed = asyncio.Event()
         self._nc: NATS | None = None
         self._forks: ForkServer | None = None
+        self._residents: dict[str, _Resident] = {}  # by warm session key
         self._store: ObjectStore | None = None  # the artifacts' object store, once needed
 
     @property
@@ -418,15 +436,22 @@ class Worker:
             )
             return
         run.started = self._status(
-            dispatch, "started", warm=run.warm_start, deadline=dispatch.deadline
+            dispatch,
+            "started",
+            warm=run.warm_start,
+            resident=run.resident,
+            deadline=dispatch.deadline,
         )
         await self._publish(run.started)
-        log("worker.started", dispatch=dispatch.dispatch_id, warm=run.warm_start)
+        log("worker.started", dispatch=dispatch.dispatch_id, warm=run.warm_start,
+            resident=run.resident)  # fmt: skip
         if run.stop_reason is not None:  # cancelled while it was being prepared
             self._background(self._kill(run, run.stop_reason))
         beats = asyncio.create_task(self._beat(run))
         try:
             code = await self._wait(run)
+            if run.warm_key is not None and (run.stop_reason is not None or code < 0):
+                self._retire(run.warm_key)  # stopped mid-way: its runner starts afresh
             outputs = await self._bring_out(run)  # still beating: uploads may take a while
         finally:
             beats.cancel()
@@ -460,6 +485,8 @@ class Worker:
             "HOME": str(run.workspace),
             **run.dispatch.env,
         }
+        if self._forks is not None and run.warm_key is not None and self.cfg.resident_runs > 0:
+            return await self._run_resident(self._forks, run, run.warm_key, env)
         if self._forks is not None:  # a warm runner: forked from the fork server
             return await self._forks.spawn(
                 run.root / "input.json", run.workspace, run.root / "runner.log", env
@@ -476,6 +503,35 @@ class Worker:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+
+    async def _run_resident(
+        self, forks: ForkServer, run: _Run, key: str, env: dict[str, str]
+    ) -> ForkedProcess:
+        """The activation on its warm session's resident runner (started if there is none,
+        or none for this environment)."""
+        resident = self._residents.get(key)
+        if resident is not None and (
+            resident.proc.returncode is not None
+            or resident.runs >= self.cfg.resident_runs
+            or resident.env != _resident_env(env)
+        ):
+            self._retire(key)
+            resident = None
+        log_path = run.root / "runner.log"
+        run.resident = resident is not None
+        if resident is None:
+            proc = await forks.spawn_resident(run.workspace, log_path, env, self.cfg.resident_runs)
+            resident = self._residents[key] = _Resident(proc, _resident_env(env))
+        resident.runs += 1
+        return await forks.run_in(
+            resident.proc, run.root / "input.json", run.workspace, log_path, env
+        )
+
+    def _retire(self, key: str) -> None:
+        """Stop a warm session's resident runner (idle, or stopped already)."""
+        resident = self._residents.pop(key, None)
+        if resident is not None and resident.proc.returncode is None:
+            _signal_group(resident.proc.pid, signal.SIGKILL)
 
     async def _wait(self, run: _Run) -> int:
         assert run.proc is not None
@@ -533,6 +589,7 @@ class Worker:
     async def _release(self, run: _Run) -> None:
         if run.warm_key is not None:
             for key in self.warm.give_back(run.warm_key):
+                self._retire(key)
                 self._discard(self.warm.path(key))
         self._discard(run.root)
 
@@ -574,6 +631,7 @@ class Worker:
                     subject, self._info(with_exited=False).model_dump_json().encode()
                 )
             for key in self.warm.expired():
+                self._retire(key)
                 self._discard(self.warm.path(key))
             horizon = time.monotonic() - self.cfg.recent_seconds
             self._recent = {k: v for k, v in self._recent.items() if v[0] > horizon}

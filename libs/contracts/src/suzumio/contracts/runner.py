@@ -281,6 +281,10 @@ class PoolStatus(_Frozen):
     warm: bool = Field(
         default=False, description="started: in a warm workspace; exited: the workspace is kept"
     )
+    resident: bool = Field(
+        default=False,
+        description="started: on the session's resident runner, which ran an earlier activation",
+    )
     detail: str = Field(default="", max_length=4_000, description="the runner's last log lines")
     deadline: datetime | None = Field(default=None, description="started: the dispatch's")
     outputs: tuple[FileRef, ...] = Field(
