@@ -61,7 +61,8 @@ async def _caller(request: Request) -> Caller:
     return await broker.gate.check(request)
 
 
-def _broker(request: Request) -> Broker:
+async def _broker(request: Request) -> Broker:
+    # async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per call
     broker: Broker = request.app.state.broker
     return broker
 

@@ -21,7 +21,8 @@ _bearer = HTTPBearer(auto_error=False, description="an API key: `Bearer szm_...`
 _api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="an API key")
 
 
-def gateway(request: Request) -> Gateway:
+async def gateway(request: Request) -> Gateway:
+    # async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per request
     gw: Gateway = request.app.state.gateway
     return gw
 
@@ -96,7 +97,7 @@ async def read_position(
 ReadPosition = Annotated[int, Depends(read_position)]
 
 
-def require_admin(who: PrincipalDep) -> Principal:
+async def require_admin(who: PrincipalDep) -> Principal:
     if not who.admin:
         raise ApiError(403, "only a platform admin may do this")
     return who

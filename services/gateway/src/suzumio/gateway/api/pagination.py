@@ -31,7 +31,7 @@ class PageRequest(BaseModel):
     after: tuple[Any, str] | None  # (sort key, id) of the last row already seen
 
 
-def page_request(
+async def page_request(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="page size")] = 50,
     cursor: Annotated[str | None, Query(max_length=500, description="from `next_cursor`")] = None,
 ) -> PageRequest:
