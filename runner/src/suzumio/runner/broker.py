@@ -72,18 +72,20 @@ class BrokerClient:
         retries: int = 5,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        http: httpx.AsyncClient | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout,
-            transport=transport,
-            verify=tls.CONTEXT,
+        """`http`: a client for `base_url` kept by a resident runner (`Connections`), which
+        `aclose` leaves open; the token goes with each request either way."""
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, verify=tls.CONTEXT
         )
+        self._auth = {"Authorization": f"Bearer {token}"}
         self._retries = retries
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._owns_http:
+            await self._http.aclose()
 
     async def _call(
         self,
@@ -96,7 +98,9 @@ class BrokerClient:
         timeout: float | None = None,
     ) -> M | None:
         content = body.model_dump_json().encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if content is not None else {}
+        headers = self._auth
+        if content is not None:
+            headers = {**self._auth, "Content-Type": "application/json"}
         for attempt in range(self._retries + 1):
             try:
                 response = await self._http.request(
@@ -218,7 +222,7 @@ class BrokerClient:
             sink.truncate()
             digest, size = hashlib.sha256(), 0
             try:
-                async with self._http.stream("GET", path) as response:
+                async with self._http.stream("GET", path, headers=self._auth) as response:
                     if response.status_code >= 500:
                         await self._pause(attempt, f"GET {path}")
                         continue
@@ -247,7 +251,11 @@ class BrokerClient:
                 yield chunk
 
         url = f"/runner/files/out/{index}"
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        headers = {
+            **self._auth,
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(size),
+        }
         for attempt in range(self._retries + 1):
             try:
                 response = await self._http.put(

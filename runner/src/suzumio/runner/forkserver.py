@@ -10,7 +10,7 @@ threaded (forking a threaded process is unsafe) and reports each child's exit.
 **Resident runners** (for warm sessions): a child forked with `"resident": true` does not run
 one activation and exit; it serves the activations the worker sends it, one at a time, over a
 pair of pipes the server holds and relays — the same process for a session's next
-activations, so they pay neither the fork nor the exit, and its clients and caches are warm.
+activations, so they pay neither the fork nor the exit, and its HTTP connections stay open.
 It leaves after `max_runs` activations, or when the worker retires it (another agent or
 environment, an activation stopped, the session no longer warm).
 

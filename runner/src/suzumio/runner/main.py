@@ -18,6 +18,7 @@ from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutp
 from suzumio.runner import exits
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
+from suzumio.runner.connections import Connections
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import context, log
@@ -26,6 +27,7 @@ from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import Mount, ToolContext
 from suzumio.runner.workfiles import ExchangeError
 
+BROKER_TIMEOUT_SECONDS = 30.0
 # What a shell command may see of the runner's environment: never the token or a key.
 SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 
@@ -40,7 +42,11 @@ def shell_env(env: Mapping[str, str], workspace: str) -> dict[str, str]:
     return {**kept, "HOME": workspace, "TMPDIR": f"{workspace}/.tmp"}
 
 
-async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) -> int:
+async def run_activation(
+    spec: RunnerActivationInput, env: Mapping[str, str], kept: Connections | None = None
+) -> int:
+    """One activation, from its input to its output; the exit code. `kept`: the clients a
+    resident runner keeps across its activations (else each is made here and closed)."""
     context.update(activation=spec.activation.id, session=spec.session.id, agent=spec.agent.id)
     workspace = Path(spec.workspace)
     (workspace / ".tmp").mkdir(parents=True, exist_ok=True)
@@ -50,9 +56,12 @@ async def run_activation(spec: RunnerActivationInput, env: Mapping[str, str]) ->
         allow_private_network=spec.allow_private_network,
         env=shell_env(env, spec.workspace),
     )
-    broker = BrokerClient(spec.controller_url, spec.token)
+    timeout = BROKER_TIMEOUT_SECONDS
+    broker_http = kept.broker(spec.controller_url, timeout) if kept else None
+    broker = BrokerClient(spec.controller_url, spec.token, timeout=timeout, http=broker_http)
     models = [
-        ModelClient(m, endpoint_for(m, env)) for m in (spec.agent.model, *spec.agent.fallbacks)
+        ModelClient(m, endpoint_for(m, env), http=kept.model() if kept else None)
+        for m in (spec.agent.model, *spec.agent.fallbacks)
     ]
     live = LiveStream(broker)
     live.start()
@@ -113,64 +122,90 @@ async def _run_loop(
 
 
 def run(path: Path) -> int:
+    """`python -m suzumio.runner run`: the activation of the input file; the exit code."""
+    spec = _load(path)
+    if spec is None:
+        return exits.BAD_INPUT
+    _not_dumpable()
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_one(spec, None))
+    return exits.TERMINATED
+
+
+def _load(path: Path) -> RunnerActivationInput | None:
     try:
-        spec = load_input(path)
+        return load_input(path)
     except FileNotFoundError:
         sys.stderr.write(f"runner: no input file at {path}\n")
-        return exits.BAD_INPUT
     except ValidationError as exc:
         sys.stderr.write(f"runner: {path} is not a valid activation input:\n{exc}\n")
-        return exits.BAD_INPUT
+    return None
 
-    _not_dumpable()
 
-    async def main() -> int:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
+async def _one(spec: RunnerActivationInput, kept: Connections | None) -> int:
+    """The activation as a task SIGTERM and SIGINT cancel (the handlers only while it runs)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(run_activation(spec, os.environ, kept))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        log("activation.terminated")
+        return exits.TERMINATED
+    except Exception as exc:
+        log("activation.crashed", error=repr(exc))
+        return exits.CRASHED
+    finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            return await run_activation(spec, os.environ)
-        except asyncio.CancelledError:
-            log("activation.terminated")
-            return exits.TERMINATED
-        except Exception as exc:
-            log("activation.crashed", error=repr(exc))
-            return exits.CRASHED
-
-    with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(main())
-    return exits.TERMINATED
+            loop.remove_signal_handler(sig)
 
 
 def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int) -> int:
     """A resident runner (forked by the fork server for a warm session): run the activations
-    that come in on `requests_fd` one after the other, each as `run` would (its own event loop,
-    signal handlers, environment and log), and say how each ended on `replies_fd`; leave after
-    `max_runs` of them, or when the worker closes the pipe."""
-    with (
-        os.fdopen(requests_fd, "rb") as requests,
-        os.fdopen(replies_fd, "wb", buffering=0) as replies,
-    ):
-        for _ in range(max_runs):
-            line = requests.readline()
-            if not line:
-                break
-            request = json.loads(line)
-            out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.close(out)
-            os.chdir(request["cwd"])
-            os.environ.clear()
-            os.environ.update(request["env"])
-            context.clear()
-            code = run(Path(request["input"]))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            replies.write(json.dumps({"id": request["id"], "done": code}).encode() + b"\n")
+    that come in on `requests_fd` one after the other — each with its own environment, working
+    directory, log and signal handlers, on one event loop whose HTTP clients stay open between
+    them (`Connections`) — and say how each ended on `replies_fd`; leave after `max_runs` of
+    them, or when the worker closes the pipe. Between activations, SIGTERM ends it."""
+    _not_dumpable()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_resident(requests_fd, replies_fd, max_runs))
     return 0
+
+
+async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int) -> None:
+    loop = asyncio.get_running_loop()
+    requests = asyncio.StreamReader()
+    with os.fdopen(requests_fd, "rb", buffering=0) as pipe:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(requests), pipe)
+        kept = Connections()
+        try:
+            for _ in range(max_runs):
+                line = await requests.readline()
+                if not line:
+                    break
+                request = json.loads(line)
+                _redirect_output(request["log"])
+                os.chdir(request["cwd"])
+                os.environ.clear()
+                os.environ.update(request["env"])
+                context.clear()
+                spec = _load(Path(request["input"]))
+                code = exits.BAD_INPUT if spec is None else await _one(spec, kept)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                reply = json.dumps({"id": request["id"], "done": code}).encode() + b"\n"
+                os.write(replies_fd, reply)  # a line, far under a pipe's buffer: never blocks
+        finally:
+            await kept.aclose()
+            os.close(replies_fd)
+
+
+def _redirect_output(log_path: str) -> None:
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
 
 
 def _not_dumpable() -> None:

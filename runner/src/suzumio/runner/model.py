@@ -74,14 +74,23 @@ class ModelClient:
     """One model of the chain. The SDK's own retries are off: the loop classifies failures
     and decides (DESIGN.md Appendix A), so retries are counted in one place."""
 
-    def __init__(self, spec: ModelSpec, endpoint: Endpoint, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        endpoint: Endpoint,
+        timeout: float = 600.0,
+        http: openai.DefaultAsyncHttpxClient | None = None,
+    ) -> None:
+        """`http`: a client kept by a resident runner (`Connections`), which `close` leaves
+        open; without one, the model gets a client of its own."""
         self.spec = spec
+        self._owns_http = http is None
         self._client = openai.AsyncOpenAI(
             base_url=endpoint.base_url,
             api_key=endpoint.api_key,
             max_retries=0,
             timeout=timeout,
-            http_client=openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
+            http_client=http or openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
         )
         # The SDK looks the platform up on a client's first request in a worker thread; the
         # thread (and joining it when the loop ends) costs a short-lived runner milliseconds.
@@ -89,7 +98,8 @@ class ModelClient:
             self._client._platform = PLATFORM
 
     async def close(self) -> None:
-        await self._client.close()
+        if self._owns_http:
+            await self._client.close()
 
     async def complete(
         self,
