@@ -316,12 +316,13 @@ async def test_cancel_kills_the_running_runner(
     await eventually(lambda: broker.open == 0, timeout=5)
 
 
+@pytest.mark.parametrize("idle_ttl", [0, 30], ids=["forked_runner", "resident_runner"])
 async def test_a_killed_worker_is_lost_and_its_attempt_never_runs_again(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
-    topology: Topology, tmp_path: Path, hanging: tuple[str, Hanging],
+    topology: Topology, tmp_path: Path, hanging: tuple[str, Hanging], idle_ttl: float,
 ) -> None:  # fmt: skip
     url, broker = hanging
-    doomed = workers("wa")
+    doomed = workers("wa", idle_ttl=idle_ttl)
     await wait_workers(backend, "wa")
     handle = await backend.launch(make_plan(url, tmp_path))
     await eventually(lambda: statuses.of(handle.sandbox_id, "started"))
