@@ -136,9 +136,15 @@ async def test_runtime_profiles(stack: Stack) -> None:
         "backend": "docker",
         "image": "suzumio/runner:1",
         "limits": {"cpus": 0.5},
-        "network": "none",
+        "network": "egress",
     }
     async with stack.client(world.key) as c:
+        # No network at all would cut the runner off from the broker and its model.
+        refused = problem(
+            await c.put(f"{base}/small", json={**spec, "network": "none"}), 422, "invalid"
+        )
+        assert "network 'none' is not supported" in refused["detail"]
+        assert ok(await c.get(base)) == []
         saved = ok(await c.put(f"{base}/small", json=spec))
         assert saved["spec"]["limits"]["cpus"] == 0.5
         assert saved["spec"]["limits"]["memory_mb"] == 1024  # defaults filled in

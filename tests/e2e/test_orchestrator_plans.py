@@ -1,6 +1,7 @@
 """The orchestrator plans from the agents and projects it folds while following the log: a plan
 sees its agent exactly as it was when the request was stored, and a request for an agent the
-log does not know fails at once, without a launch (process backend, real services)."""
+log does not know (or whose profile cuts its runner off the network) fails at once, without a
+launch (process backend, real services)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 from suzumio.contracts.commands import UpdateAgent
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.events import ActivationFailed, ActivationRequested
+from suzumio.contracts.events import ActivationFailed, ActivationRequested, RuntimeProfileSet
 from suzumio.contracts.ids import new_id
+from suzumio.contracts.values import Backend as BackendName
+from suzumio.contracts.values import NetworkProfile, RuntimeProfileSpec
 from suzumio.orchestrator.backends.base import Backend
 from suzumio.orchestrator.backends.process import ProcessBackend
 from suzumio.orchestrator.settings import OrchestratorSettings
@@ -79,4 +82,27 @@ async def test_a_request_for_an_unknown_agent_fails_without_a_launch(
         assert "does not exist" in failed.reason
         assert failed.retryable is False
         assert activation_id not in await h.live_ids()
+        assert len(model.requests) == calls
+
+
+async def test_a_profile_without_network_stored_earlier_fails_without_a_launch(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """`none` is refused when a profile is set now; one stored before that would cut the
+    runner off from the broker and the model, so its activations fail at once, not retried."""
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        world = await h.world("offline")
+        offline = RuntimeProfileSpec(backend=BackendName.PROCESS, network=NetworkProfile.NONE)
+        await platform.store.append_next(
+            world.project_id,
+            [RuntimeProfileSet(name="suite", spec=offline)],  # the agent's profile
+            EventMeta(actor="system:test"),
+        )
+        calls = len(model.requests)
+        activation_id = await h.request(world)
+        assert await h.ended(activation_id) == ["activation.failed"]
+        failed = (await platform.store.load("activation", activation_id)).events[-1].data
+        assert isinstance(failed, ActivationFailed)
+        assert "network 'none' is not supported" in failed.reason
+        assert failed.retryable is False
         assert len(model.requests) == calls

@@ -134,9 +134,18 @@ class Backend(StrEnum):
 
 
 class NetworkProfile(StrEnum):
-    NONE = "none"  # no network at all
+    NONE = "none"  # no network at all: refused for new profiles (NO_NETWORK_REFUSED), still read
     EGRESS = "egress"  # outbound only (the tool-broker and model providers)
     FULL = "full"
+
+
+# Why a `none` network profile is refused (by the session service when a profile is set, by the
+# orchestrator for one stored earlier): a sandbox without any network cuts its runner off from
+# the tool-broker and the model, so every activation would fail and be retried in vain.
+NO_NETWORK_REFUSED = (
+    "network 'none' is not supported: the runner needs the tool-broker and its model; use "
+    "'egress' (on kubernetes narrowed to the broker, DNS and the configured egress CIDRs)"
+)
 
 
 class ResourceLimits(BaseModel):

@@ -27,7 +27,12 @@ from suzumio.contracts.runner import (
     SessionRef,
     ToolDefinition,
 )
-from suzumio.contracts.values import RuntimeProfileSpec, WorkspaceMode
+from suzumio.contracts.values import (
+    NO_NETWORK_REFUSED,
+    NetworkProfile,
+    RuntimeProfileSpec,
+    WorkspaceMode,
+)
 from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
 from suzumio.orchestrator.directory import Agent, Project
 from suzumio.orchestrator.sessions import SessionReader
@@ -132,6 +137,8 @@ class Planner:
         profile = project.profiles.get(agent.runtime_profile)
         if profile is None:
             raise PlanError(f"runtime profile {agent.runtime_profile!r} does not exist")
+        if profile.network is NetworkProfile.NONE:  # stored before it was refused
+            raise PlanError(f"runtime profile {agent.runtime_profile!r}: {NO_NETWORK_REFUSED}")
         return profile
 
     def _model_env(self, agent: Agent, project: Project) -> tuple[dict[str, str], set[str]]:

@@ -35,7 +35,14 @@ from suzumio.contracts.events import (
     RuntimeProfileRemoved,
     RuntimeProfileSet,
 )
-from suzumio.contracts.values import ProjectLimits, ProviderSpec, Role, RuntimeProfileSpec
+from suzumio.contracts.values import (
+    NO_NETWORK_REFUSED,
+    NetworkProfile,
+    ProjectLimits,
+    ProviderSpec,
+    Role,
+    RuntimeProfileSpec,
+)
 from suzumio.session.domain.state import AggregateState
 
 # Paths inside a sandbox that belong to the platform and cannot be mount targets.
@@ -161,6 +168,8 @@ def set_profile(state: ProjectState, cmd: SetRuntimeProfile) -> list[DomainEvent
         raise InvalidError(f"a {spec.backend.value} runtime profile needs an image")
     if spec.backend.value == "pool" and not spec.pool:
         raise InvalidError("a pool runtime profile needs the pool's name")
+    if spec.network is NetworkProfile.NONE:
+        raise InvalidError(NO_NETWORK_REFUSED)
     if state.profiles.get(cmd.name) == spec:
         return []
     return [RuntimeProfileSet(name=cmd.name, spec=spec)]
