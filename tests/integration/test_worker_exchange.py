@@ -39,11 +39,15 @@ async def test_inputs_land_at_their_paths(nc: NATS, topology: Topology, tmp_path
     assert (inbox / "deep/er/b.bin").read_bytes() == big
     assert sorted(p.name for p in (inbox / "deep/er").iterdir()) == ["b.bin"]  # no partials
 
-    # A warm workspace keeps a file of the same size; a changed size is fetched again.
+    # A warm workspace keeps a file with exactly those bytes; one the agent changed — even to
+    # the same size — is fetched again.
+    kept = (inbox / "deep/er/b.bin").stat().st_ino
     (inbox / "a.txt").write_bytes(b"HELLO\n")
+    await bring_in(store, inbox, refs)
+    assert (inbox / "a.txt").read_bytes() == b"hello\n"
+    assert (inbox / "deep/er/b.bin").stat().st_ino == kept  # not fetched again
     (inbox / "deep/er/b.bin").write_bytes(b"short")
     await bring_in(store, inbox, refs)
-    assert (inbox / "a.txt").read_bytes() == b"HELLO\n"
     assert (inbox / "deep/er/b.bin").read_bytes() == big
 
 

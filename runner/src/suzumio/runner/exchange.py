@@ -33,7 +33,7 @@ __all__ = ["ExchangeError", "bring_in", "bring_out"]
 
 
 async def bring_in(store: ObjectStore, inbox: Path, refs: tuple[FileRef, ...]) -> None:
-    """Each file of `refs` at its path under `inbox`; one already there with the same size
+    """Each file of `refs` at its path under `inbox`; one already there with exactly its bytes
     (a warm workspace's) is kept.
 
     Raises:

@@ -20,7 +20,7 @@ from suzumio.runner.workfiles import ExchangeError, open_output, place, regular_
 
 
 async def fetch_inputs(broker: BrokerClient, workspace: Path, files: FileExchange) -> None:
-    """Each input at its path under `workspace/in` (one there with the same size is kept).
+    """Each input at its path under `workspace/in` (one there with exactly its bytes is kept).
 
     Raises:
         ExchangeError: an input could not be fetched or written.

@@ -7,6 +7,7 @@ emptied afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
@@ -24,16 +25,13 @@ class ExchangeError(Exception):
     """An input could not be brought in: the activation cannot start as planned."""
 
 
-def open_slot(inbox: Path, ref: FileRef) -> tuple[Path, Path, io.BufferedWriter] | None:
-    """Where `ref` goes and a fresh partial file to write it to; None if it is there already
-    (a warm workspace's file of the same size).
+def open_slot(inbox: Path, ref: FileRef) -> tuple[Path, Path, io.BufferedWriter]:
+    """Where `ref` goes and a fresh partial file to write it to.
 
     Raises:
         ExchangeError: the file cannot be written, or its directory is a link out of `inbox`.
     """
     target = inbox / ref.path
-    if target.is_file() and not target.is_symlink() and target.stat().st_size == ref.size:
-        return None
     partial = target.with_name(f".{target.name}.part")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -52,16 +50,16 @@ async def place(
     inbox: Path, ref: FileRef, fill: Callable[[io.BufferedWriter], Awaitable[object]]
 ) -> None:
     """`ref` at its path under `inbox`, written by `fill` into a partial file that is moved
-    into place once complete; nothing if it is there already. A failing `fill` leaves no
-    partial file behind, and its exception goes on.
+    into place once complete; nothing if exactly those bytes are there already (a warm
+    workspace's — one the agent changed, even to the same size, is replaced). A failing
+    `fill` leaves no partial file behind, and its exception goes on.
 
     Raises:
         ExchangeError: the file cannot be written, or its directory is a link out of `inbox`.
     """
-    slot = open_slot(inbox, ref)
-    if slot is None:
+    if await asyncio.to_thread(holds, inbox, ref):
         return
-    target, partial, sink = slot
+    target, partial, sink = open_slot(inbox, ref)  # refuses a directory that leads outside
     try:
         with sink:
             await fill(sink)
@@ -70,6 +68,23 @@ async def place(
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
+
+
+def holds(inbox: Path, ref: FileRef) -> bool:
+    """Whether `ref`'s place under `inbox` (in a directory inside it) is a regular file, not a
+    link, with exactly `ref`'s bytes."""
+    target = inbox / ref.path
+    if not target.parent.resolve().is_relative_to(inbox.resolve()):
+        return False
+    try:
+        opened = open_output(target)
+    except OSError:  # missing, or a link
+        return False
+    if opened is None:
+        return False
+    source, size = opened
+    with source:
+        return size == ref.size and sha256_of(source) == ref.sha256
 
 
 def open_output(path: Path) -> tuple[io.BufferedReader, int] | None:
