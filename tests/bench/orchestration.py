@@ -8,8 +8,12 @@ model (it answers at once):
   its runner, per backend; for the pool, → the worker starting it (`started` on the pool's
   status subject);
 - pool throughput: activations per second from requested to ended, with a no-op model, and
-  where their CPU went (ms per activation: the forked runners with their worker, the
-  orchestrator with this process, each service, and the rest of the machine).
+  where their CPU went (ms per activation: the runners with their worker, the orchestrator
+  with this process, each service, and the rest of the machine).
+
+The pool is measured twice: `pool`, a worker forking a runner per activation, and
+`pool_warm_sessions`, a worker keeping sessions warm, whose runners stay for their session's
+next activations (its message figures are a session's later messages).
 """
 
 from __future__ import annotations
