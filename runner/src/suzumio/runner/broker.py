@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 import httpx
@@ -101,12 +101,29 @@ class BrokerClient:
         headers = self._auth
         if content is not None:
             headers = {**self._auth, "Content-Type": "application/json"}
+        response = await self._send(
+            method, path, lambda: content, headers, params=params, timeout=timeout
+        )
+        return self._answer(response, answer)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        content: Callable[[], bytes | AsyncIterator[bytes] | None],
+        headers: dict[str, str],
+        *,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """The broker's answer, retrying transport errors and 5xx answers (the last 5xx is
+        returned); `content` makes the body afresh for each try."""
         for attempt in range(self._retries + 1):
             try:
                 response = await self._http.request(
                     method,
                     path,
-                    content=content,
+                    content=content(),
                     headers=headers,
                     params=params,
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
@@ -117,7 +134,7 @@ class BrokerClient:
             if response.status_code >= 500 and attempt < self._retries:
                 await self._pause(attempt, f"{method} {path}")
                 continue
-            return self._answer(response, answer)
+            return response
         raise BrokerUnavailableError(f"{method} {path}: gave up")  # pragma: no cover - loop returns
 
     async def _pause(self, attempt: int, what: str) -> None:
@@ -256,21 +273,10 @@ class BrokerClient:
             "Content-Type": "application/octet-stream",
             "Content-Length": str(size),
         }
-        for attempt in range(self._retries + 1):
-            try:
-                response = await self._http.put(
-                    url, content=body(), headers=headers, params={"path": path}
-                )
-            except httpx.TransportError:
-                await self._pause(attempt, f"PUT {url}")
-                continue
-            if response.status_code >= 500 and attempt < self._retries:
-                await self._pause(attempt, f"PUT {url}")
-                continue
-            recorded = self._answer(response, Recorded)
-            assert recorded is not None
-            return recorded.recorded
-        raise BrokerUnavailableError(f"PUT {url}: gave up")  # pragma: no cover - loop returns
+        response = await self._send("PUT", url, body, headers, params={"path": path})
+        recorded = self._answer(response, Recorded)
+        assert recorded is not None
+        return recorded.recorded
 
 
 def _detail(response: httpx.Response) -> str:
