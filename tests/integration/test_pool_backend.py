@@ -277,6 +277,22 @@ async def test_host_mounts_are_refused(backend: PoolBackend, tmp_path: Path) -> 
     assert not caught.value.retryable
 
 
+async def test_a_dispatch_larger_than_the_servers_max_payload_fails_for_good(
+    backend: PoolBackend, nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    plan = make_plan(closed_port_url(), tmp_path)
+    prompt = "x" * nc.max_payload  # the same on every attempt
+    agent = plan.input.agent.model_copy(update={"prompt": prompt})
+    large = replace(plan, input=plan.input.model_copy(update={"agent": agent}))
+    with pytest.raises(LaunchError) as caught:
+        await backend.launch(large)
+    assert not caught.value.retryable
+    assert "max_payload" in str(caught.value)
+    stream = await nc.jetstream().stream_info(topology.activations_stream)
+    assert stream.state.messages == 0
+    assert await backend.list_live() == []  # nothing tracked for it
+
+
 async def test_an_unreachable_broker_exits_7_and_the_dispatch_is_acked(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
     topology: Topology, tmp_path: Path,

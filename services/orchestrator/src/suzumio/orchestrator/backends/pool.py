@@ -149,12 +149,21 @@ class PoolBackend:
             raise LaunchError("the pool backend cannot mount host directories", retryable=False)
         dispatch = self._dispatch(plan)
         did = dispatch.dispatch_id
+        body = dispatch.model_dump_json().encode()
+        if len(body) + 256 > self._nc.max_payload:  # room for the headers
+            # The same plan would be as large on every attempt: retrying cannot help.
+            raise LaunchError(
+                f"the dispatch is {len(body)} bytes; the pool's queue takes messages of at most "
+                f"{self._nc.max_payload} bytes (the NATS server's max_payload) — compact the "
+                "session's history or raise max_payload",
+                retryable=False,
+            )
         try:
             await self._ensure_consumer(dispatch.pool)
             await self._track(did, plan.activation_id, started=False)
             ack = await self._js.publish(
                 self.topology.activation_subject(dispatch.pool),
-                dispatch.model_dump_json().encode(),
+                body,
                 headers={"Nats-Msg-Id": did},
                 timeout=self.settings.request_timeout_seconds,
             )
