@@ -296,6 +296,43 @@ async def test_a_numbered_batch_sent_again_is_published_once(platform: Stack) ->
     await sub.unsubscribe()
 
 
+async def test_a_final_call_streams_appends_then_records_and_sent_again_repeats_nothing(
+    platform: Stack,
+) -> None:
+    """The runner's last call brings its last live batch and history entry: the chunks reach
+    the session's stream, the entry is in the history before the output is recorded, and the
+    same call sent again (a lost reply) adds nothing."""
+    a = await live(platform, "fin")
+    sub = await platform.nc.jetstream().subscribe(
+        platform.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    entry_id = new_id()
+    body = {
+        "text": "done",
+        "history": [{"message_id": entry_id, "role": "assistant", "text": "done"}],
+        "live": {"batch": 0, "chunks": [{"kind": "text", "text": "do"}]},
+    }
+    async with broker(platform, a.token) as c:
+        first = await c.post("/activation-output", json=body)
+        again = await c.post("/activation-output", json=body)
+    assert (first.json(), again.json()) == ({"recorded": True}, {"recorded": False})
+    assert b'"do"' in (await sub.next_msg(timeout=5)).data
+    with pytest.raises(nats.errors.TimeoutError):
+        await sub.next_msg(timeout=0.5)
+    await sub.unsubscribe()
+
+    session = await platform.store.load("session", a.world.session_id)
+    appended = [
+        (e.seq, e.data.message_id)
+        for e in session.events
+        if isinstance(e.data, SessionMessageAppended)
+    ]
+    assert [message_id for _, message_id in appended] == [entry_id]
+    output = await platform.store.load("activation", a.activation_id)
+    (recorded,) = [e for e in output.events if e.envelope.type == "activation.output_recorded"]
+    assert appended[0][0] < recorded.seq  # the history first, as the separate calls did
+
+
 async def test_checkpoints_are_stored_and_the_latest_is_returned(platform: Stack) -> None:
     a = await live(platform, "kit")
     async with broker(platform, a.token) as c:

@@ -1,11 +1,15 @@
-"""A resident runner's kept HTTP clients carry no credential: each activation's broker client
-sends its own token with every request, and closing it leaves the kept client open."""
+"""The runner's broker client: a resident runner's kept HTTP clients carry no credential (each
+activation's broker client sends its own token with every request, and closing it leaves the
+kept client open); the final call falls back to separate calls on a broker older than it.
+The broker here is an `httpx.MockTransport`: these are the client's own decisions."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
-from suzumio.contracts.broker import StreamChunk
+from suzumio.contracts.broker import HistoryEntryIn, StreamBatch, StreamChunk
 from suzumio.contracts.runner import RunnerActivationOutput
 from suzumio.runner.broker import BrokerClient
 
@@ -36,3 +40,33 @@ async def test_a_broker_client_of_its_own_is_closed_with_it() -> None:
     client = BrokerClient("http://broker", "token")
     await client.aclose()
     assert client._http.is_closed
+
+
+async def test_a_broker_older_than_the_final_call_gets_its_parts_one_by_one() -> None:
+    """Such a broker takes `/activation-output` as schema 1 only, and answers a 2 with a 422:
+    the batch, the entry and the output then go apart, in that order — nothing is lost."""
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    def old_broker(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append((request.url.path, body))
+        if body.get("schema_version", 1) != 1:
+            return httpx.Response(422, json={"detail": "schema_version: Input should be 1"})
+        return httpx.Response(200, json={"recorded": True})
+
+    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(old_broker))
+    client = BrokerClient("http://broker", "token", http=http)
+    entry = HistoryEntryIn(message_id="e" * 26, role="assistant", text="done")
+    batch = StreamBatch(chunks=(StreamChunk(kind="text", text="do"),), batch=3)
+    await client.output(RunnerActivationOutput(text="done"), [entry], batch)
+    await http.aclose()
+
+    assert [path for path, _ in calls] == [
+        "/activation-output",  # refused
+        "/runner/stream",
+        "/runner/history",
+        "/activation-output",
+    ]
+    assert calls[1][1]["batch"] == 3  # numbered as it was: published once
+    assert calls[2][1]["entries"][0]["message_id"] == "e" * 26  # type: ignore[index]
+    assert calls[3][1] == {"schema_version": 1, "text": "done", "usage": {}, "reason": "completed"}

@@ -75,6 +75,8 @@ class Ending:
     text: str
     usage: dict[str, Any] = field(default_factory=dict)
     detail: str = ""
+    # The last turn's history entries, not sent yet: they go with the output, in one call.
+    history: tuple[HistoryEntryIn, ...] = ()
 
 
 @dataclass
@@ -138,9 +140,9 @@ class AgentLoop:
             turn = await self._call_model(self._toolbox.wire_definitions())
             calls = self._parse(turn.tool_calls)
             turn.tool_calls = [c.wire for c in calls]
-            await self._record_assistant(turn)
             if not calls:
-                return self._ending("completed", turn.text)
+                return self._ending("completed", turn.text, self._assistant_entry(turn))
+            await self._broker.append_history([self._assistant_entry(turn)])
             outcomes = await self._tool_round(calls)
             complete = next((o.complete for o in outcomes if o.complete is not None), None)
             if complete is not None:
@@ -215,8 +217,7 @@ class AgentLoop:
     async def _grace(self) -> Ending:
         self._push({"role": "user", "content": GRACE_PROMPT}, None)
         turn = await self._call_model([])
-        await self._record_assistant(turn)
-        return self._ending("budget_exhausted", turn.text)
+        return self._ending("budget_exhausted", turn.text, self._assistant_entry(turn))
 
     # -- compaction ------------------------------------------------------------------------
     async def _compact(self, why: str) -> bool:
@@ -430,7 +431,8 @@ class AgentLoop:
         self._messages.append(message)
         self._entry_ids.append(entry_id)
 
-    async def _record_assistant(self, turn: ModelTurn) -> None:
+    def _assistant_entry(self, turn: ModelTurn) -> HistoryEntryIn:
+        """The turn in the loop's messages, and its history entry to send."""
         entry_id = new_id()
         message: Message = {"role": "assistant", "content": turn.text or None}
         if turn.tool_calls:
@@ -443,22 +445,18 @@ class AgentLoop:
                 for c in turn.tool_calls
             ]
         self._push(message, entry_id)
-        await self._broker.append_history(
-            [
-                HistoryEntryIn(
-                    message_id=entry_id,
-                    role="assistant",
-                    text=turn.text,
-                    tool_calls=tuple(
-                        HistoryToolCallIn(
-                            id=c.id,
-                            name=(self._toolbox.canonical(c.name) or c.name)[:200],
-                            arguments=c.arguments[:1_000_000],
-                        )
-                        for c in turn.tool_calls
-                    ),
+        return HistoryEntryIn(
+            message_id=entry_id,
+            role="assistant",
+            text=turn.text,
+            tool_calls=tuple(
+                HistoryToolCallIn(
+                    id=c.id,
+                    name=(self._toolbox.canonical(c.name) or c.name)[:200],
+                    arguments=c.arguments[:1_000_000],
                 )
-            ]
+                for c in turn.tool_calls
+            ),
         )
 
     async def _take_signals(self, signals: Sequence[SignalSpec], in_history: set[str]) -> None:
@@ -484,7 +482,7 @@ class AgentLoop:
         if entries:
             await self._broker.append_history(entries)
 
-    def _ending(self, reason: Reason, text: str) -> Ending:
+    def _ending(self, reason: Reason, text: str, *unsent: HistoryEntryIn) -> Ending:
         usage: dict[str, Any] = {
             **self._usage,
             "model_calls": self.model_calls,
@@ -492,7 +490,7 @@ class AgentLoop:
             "prompt_hash": self.prompt.hash,
             "model": self._models[self._model_index].spec.name,
         }
-        return Ending(reason, text, usage)
+        return Ending(reason, text, usage, history=unsent)
 
 
 def workspace_path(spec: RunnerActivationInput) -> Path:

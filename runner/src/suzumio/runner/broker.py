@@ -8,9 +8,10 @@ raised and the loop stops at once without touching anything else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 import httpx
@@ -21,6 +22,7 @@ from suzumio.contracts.broker import (
     AskRequest,
     CheckpointPut,
     CompactionMarker,
+    FinalCall,
     HistoryAppend,
     HistoryEntryIn,
     Recorded,
@@ -44,6 +46,20 @@ M = TypeVar("M", bound=BaseModel)
 MAX_BATCH_ENTRIES = 200
 MAX_BATCH_CHARS = 2_000_000  # well under the bus's message size
 FILE_CHUNK = 256 * 1024
+
+
+def _batches(entries: Sequence[HistoryEntryIn]) -> Iterator[tuple[HistoryEntryIn, ...]]:
+    batch: list[HistoryEntryIn] = []
+    size = 0
+    for entry in entries:
+        entry_size = len(entry.text) + sum(len(c.arguments) for c in entry.tool_calls)
+        if batch and (len(batch) >= MAX_BATCH_ENTRIES or size + entry_size > MAX_BATCH_CHARS):
+            yield tuple(batch)
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry_size
+    if batch:
+        yield tuple(batch)
 
 
 class BrokerError(Exception):
@@ -169,21 +185,8 @@ class BrokerClient:
 
     async def append_history(self, entries: Sequence[HistoryEntryIn]) -> None:
         """In order, in batches small enough for one message of the platform's bus."""
-        batch: list[HistoryEntryIn] = []
-        size = 0
-        for entry in entries:
-            entry_size = len(entry.text) + sum(len(c.arguments) for c in entry.tool_calls)
-            if batch and (len(batch) >= MAX_BATCH_ENTRIES or size + entry_size > MAX_BATCH_CHARS):
-                await self._must(
-                    "POST", "/runner/history", HistoryAppend(entries=tuple(batch)), Recorded
-                )
-                batch, size = [], 0
-            batch.append(entry)
-            size += entry_size
-        if batch:
-            await self._must(
-                "POST", "/runner/history", HistoryAppend(entries=tuple(batch)), Recorded
-            )
+        for batch in _batches(entries):
+            await self._must("POST", "/runner/history", HistoryAppend(entries=batch), Recorded)
 
     async def compaction(self, marker: CompactionMarker) -> None:
         await self._must("POST", "/runner/history/compaction", marker, Recorded)
@@ -222,7 +225,36 @@ class BrokerClient:
     async def support(self, toolpack: str, call: SupportCall) -> SupportResult:
         return await self._must("POST", f"/toolpacks/{toolpack}/support", call, SupportResult)
 
-    async def output(self, output: RunnerActivationOutput) -> None:
+    async def output(
+        self,
+        output: RunnerActivationOutput,
+        history: Sequence[HistoryEntryIn] = (),
+        live: StreamBatch | None = None,
+    ) -> None:
+        """The activation's last call: its output, bringing the last history entries and live
+        batch along when the entries fit one batch (else they go first, apart). A broker older
+        than such calls refuses their schema version with a 422: then each goes apart."""
+        batches = list(_batches(history))
+        if len(batches) > 1:
+            await self.append_history(history)
+            batches = []
+        if batches or live is not None:
+            final = FinalCall(
+                **output.model_dump(exclude={"schema_version"}),
+                history=batches[0] if batches else (),
+                live=live,
+            )
+            try:
+                await self._must("POST", "/activation-output", final, Recorded)
+            except BrokerError as exc:
+                if exc.status != 422:
+                    raise
+            else:
+                return
+            if live is not None:
+                with contextlib.suppress(BrokerError):  # best-effort, as every live batch
+                    await self.stream(live.chunks, live.batch)
+            await self.append_history(history)
         await self._must("POST", "/activation-output", output, Recorded)
 
     async def download(self, ref: InputFile, sink: BinaryIO) -> None:

@@ -6,16 +6,17 @@ durable record is the history)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
-from suzumio.contracts.broker import StreamChunk
+from suzumio.contracts.broker import StreamBatch, StreamChunk
 from suzumio.runner.broker import BrokerClient, FencedError
 from suzumio.runner.log import log
 
 FLUSH_SECONDS = 0.02
 MAX_TEXT_PER_CHUNK = 50_000
+MAX_CHUNKS_PER_BATCH = 1_000
+MAX_TEXT_PER_BATCH = 1_000_000  # the broker's bound on a batch
 CLOSE_TIMEOUT = 30.0
 
 
@@ -31,6 +32,7 @@ class LiveStream:
         self.fenced = False
         self.chunks_sent = 0
         self._batches = 0  # numbered, so the broker publishes a retried batch once
+        self._sending = False
         self._closing = False
 
     def start(self) -> None:
@@ -68,9 +70,9 @@ class LiveStream:
         if not batch or self.fenced:
             return
         try:
-            for i in range(0, len(batch), 1_000):
+            for i in range(0, len(batch), MAX_CHUNKS_PER_BATCH):
                 self._batches += 1
-                await self._broker.stream(batch[i : i + 1_000], self._batches - 1)
+                await self._broker.stream(batch[i : i + MAX_CHUNKS_PER_BATCH], self._batches - 1)
             self.chunks_sent += len(batch)
         except FencedError:
             self.fenced = True
@@ -81,21 +83,49 @@ class LiveStream:
         while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            if not self._closing:
-                await asyncio.sleep(self._flush_seconds)  # gather a batch
-            await self.flush()
+            await asyncio.sleep(self._flush_seconds)  # gather a batch
+            self._sending = True
+            try:
+                await self.flush()
+            finally:
+                self._sending = False
 
     async def close(self) -> None:
-        """Send what is buffered. A batch on its way is let finish, never cancelled: its
-        chunks were taken from the buffer already, so cancelling would lose them."""
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), CLOSE_TIMEOUT)
-            except TimeoutError:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-            self._task = None
+        """Send what is buffered."""
+        await self._stop()
         await self.flush()
+
+    async def finish(self) -> StreamBatch | None:
+        """Stop, and hand over what is buffered as the last batch (numbered like the others)
+        for the activation's final call to bring along; None when nothing is left or the
+        stream is fenced, or when the rest is more than one batch — then it is sent here."""
+        await self._stop()
+        self._take_text()
+        batch = self._others
+        if not batch or self.fenced:
+            return None
+        if (
+            len(batch) > MAX_CHUNKS_PER_BATCH
+            or sum(len(chunk.text) for chunk in batch) > MAX_TEXT_PER_BATCH
+        ):
+            await self.flush()
+            return None
+        self._others = []
+        self._batches += 1
+        self.chunks_sent += len(batch)
+        return StreamBatch(chunks=tuple(batch), batch=self._batches - 1)
+
+    async def _stop(self) -> None:
+        """End the timer. A batch on its way is let finish, never cancelled: its chunks were
+        taken from the buffer already, so cancelling would lose them; a timer still gathering
+        one is cancelled, and the caller sends what it gathered."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._closing = True  # a batch on its way is the timer's last
+        if not self._sending:
+            task.cancel()
+        _, pending = await asyncio.wait({task}, timeout=CLOSE_TIMEOUT)
+        if pending:
+            task.cancel()
+            await asyncio.wait({task})

@@ -70,13 +70,15 @@ async def run_activation(
     code = exits.CRASHED
     try:
         ending, code = await _run_loop(spec, broker, loop, workspace)
-        await live.close()
         if spec.files is not None and code != exits.INPUTS_UNAVAILABLE:
+            await live.close()  # the files may take a while: the live output goes first
             sent = await send_outputs(broker, workspace, spec.files)
             log("activation.outputs_sent", files=sent)
         text = ending.text[:MAX_OUTPUT_CHARS]
         await broker.output(
-            RunnerActivationOutput(text=text, usage=ending.usage or {}, reason=ending.reason)
+            RunnerActivationOutput(text=text, usage=ending.usage or {}, reason=ending.reason),
+            ending.history,
+            await live.finish(),
         )
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
     except FencedError as exc:

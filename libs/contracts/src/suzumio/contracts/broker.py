@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.runner import SignalSpec
+from suzumio.contracts.runner import RunnerActivationOutput, SignalSpec
 from suzumio.contracts.values import PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
@@ -96,6 +96,17 @@ class StreamBatch(_Body):
         description="the batch's number within its activation: a batch sent again (a retry "
         "after a lost reply) is published once",
     )
+
+
+class FinalCall(RunnerActivationOutput):
+    """`POST /activation-output` with what the runner still had to send: the last turn's
+    history entries and the last live batch, so an activation that needs no tool ends in one
+    call. The broker handles them as the separate calls would, in their order: the batch is
+    published, the entries appended, then the output recorded."""
+
+    schema_version: Literal[1, 2] = 2
+    history: tuple[HistoryEntryIn, ...] = Field(default=(), max_length=256)
+    live: StreamBatch | None = None
 
 
 class SignalsTaken(_Body):

@@ -203,7 +203,9 @@ class RunnerActivationInput(_Frozen):
 class RunnerActivationOutput(_Frozen):
     """The final result, POSTed to `/activation-output`: the only way a result exists."""
 
-    schema_version: Literal[1] = 1
+    # 2: a `FinalCall` (contracts.broker), which brings the runner's last history entries and
+    # live batch along; a broker older than it refuses the 2, and the runner sends them apart.
+    schema_version: Literal[1, 2] = 1
     text: str
     usage: dict[str, Any] = Field(default_factory=dict)
     reason: Literal["completed", "budget_exhausted", "waiting", "failed"] = "completed"

@@ -5,6 +5,7 @@ scheduler) or live chunks. Routes are idempotent where a runner retries."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -15,7 +16,9 @@ from suzumio.contracts.broker import (
     AskRequest,
     CheckpointPut,
     CompactionMarker,
+    FinalCall,
     HistoryAppend,
+    HistoryEntryIn,
     Recorded,
     SignalsTaken,
     StreamBatch,
@@ -44,7 +47,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.live import LiveChunk
-from suzumio.contracts.runner import CheckpointRef, RunnerActivationOutput, SignalSpec
+from suzumio.contracts.runner import CheckpointRef, SignalSpec
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
@@ -138,6 +141,12 @@ async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -
 
 @router.post("/runner/history")
 async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
+    return Recorded(recorded=await _append_history(broker, caller, body.entries))
+
+
+async def _append_history(
+    broker: Broker, caller: Caller, appended: Sequence[HistoryEntryIn]
+) -> bool:
     c = caller.claims
     entries = tuple(
         HistoryEntry(
@@ -148,7 +157,7 @@ async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded
             tool_call_id=e.tool_call_id,
             name=e.name,
         )
-        for e in body.entries
+        for e in appended
     )
     reply = await broker.commands.send(
         AppendHistory(
@@ -159,7 +168,7 @@ async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded
         ),
         actor=caller.actor,
     )
-    return Recorded(recorded=bool(reply.result.get("appended")))
+    return bool(reply.result.get("appended"))
 
 
 @router.post("/runner/history/compaction")
@@ -174,6 +183,11 @@ async def compaction(body: CompactionMarker, caller: Auth, broker: Shared) -> Re
 
 @router.post("/runner/stream")
 async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
+    await _publish_live(broker, caller, body)
+    return Recorded(recorded=True)
+
+
+async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> None:
     if sum(len(chunk.text) for chunk in body.chunks) > MAX_STREAM_BATCH_CHARS:
         raise BrokerError(413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters a batch")
     c = caller.claims
@@ -201,7 +215,6 @@ async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
         for i, chunk in enumerate(body.chunks)
     ]
     await asyncio.gather(*acks)  # in order: one publisher, one connection
-    return Recorded(recorded=True)
 
 
 @router.get("/runner/signals")
@@ -303,11 +316,16 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
 
 
 @router.post("/activation-output")
-async def output(body: RunnerActivationOutput, caller: Auth, broker: Shared) -> Recorded:
+async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
     a = caller.activation
     async with a.lock:
         if a.output:
-            return Recorded(recorded=False)
+            return Recorded(recorded=False)  # sent again: what came with it was handled then
+        # As the separate calls would have been (each idempotent: a retry repeats nothing).
+        if body.live is not None:
+            await _publish_live(broker, caller, body.live)
+        if body.history:
+            await _append_history(broker, caller, body.history)
         await append_own(
             broker,
             a,

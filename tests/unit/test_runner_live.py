@@ -1,0 +1,83 @@
+"""The runner's live stream hands its last batch to the final call: what is on its way is let
+finish (its chunks already left the buffer), what is buffered comes back numbered next, and
+nothing is sent twice. The broker is an `httpx.MockTransport`: these are the client's own
+decisions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+from suzumio.runner.broker import BrokerClient
+from suzumio.runner.live import MAX_CHUNKS_PER_BATCH, LiveStream
+
+STEP = 5.0  # bounds a wait that would otherwise hang on a regression; not a timing claim
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, list[str]]] = []
+        self.arrived = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def answer(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.arrived.set()
+        await self.release.wait()
+        self.batches.append((body["batch"], [c["text"] for c in body["chunks"]]))
+        return httpx.Response(200, json={"recorded": True})
+
+    def client(self) -> BrokerClient:
+        transport = httpx.MockTransport(self.answer)
+        http = httpx.AsyncClient(base_url="http://broker", transport=transport)
+        return BrokerClient("http://broker", "token", http=http)
+
+
+async def test_what_is_buffered_is_the_last_batch_and_nothing_is_sent() -> None:
+    broker = Broker()
+    live = LiveStream(broker.client(), flush_seconds=60)
+    live.start()
+    live.event("state", "running")
+    live.text("o")
+    live.text("k")
+    last = await asyncio.wait_for(live.finish(), STEP)
+    assert last is not None
+    assert (last.batch, [c.text for c in last.chunks]) == (0, ["running", "ok"])
+    assert broker.batches == []
+    await live.close()
+    assert broker.batches == []  # handed over: not sent again on close
+
+
+async def test_a_batch_on_its_way_finishes_and_what_came_after_is_the_next() -> None:
+    broker = Broker()
+    live = LiveStream(broker.client(), flush_seconds=0)
+    live.start()
+    broker.release.clear()
+    live.text("first")
+    await asyncio.wait_for(broker.arrived.wait(), STEP)  # batch 0 is on its way
+    live.text("second")
+    finishing = asyncio.create_task(live.finish())
+    await asyncio.sleep(0)
+    assert not finishing.done()  # waits for the batch on its way, never cancels it
+    broker.release.set()
+    last = await asyncio.wait_for(finishing, STEP)
+    assert broker.batches == [(0, ["first"])]
+    assert last is not None
+    assert (last.batch, [c.text for c in last.chunks]) == (1, ["second"])
+
+
+async def test_nothing_left_gives_none_and_more_than_a_batch_is_sent_here() -> None:
+    broker = Broker()
+    empty = LiveStream(broker.client(), flush_seconds=60)
+    empty.start()
+    assert await asyncio.wait_for(empty.finish(), STEP) is None
+
+    many = LiveStream(broker.client(), flush_seconds=60)
+    many.start()
+    for i in range(MAX_CHUNKS_PER_BATCH + 1):
+        many.event("state", str(i))
+    assert await asyncio.wait_for(many.finish(), STEP) is None
+    assert [(n, len(texts)) for n, texts in broker.batches] == [(0, MAX_CHUNKS_PER_BATCH), (1, 1)]
