@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from suzumio.contracts.broker import StreamBatch
 from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
 from suzumio.runner import exits
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
@@ -74,12 +75,7 @@ async def run_activation(
             await live.close()  # the files may take a while: the live output goes first
             sent = await send_outputs(broker, workspace, spec.files)
             log("activation.outputs_sent", files=sent)
-        text = ending.text[:MAX_OUTPUT_CHARS]
-        await broker.output(
-            RunnerActivationOutput(text=text, usage=ending.usage or {}, reason=ending.reason),
-            ending.history,
-            await live.finish(),
-        )
+        code = await final_call(broker, ending, await live.finish(), code)
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
     except FencedError as exc:
         log("activation.fenced", detail=exc.detail)
@@ -92,6 +88,31 @@ async def run_activation(
         for model in models:
             await model.close()
         await broker.aclose()
+    return code
+
+
+async def final_call(
+    broker: BrokerClient, ending: Ending, live: StreamBatch | None, code: int
+) -> int:
+    """Send the output with the last history entries and live batch; the exit code. A refusal
+    (other than a fence) fails the activation and says why, as a refused call in the loop does.
+
+    Raises:
+        FencedError, BrokerUnavailableError: the activation can do nothing more.
+    """
+    usage = ending.usage or {}
+    output = RunnerActivationOutput(
+        text=ending.text[:MAX_OUTPUT_CHARS], usage=usage, reason=ending.reason
+    )
+    try:
+        await broker.output(output, ending.history, live)
+    except BrokerError as exc:
+        if isinstance(exc, FencedError):
+            raise
+        log("activation.final_call_refused", error=str(exc))
+        why = f"the tool-broker refused a request: {exc}"
+        await broker.output(RunnerActivationOutput(text=why, usage=usage, reason="failed"))
+        return exits.CRASHED
     return code
 
 
