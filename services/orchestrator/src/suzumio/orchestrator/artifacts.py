@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mimetypes
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.runner import FileExchange, FileRef, InputFile
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
-from suzumio.orchestrator.sessions import session_artifacts
+from suzumio.orchestrator.sessions import Artifact, session_artifacts
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
 from suzumio.platform.db.pool import Pool
@@ -81,20 +82,23 @@ class ArtifactCollector:
         self._max_bytes = max_bytes
         self._max_files = max_files
 
-    async def copy_in(self, plan: LaunchPlan) -> LaunchPlan:
-        """Put the session's artifacts where the sandbox finds them in `/workspace/in` (or, for
-        a remote backend, name them in the plan); the plan to launch."""
+    async def copy_in(
+        self, plan: LaunchPlan, known: Mapping[str, Artifact] | None = None
+    ) -> LaunchPlan:
+        """Put the session's artifacts (`known`, by path, as the log folds them; else read
+        from the projection) where the sandbox finds them in `/workspace/in` (or, for a remote
+        backend, name them in the plan); the plan to launch."""
         backend = plan.profile.backend.value
         if backend in REMOTE_BACKENDS:
             return replace(
                 plan,
-                inputs=() if plan.mounts else await self._inputs(plan),
+                inputs=() if plan.mounts else await self._inputs(plan, known),
                 max_output_files=self._max_files,
                 max_output_bytes=self._max_bytes,
             )
         if backend in BROKER_BACKENDS:
             files = FileExchange(
-                inputs=() if plan.mounts else await self._inputs(plan),
+                inputs=() if plan.mounts else await self._inputs(plan, known),
                 max_output_files=self._max_files,
                 max_output_bytes=self._max_bytes,
             )
@@ -106,7 +110,9 @@ class ArtifactCollector:
         plan.session_dir.mkdir(parents=True, exist_ok=True)
         if plan.mounts:
             return plan  # `mount` workspace mode: the grants are the inputs
-        for path, artifact in (await session_artifacts(self._pool, plan.session_id)).items():
+        if known is None:
+            known = await session_artifacts(self._pool, plan.session_id)
+        for path, artifact in known.items():
             target = _inside(workspace / "in", path)
             if target is None or (target.exists() and target.stat().st_size == artifact.size):
                 continue
@@ -118,8 +124,12 @@ class ArtifactCollector:
                     sink.write(chunk)
         return plan
 
-    async def _inputs(self, plan: LaunchPlan) -> tuple[InputFile, ...]:
-        artifacts = await session_artifacts(self._pool, plan.session_id)
+    async def _inputs(
+        self, plan: LaunchPlan, known: Mapping[str, Artifact] | None
+    ) -> tuple[InputFile, ...]:
+        artifacts = known
+        if artifacts is None:
+            artifacts = await session_artifacts(self._pool, plan.session_id)
         refs = []
         for path, artifact in artifacts.items():
             try:

@@ -1,6 +1,7 @@
 """Every agent and project as the orchestrator's follower folds them from the log: what a
 plan needs of them (the agent's settings; the project's runtime profiles, providers and mount
-grants), exactly as they were when its request was stored — no read per plan."""
+grants), exactly as they were when its request was stored — no read per plan; and each open
+session's artifacts, the files its next activation starts with."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.events import (
     AgentCreated,
     AgentUpdated,
+    ArtifactDeleted,
+    ArtifactRecorded,
     MountGranted,
     MountRevoked,
     ProjectCreated,
@@ -18,6 +21,8 @@ from suzumio.contracts.events import (
     ProviderSet,
     RuntimeProfileRemoved,
     RuntimeProfileSet,
+    SessionClosed,
+    SessionReopened,
 )
 from suzumio.contracts.values import (
     AssetRef,
@@ -28,6 +33,7 @@ from suzumio.contracts.values import (
     ToolPolicy,
     WorkspaceMode,
 )
+from suzumio.orchestrator.sessions import Artifact
 
 
 @dataclass
@@ -71,6 +77,9 @@ PROJECT_EVENTS = frozenset(
         ProviderSet, ProviderRemoved, MountGranted, MountRevoked,
     )
 )  # fmt: skip
+FILE_EVENTS = frozenset(
+    t.event_type for t in (ArtifactRecorded, ArtifactDeleted, SessionClosed, SessionReopened)
+)
 AGENT_FIELDS = (
     "role", "prompt", "model", "fallbacks", "tools", "toolpacks",
     "runtime_profile", "permissions", "workspace_mode", "assets",
@@ -82,13 +91,22 @@ class Directory:
     then needs no read of them, and sees them exactly as they were when its request was
     folded (everything stored before it, nothing after).
 
-    States are replaced, never changed in place, so a state handed out stays as it was."""
+    States are replaced, never changed in place, so a state handed out stays as it was.
 
-    EVENT_TYPES = AGENT_EVENTS | PROJECT_EVENTS
+    A session's artifacts are folded too: a plan sees every one stored before its request —
+    the previous activation's outputs included, which the projection might not have caught up
+    with yet — without a query. A closed session's are let go (it runs nothing), so what is
+    held grows with the open sessions' files only; a session reopened after that is answered
+    from the projection instead (`session_files` is None for it)."""
+
+    EVENT_TYPES = AGENT_EVENTS | PROJECT_EVENTS | FILE_EVENTS
 
     def __init__(self) -> None:
         self._agents: dict[str, Agent] = {}
         self._projects: dict[str, Project] = {}
+        self._files: dict[str, dict[str, Artifact]] = {}  # session → id → artifact, log order
+        self._session_of: dict[str, str] = {}  # artifact → its session
+        self._let_go: set[str] = set()  # reopened sessions whose earlier files were let go
 
     def agent(self, agent_id: str) -> Agent | None:
         return self._agents.get(agent_id)
@@ -96,8 +114,31 @@ class Directory:
     def project(self, project_id: str) -> Project:
         return self._projects.get(project_id) or Project(project_id)
 
+    def session_files(self, session_id: str) -> dict[str, Artifact] | None:
+        """The session's artifacts by path (the newest of each path), in path order; None if
+        the fold let them go (a closed session, reopened since)."""
+        if session_id in self._let_go:
+            return None
+        newest = {a.path: a for a in self._files.get(session_id, {}).values()}
+        return dict(sorted(newest.items()))
+
     def apply(self, aggregate_id: str, data: DomainEvent) -> None:
         match data:
+            case ArtifactRecorded():
+                if data.session_id is not None:
+                    artifact = Artifact(aggregate_id, data.path, data.sha256, data.size)
+                    self._files.setdefault(data.session_id, {})[aggregate_id] = artifact
+                    self._session_of[aggregate_id] = data.session_id
+            case ArtifactDeleted():
+                session_id = self._session_of.pop(aggregate_id, None)
+                files = self._files.get(session_id or "")
+                if files is not None:
+                    files.pop(aggregate_id, None)
+            case SessionClosed():
+                for artifact_id in self._files.pop(aggregate_id, {}):
+                    self._session_of.pop(artifact_id, None)
+            case SessionReopened():
+                self._let_go.add(aggregate_id)
             case AgentCreated() | AgentUpdated():
                 self._agents[aggregate_id] = fold_agent(
                     self._agents.get(aggregate_id) or Agent(aggregate_id), data

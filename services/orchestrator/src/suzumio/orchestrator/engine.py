@@ -262,7 +262,8 @@ class Orchestrator:
                 reason = f"backend {plan.profile.backend.value!r} is not enabled here"
                 await self._end(tracked, ActivationFailed(reason=reason, retryable=False))
                 return
-            plan = await self._artifacts.copy_in(plan)
+            files = self.directory.session_files(plan.session_id)
+            plan = await self._artifacts.copy_in(plan, files)
             if tracked.cancel_reason is not None:
                 await self._end(tracked, ActivationCancelled(reason=tracked.cancel_reason))
                 return
