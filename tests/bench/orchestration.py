@@ -185,12 +185,15 @@ def _cpu_seconds(pid: int, *, with_children: bool = False) -> float:
     try:
         proc = psutil.Process(pid)
         procs = [proc, *(proc.children(recursive=True) if with_children else [])]
-        total = 0.0
-        for p in procs:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
     except psutil.Error:
         return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # ended since it was listed: its parent reaps its time
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
     return total
 
 

@@ -540,3 +540,35 @@ async def test_a_warm_sessions_runner_stays_for_its_next_activations(
     await eventually(lambda: broker.open == 0, timeout=5)
     assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)
     assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, True)
+
+
+async def test_a_resident_runs_input_is_on_no_disk_and_its_failure_reports_its_own_lines(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """A resident runner gets each activation's input in its request: no file holds the
+    token while it runs. Its activations share its log; a failed one reports the lines it
+    logged, not the ones of the activation before it."""
+    workers("wr", "--resident-runs", "5", idle_ttl=30)
+    await wait_workers(backend, "wr")
+    first = make_plan(fenced_url, tmp_path, session_id="s1")
+    assert (await watch(backend, await backend.launch(first))).code == 6
+    second = make_plan(fenced_url, tmp_path, session_id="s1")
+    handle = await backend.launch(second)
+    result = await watch(backend, handle)
+    [started] = statuses.of(handle.sandbox_id, "started")
+    assert (result.code, started.resident) == (6, True)
+    assert "activation.fenced" in result.detail
+    assert second.activation_id in result.detail
+    assert first.activation_id not in result.detail
+
+    url, broker = hanging
+    running = await backend.launch(make_plan(url, tmp_path, session_id="s1"))
+    await eventually(lambda: broker.open > 0)
+    [started] = statuses.of(running.sandbox_id, "started")
+    assert started.resident
+    files = [p for p in (tmp_path / "work").rglob("*") if p.is_file() and not p.is_symlink()]
+    assert files, "the worker keeps nothing on disk at all?"
+    assert not [p for p in files if b"not-a-real-token" in p.read_bytes()]
+    await backend.cancel(running)
+    assert (await watch(backend, running, timeout=15)).reason == "killed"

@@ -17,8 +17,9 @@ environment, an activation stopped, the session no longer warm).
 Protocol on the server's stdin/stdout, one JSON object per line:
 `{"id", "input", "cwd", "log", "env"}` → `{"id", "pid"}` or `{"id", "error"}`;
 `{"id", "resident": true, "cwd", "log", "env", "max_runs"}` → `{"id", "pid"}`;
-`{"id", "to": pid, "input", "cwd", "log", "env"}` (an activation for a resident runner) →
-`{"id", "done": code}` when it ended there, or `{"id", "error"}`; and `{"pid", "code"}` when a
+`{"id", "to": pid, "spec", "cwd", "env"}` (an activation for a resident runner, its input
+inline: no file holds its token) → `{"id", "done": code, "tail"?}` when it ended there (`tail`:
+the end of what it logged, if it failed), or `{"id", "error"}`; and `{"pid", "code"}` when a
 child ends (`code` < 0: killed by signal `-code`), after any `done` it wrote.
 """
 
@@ -79,7 +80,8 @@ def _child(
         if control is None:
             code = run(Path(request["input"]))
         else:
-            code = serve_resident(*control, max_runs=int(request.get("max_runs", 1)))
+            max_runs = int(request.get("max_runs", 1))
+            code = serve_resident(*control, max_runs=max_runs, log_path=Path(request["log"]))
     except BaseException as exc:  # the child must exit, whatever happened
         with contextlib.suppress(Exception):
             sys.stderr.write(f"forkserver child failed: {exc!r}\n")
@@ -208,7 +210,7 @@ class _Residents:
         if pipes is None:
             self._reply({"id": request["id"], "error": "no such runner"})
             return
-        body = {k: request[k] for k in ("id", "input", "cwd", "log", "env")}
+        body = {k: request[k] for k in ("id", "spec", "cwd", "env")}
         try:
             os.write(pipes[0], (json.dumps(body) + "\n").encode())
         except OSError as exc:  # it is ending: its exit is on its way
@@ -366,7 +368,10 @@ class ForkedProcess:
 
 class ResidentRun(ForkedProcess):
     """One activation on a resident runner: `pid` is the runner's (signalling it stops the
-    runner), `wait()` gives the activation's exit code — or the runner's, if it ended first."""
+    runner), `wait()` gives the activation's exit code — or the runner's, if it ended first;
+    `tail`, the end of what it logged when it failed there."""
+
+    tail = ""
 
 
 class ForkServer:
@@ -403,15 +408,16 @@ class ForkServer:
         return await self._fork(body, env)
 
     async def run_in(
-        self, runner: ForkedProcess, input_path: Path, cwd: Path, log: Path, env: dict[str, str]
+        self, runner: ForkedProcess, spec: str, cwd: Path, env: dict[str, str]
     ) -> ResidentRun:
-        """One activation on a resident runner (which must be idle)."""
+        """One activation (`spec`: its input's JSON) on a resident runner, which must be idle
+        and logs it where it logs everything."""
         if runner.returncode is not None:
             raise OSError("the resident runner has ended")
         request_id = self._next_id()
         run = ResidentRun(runner.pid)
         self._runs[request_id] = run
-        body = {"to": runner.pid, "input": str(input_path), "cwd": str(cwd), "log": str(log)}
+        body = {"to": runner.pid, "spec": spec, "cwd": str(cwd)}
         await self._send({"id": request_id, **body, "env": env})
         return run
 
@@ -453,6 +459,7 @@ class ForkServer:
                 continue
             run = self._runs.pop(message["id"], None)
             if run is not None:
+                run.tail = str(message.get("tail", ""))
                 run.ended(int(message["done"]) if "done" in message else -int(signal.SIGKILL))
                 continue
             answer = self._pending.pop(message["id"], None)

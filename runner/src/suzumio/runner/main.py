@@ -22,7 +22,7 @@ from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableEr
 from suzumio.runner.connections import Connections
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
-from suzumio.runner.log import context, log
+from suzumio.runner.log import context, log, tail
 from suzumio.runner.model import ModelClient, endpoint_for
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import Mount, ToolContext
@@ -31,10 +31,6 @@ from suzumio.runner.workfiles import ExchangeError
 BROKER_TIMEOUT_SECONDS = 30.0
 # What a shell command may see of the runner's environment: never the token or a key.
 SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
-
-
-def load_input(path: Path) -> RunnerActivationInput:
-    return RunnerActivationInput.model_validate_json(path.read_bytes())
 
 
 def shell_env(env: Mapping[str, str], workspace: str) -> dict[str, str]:
@@ -157,11 +153,18 @@ def run(path: Path) -> int:
 
 def _load(path: Path) -> RunnerActivationInput | None:
     try:
-        return load_input(path)
+        data = path.read_bytes()
     except FileNotFoundError:
         sys.stderr.write(f"runner: no input file at {path}\n")
+        return None
+    return _parse(data, str(path))
+
+
+def _parse(data: str | bytes, where: str) -> RunnerActivationInput | None:
+    try:
+        return RunnerActivationInput.model_validate_json(data)
     except ValidationError as exc:
-        sys.stderr.write(f"runner: {path} is not a valid activation input:\n{exc}\n")
+        sys.stderr.write(f"runner: {where} is not a valid activation input:\n{exc}\n")
     return None
 
 
@@ -184,19 +187,24 @@ async def _one(spec: RunnerActivationInput, kept: Connections | None) -> int:
             loop.remove_signal_handler(sig)
 
 
-def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int) -> int:
+def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path: Path) -> int:
     """A resident runner (forked by the fork server for a warm session): run the activations
     that come in on `requests_fd` one after the other — each with its own environment, working
     directory, log and signal handlers, on one event loop whose HTTP clients stay open between
-    them (`Connections`) — and say how each ended on `replies_fd`; leave after `max_runs` of
-    them, or when the worker closes the pipe. Between activations, SIGTERM ends it."""
+    them (`Connections`) — and say how each ended on `replies_fd` (with the end of what it
+    logged, when it failed); leave after `max_runs` of them, or when the worker closes the
+    pipe. Between activations, SIGTERM ends it.
+
+    An activation's input comes in its request, never through a file (its token is on no
+    disk), and what it logs goes on in the runner's one log (`log_path`, its stdout and
+    stderr), so an activation here costs no file of its own."""
     _not_dumpable()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_resident(requests_fd, replies_fd, max_runs))
+        asyncio.run(_serve_resident(requests_fd, replies_fd, max_runs, log_path))
     return 0
 
 
-async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int) -> None:
+async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int, log_path: Path) -> None:
     loop = asyncio.get_running_loop()
     requests = asyncio.StreamReader()
     with os.fdopen(requests_fd, "rb", buffering=0) as pipe:
@@ -208,27 +216,23 @@ async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int) -> N
                 if not line:
                     break
                 request = json.loads(line)
-                _redirect_output(request["log"])
                 os.chdir(request["cwd"])
                 os.environ.clear()
                 os.environ.update(request["env"])
                 context.clear()
-                spec = _load(Path(request["input"]))
+                since = os.fstat(sys.stderr.fileno()).st_size  # where its lines begin
+                spec = _parse(request["spec"], "the request")
                 code = exits.BAD_INPUT if spec is None else await _one(spec, kept)
                 sys.stdout.flush()
                 sys.stderr.flush()
-                reply = json.dumps({"id": request["id"], "done": code}).encode() + b"\n"
-                os.write(replies_fd, reply)  # a line, far under a pipe's buffer: never blocks
+                answer: dict[str, object] = {"id": request["id"], "done": code}
+                if code != exits.COMPLETED:
+                    answer["tail"] = tail(log_path, since)
+                # A line, far under a pipe's buffer: never blocks.
+                os.write(replies_fd, json.dumps(answer).encode() + b"\n")
         finally:
             await kept.aclose()
             os.close(replies_fd)
-
-
-def _redirect_output(log_path: str) -> None:
-    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
 
 
 def _not_dumpable() -> None:

@@ -69,10 +69,9 @@ from suzumio.contracts.runner import (
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.runner import exchange
-from suzumio.runner.forkserver import ForkedProcess, ForkServer
-from suzumio.runner.log import log
+from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
+from suzumio.runner.log import log, tail
 
-DETAIL_BYTES = 2_000
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
 DEADLINE_BACKSTOP_SECONDS = 30.0
@@ -122,6 +121,8 @@ class _Run:
     workspace: Path
     warm_key: str | None  # the warm session workspace this run holds
     warm_start: bool
+    spec: str = ""  # the input's JSON, for a resident runner (which gets it in its request)
+    log: Path | None = None  # a resident runner's log, shared by its activations
     proc: asyncio.subprocess.Process | ForkedProcess | None = None
     stop_reason: PoolStatusReason | None = None
     started: PoolStatus | None = None
@@ -135,6 +136,7 @@ class _Resident:
 
     proc: ForkedProcess
     env: dict[str, str]
+    log: Path
     runs: int = 0  # it leaves after `resident_runs`: one that has them all is not asked again
 
 
@@ -203,15 +205,6 @@ def _seconds_left(dispatch: ActivationDispatch) -> float:
     if deadline.tzinfo is None:
         deadline = deadline.replace(tzinfo=UTC)
     return (deadline - datetime.now(UTC)).total_seconds()
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - DETAIL_BYTES, 0))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _ids_of(data: bytes) -> tuple[str, int] | None:
@@ -404,23 +397,32 @@ class Worker:
         await msg.term()
 
     def _prepare(self, dispatch: ActivationDispatch, msg: Msg) -> _Run:
+        """The run's directories and input. A run for a resident runner needs no directory of
+        its own: its input goes in the request, its log is the runner's."""
         root = self.root / "runs" / dispatch.dispatch_id
         shutil.rmtree(root, ignore_errors=True)  # left by an earlier delivery
-        root.mkdir(parents=True)
         taken = self.warm.take(dispatch.affinity_key) if dispatch.affinity_key else None
         if taken is None:
             workspace, warm_start, key = root / "workspace", False, None
-            workspace.mkdir()
+            workspace.mkdir(parents=True)
         else:
             (workspace, warm_start), key = taken, dispatch.affinity_key
         if dispatch.max_output_files > 0:  # where the activation leaves its files
             with contextlib.suppress(FileExistsError):
                 (workspace / "out").mkdir()
-        spec = dispatch.input.model_copy(update={"workspace": str(workspace)})
+        spec = dispatch.input.model_copy(update={"workspace": str(workspace)}).model_dump_json()
+        run = _Run(dispatch, msg, root, workspace, key, warm_start)
+        if self._resident_for(run):
+            run.spec = spec
+            return run
+        root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root / "input.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(spec.model_dump_json())
-        return _Run(dispatch, msg, root, workspace, key, warm_start)
+            f.write(spec)
+        return run
+
+    def _resident_for(self, run: _Run) -> bool:
+        return self._forks is not None and run.warm_key is not None and self.cfg.resident_runs > 0
 
     async def _execute(self, run: _Run) -> None:
         dispatch = run.dispatch
@@ -450,12 +452,13 @@ class Worker:
         beats = asyncio.create_task(self._beat(run))
         try:
             code = await self._wait(run)
+            detail = self._detail(run) if code != 0 else ""  # before a retired runner's log goes
             if run.warm_key is not None and (run.stop_reason is not None or code < 0):
                 self._retire(run.warm_key)  # stopped mid-way: its runner starts afresh
             outputs = await self._bring_out(run)  # still beating: uploads may take a while
         finally:
             beats.cancel()
-        await self._finish(run, self._exit_status(run, code, outputs))
+        await self._finish(run, self._exit_status(run, code, outputs, detail))
 
     async def _bring_out(self, run: _Run) -> tuple[FileRef, ...]:
         """What the activation left in `/workspace/out`, stored (an exit is reported with
@@ -485,7 +488,7 @@ class Worker:
             "HOME": str(run.workspace),
             **run.dispatch.env,
         }
-        if self._forks is not None and run.warm_key is not None and self.cfg.resident_runs > 0:
+        if self._forks is not None and run.warm_key is not None and run.spec:
             return await self._run_resident(self._forks, run, run.warm_key, env)
         if self._forks is not None:  # a warm runner: forked from the fork server
             return await self._forks.spawn(
@@ -517,21 +520,25 @@ class Worker:
         ):
             self._retire(key)
             resident = None
-        log_path = run.root / "runner.log"
         run.resident = resident is not None
         if resident is None:
+            log_path = self.root / "residents" / f"{secrets.token_hex(8)}.log"
+            log_path.parent.mkdir(exist_ok=True)
             proc = await forks.spawn_resident(run.workspace, log_path, env, self.cfg.resident_runs)
-            resident = self._residents[key] = _Resident(proc, _resident_env(env))
+            resident = self._residents[key] = _Resident(proc, _resident_env(env), log_path)
         resident.runs += 1
-        return await forks.run_in(
-            resident.proc, run.root / "input.json", run.workspace, log_path, env
-        )
+        run.log = resident.log
+        return await forks.run_in(resident.proc, run.spec, run.workspace, env)
 
     def _retire(self, key: str) -> None:
         """Stop a warm session's resident runner (idle, or stopped already)."""
         resident = self._residents.pop(key, None)
-        if resident is not None and resident.proc.returncode is None:
+        if resident is None:
+            return
+        if resident.proc.returncode is None:
             _signal_group(resident.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            resident.log.unlink()
 
     async def _wait(self, run: _Run) -> int:
         assert run.proc is not None
@@ -560,7 +567,9 @@ class Worker:
             with contextlib.suppress(Exception):
                 await run.msg.in_progress()
 
-    def _exit_status(self, run: _Run, code: int, outputs: tuple[FileRef, ...] = ()) -> PoolStatus:
+    def _exit_status(
+        self, run: _Run, code: int, outputs: tuple[FileRef, ...], detail: str
+    ) -> PoolStatus:
         return self._status(
             run.dispatch,
             "exited",
@@ -568,9 +577,17 @@ class Worker:
             exit_code=code if code >= 0 else None,
             signal=-code if code < 0 else None,
             warm=run.warm_key is not None,
-            detail=_tail(run.root / "runner.log") if code != 0 else "",
+            detail=detail,
             outputs=outputs,
         )
+
+    @staticmethod
+    def _detail(run: _Run) -> str:
+        """The end of what the run logged: a resident runner says it (its log is shared by its
+        activations); else, or if the runner died before it could, the log's end."""
+        if isinstance(run.proc, ResidentRun) and run.proc.tail:
+            return run.proc.tail
+        return tail(run.log or run.root / "runner.log")
 
     async def _finish(self, run: _Run, status: PoolStatus) -> None:
         """Tell the orchestrator, then ack: any end is final for this attempt."""
