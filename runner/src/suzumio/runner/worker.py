@@ -592,7 +592,9 @@ class Worker:
     async def _finish(self, run: _Run, status: PoolStatus) -> None:
         """Tell the orchestrator, then ack: any end is final for this attempt."""
         self._recent[status.dispatch_id] = (time.monotonic(), status)
-        await self._publish(status, flush=True)
+        # No flush of its own: the ack goes after it on the same connection, and the ack's
+        # confirmation means the server took the status first.
+        await self._publish(status)
         for attempt in range(3):
             try:
                 await run.msg.ack_sync(timeout=5.0)
