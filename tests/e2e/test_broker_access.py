@@ -25,6 +25,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.ids import new_id
 from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.bus.jsapi import ensure_streams
 from suzumio.platform.tokens import TokenSigner
 from tests.e2e.api import World, new_world
 from tests.e2e.runner_env import request_activation
@@ -331,6 +332,32 @@ async def test_a_final_call_streams_appends_then_records_and_sent_again_repeats_
     output = await platform.store.load("activation", a.activation_id)
     (recorded,) = [e for e in output.events if e.envelope.type == "activation.output_recorded"]
     assert appended[0][0] < recorded.seq  # the history first, as the separate calls did
+
+
+async def test_a_final_call_whose_live_batch_cannot_be_published_still_records(
+    platform: Stack,
+) -> None:
+    """Live output is best-effort: with the LIVE stream gone (a NATS restart lost the memory
+    stream), the final call still appends the history entry and records the output."""
+    a = await live(platform, "nolive")
+    entry_id = new_id()
+    body = {
+        "text": "done",
+        "history": [{"message_id": entry_id, "role": "assistant", "text": "done"}],
+        "live": {"batch": 0, "chunks": [{"kind": "text", "text": "do"}]},
+    }
+    await platform.nc.jetstream().delete_stream(platform.topology.live_stream)
+    try:
+        async with broker(platform, a.token) as c:
+            response = await c.post("/activation-output", json=body)
+    finally:
+        await ensure_streams(platform.nc, platform.topology.streams())
+    assert (response.status_code, response.json()) == (200, {"recorded": True})
+    session = await platform.store.load("session", a.world.session_id)
+    assert entry_id in [
+        e.data.message_id for e in session.events if isinstance(e.data, SessionMessageAppended)
+    ]
+    assert "activation.output_recorded" in await activation_types(platform, a.activation_id)
 
 
 async def test_checkpoints_are_stored_and_the_latest_is_returned(platform: Stack) -> None:

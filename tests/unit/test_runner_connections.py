@@ -78,15 +78,15 @@ async def test_a_broker_older_than_the_final_call_gets_its_parts_one_by_one() ->
 
 
 async def test_a_refused_final_call_fails_the_activation_and_says_why() -> None:
-    """A refusal of the final call (here the session's 409 on the last history entry) is
-    handled as a refused call inside the loop: the output says the activation failed, why,
-    and the runner exits as crashed; a fence is not answered at all."""
+    """A refusal of the final call (here a 409 on its history entry) is handled as a refused
+    call inside the loop: the output says the activation failed and why, and the runner exits
+    as crashed; a fence is not answered at all."""
     outputs: list[dict[str, object]] = []
 
     def broker(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         if body.get("history"):
-            return httpx.Response(409, json={"detail": "the session is closed"})
+            return httpx.Response(409, json={"detail": "the entry conflicts"})
         outputs.append(body)
         return httpx.Response(200, json={"recorded": True})
 
@@ -97,7 +97,7 @@ async def test_a_refused_final_call_fails_the_activation_and_says_why() -> None:
     assert await final_call(client, ending, None, exits.COMPLETED) == exits.CRASHED
     assert len(outputs) == 1
     assert outputs[0]["reason"] == "failed"
-    assert "the session is closed" in str(outputs[0]["text"])
+    assert "the entry conflicts" in str(outputs[0]["text"])
     assert outputs[0]["usage"] == {"model_calls": 1}
 
     fenced = BrokerClient(

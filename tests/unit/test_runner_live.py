@@ -11,7 +11,7 @@ import json
 import httpx
 
 from suzumio.runner.broker import BrokerClient
-from suzumio.runner.live import MAX_CHUNKS_PER_BATCH, LiveStream
+from suzumio.runner.live import MAX_CHUNKS_PER_BATCH, MAX_TEXT_PER_CHUNK, LiveStream
 
 STEP = 5.0  # bounds a wait that would otherwise hang on a regression; not a timing claim
 
@@ -81,3 +81,16 @@ async def test_nothing_left_gives_none_and_more_than_a_batch_is_sent_here() -> N
         many.event("state", str(i))
     assert await asyncio.wait_for(many.finish(), STEP) is None
     assert [(n, len(texts)) for n, texts in broker.batches] == [(0, MAX_CHUNKS_PER_BATCH), (1, 1)]
+
+
+async def test_a_rest_with_too_much_text_for_one_batch_is_sent_in_batches_the_broker_takes() -> (
+    None
+):
+    broker = Broker()
+    live = LiveStream(broker.client(), flush_seconds=60)
+    live.start()
+    live.text("x" * (25 * MAX_TEXT_PER_CHUNK))  # 1.25M characters: more than a batch holds
+    assert await asyncio.wait_for(live.finish(), STEP) is None
+    sizes = [sum(len(t) for t in texts) for _, texts in broker.batches]
+    assert [n for n, _ in broker.batches] == [0, 1]
+    assert sizes == [20 * MAX_TEXT_PER_CHUNK, 5 * MAX_TEXT_PER_CHUNK]

@@ -8,7 +8,6 @@ raised and the loop stops at once without touching anything else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ from suzumio.contracts.runner import (
     SignalSpec,
 )
 from suzumio.runner import tls
+from suzumio.runner.log import log
 
 M = TypeVar("M", bound=BaseModel)
 MAX_BATCH_ENTRIES = 200
@@ -252,8 +252,12 @@ class BrokerClient:
             else:
                 return
             if live is not None:
-                with contextlib.suppress(BrokerError):  # best-effort, as every live batch
+                try:
                     await self.stream(live.chunks, live.batch)
+                except FencedError:
+                    raise
+                except Exception as exc:
+                    log("live.flush_failed", error=repr(exc), chunks=len(live.chunks))
             await self.append_history(history)
         await self._must("POST", "/activation-output", output, Recorded)
 

@@ -70,10 +70,10 @@ class LiveStream:
         if not batch or self.fenced:
             return
         try:
-            for i in range(0, len(batch), MAX_CHUNKS_PER_BATCH):
+            for part in _batches(batch):
                 self._batches += 1
-                await self._broker.stream(batch[i : i + MAX_CHUNKS_PER_BATCH], self._batches - 1)
-            self.chunks_sent += len(batch)
+                await self._broker.stream(part, self._batches - 1)
+                self.chunks_sent += len(part)
         except FencedError:
             self.fenced = True
         except Exception as exc:  # best-effort: the history has the durable record
@@ -104,22 +104,18 @@ class LiveStream:
         batch = self._others
         if not batch or self.fenced:
             return None
-        if (
-            len(batch) > MAX_CHUNKS_PER_BATCH
-            or sum(len(chunk.text) for chunk in batch) > MAX_TEXT_PER_BATCH
-        ):
+        if len(_batches(batch)) > 1:
             await self.flush()
             return None
         self._others = []
         self._batches += 1
-        self.chunks_sent += len(batch)
         return StreamBatch(chunks=tuple(batch), batch=self._batches - 1)
 
     async def _stop(self) -> None:
         """End the timer. A batch on its way is let finish, never cancelled: its chunks were
         taken from the buffer already, so cancelling would lose them; a timer still gathering
         one is cancelled, and the caller sends what it gathered."""
-        task, self._task = self._task, None
+        task = self._task
         if task is None:
             return
         self._closing = True  # a batch on its way is the timer's last
@@ -129,3 +125,21 @@ class LiveStream:
         if pending:
             task.cancel()
             await asyncio.wait({task})
+        self._task = None  # only now: a stop cancelled meanwhile is waited for again
+
+
+def _batches(chunks: list[StreamChunk]) -> list[list[StreamChunk]]:
+    """In order, in batches the broker takes: at most so many chunks and so much text."""
+    batches: list[list[StreamChunk]] = []
+    text = 0
+    for chunk in chunks:
+        if (
+            not batches
+            or len(batches[-1]) >= MAX_CHUNKS_PER_BATCH
+            or text + len(chunk.text) > MAX_TEXT_PER_BATCH
+        ):
+            batches.append([])
+            text = 0
+        batches[-1].append(chunk)
+        text += len(chunk.text)
+    return batches

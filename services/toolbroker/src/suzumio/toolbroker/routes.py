@@ -49,11 +49,14 @@ from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError
+from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
 from suzumio.toolbroker.support import SupportContext
+
+log = get_logger(__name__)
 
 MAX_CHECKPOINT_BYTES = 256 * 1024
 MAX_STREAM_BATCH_CHARS = 1_000_000
@@ -321,9 +324,14 @@ async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
     async with a.lock:
         if a.output:
             return Recorded(recorded=False)  # sent again: what came with it was handled then
+        if a.fenced:  # while this call waited for the lock
+            raise BrokerError(403, "fenced", f"the activation is {a.fenced}")
         # As the separate calls would have been (each idempotent: a retry repeats nothing).
         if body.live is not None:
-            await _publish_live(broker, caller, body.live)
+            try:
+                await _publish_live(broker, caller, body.live)
+            except Exception as exc:  # live output is best-effort: the history is the record
+                log.warning("broker.live_unpublished", activation=a.id, error=repr(exc))
         if body.history:
             await _append_history(broker, caller, body.history)
         await append_own(
