@@ -229,16 +229,18 @@ async def _throughput(h: Harness, pool: list[int], resident: set[str]) -> dict[s
                 all_ended.set()
 
     sub = await h.stack.nc.subscribe(h.stack.topology.events_filter("activation"), cb=on_event)
-    cpu_before = _cpu_by_part(h, pool)
-    started = time.perf_counter()
-    for i in range(THROUGHPUT_ACTIVATIONS):
-        activation_id, _ = await _request(h, sessions[i % len(sessions)])
-        ids.append(activation_id)
-    if ended.issuperset(ids):
-        all_ended.set()
-    await asyncio.wait_for(all_ended.wait(), 600)
-    elapsed = time.perf_counter() - started
-    await sub.unsubscribe()
+    try:
+        cpu_before = _cpu_by_part(h, pool)
+        started = time.perf_counter()
+        for i in range(THROUGHPUT_ACTIVATIONS):
+            activation_id, _ = await _request(h, sessions[i % len(sessions)])
+            ids.append(activation_id)
+        if ended.issuperset(ids):
+            all_ended.set()
+        await asyncio.wait_for(all_ended.wait(), 600)
+        elapsed = time.perf_counter() - started
+    finally:
+        await sub.unsubscribe()
     cpu = {k: v - cpu_before[k] for k, v in _cpu_by_part(h, pool).items()}
     cpu["nats_postgres_and_the_rest"] = cpu["machine"] - sum(
         v for k, v in cpu.items() if k != "machine"

@@ -22,7 +22,7 @@ from suzumio.contracts.events import (
     RuntimeProfileRemoved,
     RuntimeProfileSet,
     SessionClosed,
-    SessionReopened,
+    SessionOpened,
 )
 from suzumio.contracts.values import (
     AssetRef,
@@ -78,7 +78,7 @@ PROJECT_EVENTS = frozenset(
     )
 )  # fmt: skip
 FILE_EVENTS = frozenset(
-    t.event_type for t in (ArtifactRecorded, ArtifactDeleted, SessionClosed, SessionReopened)
+    t.event_type for t in (ArtifactRecorded, ArtifactDeleted, SessionOpened, SessionClosed)
 )
 AGENT_FIELDS = (
     "role", "prompt", "model", "fallbacks", "tools", "toolpacks",
@@ -93,20 +93,30 @@ class Directory:
 
     States are replaced, never changed in place, so a state handed out stays as it was.
 
-    A session's artifacts are folded too: a plan sees every one stored before its request —
+    A session's artifacts are folded too: a plan sees every one stored before it is made —
     the previous activation's outputs included, which the projection might not have caught up
-    with yet — without a query. A closed session's are let go (it runs nothing), so what is
-    held grows with the open sessions' files only; a session reopened after that is answered
-    from the projection instead (`session_files` is None for it)."""
+    with yet — without a query. Only an open session's are held, and only the newest of each
+    path, so what is held grows with the open sessions' distinct paths. Where the fold cannot
+    answer as the projection would, it says so (`session_files` is None) and the projection
+    answers: a session closed (even if reopened since: its files were let go), and a session
+    whose newest file of a path was deleted when there had been one before it at that path
+    (which shows again, and which the fold let go)."""
 
     EVENT_TYPES = AGENT_EVENTS | PROJECT_EVENTS | FILE_EVENTS
 
     def __init__(self) -> None:
         self._agents: dict[str, Agent] = {}
         self._projects: dict[str, Project] = {}
-        self._files: dict[str, dict[str, Artifact]] = {}  # session → id → artifact, log order
-        self._session_of: dict[str, str] = {}  # artifact → its session
-        self._let_go: set[str] = set()  # reopened sessions whose earlier files were let go
+        self._open: set[str] = set()  # sessions whose files the fold holds
+        self._files: dict[str, dict[str, Artifact]] = {}  # open session → path → newest there
+        self._where: dict[str, tuple[str, str]] = {}  # a held artifact → its session and path
+        self._older: set[tuple[str, str]] = set()  # (session, path) with an older one let go
+
+    def _let_go(self, session_id: str) -> None:
+        self._open.discard(session_id)
+        for path, artifact in self._files.pop(session_id, {}).items():
+            self._where.pop(artifact.id, None)
+            self._older.discard((session_id, path))
 
     def agent(self, agent_id: str) -> Agent | None:
         return self._agents.get(agent_id)
@@ -115,30 +125,16 @@ class Directory:
         return self._projects.get(project_id) or Project(project_id)
 
     def session_files(self, session_id: str) -> dict[str, Artifact] | None:
-        """The session's artifacts by path (the newest of each path), in path order; None if
-        the fold let them go (a closed session, reopened since)."""
-        if session_id in self._let_go:
+        """The session's artifacts by path (the newest of each path), in path order; None
+        when the fold does not hold them (then the projection knows)."""
+        if session_id not in self._open:
             return None
-        newest = {a.path: a for a in self._files.get(session_id, {}).values()}
-        return dict(sorted(newest.items()))
+        return dict(sorted(self._files.get(session_id, {}).items()))
 
     def apply(self, aggregate_id: str, data: DomainEvent) -> None:
         match data:
-            case ArtifactRecorded():
-                if data.session_id is not None:
-                    artifact = Artifact(aggregate_id, data.path, data.sha256, data.size)
-                    self._files.setdefault(data.session_id, {})[aggregate_id] = artifact
-                    self._session_of[aggregate_id] = data.session_id
-            case ArtifactDeleted():
-                session_id = self._session_of.pop(aggregate_id, None)
-                files = self._files.get(session_id or "")
-                if files is not None:
-                    files.pop(aggregate_id, None)
-            case SessionClosed():
-                for artifact_id in self._files.pop(aggregate_id, {}):
-                    self._session_of.pop(artifact_id, None)
-            case SessionReopened():
-                self._let_go.add(aggregate_id)
+            case SessionOpened() | SessionClosed() | ArtifactRecorded() | ArtifactDeleted():
+                self._fold_files(aggregate_id, data)
             case AgentCreated() | AgentUpdated():
                 self._agents[aggregate_id] = fold_agent(
                     self._agents.get(aggregate_id) or Agent(aggregate_id), data
@@ -150,6 +146,31 @@ class Directory:
                 self._projects[aggregate_id] = fold_project(
                     self._projects.get(aggregate_id) or Project(aggregate_id), data
                 )
+
+    def _fold_files(self, aggregate_id: str, data: DomainEvent) -> None:
+        match data:
+            case SessionOpened():
+                self._open.add(aggregate_id)
+            case SessionClosed():
+                self._let_go(aggregate_id)
+            case ArtifactRecorded():
+                if data.session_id in self._open:
+                    files = self._files.setdefault(data.session_id, {})
+                    replaced = files.get(data.path)
+                    if replaced is not None:
+                        self._where.pop(replaced.id, None)
+                        self._older.add((data.session_id, data.path))
+                    files[data.path] = Artifact(aggregate_id, data.path, data.sha256, data.size)
+                    self._where[aggregate_id] = (data.session_id, data.path)
+            case ArtifactDeleted():
+                held = self._where.pop(aggregate_id, None)
+                if held is None:
+                    return  # not held: an older one of its path, or not a session's
+                session_id, path = held
+                if held in self._older:  # the one before it shows again, and was let go
+                    self._let_go(session_id)
+                else:
+                    del self._files[session_id][path]
 
 
 def fold_agent(agent: Agent, data: AgentCreated | AgentUpdated) -> Agent:
