@@ -13,15 +13,12 @@ from typing import Any
 from pydantic import BaseModel, RootModel
 
 from suzumio.contracts import events as _events  # noqa: F401 - registers every event type
+from suzumio.contracts.broker import FinalCall
 from suzumio.contracts.commands import COMMAND_TYPES, CommandRequest
 from suzumio.contracts.commands.base import REPLY_ADAPTER
 from suzumio.contracts.envelope import EVENT_TYPES, EventEnvelope
 from suzumio.contracts.live import LiveChunk
-from suzumio.contracts.runner import (
-    ActivationDispatch,
-    RunnerActivationInput,
-    RunnerActivationOutput,
-)
+from suzumio.contracts.runner import ActivationDispatch, RunnerActivationInput
 from suzumio.contracts.scheduling import AgentSchedulingState, HookAction
 
 Document = dict[str, Any]
@@ -74,7 +71,9 @@ def schemas() -> dict[str, Document]:
             **REPLY_ADAPTER.json_schema(by_alias=True),
         },
         "schemas/runner/activation-input.json": _schema(RunnerActivationInput),
-        "schemas/runner/activation-output.json": _schema(RunnerActivationOutput),
+        # What `POST /activation-output` takes: the output, version 1 alone or 2 with the
+        # runner's last history entries and live batch (a final call).
+        "schemas/runner/activation-output.json": _schema(FinalCall, title="ActivationOutput"),
         "schemas/runner/activation-dispatch.json": _schema(ActivationDispatch),
         "schemas/live-chunk.json": _schema(LiveChunk),
         "schemas/scheduling/agent-state.json": _schema(AgentSchedulingState),
