@@ -110,9 +110,7 @@ class ArtifactCollector:
         plan.session_dir.mkdir(parents=True, exist_ok=True)
         if plan.mounts:
             return plan  # `mount` workspace mode: the grants are the inputs
-        if known is None:
-            known = await session_artifacts(self._pool, plan.session_id)
-        for path, artifact in known.items():
+        for path, artifact in (await self._files(plan, known)).items():
             target = _inside(workspace / "in", path)
             if target is None or (target.exists() and target.stat().st_size == artifact.size):
                 continue
@@ -124,14 +122,18 @@ class ArtifactCollector:
                     sink.write(chunk)
         return plan
 
+    async def _files(
+        self, plan: LaunchPlan, known: Mapping[str, Artifact] | None
+    ) -> Mapping[str, Artifact]:
+        if known is not None:
+            return known
+        return await session_artifacts(self._pool, plan.session_id)
+
     async def _inputs(
         self, plan: LaunchPlan, known: Mapping[str, Artifact] | None
     ) -> tuple[InputFile, ...]:
-        artifacts = known
-        if artifacts is None:
-            artifacts = await session_artifacts(self._pool, plan.session_id)
         refs = []
-        for path, artifact in artifacts.items():
+        for path, artifact in (await self._files(plan, known)).items():
             try:
                 refs.append(
                     InputFile(

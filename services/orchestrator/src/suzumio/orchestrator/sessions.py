@@ -2,8 +2,8 @@
 (never from projections, so a launch sees every fact stored before its request, whatever the
 projector's lag): the active history after the last compaction (its summary where the archived
 entries stood), the batch's signals in the scheduler's order, the latest checkpoint. (The
-session's artifacts are aggregates of their own: the directory folds them from the log; a
-reopened session's are read from their projection, `session_artifacts`.)"""
+session's artifacts are aggregates of their own: the directory folds them from the log, and
+where it cannot answer, they are read from their projection, `session_artifacts`.)"""
 
 from __future__ import annotations
 
