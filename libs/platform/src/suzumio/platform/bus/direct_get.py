@@ -1,7 +1,9 @@
-"""Reading stored messages by subject with JetStream's Direct Get (streams allow_direct)."""
+"""Reading stored messages by subject with JetStream's Direct Get (streams allow_direct), over
+the connection's one reply subscription (`Replies`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from suzumio.platform.bus.jsapi import API_PREFIX
+from suzumio.platform.bus.replies import Replies
 from suzumio.platform.errors import PlatformError
 
 
@@ -40,8 +43,8 @@ async def last_for_subject(
     nc: NATS, stream: str, subject: str, *, timeout: float = 5.0
 ) -> StoredMessage | None:
     """The newest message stored on `subject`, or None when there is none."""
-    msg = await nc.request(f"{API_PREFIX}.DIRECT.GET.{stream}.{subject}", b"", timeout=timeout)
-    return _stored(msg)
+    subject = f"{API_PREFIX}.DIRECT.GET.{stream}.{subject}"
+    return _stored(await Replies.of(nc).request(subject, b"", None, timeout))
 
 
 async def first_after(
@@ -49,8 +52,9 @@ async def first_after(
 ) -> StoredMessage | None:
     """The first message on `subject` with a stream sequence above `seq`."""
     body = json.dumps({"seq": seq + 1, "next_by_subj": subject}).encode()
-    msg = await nc.request(f"{API_PREFIX}.DIRECT.GET.{stream}", body, timeout=timeout)
-    return _stored(msg)
+    return _stored(
+        await Replies.of(nc).request(f"{API_PREFIX}.DIRECT.GET.{stream}", body, None, timeout)
+    )
 
 
 async def iter_subject(
@@ -63,16 +67,14 @@ async def iter_subject(
     timeout: float = 5.0,
 ) -> AsyncIterator[StoredMessage]:
     """Every message on `subject` after `after_seq`, in order, up to `batch` per round trip."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    try:
-        start = after_seq + 1
-        pending = 1
-        while pending:
-            body = {"seq": start, "next_by_subj": subject, "batch": batch}
-            await nc.publish(f"{API_PREFIX}.DIRECT.GET.{stream}", json.dumps(body).encode(), inbox)
-            while True:
-                msg = await sub.next_msg(timeout=timeout)
+    replies = Replies.of(nc)
+    start = after_seq + 1
+    pending = 1
+    while pending:
+        body = json.dumps({"seq": start, "next_by_subj": subject, "batch": batch}).encode()
+        request = replies.replies(f"{API_PREFIX}.DIRECT.GET.{stream}", body, timeout)
+        async with contextlib.aclosing(request):  # its token is dropped as soon as we stop
+            async for msg in request:
                 headers = msg.headers or {}
                 if headers.get("Status") in {"204", "404"}:  # end of batch / nothing (more)
                     pending = int(headers.get("Nats-Num-Pending", "0"))
@@ -81,5 +83,3 @@ async def iter_subject(
                 assert stored is not None
                 start = stored.seq + 1
                 yield stored
-    finally:
-        await sub.unsubscribe()

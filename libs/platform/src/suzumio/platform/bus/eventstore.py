@@ -41,10 +41,10 @@ from suzumio.contracts.errors import CommandTimeoutError, ConflictError, Invalid
 from suzumio.contracts.ids import is_valid_id
 from suzumio.contracts.subjects import DEFAULT_TOPOLOGY, Topology
 from suzumio.platform import telemetry
-from suzumio.platform.bus.acks import AckRequester
 from suzumio.platform.bus.direct_get import StoredMessage, first_after, iter_subject
 from suzumio.platform.bus.direct_get import last_for_subject as _last_for_subject
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.replies import Replies
 from suzumio.platform.errors import JetStreamApiError, PlatformError
 
 HDR_MSG_ID = "Nats-Msg-Id"
@@ -152,7 +152,7 @@ class EventStore:
         self._attempts = attempts
         self._heads: OrderedDict[str, Head] = OrderedDict()
         self._cache_size = cache_size
-        self._acks = AckRequester(nc)
+        self._replies = Replies.of(nc)
 
     # -- appending -----------------------------------------------------------------------
     async def append(
@@ -296,7 +296,7 @@ class EventStore:
         return telemetry.inject_if_tracing(headers)
 
     async def _send(self, p: _Prepared) -> dict[str, Any]:
-        msg = await self._acks.request(p.subject, p.payload, self._headers(p), self._timeout)
+        msg = await self._replies.request(p.subject, p.payload, self._headers(p), self._timeout)
         return dict(orjson.loads(msg.data))
 
     async def _find_own(self, p: _Prepared, *, tolerate_errors: bool = False) -> int | None:
