@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from suzumio.runner import eventloop
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -253,7 +255,7 @@ def serve() -> int:
     """The server's loop (`python -m suzumio.runner forkserver`)."""
     import suzumio.runner.main  # noqa: F401, PLC0415 - the point: import it all once, here
 
-    asyncio.run(_warm_up())  # and what the HTTP stacks import on their first request
+    eventloop.run(_warm_up())  # and what the HTTP stacks import on their first request
     _complete_models()
     # Everything imported so far lives as long as the server: out of the collector's sight, a
     # child's collections do not touch (and so copy) the pages it shares with the server.

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from suzumio.contracts.broker import StreamBatch
 from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
-from suzumio.runner import exits
+from suzumio.runner import eventloop, exits
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
 from suzumio.runner.connections import Connections
@@ -147,7 +147,7 @@ def run(path: Path) -> int:
         return exits.BAD_INPUT
     _not_dumpable()
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_one(spec, None))
+        return eventloop.run(_one(spec, None))
     return exits.TERMINATED
 
 
@@ -200,7 +200,7 @@ def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path
     stderr), so an activation here costs no file of its own."""
     _not_dumpable()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_resident(requests_fd, replies_fd, max_runs, log_path))
+        eventloop.run(_serve_resident(requests_fd, replies_fd, max_runs, log_path))
     return 0
 
 

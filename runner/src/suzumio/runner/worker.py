@@ -68,7 +68,7 @@ from suzumio.contracts.runner import (
     PoolWorkerInfo,
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
-from suzumio.runner import exchange
+from suzumio.runner import eventloop, exchange
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
 
@@ -726,5 +726,5 @@ def serve(config: WorkerConfig) -> int:
             loop.add_signal_handler(sig, stop.set)
         await Worker(config).run(stop)
 
-    asyncio.run(main())
+    eventloop.run(main())
     return 0
