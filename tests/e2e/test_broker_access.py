@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import nats.errors
 import pytest
+from nats.aio.msg import Msg
 
 from suzumio.contracts.commands import AppendHistory
 from suzumio.contracts.commands.sessions import HistoryEntry
@@ -19,6 +20,7 @@ from suzumio.contracts.errors import ForbiddenError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationCompleted,
+    ActivationStarted,
     SessionMessageAppended,
     ToolCallFinished,
     ToolCallStarted,
@@ -203,6 +205,54 @@ async def test_an_ended_activation_can_no_longer_act(platform: Stack) -> None:
         response = await c.post("/runner/tool-calls/start", json=start_body())
     assert response.status_code == 403
     assert await activation_types(platform, a.activation_id) == ["activation.completed"]
+
+
+async def test_the_broker_writes_on_what_it_folded_without_reading_the_activation(
+    platform: Stack,
+) -> None:
+    """The orchestrator's `started` folded, the broker's first write goes on top of it with no
+    read of the activation's subject; a write it has not folded yet is found on conflict."""
+    a = await live(platform, "verso")
+    meta = EventMeta(actor="system:orchestrator")
+    started = ActivationStarted(
+        session_id=a.world.session_id,
+        project_id=a.world.project_id,
+        agent_id=a.world.agent_id,
+        backend="process",
+    )
+    await platform.store.append(a.activation_id, [started], 0, meta)
+    await request_activation(platform, a.world)  # after it on the session: the broker's
+    # check before the call waits until it folded the session this far, so `started` too
+    subject = platform.topology.event_subject("activation", a.activation_id)
+    reads: list[str] = []
+
+    async def on_get(msg: Msg) -> None:
+        if msg.subject.endswith(subject) or subject.encode() in msg.data:
+            reads.append(msg.subject)
+
+    spy = await platform.nc.subscribe("$JS.API.DIRECT.GET.>", cb=on_get)
+    try:
+        async with broker(platform, a.token) as c:
+            assert (await c.post("/runner/tool-calls/start", json=start_body())).json() == {
+                "recorded": True
+            }
+            await platform.nc.flush()
+            assert reads == []
+            # Another replica's write the broker may not have folded yet: its conflict is seen.
+            await platform.store.append(
+                a.activation_id, [ToolCallStarted(**start_body("call-2"))], 2, meta
+            )
+            finish = {"call_id": "call-1", "status": "ok", "duration_ms": 1, "result_size": 0}
+            assert (await c.post("/runner/tool-calls/finish", json=finish)).status_code == 200
+    finally:
+        await spy.unsubscribe()
+    stream = await platform.store.load("activation", a.activation_id)
+    assert [(e.version, e.envelope.type) for e in stream.events] == [
+        (1, "activation.started"),
+        (2, "activation.tool_call_started"),
+        (3, "activation.tool_call_started"),
+        (4, "activation.tool_call_finished"),
+    ]
 
 
 async def test_another_activations_token_cannot_write_to_this_one(platform: Stack) -> None:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import InvalidError
@@ -82,6 +83,32 @@ async def test_conflict_detected_by_the_server_between_two_stores(
     assert info.value.actual_version == 2
     versions = [e.version for e in (await a.load("project", pid)).events]
     assert versions == [1, 2]
+
+
+async def test_append_next_tries_the_likely_version_without_a_lookup(
+    nc: NATS, topology: Topology
+) -> None:
+    a, b = EventStore(nc, topology), EventStore(nc, topology)
+    pid = new_id()
+    lookups: list[str] = []
+
+    async def on_get(msg: Msg) -> None:
+        lookups.append(msg.subject)
+
+    spy = await nc.subscribe("$JS.API.DIRECT.GET.>", cb=on_get)
+    try:
+        assert (await a.append_next(pid, [created()], likely_version=0)).version == 1
+        await nc.flush()
+        assert lookups == []  # a right guess: the append alone
+        await b.append(pid, [ProjectRenamed(name="from b")], 1)
+        # A wrong guess: refused, and the refusal's reading of the head is where it goes.
+        result = await a.append_next(pid, [ProjectRenamed(name="from a")], likely_version=0)
+        assert result.version == 3
+    finally:
+        await spy.unsubscribe()
+    versions = [(e.version, e.data) for e in (await a.load("project", pid)).events]
+    assert [v for v, _ in versions] == [1, 2, 3]
+    assert versions[2][1] == ProjectRenamed(name="from a")
 
 
 async def test_an_append_of_several_events_is_all_or_nothing(nc: NATS, topology: Topology) -> None:

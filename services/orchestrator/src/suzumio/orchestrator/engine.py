@@ -278,7 +278,7 @@ class Orchestrator:
             tracked.handle = handle
             tracked.launched_at = time.time()
             _launch.record(time.perf_counter() - folded_at, {"backend": backend.name})
-            await self._append(
+            await self._append_started(
                 activation_id,
                 ActivationStarted(
                     session_id=tracked.session_id,
@@ -400,9 +400,13 @@ class Orchestrator:
         finally:
             self._tasks.pop(tracked.request.activation_id, None)
 
-    async def _append(self, activation_id: str, event: DomainEvent) -> None:
+    async def _append_started(self, activation_id: str, event: ActivationStarted) -> None:
+        # The activation's subject is new when it starts: nothing is there to look up, unless
+        # its runner already called the broker (then the refused append says where it is).
         try:
-            await self._store.append_next(activation_id, [event], EventMeta(actor=ACTOR))
+            await self._store.append_next(
+                activation_id, [event], EventMeta(actor=ACTOR), likely_version=0
+            )
         except ConflictError:
             log.warning("orchestrator.append_conflict", activation=activation_id)
 

@@ -42,11 +42,7 @@ class Repository:
         if cached is not None and not fresh:
             self._cache.move_to_end(key)
             return state
-        if cached is not None:
-            head = await self.store.head(cls.aggregate, aggregate_id)
-            if head.version == state.version:
-                self._cache.move_to_end(key)
-                return state
+        # What came since, in one round trip: nothing new costs what a head lookup does.
         stream = await self.store.load(
             cls.aggregate, aggregate_id, after=Head(state.version, state.seq)
         )

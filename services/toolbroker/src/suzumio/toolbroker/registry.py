@@ -56,6 +56,8 @@ class LiveActivation:
     fenced: str = ""  # why it may no longer act; empty while live
     output: bool = False
     version: int | None = None  # of its own subject, as this replica last wrote it
+    logged: int = 0  # of its own subject, as far as this replica folded the log
+    logged_seq: int = 0  # the stream sequence of that version's message
     calls_started: set[str] = field(default_factory=set)
     calls_finished: set[str] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
@@ -71,6 +73,7 @@ class ActivationRegistry:
         self._ended: deque[tuple[float, str]] = deque()  # forgotten after the look-back
         self.folded = Position()
         self._task: asyncio.Task[None] | None = None
+        self._activation_prefix = topology.event_subject("activation", "")
 
     async def start(self) -> None:
         self._follower = LogFollower(
@@ -117,6 +120,10 @@ class ActivationRegistry:
             msg = await self._follower.next(timeout=None)
             position = self.folded.value
             while msg is not None:  # fold what is queued before waking the waiters
+                if msg.subject.startswith(self._activation_prefix):
+                    a = self._activations.get(msg.subject[len(self._activation_prefix) :])
+                    if a is not None and msg.version > a.logged:
+                        a.logged, a.logged_seq = msg.version, msg.seq
                 if WANTED.intersection(msg.types):
                     try:
                         for envelope in envelopes_of(msg.data):

@@ -82,12 +82,21 @@ async def append_own(
     broker: Broker, a: LiveActivation, events: list[DomainEvent], actor: str
 ) -> None:
     """Append the broker's own events to the activation (the caller holds its lock). The
-    version it last wrote is known, which saves a lookup; another replica's write makes it a
-    conflict, and then the head is read."""
+    version is known — what this replica last wrote, or what it folded of the activation's
+    subject — which saves a lookup; a write it has not seen yet makes it a conflict, and then
+    the subject is read."""
     meta = EventMeta(actor=actor)
-    if a.version is not None:
+    # Checked with the version taken, no wait between: every event up to a folded version was
+    # folded, so none of them ended the activation, and the append is conditional on nothing
+    # having come after it.
+    if a.fenced:
+        raise BrokerError(403, "fenced", f"the activation is {a.fenced}")
+    if a.logged > (a.version or 0):  # the store needs the sequence of what it writes after
+        broker.store.observe("activation", a.id, a.logged, a.logged_seq)
+    known = max(a.version or 0, a.logged)
+    if known:
         try:
-            a.version = (await broker.store.append(a.id, events, a.version, meta)).version
+            a.version = (await broker.store.append(a.id, events, known, meta)).version
         except ConcurrencyConflictError:
             pass
         else:

@@ -180,14 +180,22 @@ class EventStore:
         meta: EventMeta | None = None,
         *,
         attempts: int = 20,
+        likely_version: int | None = None,
     ) -> AppendResult:
-        """Append at whatever version the aggregate has, for append-only logs with no rules."""
+        """Append at whatever version the aggregate has, for append-only logs with no rules.
+
+        `likely_version`: where the caller expects the aggregate to be (0 for one it just
+        created the id of), tried first without asking the server; a wrong guess costs a
+        refused append."""
         aggregate = events[0].aggregate if events else ""
+        version = likely_version
         for _ in range(attempts):
-            head = await self.head(aggregate, aggregate_id)
+            if version is None:
+                version = (await self.head(aggregate, aggregate_id)).version
             try:
-                return await self.append(aggregate_id, events, head.version, meta)
-            except ConcurrencyConflictError:
+                return await self.append(aggregate_id, events, version, meta)
+            except ConcurrencyConflictError as exc:
+                version = exc.actual_version  # read by the refusal: no lookup of our own
                 await asyncio.sleep(0)
         raise ConflictError(f"{aggregate} {aggregate_id} kept moving; gave up appending")
 
@@ -391,6 +399,8 @@ class EventStore:
         stream = AggregateStream(aggregate, aggregate_id, tuple(events))
         if events:
             self._remember(subject, Head(stream.version, stream.seq))
+        elif after.version:  # nothing since: `after` is the head (the next append needs it)
+            self._remember(subject, after)
         return stream
 
     async def last_position(self) -> int:

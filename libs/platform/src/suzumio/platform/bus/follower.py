@@ -19,7 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.eventstore import types_of
+from suzumio.platform.bus.eventstore import HDR_VERSION, types_of
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 
@@ -28,6 +28,7 @@ class LogMessage:
     seq: int
     subject: str
     types: tuple[str, ...]
+    version: int  # the aggregate's version after this message (0 if it has none)
     data: bytes
     pending: int  # messages after this one in the log when it was delivered
     stored_at: datetime  # the server's clock when it stored the message
@@ -65,6 +66,7 @@ class LogFollower:
                     meta.sequence.stream,
                     msg.subject,
                     tuple(types or ()),
+                    int((msg.headers or {}).get(HDR_VERSION, 0)),
                     msg.data,
                     meta.num_pending,
                     meta.timestamp,
