@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -49,6 +50,7 @@ from suzumio.contracts.runner import (
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Slug
 from suzumio.orchestrator.backends.base import Exit, Handle, Health, LaunchError, LaunchPlan
+from suzumio.platform.bus.replies import Replies
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -87,11 +89,10 @@ class PoolSettings(BaseModel):
 
 @dataclass
 class _Tracker:
-    """What the workers said about one dispatch, kept by a subscription from launch on."""
+    """What the workers said about one dispatch, from launch on."""
 
     dispatch_id: str
     started: bool
-    sub: Subscription | None = None
     last_seen: float = field(default_factory=time.monotonic)
     worker_id: str | None = None
     final: PoolStatus | Exit | None = None
@@ -138,6 +139,8 @@ class PoolBackend:
         self.topology = topology
         self.settings = settings or PoolSettings()
         self._trackers: dict[str, _Tracker] = {}
+        self._statuses: Subscription | None = None
+        self._statuses_made = asyncio.Lock()
         self._consumers: set[str] = set()
         self._workers: dict[str, tuple[float, PoolWorkerInfo]] = {}
         self._presence: Subscription | None = None
@@ -160,19 +163,25 @@ class PoolBackend:
             )
         try:
             await self._ensure_consumer(dispatch.pool)
-            await self._track(did, plan.activation_id, started=False)
-            ack = await self._js.publish(
+            await self._track(did, started=False)
+            reply = await Replies.of(self._nc).request(
                 self.topology.activation_subject(dispatch.pool),
                 body,
-                headers={"Nats-Msg-Id": did},
-                timeout=self.settings.request_timeout_seconds,
+                {"Nats-Msg-Id": did},
+                self.settings.request_timeout_seconds,
             )
-        except (NatsError, TimeoutError) as exc:
-            await self._untrack(did)
+            ack = json.loads(reply.data)
+        except (NatsError, TimeoutError, ValueError) as exc:
+            self._untrack(did)
             raise LaunchError(f"could not queue dispatch {did}: {type(exc).__name__}") from None
+        if "error" in ack:  # the stream refused it (full, say): a later attempt may fit
+            self._untrack(did)
+            why = ack["error"].get("description", "refused")
+            raise LaunchError(f"could not queue dispatch {did}: {why}")
+        seq = int(ack["seq"])
         log.info("pool.dispatched", activation=plan.activation_id, dispatch=did,
-                 pool=dispatch.pool, seq=ack.seq, duplicate=bool(ack.duplicate))  # fmt: skip
-        data = {"pool": dispatch.pool, "attempt": dispatch.attempt, "seq": ack.seq,
+                 pool=dispatch.pool, seq=seq, duplicate=bool(ack.get("duplicate")))  # fmt: skip
+        data = {"pool": dispatch.pool, "attempt": dispatch.attempt, "seq": seq,
                 "deadline": dispatch.deadline.timestamp(), "state": "queued"}  # fmt: skip
         return Handle(plan.activation_id, self.name, did, data)
 
@@ -215,12 +224,12 @@ class PoolBackend:
     async def watch(self, handle: Handle) -> Exit:
         did = handle.sandbox_id
         tracker = self._trackers.get(did) or await self._track(
-            did, handle.activation_id, started=handle.data.get("state") != "queued"
+            did, started=handle.data.get("state") != "queued"
         )
         # Cancelled (the caller's own timeout), the tracker stays: a later watch, after a
         # cancel, still sees what the workers said meanwhile.
         result = await self._until_end(handle, tracker)
-        await self._untrack(did)
+        self._untrack(did)
         return result
 
     async def _until_end(self, handle: Handle, tracker: _Tracker) -> Exit:
@@ -288,7 +297,7 @@ class PoolBackend:
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:  # noqa: ARG002
         # Workers remove a run's directory when it ends (or keep the session's workspace warm
         # for their idle TTL); nothing of it is left on this side but the subscription.
-        await self._untrack(handle.sandbox_id)
+        self._untrack(handle.sandbox_id)
 
     # -- list_live, health ------------------------------------------------------------------
     async def list_live(self) -> list[Handle]:
@@ -373,37 +382,48 @@ class PoolBackend:
         return {"pending": info.num_pending or 0, "in_flight": info.num_ack_pending or 0}
 
     async def close(self) -> None:
-        for did in list(self._trackers):
-            await self._untrack(did)
-        if self._presence is not None:
-            with contextlib.suppress(NatsError):
-                await self._presence.unsubscribe()
-            self._presence = None
+        self._trackers.clear()
+        for sub in (self._statuses, self._presence):
+            if sub is not None:
+                with contextlib.suppress(NatsError):
+                    await sub.unsubscribe()
+        self._statuses = self._presence = None
 
     # -- subscriptions ----------------------------------------------------------------------
-    async def _track(self, did: str, activation_id: str, *, started: bool) -> _Tracker:
+    async def _track(self, did: str, *, started: bool) -> _Tracker:
+        """Keep what the workers say about a dispatch (before it is published: from its first
+        word on)."""
         if did in self._trackers:
             return self._trackers[did]
         tracker = _Tracker(did, started=started)
         self._trackers[did] = tracker
-
-        async def on_status(msg: Msg) -> None:
-            try:
-                status = PoolStatus.model_validate_json(msg.data)
-            except ValidationError:
-                return
-            if status.dispatch_id == did:  # an earlier attempt's worker may still speak here
-                tracker.update(status)
-
-        subject = self.topology.pool_status_subject(activation_id)
-        tracker.sub = await self._nc.subscribe(subject, cb=on_status)
+        await self._ensure_statuses()
         return tracker
 
-    async def _untrack(self, did: str) -> None:
-        tracker = self._trackers.pop(did, None)
-        if tracker is not None and tracker.sub is not None:
-            with contextlib.suppress(NatsError):
-                await tracker.sub.unsubscribe()
+    def _untrack(self, did: str) -> None:
+        self._trackers.pop(did, None)
+
+    async def _ensure_statuses(self) -> None:
+        """One subscription to every activation's status subject, not one per dispatch (made
+        and removed on the server for each activation). Only the leading orchestrator
+        launches and watches, so it is the one that hears them all."""
+        if self._statuses is not None:
+            return
+        async with self._statuses_made:
+            if self._statuses is None:
+                self._statuses = await self._nc.subscribe(
+                    self.topology.pool_status_subject("*"), cb=self._on_status
+                )
+
+    async def _on_status(self, msg: Msg) -> None:
+        try:
+            status = PoolStatus.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        # By dispatch: an earlier attempt's worker may still speak on the same subject.
+        tracker = self._trackers.get(status.dispatch_id)
+        if tracker is not None:
+            tracker.update(status)
 
     async def _ensure_presence(self) -> None:
         if self._presence is not None:
