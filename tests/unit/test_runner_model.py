@@ -1,0 +1,122 @@
+"""The runner's model client reads the stream's chunks as JSON: what it puts together, through
+the real `openai` SDK, from the scripted model server (the suite's one fake provider) and from
+a raw server sending chunks no real provider should."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from suzumio.contracts.values import ModelSpec
+from suzumio.runner.model import Endpoint, ModelClient, ModelTurn
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall, Usage
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+async def _complete(url: str) -> tuple[ModelTurn, list[str]]:
+    pieces: list[str] = []
+    client = ModelClient(ModelSpec(name="m"), Endpoint(url, "test"))
+    try:
+        return await client.complete(HELLO, [], 100, pieces.append), pieces
+    finally:
+        await client.close()
+
+
+async def test_text_usage_and_finish_come_together_from_the_chunks() -> None:
+    text = "The quick brown fox jumps over the lazy dog."
+    async with ScriptedModelServer() as server:
+        server.script([Reply.text(text, usage=Usage(prompt_tokens=10, completion_tokens=3))])
+        turn, pieces = await _complete(server.url + "/v1")
+    assert len(pieces) >= 5  # as they came
+    assert "".join(pieces) == text
+    assert (turn.text, turn.finish_reason, turn.tool_calls) == (text, "stop", [])
+    assert turn.usage == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+
+
+async def test_parallel_tool_calls_are_put_together_from_their_fragments() -> None:
+    read = {"path": "src/app.py", "range": {"start": 1, "end": 40}}
+    search = {"pattern": "TODO", "paths": ["src", "tests"]}
+    async with ScriptedModelServer() as server:
+        server.script(
+            [
+                Reply.tool_calls(
+                    [ToolCall("file_read", read), ToolCall("file_search", search, id="c2")]
+                )
+            ]
+        )
+        turn, pieces = await _complete(server.url + "/v1")
+    calls = turn.tool_calls
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("file_read", read),
+        ("file_search", search),
+    ]
+    assert calls[1].id == "c2"
+    assert calls[0].id
+    assert (turn.finish_reason, pieces) == ("tool_calls", [])
+
+
+def _sse(*events: bytes) -> bytes:
+    body = b"".join(b"data: " + e + b"\n\n" for e in events)
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    )
+
+
+@contextlib.asynccontextmanager
+async def _raw(response: bytes) -> AsyncIterator[str]:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        writer.write(response)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    finally:
+        server.close()
+
+
+async def test_a_chunk_that_is_not_an_object_fails_the_call() -> None:
+    first = json.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).encode()
+    async with _raw(_sse(first, b"[1, 2]", b"[DONE]")) as url:
+        with pytest.raises(openai.APIResponseValidationError):
+            await _complete(url)
+
+
+async def test_an_error_event_mid_stream_fails_the_call_with_its_message() -> None:
+    first = json.dumps({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).encode()
+    error = json.dumps({"error": {"message": "overloaded, try later"}}).encode()
+    async with _raw(_sse(first, error, b"[DONE]")) as url:
+        with pytest.raises(openai.APIError, match="overloaded, try later"):
+            await _complete(url)
+
+
+async def test_fields_of_the_wrong_kind_are_left_out_not_guessed() -> None:
+    odd = json.dumps(
+        {
+            "choices": [
+                {"index": 0, "delta": {"content": 7, "tool_calls": "x"}, "finish_reason": None},
+                "not a choice",
+                {"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"},
+            ],
+            "usage": {"prompt_tokens": "many", "completion_tokens": 2, "total_tokens": 2},
+        }
+    ).encode()
+    async with _raw(_sse(odd, b"[DONE]")) as url:
+        turn, pieces = await _complete(url)
+    assert (turn.text, turn.finish_reason, turn.tool_calls, pieces) == ("ok", "stop", [], ["ok"])
+    assert turn.usage == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2}
