@@ -34,6 +34,7 @@ from suzumio.contracts.errors import (
 )
 from suzumio.contracts.subjects import Topology
 from suzumio.platform import telemetry
+from suzumio.platform.bus.replies import Replies
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -106,11 +107,11 @@ class CommandClient:
         )
         subject = self._topology.command_subject(command.service, command.verb)
         try:
-            msg = await self._nc.request(
+            msg = await Replies.of(self._nc).request(
                 subject,
                 request.model_dump_json().encode(),
-                timeout=timeout or self._timeout,
-                headers=telemetry.inject({}),
+                telemetry.inject({}) or None,
+                timeout or self._timeout,
             )
         except NoRespondersError:
             raise UnavailableError(f"no {command.service} service is answering") from None
