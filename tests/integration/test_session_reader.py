@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.events import (
+    ActivationCancelRequested,
     ActivationRequested,
     HistoryCompacted,
     SessionMessageAppended,
     SessionOpened,
     SignalRecorded,
+    SignalsDelivered,
 )
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.values import Author, Priority, SignalKind
@@ -101,3 +103,44 @@ async def test_snapshots_match_a_full_read_however_they_are_folded(store: EventS
     assert [s.text for s in snap3.signals] == ["three"]
     # And an older request still reads as it was.
     assert await reader.snapshot(session, r2) == snap2
+
+
+async def test_a_request_amid_its_message_leaves_the_next_snapshot_whole(
+    store: EventStore,
+) -> None:
+    """The scheduler stores a preempt as one message — the cancel, the request, its signals'
+    delivery — so a fold stops amid it; the session's next request folds on from there without
+    skipping the rest of that message or folding its first part twice."""
+    session = new_id()
+
+    async def add(*events: DomainEvent) -> None:
+        await store.append_next(session, list(events), META)
+
+    await add(SessionOpened(project_id="p" * 26, agent_id="a" * 26))
+    first = message("one")
+    s1 = signal_for(first)
+    await add(first, s1)
+    r1 = request(s1.signal_id)
+    urgent = message("stop that")
+    s_urgent = signal_for(urgent)
+    await add(urgent, s_urgent)
+    r2 = request(s_urgent.signal_id)
+    await add(
+        ActivationCancelRequested(activation_id=r1.activation_id, reason="replaced"),
+        r2,
+        SignalsDelivered(activation_id=r2.activation_id, signal_ids=(s_urgent.signal_id,)),
+    )
+    reader = SessionReader(store)
+    assert texts(await reader.snapshot(session, r2)) == ["one", "stop that"]
+    await add(message("stopped", "assistant"))
+    later = message("go on")
+    s_later = signal_for(later)
+    await add(later, s_later)
+    r3 = request(s_later.signal_id)
+    await add(r3)
+
+    snap3 = await reader.snapshot(session, r3)  # folded on from amid the preempt's message
+
+    assert snap3 == await load_session(store, session, r3)
+    assert texts(snap3) == ["one", "stop that", "stopped", "go on"]
+    assert [s.text for s in snap3.signals] == ["go on"]

@@ -44,9 +44,12 @@ class SessionSnapshot:
 
 @dataclass
 class _SessionFold:
-    """A session folded up to `head`: what a snapshot is made of."""
+    """A session folded up to `head`, the last whole message folded (a message may hold
+    several events, and a request may stand amid them: what came before it in its message is
+    folded, and `version` says how far, so reading on from `head` folds none twice)."""
 
     head: Head = field(default_factory=lambda: Head(0, 0))
+    version: int = 0
     project_id: str = ""
     history: list[AgentHistoryMessage] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
@@ -59,6 +62,9 @@ class _SessionFold:
         )
 
     def apply(self, event: RecordedEvent[DomainEvent]) -> None:
+        if event.envelope.version <= self.version:
+            return  # folded already, from the same message read before
+        self.version = event.envelope.version
         data = event.data
         match data:
             case SessionOpened():
@@ -81,7 +87,6 @@ class _SessionFold:
                 self.checkpoint = CheckpointRef(
                     id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
                 )
-        self.head = Head(event.envelope.version, event.seq)
 
     def snapshot(self, request: ActivationRequested) -> SessionSnapshot:
         return SessionSnapshot(
@@ -97,11 +102,14 @@ async def _fold_until(
 ) -> bool:
     """Fold the session's events after `fold.head` up to (not including) the request; false
     when the request is not among them (it is older than `fold.head`, or not there)."""
-    for event in (await store.load("session", session_id, after=fold.head)).events:
+    events = (await store.load("session", session_id, after=fold.head)).events
+    for i, event in enumerate(events):
         data = event.data
         if isinstance(data, ActivationRequested) and data.activation_id == request.activation_id:
             return True
         fold.apply(event)
+        if i + 1 == len(events) or events[i + 1].seq != event.seq:  # its message is whole
+            fold.head = Head(event.envelope.version, event.seq)
     return False
 
 
