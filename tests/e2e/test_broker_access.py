@@ -4,8 +4,9 @@ the real session, scheduler, tool-broker and gateway processes."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,7 +32,7 @@ from suzumio.platform.bus.jsapi import ensure_streams
 from suzumio.platform.tokens import TokenSigner
 from tests.e2e.api import World, new_world
 from tests.e2e.runner_env import request_activation
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, running_stack
 from tests.support import eventually
 
 
@@ -72,6 +73,17 @@ def start_body(call_id: str = "call-1") -> dict[str, Any]:
         "arguments_digest": hashlib.sha256(b"{}").hexdigest(),
         "arguments_size": 2,
     }
+
+
+ORCHESTRATOR = EventMeta(actor="system:orchestrator")
+
+
+def started(a: Live) -> ActivationStarted:
+    """The orchestrator's first word on an activation."""
+    w = a.world
+    return ActivationStarted(
+        session_id=w.session_id, project_id=w.project_id, agent_id=w.agent_id, backend="process"
+    )
 
 
 async def activation_types(stack: Stack, activation_id: str) -> list[str]:
@@ -213,14 +225,8 @@ async def test_the_broker_writes_on_what_it_folded_without_reading_the_activatio
     """The orchestrator's `started` folded, the broker's first write goes on top of it with no
     read of the activation's subject; a write it has not folded yet is found on conflict."""
     a = await live(platform, "verso")
-    meta = EventMeta(actor="system:orchestrator")
-    started = ActivationStarted(
-        session_id=a.world.session_id,
-        project_id=a.world.project_id,
-        agent_id=a.world.agent_id,
-        backend="process",
-    )
-    await platform.store.append(a.activation_id, [started], 0, meta)
+    meta = ORCHESTRATOR
+    await platform.store.append(a.activation_id, [started(a)], 0, meta)
     await request_activation(platform, a.world)  # after it on the session: the broker's
     # check before the call waits until it folded the session this far, so `started` too
     subject = platform.topology.event_subject("activation", a.activation_id)
@@ -253,6 +259,41 @@ async def test_the_broker_writes_on_what_it_folded_without_reading_the_activatio
         (3, "activation.tool_call_started"),
         (4, "activation.tool_call_finished"),
     ]
+
+
+async def test_an_end_the_broker_cannot_read_is_never_written_past(
+    nats_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """An end written by a newer release (a schema this broker does not know) fails the
+    broker's fold, so its version is not one the broker writes on: nothing lands after it.
+    (A platform of its own: the projector rightly stops at that end.)"""
+    services = ("session", "toolbroker", "gateway")
+    async with running_stack(nats_url, postgres_url, tmp_path, services) as platform:
+        await _never_past_an_unreadable_end(platform)
+
+
+async def _never_past_an_unreadable_end(platform: Stack) -> None:
+    a = await live(platform, "skew")
+    meta = ORCHESTRATOR
+    await platform.store.append(a.activation_id, [started(a)], 0, meta)
+    async with broker(platform, a.token) as c:
+        assert (await c.post("/runner/tool-calls/start", json=start_body())).status_code == 200
+        ended = await platform.store.prepare(
+            a.activation_id, [ActivationCompleted(text="done")], 2, meta
+        )
+        assert b'"schema":1' in ended.payload
+        await platform.store.commit(
+            replace(ended, payload=ended.payload.replace(b'"schema":1', b'"schema":99'))
+        )
+        await request_activation(platform, a.world)  # the broker's check waits past the end
+        finish = {"call_id": "call-1", "status": "ok", "duration_ms": 1, "result_size": 0}
+        response = await c.post("/runner/tool-calls/finish", json=finish)
+    assert response.status_code >= 400
+    subject = platform.topology.event_subject("activation", a.activation_id)
+    info = await platform.nc.jetstream().stream_info(
+        platform.topology.events_stream, subjects_filter=subject
+    )
+    assert (info.state.subjects or {}).get(subject) == 3  # started, the call, the end
 
 
 async def test_another_activations_token_cannot_write_to_this_one(platform: Stack) -> None:

@@ -120,3 +120,20 @@ async def test_fields_of_the_wrong_kind_are_left_out_not_guessed() -> None:
         turn, pieces = await _complete(url)
     assert (turn.text, turn.finish_reason, turn.tool_calls, pieces) == ("ok", "stop", [], ["ok"])
     assert turn.usage == {"prompt_tokens": 0, "completion_tokens": 2, "total_tokens": 2}
+
+
+async def test_tool_call_deltas_without_an_index_go_on_with_the_call_they_follow() -> None:
+    def delta(**call: object) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}).encode()
+
+    events = (
+        delta(id="a", function={"name": "file_read", "arguments": '{"pa'}),
+        delta(function={"arguments": 'th": "x"}'}),
+        delta(id="b", function={"name": "file_search", "arguments": "{}"}),
+    )
+    async with _raw(_sse(*events, b"[DONE]")) as url:
+        turn, _ = await _complete(url)
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
+        ("a", "file_read", {"path": "x"}),
+        ("b", "file_search", {}),
+    ]

@@ -207,8 +207,13 @@ def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path
 async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int, log_path: Path) -> None:
     loop = asyncio.get_running_loop()
     requests = asyncio.StreamReader()
-    with os.fdopen(requests_fd, "rb", buffering=0) as pipe:
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(requests), pipe)
+    # The transport owns the pipe from here: closing it closes the pipe (once — a second
+    # close of the same descriptor could close one opened since).
+    pipe = os.fdopen(requests_fd, "rb", buffering=0)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(requests), pipe
+    )
+    try:
         kept = Connections()
         try:
             for _ in range(max_runs):
@@ -233,6 +238,9 @@ async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int, log_
         finally:
             await kept.aclose()
             os.close(replies_fd)
+    finally:
+        transport.close()
+        await asyncio.sleep(0)  # its closing callbacks run before the loop ends
 
 
 def _not_dumpable() -> None:

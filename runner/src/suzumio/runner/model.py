@@ -147,7 +147,7 @@ class _Assembly:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.turn.usage = {
-                k: v if isinstance(v := usage.get(k), int) else 0
+                k: int(v) if isinstance(v := usage.get(k), int | float) else 0
                 for k in ("prompt_tokens", "completion_tokens", "total_tokens")
             }
         for choice in _objects(chunk.get("choices")):
@@ -166,10 +166,11 @@ class _Assembly:
 
     def _add_call(self, tc: dict[str, Any]) -> None:
         index = tc.get("index")
-        slot = self._calls.setdefault(
-            index if isinstance(index, int) else len(self._calls),
-            {"id": "", "name": "", "arguments": ""},
-        )
+        if not isinstance(index, int):  # a provider that leaves it out: a named delta opens a
+            # call, the others go on with the last one
+            last = max(self._calls, default=-1)
+            index = last + 1 if _text(tc.get("id")) or last < 0 else last
+        slot = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
         if _text(tc.get("id")):
             slot["id"] = tc["id"]
         function = tc.get("function")

@@ -120,10 +120,7 @@ class ActivationRegistry:
             msg = await self._follower.next(timeout=None)
             position = self.folded.value
             while msg is not None:  # fold what is queued before waking the waiters
-                if msg.subject.startswith(self._activation_prefix):
-                    a = self._activations.get(msg.subject[len(self._activation_prefix) :])
-                    if a is not None and msg.version > a.logged:
-                        a.logged, a.logged_seq = msg.version, msg.seq
+                folded = True
                 if WANTED.intersection(msg.types):
                     try:
                         for envelope in envelopes_of(msg.data):
@@ -131,6 +128,13 @@ class ActivationRegistry:
                                 self._apply(envelope.aggregate_id, decode_data(envelope))
                     except Exception:  # one bad message must not stop the fencing
                         log.exception("registry.undecodable", seq=msg.seq)
+                        folded = False
+                if folded and msg.subject.startswith(self._activation_prefix):
+                    # Only a version whose every event was folded: a write on top of it relies
+                    # on none of them having ended the activation (see `append_own`).
+                    a = self._activations.get(msg.subject[len(self._activation_prefix) :])
+                    if a is not None and msg.version > a.logged:
+                        a.logged, a.logged_seq = msg.version, msg.seq
                 position = msg.seq
                 msg = self._follower.next_nowait()
             self._forget_ended()

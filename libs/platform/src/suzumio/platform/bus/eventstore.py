@@ -399,8 +399,6 @@ class EventStore:
         stream = AggregateStream(aggregate, aggregate_id, tuple(events))
         if events:
             self._remember(subject, Head(stream.version, stream.seq))
-        elif after.version:  # nothing since: `after` is the head (the next append needs it)
-            self._remember(subject, after)
         return stream
 
     async def last_position(self) -> int:

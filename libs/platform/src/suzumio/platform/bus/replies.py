@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator
 from weakref import WeakKeyDictionary
@@ -47,7 +48,9 @@ class _Stream:
 
 class Replies:
     def __init__(self, nc: NATS) -> None:
-        self._nc = nc
+        # Not a strong reference: the connection keys this instance in a weak mapping, which a
+        # reference back would keep alive for as long as the process.
+        self._nc: NATS = weakref.proxy(nc)
         self._prefix = ""
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._streams: dict[str, _Stream] = {}
