@@ -208,7 +208,9 @@ async def test_cancelling_a_running_activation_kills_its_sandbox(
     everything: Stack, scripted: ScriptedModelServer
 ) -> None:
     world = await new_world(everything, "cato")
-    scripted.script([Reply.text("too slow", delay=30)])
+    scripted.script(
+        [Reply.text("too slow", delay=30), Reply.text("new plan: done"), Reply.text("and that")]
+    )
     await post(everything, world, "take your time")
 
     async def live_activation() -> list[str]:
@@ -234,6 +236,21 @@ async def test_cancelling_a_running_activation_kills_its_sandbox(
     )
     assert types.count("activation.cancelled") == 1
     assert not [t for t in types if t in {"activation.completed", "activation.failed"}]
+
+    # The scheduler stored the cancel, the replacing request and its delivery as one message;
+    # the replacement runs, and the session's next message is planned on from there.
+    ids = await eventually(live_activation, lambda ids: len(ids) == 2, what="the replacement")
+    ended = {"activation.completed", "activation.failed"}
+    replaced = await eventually(
+        lambda: story(everything, ids[1]), lambda t: bool(ended & set(t)), timeout=60
+    )
+    assert "activation.completed" in replaced, replaced
+    await post(everything, world, "one more thing")
+    ids = await eventually(live_activation, lambda ids: len(ids) == 3, what="the next request")
+    after = await eventually(
+        lambda: story(everything, ids[2]), lambda t: bool(ended & set(t)), timeout=60
+    )
+    assert "activation.completed" in after, after
 
 
 async def test_cluster_status_reports_each_backends_health(everything: Stack) -> None:
