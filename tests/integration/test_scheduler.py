@@ -13,8 +13,15 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.commands import TakeSignals
+from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import ConflictError, ForbiddenError
-from suzumio.contracts.events import ActivationRequested, SignalClosed, SignalRecorded
+from suzumio.contracts.events import (
+    ActivationRequested,
+    CheckpointSaved,
+    SignalClosed,
+    SignalRecorded,
+)
+from suzumio.contracts.ids import new_id
 from suzumio.contracts.runner import SignalSpec
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import ActivationReason, Priority, SignalKind
@@ -197,6 +204,30 @@ async def test_failed_activations_retry_with_backoff_then_fail_the_signals(
         assert "stand-in failure (3 attempts)" in closed[0].reason
         await asyncio.sleep(0.5)
         assert len(launcher.requested) == 3  # nothing more after the budget
+
+
+async def test_a_session_event_the_scheduler_does_not_fold_still_moves_its_head(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str
+) -> None:
+    """A checkpoint (a compaction alike) is a session event the scheduler skips; the retry
+    decided after it is appended on the session's real head, not refused over and over."""
+    world = Sessions(store)
+    session = await world.session(await world.project())
+
+    async def checkpoint_then_fail(request: ActivationRequested) -> Outcome:
+        saved = CheckpointSaved(
+            checkpoint_id=new_id(), activation_id=request.activation_id, data={"step": 1}
+        )
+        await store.append_next(session, [saved], EventMeta(actor=BROKER))
+        return "fail"
+
+    async with (
+        StandInLauncher(nc, topology, store, checkpoint_then_fail) as launcher,
+        running(nc, topology, store, database_url, retry_budget=3),
+    ):
+        await world.signal(session)
+        attempts = await requests(launcher, 3)
+        assert [a.attempt for a in attempts] == [1, 2, 3]
 
 
 async def test_project_and_pool_limits_with_round_robin_across_projects(

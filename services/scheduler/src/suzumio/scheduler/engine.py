@@ -88,6 +88,7 @@ class Scheduler:
     ) -> None:
         self._nc = nc
         self._topology = topology
+        self._session_prefix = topology.event_subject("session", "")
         self._store = store
         self._commands = commands
         self._settings = settings
@@ -157,23 +158,29 @@ class Scheduler:
                 self._decide()
 
     def _fold(self, msg: LogMessage, changes: Changes) -> None:
-        if not WANTED.intersection(msg.types):
+        if WANTED.intersection(msg.types):
+            pairs: list[tuple[EventEnvelope, DomainEvent]] = []
+            for envelope in envelopes_of(msg.data):
+                if envelope.type in WANTED:
+                    try:
+                        pairs.append((envelope, decode_data(envelope)))
+                    except Exception:  # a newer release's schema: not ours to guess
+                        log.warning("scheduler.undecodable", seq=msg.seq, type=envelope.type)
+            self.world.apply(msg.seq, pairs, changes)
+        else:
             self.world.position = msg.seq
-            return
-        pairs: list[tuple[EventEnvelope, DomainEvent]] = []
-        for envelope in envelopes_of(msg.data):
-            if envelope.type in WANTED:
-                try:
-                    pairs.append((envelope, decode_data(envelope)))
-                except Exception:  # a newer release's schema: not ours to guess
-                    log.warning("scheduler.undecodable", seq=msg.seq, type=envelope.type)
-        self.world.apply(msg.seq, pairs, changes)
-        head = pairs[-1][0] if pairs else None
-        if head is not None and head.aggregate == "session":
-            self._store.observe("session", head.aggregate_id, head.version, msg.seq)
-            target = self._inflight.get(head.aggregate_id)
-            if target is not None and head.version >= target:
-                self._release(head.aggregate_id)  # our decision (or a newer fact) is in
+        if msg.subject.startswith(self._session_prefix):
+            # The session's head is the message's last version, whatever its events: one the
+            # scheduler does not fold (a compaction, a checkpoint) moves it too, and the next
+            # decision is appended on it rather than refused again and again.
+            session_id = msg.subject[len(self._session_prefix) :]
+            s = self.world.sessions.get(session_id)
+            if s is not None and msg.version > s.version:
+                s.version, s.seq = msg.version, msg.seq
+            self._store.observe("session", session_id, msg.version, msg.seq)
+            target = self._inflight.get(session_id)
+            if target is not None and msg.version >= target:
+                self._release(session_id)  # our decision (or a newer fact) is in
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self) -> None:
