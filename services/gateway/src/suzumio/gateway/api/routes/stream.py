@@ -1,8 +1,10 @@
 """A session's live timeline: Server-Sent Events, or a WebSocket for clients that prefer it.
 
 Events are the session's log entries (`event:` is the event type, `data:` the envelope) and
-its live output (`event: live`, `data:` a LiveChunk). Every item carries an id `E.L`; send it
-back as `Last-Event-ID` (SSE does so by itself) to resume without gaps or repeats.
+its live output (`event: live`, `data:` a LiveChunk). Items carry an id `E.L` (events stored
+together: on the last one only); send the last one back as `Last-Event-ID` (SSE does so by
+itself) to resume without gaps — a commit cut off midway comes again whole, so clients tell
+events apart by their envelope id.
 """
 
 from __future__ import annotations
