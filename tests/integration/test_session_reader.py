@@ -4,6 +4,8 @@ folds on from a kept fold, falls back for an older request, or starts afresh."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.events import (
     ActivationCancelRequested,
@@ -42,17 +44,23 @@ def signal_for(msg: SessionMessageAppended) -> SignalRecorded:
     )
 
 
-def texts(snapshot: SessionSnapshot) -> list[str]:
-    return [m.content or "" for m in snapshot.history]
-
-
-async def test_snapshots_match_a_full_read_however_they_are_folded(store: EventStore) -> None:
+async def opened(store: EventStore) -> tuple[str, Callable[..., Awaitable[None]]]:
+    """A new session, and how to store the session's next message (its events as one)."""
     session = new_id()
 
     async def add(*events: DomainEvent) -> None:
         await store.append_next(session, list(events), META)
 
     await add(SessionOpened(project_id="p" * 26, agent_id="a" * 26))
+    return session, add
+
+
+def texts(snapshot: SessionSnapshot) -> list[str]:
+    return [m.content or "" for m in snapshot.history]
+
+
+async def test_snapshots_match_a_full_read_however_they_are_folded(store: EventStore) -> None:
+    session, add = await opened(store)
     first = message("one")
     s1 = signal_for(first)
     await add(first, s1)
@@ -111,12 +119,7 @@ async def test_a_request_amid_its_message_leaves_the_next_snapshot_whole(
     """The scheduler stores a preempt as one message — the cancel, the request, its signals'
     delivery — so a fold stops amid it; the session's next request folds on from there without
     skipping the rest of that message or folding its first part twice."""
-    session = new_id()
-
-    async def add(*events: DomainEvent) -> None:
-        await store.append_next(session, list(events), META)
-
-    await add(SessionOpened(project_id="p" * 26, agent_id="a" * 26))
+    session, add = await opened(store)
     first = message("one")
     s1 = signal_for(first)
     await add(first, s1)
