@@ -1,5 +1,5 @@
-"""Requests to the server (publish acknowledgements, Direct Gets) over one wildcard reply
-subscription per connection.
+"""Requests (publishes awaiting their acknowledgement, Direct Gets, commands) over one
+wildcard reply subscription per connection.
 
 `nc.request` mints a NUID, a task-wrapping timeout and a fresh future per call, and a request
 with several replies (a Direct Get batch) needed a subscription of its own, made and removed
