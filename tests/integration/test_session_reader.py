@@ -55,22 +55,24 @@ async def opened(store: EventStore) -> tuple[str, Callable[..., Awaitable[None]]
     return session, add
 
 
+async def posted(add: Callable[..., Awaitable[None]], text: str) -> ActivationRequested:
+    """A user's message stored with its signal; the request for that signal (not stored)."""
+    msg = message(text)
+    signal = signal_for(msg)
+    await add(msg, signal)
+    return request(signal.signal_id)
+
+
 def texts(snapshot: SessionSnapshot) -> list[str]:
     return [m.content or "" for m in snapshot.history]
 
 
 async def test_snapshots_match_a_full_read_however_they_are_folded(store: EventStore) -> None:
     session, add = await opened(store)
-    first = message("one")
-    s1 = signal_for(first)
-    await add(first, s1)
-    r1 = request(s1.signal_id)
+    r1 = await posted(add, "one")
     await add(r1)
     await add(message("answer one", "assistant"))
-    second = message("two")
-    s2 = signal_for(second)
-    await add(second, s2)
-    r2 = request(s2.signal_id)
+    r2 = await posted(add, "two")
     await add(r2)
 
     reader = SessionReader(store)
@@ -98,10 +100,7 @@ async def test_snapshots_match_a_full_read_however_they_are_folded(store: EventS
             archived_ids=tuple(archived),
         )
     )
-    third = message("three")
-    s3 = signal_for(third)
-    await add(third, s3)
-    r3 = request(s3.signal_id)
+    r3 = await posted(add, "three")
     await add(r3, message("after the request"))
     snap3 = await reader.snapshot(session, r3)
     assert snap3 == await load_session(store, session, r3)
@@ -120,26 +119,17 @@ async def test_a_request_amid_its_message_leaves_the_next_snapshot_whole(
     delivery — so a fold stops amid it; the session's next request folds on from there without
     skipping the rest of that message or folding its first part twice."""
     session, add = await opened(store)
-    first = message("one")
-    s1 = signal_for(first)
-    await add(first, s1)
-    r1 = request(s1.signal_id)
-    urgent = message("stop that")
-    s_urgent = signal_for(urgent)
-    await add(urgent, s_urgent)
-    r2 = request(s_urgent.signal_id)
+    r1 = await posted(add, "one")
+    r2 = await posted(add, "stop that")
     await add(
         ActivationCancelRequested(activation_id=r1.activation_id, reason="replaced"),
         r2,
-        SignalsDelivered(activation_id=r2.activation_id, signal_ids=(s_urgent.signal_id,)),
+        SignalsDelivered(activation_id=r2.activation_id, signal_ids=r2.signal_ids),
     )
     reader = SessionReader(store)
     assert texts(await reader.snapshot(session, r2)) == ["one", "stop that"]
     await add(message("stopped", "assistant"))
-    later = message("go on")
-    s_later = signal_for(later)
-    await add(later, s_later)
-    r3 = request(s_later.signal_id)
+    r3 = await posted(add, "go on")
     await add(r3)
 
     snap3 = await reader.snapshot(session, r3)  # folded on from amid the preempt's message
