@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import socket
@@ -29,16 +30,18 @@ from suzumio.contracts.ids import new_id
 from suzumio.contracts.runner import (
     ActivationSpec,
     AgentSpec,
+    FileRef,
     PoolStatus,
     ProjectRef,
     RunnerActivationInput,
     SessionRef,
     SignalSpec,
 )
-from suzumio.contracts.subjects import Topology
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology, blob_name
 from suzumio.contracts.values import Backend, ModelSpec, Priority, RuntimeProfileSpec, SignalKind
 from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan, MountPlan
 from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
+from suzumio.platform.bus.kv import ensure_object_store
 from tests.support import start_pool_worker
 
 HEARTBEAT_TIMEOUT = 2.0
@@ -166,16 +169,18 @@ def workers(nats_url: str, topology: Topology, tmp_path: Path) -> Iterator[Start
             proc.wait(timeout=5)
 
 
+SETTINGS = PoolSettings(
+    pools=("default",),
+    heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+    ack_wait_seconds=ACK_WAIT,
+    worker_alive_seconds=2.0,
+    list_timeout_seconds=0.3,
+)
+
+
 @pytest_asyncio.fixture
 async def backend(nc: NATS, topology: Topology) -> AsyncIterator[PoolBackend]:
-    settings = PoolSettings(
-        pools=("default",),
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
-        ack_wait_seconds=ACK_WAIT,
-        worker_alive_seconds=2.0,
-        list_timeout_seconds=0.3,
-    )
-    created = PoolBackend(nc, topology, settings)
+    created = PoolBackend(nc, topology, SETTINGS)
     yield created
     await created.close()
 
@@ -328,7 +333,8 @@ async def test_cancel_kills_the_running_runner(
     assert result.detail.startswith("cancelled")
     assert result.code == 9  # the runner ended on SIGTERM
     await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
-    assert handle.sandbox_id not in {h.sandbox_id for h in await backend.list_live()}
+    listed = {h.sandbox_id: h for h in await backend.list_live()}
+    assert listed[handle.sandbox_id].data["state"] == "exited"  # ended lately, not live
     await eventually(lambda: broker.open == 0, timeout=5)
 
 
@@ -359,6 +365,78 @@ async def test_a_killed_worker_is_lost_and_its_attempt_never_runs_again(
     await asyncio.sleep(ACK_WAIT + 1.0)
     assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["wa"]
     assert await queue_is_empty(nc, topology)
+
+
+async def test_an_attempt_that_ended_while_no_orchestrator_watched_is_found_with_its_exit(
+    nc: NATS, topology: Topology, workers: StartWorker, statuses: Statuses,
+    tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    first = PoolBackend(nc, topology, SETTINGS)
+    workers("wa")
+    await wait_workers(first, "wa")
+    launched = await first.launch(make_plan(fenced_url, tmp_path))
+    await first.close()  # its orchestrator is gone; the runner ends meanwhile (exit 6)
+    await eventually(lambda: statuses.of(launched.sandbox_id, "exited"))
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+    second = PoolBackend(nc, topology, SETTINGS)  # the next leader
+    try:
+        found = {h.sandbox_id: h for h in await second.list_live()}
+        assert found[launched.sandbox_id].data["state"] == "exited"
+        result = await watch(second, found[launched.sandbox_id], timeout=5)
+    finally:
+        await second.close()
+    assert (result.code, result.reason) == (6, "exited")  # as it ended, not lost
+
+
+async def test_a_dispatch_whose_start_and_end_were_missed_is_asked_about_not_waited_out(
+    nc: NATS, topology: Topology, workers: StartWorker, statuses: Statuses,
+    tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    first = PoolBackend(nc, topology, SETTINGS)
+    queued = await first.launch(make_plan(fenced_url, tmp_path))  # due in an hour
+    await first.close()
+    workers("wa")  # takes it and runs it to its end while nobody listens
+    await eventually(lambda: statuses.of(queued.sandbox_id, "exited"), timeout=20)
+
+    second = PoolBackend(nc, topology, SETTINGS)
+    try:
+        asked_at = time.monotonic()
+        result = await watch(second, queued, timeout=HEARTBEAT_TIMEOUT + 10)
+    finally:
+        await second.close()
+    assert (result.code, result.reason) == (6, "exited")
+    assert time.monotonic() - asked_at < HEARTBEAT_TIMEOUT + 5
+
+
+async def test_a_dispatch_is_held_while_its_files_come_in_for_longer_than_the_ack_wait(
+    nc: NATS, topology: Topology, workers: StartWorker, statuses: Statuses,
+    tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    ack_wait = 1.0
+    settings = PoolSettings(heartbeat_timeout_seconds=0.5, ack_wait_seconds=ack_wait)
+    backend = PoolBackend(nc, topology, settings)
+    store = await ensure_object_store(nc.jetstream(), topology.bucket(ARTIFACTS_BUCKET))
+    data = b"x" * 1_000
+    digest = hashlib.sha256(data).hexdigest()
+    await store.put(blob_name(digest), data)
+    # A thousand files take the worker seconds to bring in (each is a read of the store).
+    inputs = tuple(FileRef(path=f"f{i}.txt", sha256=digest, size=len(data)) for i in range(1_000))
+    workers("wa")
+    workers("wb")
+    try:
+        await wait_workers(backend, "wa", "wb")
+        plan = replace(make_plan(fenced_url, tmp_path), inputs=inputs)
+        launched_at = time.monotonic()
+        handle = await backend.launch(plan)
+        await eventually(lambda: statuses.of(handle.sandbox_id, "started"), timeout=30)
+        assert time.monotonic() - launched_at > ack_wait  # else this proves nothing
+        await eventually(lambda: statuses.of(handle.sandbox_id, "exited"), timeout=30)
+        await asyncio.sleep(ack_wait + 0.5)
+    finally:
+        await backend.close()
+    assert len(statuses.of(handle.sandbox_id, "started")) == 1  # one worker ran it, once
+    assert len(statuses.of(handle.sandbox_id, "exited")) == 1
 
 
 async def test_a_redelivered_dispatch_runs_only_within_its_deadline(

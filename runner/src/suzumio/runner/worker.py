@@ -62,6 +62,7 @@ from suzumio.contracts.runner import (
     ActivationDispatch,
     FileRef,
     PoolCancel,
+    PoolListRequest,
     PoolStatus,
     PoolStatusKind,
     PoolStatusReason,
@@ -162,10 +163,10 @@ class WarmSessions:
     def take(self, key: str) -> tuple[Path, bool] | None:
         if self._ttl <= 0 or key in self._busy:
             return None
+        path = self._root / key
+        path.mkdir(parents=True, exist_ok=True)  # first: if it fails, nothing is taken
         self._busy.add(key)
         warm = self._idle.pop(key, None) is not None
-        path = self._root / key
-        path.mkdir(parents=True, exist_ok=True)
         return path, warm
 
     def give_back(self, key: str) -> list[str]:
@@ -362,7 +363,12 @@ class Worker:
             return
         if did in self._runs:
             return  # redelivered while this worker runs it: that run acks the message
-        run = self._prepare(dispatch, msg)
+        try:
+            run = self._prepare(dispatch, msg)
+        except OSError as exc:  # a full disk, say: this attempt failed, the worker goes on
+            status = self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
+            await self._report_end(msg, status)
+            return
         self._runs[did] = run
         try:
             await self._execute(run)
@@ -407,6 +413,24 @@ class Worker:
             workspace.mkdir(parents=True)
         else:
             (workspace, warm_start), key = taken, dispatch.affinity_key
+        try:
+            return self._lay_out(dispatch, msg, root, workspace, key, warm_start)
+        except OSError:
+            if key is not None:  # else the session's workspace would stay taken for good
+                for gone in self.warm.give_back(key):
+                    self._retire(gone)
+                    self._discard(self.warm.path(gone))
+            raise
+
+    def _lay_out(
+        self,
+        dispatch: ActivationDispatch,
+        msg: Msg,
+        root: Path,
+        workspace: Path,
+        key: str | None,
+        warm_start: bool,
+    ) -> _Run:
         if dispatch.max_output_files > 0:  # where the activation leaves its files
             with contextlib.suppress(FileExistsError):
                 (workspace / "out").mkdir()
@@ -426,6 +450,9 @@ class Worker:
 
     async def _execute(self, run: _Run) -> None:
         dispatch = run.dispatch
+        # Bringing the files in may take longer than the consumer's ack wait: the dispatch is
+        # held meanwhile, or the queue would hand it to another worker too.
+        holding = asyncio.create_task(self._hold(run))
         try:
             if dispatch.inputs:
                 await exchange.bring_in(
@@ -437,6 +464,8 @@ class Worker:
                 run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             )
             return
+        finally:
+            holding.cancel()
         run.started = self._status(
             dispatch,
             "started",
@@ -560,6 +589,12 @@ class Worker:
         except TimeoutError:
             _signal_group(proc.pid, signal.SIGKILL)
 
+    async def _hold(self, run: _Run) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_seconds)
+            with contextlib.suppress(Exception):
+                await run.msg.in_progress()
+
     async def _beat(self, run: _Run) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_seconds)
@@ -590,6 +625,9 @@ class Worker:
         return tail(run.log or run.root / "runner.log")
 
     async def _finish(self, run: _Run, status: PoolStatus) -> None:
+        await self._report_end(run.msg, status)
+
+    async def _report_end(self, msg: Msg, status: PoolStatus) -> None:
         """Tell the orchestrator, then ack: any end is final for this attempt."""
         self._recent[status.dispatch_id] = (time.monotonic(), status)
         # No flush of its own: the ack goes after it on the same connection, and the ack's
@@ -597,7 +635,7 @@ class Worker:
         await self._publish(status)
         for attempt in range(3):
             try:
-                await run.msg.ack_sync(timeout=5.0)
+                await msg.ack_sync(timeout=5.0)
                 break
             except Exception as exc:
                 log("worker.ack_failed", dispatch=status.dispatch_id, error=repr(exc))
@@ -639,8 +677,14 @@ class Worker:
                     self._background(self._kill(run, "cancelled"))
 
     async def _on_list(self, msg: Msg) -> None:
+        info = self._info(with_exited=True)
+        with contextlib.suppress(ValidationError, ValueError):  # a request about one dispatch
+            wanted = PoolListRequest.model_validate_json(msg.data).dispatch_id
+            if wanted is not None:
+                exited = tuple(s for s in info.exited if s.dispatch_id == wanted)
+                info = info.model_copy(update={"exited": exited})
         with contextlib.suppress(Exception):
-            await msg.respond(self._info(with_exited=True).model_dump_json().encode())
+            await msg.respond(_fitting(info, self.nc.max_payload))
 
     async def _presence(self) -> None:
         subject = self.topology.pool_worker_subject(self.cfg.worker_id)
@@ -728,3 +772,21 @@ def serve(config: WorkerConfig) -> int:
 
     eventloop.run(main())
     return 0
+
+
+def _fitting(info: PoolWorkerInfo, limit: int) -> bytes:
+    """The answer within the server's max_payload: a busy worker's recent exits (ten minutes
+    of them) could pass it, and an answer too large is no answer. The newest exits stay, with
+    the ends of their logs shortened; then as many as fit."""
+    body = info.model_dump_json().encode()
+    if len(body) <= limit:
+        return body
+    exited = [
+        s.model_copy(update={"detail": s.detail[-200:]})
+        for s in sorted(info.exited, key=lambda s: s.at, reverse=True)
+    ]
+    while True:
+        body = info.model_copy(update={"exited": tuple(exited)}).model_dump_json().encode()
+        if len(body) <= limit or not exited:
+            return body
+        exited = exited[: len(exited) // 2]

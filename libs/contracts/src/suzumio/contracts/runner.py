@@ -300,6 +300,13 @@ class PoolCancel(_Frozen):
     dispatch_id: str | None = None
 
 
+class PoolListRequest(_Frozen):
+    """Body of a `pool.list` request that asks about one dispatch: answers name only its
+    exit among the recent ones (an empty body asks about everything)."""
+
+    dispatch_id: str | None = None
+
+
 class PoolWorkerInfo(_Frozen):
     """A worker's presence beat (`pool.worker.<id>`) and its answer to `pool.list`."""
 

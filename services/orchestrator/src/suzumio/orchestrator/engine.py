@@ -61,6 +61,9 @@ ACTIVATION_EVENTS = frozenset(
 )
 WANTED = ACTIVATION_EVENTS | Directory.EVENT_TYPES
 KEEP_ENDED = 10_000  # ended activations remembered (timings, late duplicates)
+# A sandbox stopped at its timeout gets this long to report its end (a pool worker: its kill
+# grace, then storing what the activation left in out/).
+STOP_GRACE_SECONDS = 60.0
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
 PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
 
@@ -319,10 +322,18 @@ class Orchestrator:
         except TimeoutError:
             tracked.timed_out = True
             await backend.cancel(handle)
-            exit_ = await asyncio.wait_for(backend.watch(handle), 30)
+            try:
+                exit_ = await asyncio.wait_for(backend.watch(handle), STOP_GRACE_SECONDS)
+            except TimeoutError:  # still a timeout, not an error of ours: it ends as one
+                detail = f"it did not report its end within {STOP_GRACE_SECONDS:.0f} s of a stop"
+                exit_ = Exit(None, "timeout", detail)
         target = Collection.of(plan) if plan is not None else self._found_again(tracked, handle)
         if target is not None:
-            await self._artifacts.collect(target, exit_)
+            try:
+                await self._artifacts.collect(target, exit_)
+            except Exception:  # the files are the activation's, not its outcome: it still ends
+                # as it did (a failure here would have its work done again)
+                log.exception("orchestrator.collect_failed", activation=handle.activation_id)
         stream = await self._store.load("activation", tracked.request.activation_id)
         terminal = self._terminal(tracked, exit_, stream)
         await self._end(tracked, terminal, stream)

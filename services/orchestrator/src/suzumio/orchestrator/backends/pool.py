@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from suzumio.contracts.runner import (
     ActivationDispatch,
     PoolCancel,
+    PoolListRequest,
     PoolStatus,
     PoolWorkerInfo,
 )
@@ -226,6 +227,9 @@ class PoolBackend:
         tracker = self._trackers.get(did) or await self._track(
             did, started=handle.data.get("state") != "queued"
         )
+        if tracker.final is None and isinstance(ended := handle.data.get("exit"), dict):
+            with contextlib.suppress(ValidationError):  # it ended while no one watched
+                tracker.update(PoolStatus.model_validate(ended))
         # Cancelled (the caller's own timeout), the tracker stays: a later watch, after a
         # cancel, still sees what the workers said meanwhile.
         result = await self._until_end(handle, tracker)
@@ -250,21 +254,47 @@ class PoolBackend:
                 if wait <= 0:
                     detail = "no worker started it before its deadline"
                     return await self._abandon(handle, Exit(None, "timeout", detail))
+                silent = time.monotonic() - tracker.last_seen
+                if silent >= self.settings.heartbeat_timeout_seconds:
+                    # Its `started` (and maybe its `exited`) may have been missed, across a
+                    # reconnect or a restart: once it left the queue, some worker took it to
+                    # its end, and the workers say which.
+                    tracker.last_seen = time.monotonic()
+                    if not await self._queued_still(handle) and not await self._claimed(tracker):
+                        detail = "its dispatch left the queue and no worker claims it"
+                        return await self._abandon(handle, Exit(None, "lost", detail))
+                    continue
+                wait = min(wait, self.settings.heartbeat_timeout_seconds - silent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tracker.changed.wait(), max(wait, 0.05))
 
     async def _claimed(self, tracker: _Tracker) -> bool:
         """Heartbeats stopped: ask the workers before declaring it lost (a core NATS message
         may have been missed across a reconnect)."""
-        for info in await self._ask_workers():
+        for info in await self._ask_workers(tracker.dispatch_id):
             for status in info.exited:
                 if status.dispatch_id == tracker.dispatch_id:
                     tracker.update(status)
                     return True
-            if any(s.dispatch_id == tracker.dispatch_id for s in info.running):
-                tracker.last_seen = time.monotonic()
-                return True
+            for status in info.running:
+                if status.dispatch_id == tracker.dispatch_id:
+                    tracker.update(status)  # its `started`: alive, and on that worker
+                    return True
         return False
+
+    async def _queued_still(self, handle: Handle) -> bool:
+        """Whether its message is still in the work queue (waiting, or held unacked by a
+        worker); a worker acks only after its `exited` went out. Unknown counts as still."""
+        seq = handle.data.get("seq")
+        if not isinstance(seq, int):
+            return True
+        try:
+            await self._js.get_msg(self.topology.activations_stream, seq, direct=True)
+        except NotFoundError:
+            return False
+        except (NatsError, TimeoutError):
+            return True
+        return True
 
     async def _abandon(self, handle: Handle, result: Exit) -> Exit:
         log.warning("pool.abandoned", activation=handle.activation_id,
@@ -301,9 +331,12 @@ class PoolBackend:
 
     # -- list_live, health ------------------------------------------------------------------
     async def list_live(self) -> list[Handle]:
-        """What the workers run (asked on `pool.list`) and what still waits in the queue."""
+        """What the workers run or ended lately (asked on `pool.list`) and what still waits
+        in the queue. An attempt that ended while no orchestrator led is found with its exit,
+        so it ends as it did rather than as lost (its dispatch already left the queue)."""
         handles: dict[str, Handle] = {}
-        for info in await self._ask_workers():
+        infos = await self._ask_workers()
+        for info in infos:
             for status in info.running:
                 handles[status.dispatch_id] = Handle(
                     status.activation_id,
@@ -317,7 +350,24 @@ class PoolBackend:
                         "deadline": status.deadline.timestamp() if status.deadline else None,
                     },
                 )
-        for handle in await self._queued():
+        for info in infos:
+            for status in info.exited:
+                handles.setdefault(
+                    status.dispatch_id,
+                    Handle(
+                        status.activation_id,
+                        self.name,
+                        status.dispatch_id,
+                        {
+                            "pool": status.pool,
+                            "attempt": status.attempt,
+                            "state": "exited",
+                            "worker_id": info.worker_id,
+                            "exit": status.model_dump(mode="json"),
+                        },
+                    ),
+                )
+        for handle in await self._queued():  # unacked after its exit: the exit is what counts
             handles.setdefault(handle.sandbox_id, handle)
         return list(handles.values())
 
@@ -437,9 +487,11 @@ class PoolBackend:
         self._presence = await self._nc.subscribe(self.topology.pool_worker_filter(), cb=on_beat)
         self._presence_since = time.monotonic()
 
-    async def _ask_workers(self) -> list[PoolWorkerInfo]:
-        """Request on `pool.list` and gather every worker's answer for a moment."""
+    async def _ask_workers(self, dispatch_id: str | None = None) -> list[PoolWorkerInfo]:
+        """Request on `pool.list` and gather every worker's answer for a moment (about one
+        dispatch's exit, or every recent one)."""
         inbox = self._nc.new_inbox()
+        body = PoolListRequest(dispatch_id=dispatch_id).model_dump_json().encode()
         answers: list[PoolWorkerInfo] = []
 
         async def on_answer(msg: Msg) -> None:
@@ -448,7 +500,7 @@ class PoolBackend:
 
         sub = await self._nc.subscribe(inbox, cb=on_answer)
         try:
-            await self._nc.publish(self.topology.pool_list_subject(), b"", reply=inbox)
+            await self._nc.publish(self.topology.pool_list_subject(), body, reply=inbox)
             await asyncio.sleep(self.settings.list_timeout_seconds)
         finally:
             with contextlib.suppress(NatsError):
