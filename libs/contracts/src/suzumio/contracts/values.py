@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+)
 
 
 def _no_nul(value: str) -> str:
@@ -39,6 +48,40 @@ Name = Annotated[
     AfterValidator(_no_nul),
 ]
 Text = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(_no_nul)]
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+
+
+def _small_json(value: dict[str, Any]) -> dict[str, Any]:
+    # A payload rides along in events, in activation inputs and on the bus (whose messages are
+    # capped at a few MB): bound it where it enters, not where it no longer fits.
+    try:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    except (RecursionError, TypeError, ValueError) as exc:
+        raise ValueError("the payload is not a plain JSON object") from exc
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"the payload is {size} bytes as JSON; at most {MAX_PAYLOAD_BYTES}")
+    return value
+
+
+def _sane_instant(value: datetime) -> datetime:
+    # The scheduler compares instants with its aware clock, and Postgres' timestamptz holds
+    # them in UTC: a year that leaves 1..9999 once in UTC cannot even be stored.
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("the time is out of range once converted to UTC") from exc
+    if not EARLIEST <= utc <= LATEST:
+        raise ValueError("the time must lie between the years 2000 and 9999 (UTC)")
+    return utc
+
+
+Payload = Annotated[dict[str, Any], AfterValidator(_no_nul_json), AfterValidator(_small_json)]
+"""A small JSON object (at most MAX_PAYLOAD_BYTES as compact JSON), free of NUL characters."""
+Instant = Annotated[AwareDatetime, AfterValidator(_sane_instant)]
+"""A moment with its timezone, in the years 2000..9999 (UTC); given back in UTC."""
 
 
 class Priority(StrEnum):

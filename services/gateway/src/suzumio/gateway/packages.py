@@ -9,6 +9,7 @@
 
 Everything may sit under one top folder. Archives are checked before anything is stored:
 bounded size and entry count, only regular files and folders, no absolute paths, no `..`.
+The YAML files are bounded too (size, nesting) and may not use anchors or aliases.
 """
 
 from __future__ import annotations
@@ -26,12 +27,17 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from yaml.composer import ComposerError
 
 from suzumio.contracts.values import ModelSpec, Name, Slug, ToolPolicy, WorkspaceMode
 
 MAX_ENTRIES = 2_000
 MAX_UNPACKED_BYTES = 100 * 1024 * 1024
 MAX_EXTENDED_HEADER = 64 * 1024
+MAX_YAML_BYTES = 1024 * 1024
+MAX_YAML_DEPTH = 32
+MAX_ENV_FACTS = 1_000
+MAX_FACT_CHARS = 10_000
 BLOCK = 512
 KNOWN = {"agent.yaml", "prompt/system.md", "tools.yaml", "env/env_facts.yaml"}
 
@@ -199,11 +205,53 @@ def _strip_top_folder(files: dict[str, bytes]) -> dict[str, bytes]:
     return files
 
 
+class _PlainLoader(yaml.SafeLoader):
+    """`safe_load`'s loader without anchors and aliases (a few bytes of them stand for
+    gigabytes once the values are walked) and with bounded nesting (the composer recurses)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        mark = event.start_mark if isinstance(event.start_mark, yaml.Mark) else None
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise ComposerError(None, None, "anchors and aliases are not allowed", mark)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def _yaml(files: dict[str, bytes], name: str) -> Any:
+    if len(files[name]) > MAX_YAML_BYTES:
+        raise PackageError(f"{name} is larger than {MAX_YAML_BYTES} bytes")
     try:
-        return yaml.safe_load(files[name].decode("utf-8"))
+        return yaml.load(files[name].decode("utf-8"), Loader=_PlainLoader)  # noqa: S506 - safe
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise PackageError(f"{name} is not valid YAML: {exc}") from exc
+    except RecursionError as exc:  # a backstop: the depth limit should come first
+        raise PackageError(f"{name} is nested too deeply") from exc
+
+
+def _env_facts(raw: Any) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise PackageError("env/env_facts.yaml must be a mapping")
+    if len(raw) > MAX_ENV_FACTS:
+        raise PackageError(f"env/env_facts.yaml holds at most {MAX_ENV_FACTS} facts")
+    facts: dict[str, str] = {}
+    for key, value in raw.items():
+        if isinstance(key, list | dict) or isinstance(value, list | dict):
+            raise PackageError("env/env_facts.yaml must map names to plain values")
+        name, text = str(key), str(value)
+        if len(name) > MAX_FACT_CHARS or len(text) > MAX_FACT_CHARS:
+            raise PackageError(f"an env fact is longer than {MAX_FACT_CHARS} characters")
+        facts[name] = text
+    return facts
 
 
 def read_package(data: bytes) -> Package:
@@ -227,10 +275,7 @@ def read_package(data: bytes) -> Package:
         tools += [t for t in declared if t not in tools]
     env_facts: dict[str, str] = {}
     if "env/env_facts.yaml" in files:
-        raw = _yaml(files, "env/env_facts.yaml") or {}
-        if not isinstance(raw, dict):
-            raise PackageError("env/env_facts.yaml must be a mapping")
-        env_facts = {str(k): str(v) for k, v in raw.items()}
+        env_facts = _env_facts(_yaml(files, "env/env_facts.yaml") or {})
     fields = {
         "name": manifest.name,
         "role": manifest.role,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,7 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from suzumio.contracts.commands.base import Command, command
 from suzumio.contracts.events.session import HistoryToolCall
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.values import Clean, CleanJson, Priority, SignalKind, Text
+from suzumio.contracts.values import (
+    Clean,
+    CleanJson,
+    Instant,
+    Payload,
+    Priority,
+    SignalKind,
+    Text,
+)
 
 
 @command("session", "open_session")
@@ -50,8 +57,8 @@ class RecordSignal(Command):
     signal_id: Identifier
     kind: SignalKind = SignalKind.CUSTOM
     priority: Priority = Priority.P3
-    payload: CleanJson = Field(default_factory=dict)
-    not_before: datetime | None = None
+    payload: Payload = Field(default_factory=dict)
+    not_before: Instant | None = None
 
 
 class HistoryEntry(BaseModel):

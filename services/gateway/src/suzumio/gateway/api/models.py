@@ -11,10 +11,11 @@ from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import (
     AssetRef,
     Clean,
-    CleanJson,
+    Instant,
     ModelSpec,
     MountMode,
     Name,
+    Payload,
     PendingKind,
     Priority,
     ProjectLimits,
@@ -264,8 +265,10 @@ class SignalIn(In):
 
     kind: Literal[SignalKind.CUSTOM, SignalKind.TIMER] = SignalKind.CUSTOM
     priority: Priority = Priority.P3
-    payload: CleanJson = Field(default_factory=dict)
-    not_before: datetime | None = None
+    payload: Payload = Field(default_factory=dict, description="at most 256 KiB as compact JSON")
+    not_before: Instant | None = Field(
+        default=None, description="with a timezone, in the years 2000..9999 (UTC)"
+    )
 
 
 class SignalOut(Out):

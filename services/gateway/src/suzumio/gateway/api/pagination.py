@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import Query
@@ -19,6 +19,7 @@ from suzumio.gateway.api.problems import ApiError
 
 T = TypeVar("T")
 MAX_LIMIT = 200
+FORGED = "the cursor is not one this API gave out"
 
 
 class Page(BaseModel, Generic[T]):
@@ -49,9 +50,9 @@ def decode_cursor(cursor: str) -> tuple[Any, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         sort_key, row_id = json.loads(raw)
     except (ValueError, TypeError) as exc:
-        raise ApiError(422, "the cursor is not one this API gave out") from exc
-    if not isinstance(row_id, str):
-        raise ApiError(422, "the cursor is not one this API gave out")
+        raise ApiError(422, FORGED) from exc
+    if not isinstance(row_id, str) or "\x00" in row_id:
+        raise ApiError(422, FORGED)
     return sort_key, row_id
 
 
@@ -64,20 +65,27 @@ def cursor_value(sort: str, value: Any) -> Any:
     """The cursor's sort value as the sort column's type; a forged cursor whose value the
     column cannot hold is a 422, not a database error."""
     if sort in DATE_SORTS:
-        try:
-            moment = datetime.fromisoformat(value)
-        except (TypeError, ValueError) as exc:
-            raise ApiError(422, "the cursor is not one this API gave out") from exc
-        if moment.tzinfo is None:
-            raise ApiError(422, "the cursor is not one this API gave out")
-        return moment
+        return _moment(value)
     if sort in INT_SORTS:
         if type(value) is not int or value not in _INT64:
-            raise ApiError(422, "the cursor is not one this API gave out")
+            raise ApiError(422, FORGED)
         return value
-    if not isinstance(value, str):
-        raise ApiError(422, "the cursor is not one this API gave out")
+    if not isinstance(value, str) or "\x00" in value:
+        raise ApiError(422, FORGED)
     return value
+
+
+def _moment(value: Any) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+        # The driver converts to UTC too, and a year that leaves 1..9999 on the way raises
+        # there (a 500): convert here, where it is the client's error.
+        utc = moment.astimezone(UTC) if moment.tzinfo is not None else None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ApiError(422, FORGED) from exc
+    if utc is None:
+        raise ApiError(422, FORGED)
+    return utc
 
 
 def page_of(rows: Sequence[Any], limit: int, sort_key: str, build: Any) -> Page[Any]:

@@ -162,6 +162,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         403: "not allowed",
         404: "not found (or not yours)",
         409: "conflicts with the current state",
+        413: "too large",
         422: "invalid request",
         503: "a service is unavailable",
         504: "timed out",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from suzumio.contracts.values import ActivationReason, Priority, SignalKind
@@ -24,6 +24,12 @@ class Signal:
     text: str | None = None  # the message's text, for message signals
     payload: dict[str, Any] = field(default_factory=dict)
     failures: int = 0  # failed activations it was part of
+
+    def __post_init__(self) -> None:
+        # The API once let a timezone-naive `not_before` into the log, and comparing one with
+        # the aware clock raises: read it as UTC, so an old event cannot halt the fold.
+        if self.not_before is not None and self.not_before.tzinfo is None:
+            self.not_before = self.not_before.replace(tzinfo=UTC)
 
     @property
     def order(self) -> tuple[int, int]:

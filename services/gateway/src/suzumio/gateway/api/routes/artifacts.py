@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from suzumio.contracts.commands import DeleteArtifact, RecordArtifact
-from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.ids import ID_PATTERN, Identifier, new_id
 from suzumio.contracts.values import Clean, Role
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
@@ -21,10 +23,11 @@ from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
-from suzumio.gateway.uploads import media_type, receive_form
+from suzumio.gateway.uploads import ReceivedFile, ReceivedForm, media_type, receive_form
 from suzumio.platform.bus.objects import put_blob, read_chunks
 
 router = APIRouter(tags=["artifacts"], responses=RESPONSES)
+ID_RE = re.compile(ID_PATTERN)
 Paging = Annotated[PageRequest, Depends(page_request)]
 UPLOAD_BODY = {
     "requestBody": {
@@ -64,10 +67,47 @@ def _artifact(row: Any) -> ArtifactOut:
 
 
 def _relative(path: str) -> str:
+    # A backslash is a Windows client's separator; what is left must pass the session
+    # service's own check (relative, '/'-separated, not leaving its folder).
     norm = posixpath.normpath(path.replace("\\", "/"))
-    if path.startswith("/") or norm in {".", ""} or norm.startswith("..") or "\x00" in path:
+    if "\x00" in path or norm.startswith(("/", "../")) or norm in {".", "", ".."}:
         raise ApiError(422, f"file name {path!r} must be a relative path inside the upload")
     return norm
+
+
+def _session_field(value: str | None) -> str | None:
+    if not value:
+        return None
+    if ID_RE.fullmatch(value) is None:
+        raise ApiError(422, "session_id is not an id")
+    return value
+
+
+def _records(project_id: str, session_id: str | None, form: ReceivedForm) -> list[RecordArtifact]:
+    """Every part's command, built (and so checked) before any part is stored or recorded:
+    one bad part refuses the whole upload."""
+    if not form.files:
+        raise ApiError(422, "the upload holds no file")
+    return [_record(project_id, session_id, received) for received in form.files]
+
+
+def _record(project_id: str, session_id: str | None, received: ReceivedFile) -> RecordArtifact:
+    try:
+        return RecordArtifact(
+            project_id=project_id,
+            artifact_id=new_id(),
+            session_id=session_id,
+            path=_relative(received.filename),
+            sha256=received.sha256,
+            size=received.size,
+            content_type=received.content_type,
+        )
+    except ValidationError as exc:
+        why = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        name = received.filename[:200]
+        raise ApiError(422, f"file {name!r} cannot be stored ({why})") from exc
 
 
 @router.post(
@@ -87,30 +127,18 @@ async def upload(
         max_file_bytes=gw.settings.max_upload_bytes,
     )
     try:
-        if not form.files:
-            raise ApiError(422, "the upload holds no file")
-        session_id = form.fields.get("session_id") or None
-        paths = [_relative(f.filename) for f in form.files]
+        session_id = _session_field(form.fields.get("session_id"))
+        commands = _records(project_id, session_id, form)
         if session_id is not None:
             await _session_of(gw, project_id, session_id)
         for received in form.files:
             await put_blob(gw.artifacts, received.sha256, received.file)  # type: ignore[arg-type]
-        ids, position = [], 0
-        for received, path in zip(form.files, paths, strict=True):
-            artifact_id = new_id()
-            command = RecordArtifact(
-                project_id=project_id,
-                artifact_id=artifact_id,
-                session_id=session_id,
-                path=path,
-                sha256=received.sha256,
-                size=received.size,
-                content_type=received.content_type,
-            )
+        position = 0
+        for command in commands:
             position = max(position, (await send(gw, who, command, response)).position)
-            ids.append(artifact_id)
     finally:
         form.close()
+    ids = [c.artifact_id for c in commands]
     response.headers["Suzumio-Position"] = str(position)
     if not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
         raise ApiError(504, "stored, but the read models have not caught up yet")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import Response
+from nats.errors import MaxPayloadError
 
 from suzumio.contracts.commands import Command, CommandAccepted
 from suzumio.gateway.api.auth import Principal
@@ -16,7 +17,15 @@ RESPONSES = ERROR_RESPONSES
 async def send(
     gw: Gateway, who: Principal, command: Command, response: Response
 ) -> CommandAccepted:
-    reply = await gw.commands.send(command, actor=who.actor, timeout=gw.settings.command_timeout)
+    try:
+        reply = await gw.commands.send(
+            command, actor=who.actor, timeout=gw.settings.command_timeout
+        )
+    except MaxPayloadError:
+        # Nothing was published: the request is too large for the bus, not a server fault.
+        raise ApiError(
+            413, "the request is too large to pass on; send less (smaller fields)"
+        ) from None
     written(response, reply.position)
     return reply
 

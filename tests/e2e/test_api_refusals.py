@@ -1,0 +1,124 @@
+"""Input the API must refuse with a 4xx problem before anything is recorded: times a timestamp
+column or the scheduler cannot hold, YAML that expands or nests without end, half-valid
+uploads, forged cursors and bodies larger than the bus carries."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from tests.e2e.api import new_world, ok, problem, tar_gz
+from tests.e2e.stack import Stack
+
+MANIFEST = b"name: bomb\nrole: r\nmodel: m\n"
+
+
+async def test_signal_times_must_be_aware_and_in_range(stack: Stack) -> None:
+    world = await new_world(stack, "tia")
+    url = f"/v1/sessions/{world.session_id}/signals"
+    async with stack.client(world.key) as c:
+        for not_before in (
+            "2030-01-01T00:00:00",  # no timezone: the scheduler compares with aware times
+            "0001-01-01T00:00:00+01:00",  # year 0 in UTC: no timestamptz column holds it
+            "9999-12-31T23:30:00-01:00",  # year 10000 in UTC
+            "1999-12-31T23:59:59Z",
+        ):
+            body = problem(
+                await c.post(url, json={"kind": "timer", "not_before": not_before}),
+                422,
+                "invalid",
+            )
+            assert body["errors"][0]["loc"].endswith("not_before"), body
+        accepted = ok(
+            await c.post(url, json={"kind": "timer", "not_before": "2030-01-01T01:00:00+01:00"}),
+            201,
+        )
+        assert accepted["not_before"].startswith("2030-01-01T00:00:00")
+        listed = ok(await c.get(url))
+        assert [s["id"] for s in listed["items"]] == [accepted["id"]]  # the refused left nothing
+
+
+async def test_signal_payloads_are_bounded(stack: Stack) -> None:
+    world = await new_world(stack, "uma")
+    url = f"/v1/sessions/{world.session_id}/signals"
+    async with stack.client(world.key) as c:
+        problem(await c.post(url, json={"payload": {"blob": "x" * 300_000}}), 422, "invalid")
+        huge = await c.post(url, json={"payload": {"blob": "x" * 9_000_000}})
+        assert huge.status_code in {413, 422}, huge.text  # a body limit may refuse it first
+        assert huge.headers["content-type"].startswith("application/problem+json")
+        assert ok(await c.get(url))["items"] == []
+
+
+async def test_a_command_larger_than_the_bus_carries_is_413(stack: Stack) -> None:
+    world = await new_world(stack, "val")
+    async with stack.client(world.key) as c:
+        body = {
+            "name": "huge",
+            "role": "r",
+            "model": {"name": "m"},
+            "env_facts": {"blob": "x" * 9_000_000},
+        }
+        problem(
+            await c.post(f"/v1/projects/{world.project_id}/agents", json=body), 413, "too_large"
+        )
+        agents = ok(await c.get(f"/v1/projects/{world.project_id}/agents"))["items"]
+        assert [a["name"] for a in agents] == ["helper"]
+
+
+def billion_laughs(levels: int = 7) -> bytes:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+async def test_package_yaml_may_not_alias_or_nest_without_end(stack: Stack) -> None:
+    world = await new_world(stack, "wes")
+    url = f"/v1/projects/{world.project_id}/agents/import"
+    bad = (
+        {"agent.yaml": MANIFEST, "env/env_facts.yaml": billion_laughs()},
+        {"agent.yaml": MANIFEST, "env/env_facts.yaml": b"a: &x one\nb: *x\n"},
+        {"agent.yaml": MANIFEST, "tools.yaml": b"[" * 50_000},
+        {"agent.yaml": MANIFEST + b"tools: " + b"[" * 50_000 + b"]" * 50_000 + b"\n"},
+        {"agent.yaml": MANIFEST, "env/env_facts.yaml": b"nested: {deep: [1, 2]}\n"},
+        {"agent.yaml": MANIFEST, "env/env_facts.yaml": b"k: " + b"v" * 2_000_000 + b"\n"},
+    )
+    async with stack.client(world.key) as c:
+        for files in bad:
+            problem(await c.post(url, files={"package": ("p.tgz", tar_gz(files))}), 422, "invalid")
+        agents = ok(await c.get(f"/v1/projects/{world.project_id}/agents"))["items"]
+        assert [a["name"] for a in agents] == ["helper"]
+
+
+async def test_a_refused_part_leaves_the_whole_upload_unrecorded(stack: Stack) -> None:
+    world = await new_world(stack, "xia")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    async with stack.client(world.key) as c:
+        for second in (
+            ("\\x.txt", b"b", "text/plain"),  # a leading backslash is an absolute path
+            ("a" * 1_001, b"b", "text/plain"),
+            ("fine.txt", b"b", "t" * 100 + "/" + "s" * 120),  # longer than RecordArtifact takes
+        ):
+            files = [("file", ("ok.txt", b"a", "text/plain")), ("file", second)]
+            problem(await c.post(base, files=files), 422, "invalid")
+        problem(
+            await c.post(base, files={"file": ("ok.txt", b"a")}, data={"session_id": "a\x00b"}),
+            422,
+            "invalid",
+        )
+        assert ok(await c.get(base))["items"] == []
+        # A backslash elsewhere is a Windows separator, kept as '/'.
+        stored = ok(await c.post(base, files={"file": ("docs\\a.txt", b"a")}), 201)
+        assert [i["path"] for i in stored["items"]] == ["docs/a.txt"]
+
+
+async def test_a_cursor_no_timestamp_column_can_hold_is_422(stack: Stack) -> None:
+    world = await new_world(stack, "yul")
+    async with stack.client(world.key) as c:
+        for moment in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:30:00-01:00"):
+            raw = json.dumps([moment, "x"]).encode()
+            cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+            problem(await c.get("/v1/projects", params={"cursor": cursor}), 422, "invalid")
+        cursor = "WyIwMDAxLTAxLTAxVDAwOjAwOjAwKzAxOjAwIiwgIngiXQ"  # the one the review found
+        problem(await c.get("/v1/projects", params={"cursor": cursor}), 422, "invalid")
+        nul = base64.urlsafe_b64encode(json.dumps(["2030-01-01T00:00:00+00:00", "x\x00"]).encode())
+        problem(await c.get("/v1/projects", params={"cursor": nul.decode()}), 422, "invalid")
