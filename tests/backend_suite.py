@@ -102,11 +102,18 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(
-    stack: Stack, model: ScriptedModelServer, tmp: Path, factory: BackendFactory, name: str
+    stack: Stack,
+    model: ScriptedModelServer,
+    tmp: Path,
+    factory: BackendFactory,
+    name: str,
+    *,
+    model_url: str | None = None,
 ) -> AsyncIterator[Harness]:
+    """`model_url`: where the runners call instead of `model` (the bench's no-op model)."""
     settings = OrchestratorSettings(
         broker_url=stack.url_of("toolbroker"),
-        model_base_url=f"{model.url}/v1",
+        model_base_url=f"{model_url or model.url}/v1",
         work_dir=tmp / "sandboxes",
         data_dir=tmp,
         namespace=stack.topology.namespace,

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from suzumio.testing.model.demo import DEMO_MODEL_NAME, LABEL, DemoModel
+from suzumio.testing.model.noop import NoopModelServer
 from suzumio.testing.model.replies import Reply, ToolCall, Usage, error_body
 from suzumio.testing.model.script import Responder, Step, script_exhausted
 from suzumio.testing.model.script_file import ScriptSpec, load_script
@@ -42,6 +43,7 @@ __all__ = [
     "DEMO_MODEL_NAME",
     "LABEL",
     "DemoModel",
+    "NoopModelServer",
     "RecordedRequest",
     "Reply",
     "Responder",
