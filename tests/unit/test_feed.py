@@ -31,3 +31,28 @@ async def test_a_feed_that_falls_behind_ends_with_a_reason_and_keeps_its_cursor(
     assert last.event == "end"
     assert json.loads(last.data)["status"] == 503
     assert feed.cursor.live == 1  # a reconnect resumes right after what was sent
+
+
+async def test_catching_up_through_a_long_log_while_live_output_comes_is_not_falling_behind() -> (
+    None
+):
+    gateway = cast("Gateway", cast("Any", object()))
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
+    envelope = json.dumps({"type": "session.message_appended"}).encode()
+    for seq in range(1, QUEUE_SIZE):  # a long log, read from the start
+        await feed.take_event(seq, envelope)
+    for seq in range(1, 101):  # and an activation's output meanwhile
+        feed.deliver(seq, b"{}")
+
+    items = feed.items()
+    kinds = []
+    for _ in range(QUEUE_SIZE - 1 + 100):
+        item = await anext(items)
+        assert item is not None  # no keep-alive: everything is queued already
+        kinds.append(item.event)
+
+    assert kinds.count("session.message_appended") == QUEUE_SIZE - 1
+    assert kinds.count("live") == 100
+    assert "end" not in kinds
+    assert feed.cursor.events == QUEUE_SIZE - 1
+    assert feed.cursor.live == 100

@@ -75,7 +75,13 @@ class SessionFeed:
         self.cursor = cursor
         self._recheck = recheck
         self._recheck_seconds = recheck_seconds
-        self._queue: asyncio.Queue[tuple[str, int, bytes]] = asyncio.Queue(QUEUE_SIZE)
+        # One queue keeps the two kinds in arrival order; each kind has its own bound. Log
+        # events wait for room (the ordered consumer's flow control holds the rest back);
+        # live chunks cannot wait (the hub serves every watcher), so too many of them queued
+        # means this client reads too slowly — a catch-up through a long log does not count.
+        self._queue: asyncio.Queue[tuple[str, int, bytes]] = asyncio.Queue()
+        self._event_room = asyncio.Semaphore(QUEUE_SIZE)
+        self._live_queued = 0
         self._sub: Subscription | None = None
         self._joined = False
         self._overflowed = False
@@ -100,7 +106,7 @@ class SessionFeed:
             self.cursor.live = 0
 
         async def on_event(msg: Msg) -> None:
-            await self._queue.put(("events", msg.metadata.sequence.stream, msg.data))
+            await self.take_event(msg.metadata.sequence.stream, msg.data)
 
         config = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.cursor.events + 1
@@ -112,12 +118,18 @@ class SessionFeed:
             cb=on_event,
         )
 
+    async def take_event(self, seq: int, data: bytes) -> None:
+        """One log message of this session's subject (waits while QUEUE_SIZE are queued)."""
+        await self._event_room.acquire()
+        self._queue.put_nowait(("events", seq, data))
+
     def deliver(self, seq: int, data: bytes) -> None:
         """From the hub: one LIVE message of this session."""
-        try:
-            self._queue.put_nowait(("live", seq, data))
-        except asyncio.QueueFull:
+        if self._live_queued >= QUEUE_SIZE:
             self._overflowed = True  # the client reads too slowly; it resumes from its cursor
+            return
+        self._live_queued += 1
+        self._queue.put_nowait(("live", seq, data))
 
     async def close(self) -> None:
         if self._joined:
@@ -171,9 +183,14 @@ class SessionFeed:
 
     async def _next(self, deadline: float) -> tuple[str, int, bytes] | None:
         try:
-            return await asyncio.wait_for(self._queue.get(), max(deadline - time.monotonic(), 0))
+            entry = await asyncio.wait_for(self._queue.get(), max(deadline - time.monotonic(), 0))
         except TimeoutError:
             return None
+        if entry[0] == "live":
+            self._live_queued -= 1
+        else:
+            self._event_room.release()
+        return entry
 
     async def _refused(self) -> Item | None:
         try:
