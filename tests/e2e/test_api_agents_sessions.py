@@ -14,6 +14,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.ids import new_id
 from suzumio.gateway.api.pagination import encode_cursor
+from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from tests.e2e.api import new_world, ok, problem, tar_gz
 from tests.e2e.stack import Stack
 
@@ -212,6 +213,36 @@ async def test_idempotency_key_replays_the_first_response(stack: Stack) -> None:
             422,
             "invalid",
         )
+
+
+async def test_a_retry_whose_first_answer_was_lost_creates_nothing_twice(stack: Stack) -> None:
+    world = await new_world(stack, "lou")
+    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
+
+    async def forget_answers() -> None:  # as if the gateway died before it kept them
+        for key in await kv.keys():
+            await kv.delete(key)
+
+    message_url = f"/v1/sessions/{world.session_id}/messages"
+    sessions_url = f"/v1/projects/{world.project_id}/sessions"
+    headers = {"Idempotency-Key": f"k-{new_id()}"}
+    async with stack.client(world.key) as c:
+        first = ok(await c.post(message_url, json={"text": "once"}, headers=headers), 201)
+        opened = ok(
+            await c.post(sessions_url, json={"agent_id": world.agent_id}, headers=headers), 201
+        )
+        await forget_answers()
+        problem(await c.post(message_url, json={"text": "once"}, headers=headers), 409, "conflict")
+        problem(
+            await c.post(sessions_url, json={"agent_id": world.agent_id}, headers=headers),
+            409,
+            "conflict",
+        )
+        messages = ok(await c.get(message_url, params={"min_position": first["position"]}))
+        sessions = ok(await c.get(sessions_url, params={"min_position": first["position"]}))
+    assert [m["text"] for m in messages["items"]] == ["once"]
+    assert [s["id"] for s in sessions["items"]].count(opened["id"]) == 1
+    assert len(sessions["items"]) == 2  # the world's own and the one opened once
 
 
 async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:

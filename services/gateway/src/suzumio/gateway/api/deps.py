@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.values import Role
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.problems import ApiError, not_found
@@ -58,6 +59,25 @@ async def still_allowed(gw: Gateway, key: str | None) -> Principal:
     if principal is None:
         raise ApiError(401, "the API key is no longer valid")
     return principal
+
+
+class Mint:
+    """Ids for what a POST creates: fresh ones, or with an `Idempotency-Key` ones derived
+    from it (its slot), so that every attempt of the request names the same aggregates."""
+
+    def __init__(self, slot: str | None) -> None:
+        self._slot = slot
+
+    def __call__(self, purpose: str) -> str:
+        return derived_id("idempotency", self._slot, purpose) if self._slot else new_id()
+
+
+async def mint(request: Request) -> Mint:
+    slot = getattr(request.state, "idempotency_slot", None)
+    return Mint(slot if isinstance(slot, str) else None)
+
+
+MintDep = Annotated[Mint, Depends(mint)]
 
 
 async def _log_end(gw: Gateway) -> int:

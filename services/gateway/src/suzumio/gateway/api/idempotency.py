@@ -57,6 +57,10 @@ class IdempotencyMiddleware:
         credentials = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
         path = scope["path"].encode() + b"?" + scope.get("query_string", b"")
         slot = hashlib.sha256(b"\n".join([credentials, path, key])).hexdigest()
+        # The routes name what they create after the slot (`Mint`): a retry whose first answer
+        # was lost (a crash before it was kept, a failed save) names the same aggregates, and
+        # the session service refuses them as duplicates instead of creating them twice.
+        scope.setdefault("state", {})["idempotency_slot"] = slot
         try:
             receive, fingerprint = await _fingerprint(headers, path, receive)
         except _TooLargeError:

@@ -9,9 +9,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response, status
 
 from suzumio.contracts.commands import CreateAgent, DisableAgent, EnableAgent, UpdateAgent
-from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import AssetRef, ModelSpec, Role
-from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
+from suzumio.gateway.api.deps import (
+    GatewayDep,
+    MintDep,
+    PrincipalDep,
+    ReadPosition,
+    require_role,
+)
 from suzumio.gateway.api.models import AgentIn, AgentOut, AgentPatch, DisableIn
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
@@ -64,10 +70,15 @@ async def _visible(gw: Gateway, who: Any, agent_id: Identifier, needed: Role) ->
 
 @router.post("/v1/projects/{project_id}/agents", status_code=status.HTTP_201_CREATED)
 async def create_agent(
-    project_id: Identifier, body: AgentIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    project_id: Identifier,
+    body: AgentIn,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
 ) -> AgentOut:
     await require_role(gw, who, project_id, Role.ADMIN, "project")
-    agent_id = new_id()
+    agent_id = ids("agent")
     fields = body.model_dump()
     command = CreateAgent(project_id=project_id, agent_id=agent_id, **fields)
     await settle(gw, await send(gw, who, command, response))
@@ -100,7 +111,12 @@ async def create_agent(
     },
 )
 async def import_agent(
-    project_id: Identifier, request: Request, gw: GatewayDep, who: PrincipalDep, response: Response
+    project_id: Identifier,
+    request: Request,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
 ) -> AgentOut:
     """Create an agent from an agent package archive (see docs/agent-packages.md)."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
@@ -123,7 +139,7 @@ async def import_agent(
     for asset in package.assets:
         await put_blob(gw.artifacts, asset.sha256, io.BytesIO(asset.data))
     assets = tuple(AssetRef(path=a.path, sha256=a.sha256, size=len(a.data)) for a in package.assets)
-    agent_id = new_id()
+    agent_id = ids("agent")
     command = CreateAgent(project_id=project_id, agent_id=agent_id, assets=assets, **package.fields)
     await settle(gw, await send(gw, who, command, response))
     response.headers["Location"] = f"/v1/agents/{agent_id}"

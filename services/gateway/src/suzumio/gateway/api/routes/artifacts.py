@@ -13,10 +13,17 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from suzumio.contracts.commands import DeleteArtifact, RecordArtifact
-from suzumio.contracts.ids import ID_PATTERN, Identifier, new_id
+from suzumio.contracts.ids import ID_PATTERN, Identifier
 from suzumio.contracts.values import Clean, Role
 from suzumio.gateway.api.auth import Principal
-from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
+from suzumio.gateway.api.deps import (
+    GatewayDep,
+    Mint,
+    MintDep,
+    PrincipalDep,
+    ReadPosition,
+    require_role,
+)
 from suzumio.gateway.api.models import ArtifactOut, Uploaded
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
@@ -83,19 +90,26 @@ def _session_field(value: str | None) -> str | None:
     return value
 
 
-def _records(project_id: str, session_id: str | None, form: ReceivedForm) -> list[RecordArtifact]:
+def _records(
+    project_id: str, session_id: str | None, form: ReceivedForm, ids: Mint
+) -> list[RecordArtifact]:
     """Every part's command, built (and so checked) before any part is stored or recorded:
     one bad part refuses the whole upload."""
     if not form.files:
         raise ApiError(422, "the upload holds no file")
-    return [_record(project_id, session_id, received) for received in form.files]
+    return [
+        _record(project_id, session_id, received, ids(f"artifact:{i}"))
+        for i, received in enumerate(form.files)
+    ]
 
 
-def _record(project_id: str, session_id: str | None, received: ReceivedFile) -> RecordArtifact:
+def _record(
+    project_id: str, session_id: str | None, received: ReceivedFile, artifact_id: str
+) -> RecordArtifact:
     try:
         return RecordArtifact(
             project_id=project_id,
-            artifact_id=new_id(),
+            artifact_id=artifact_id,
             session_id=session_id,
             path=_relative(received.filename),
             sha256=received.sha256,
@@ -116,7 +130,12 @@ def _record(project_id: str, session_id: str | None, received: ReceivedFile) -> 
     openapi_extra=UPLOAD_BODY,
 )
 async def upload(
-    project_id: Identifier, request: Request, gw: GatewayDep, who: PrincipalDep, response: Response
+    project_id: Identifier,
+    request: Request,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
 ) -> Uploaded:
     """Upload files (multipart, streamed). A part's filename is kept as its relative path
     (`docs/a.md`); the bytes are stored once per SHA-256."""
@@ -128,7 +147,7 @@ async def upload(
     )
     try:
         session_id = _session_field(form.fields.get("session_id"))
-        commands = _records(project_id, session_id, form)
+        commands = _records(project_id, session_id, form, ids)
         if session_id is not None:
             await _session_of(gw, project_id, session_id)
         for received in form.files:
@@ -138,15 +157,15 @@ async def upload(
             position = max(position, (await send(gw, who, command, response)).position)
     finally:
         form.close()
-    ids = [c.artifact_id for c in commands]
+    created = [c.artifact_id for c in commands]
     response.headers["Suzumio-Position"] = str(position)
     if not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
         raise ApiError(504, "stored, but the read models have not caught up yet")
     rows = await gw.pool.fetch(
-        "SELECT * FROM proj_artifacts.artifacts WHERE id = ANY($1::text[])", ids
+        "SELECT * FROM proj_artifacts.artifacts WHERE id = ANY($1::text[])", created
     )
     by_id = {r["id"]: r for r in rows}
-    return Uploaded(items=[_artifact(by_id[i]) for i in ids])
+    return Uploaded(items=[_artifact(by_id[i]) for i in created])
 
 
 @router.get("/v1/projects/{project_id}/artifacts")

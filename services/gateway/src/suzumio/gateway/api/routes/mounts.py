@@ -7,9 +7,15 @@ from typing import Any
 from fastapi import APIRouter, Response, status
 
 from suzumio.contracts.commands import GrantMount, RevokeMount
-from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import MountMode, Role
-from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
+from suzumio.gateway.api.deps import (
+    GatewayDep,
+    MintDep,
+    PrincipalDep,
+    ReadPosition,
+    require_role,
+)
 from suzumio.gateway.api.models import MountGrantIn, MountGrantOut
 from suzumio.gateway.api.problems import not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
@@ -50,11 +56,12 @@ async def grant(
     gw: GatewayDep,
     who: PrincipalDep,
     response: Response,
+    ids: MintDep,
 ) -> MountGrantOut:
     """Allow sandboxes of the project (or of one agent) to mount a host directory. The path
     must be an existing directory under an allowed root once symlinks are resolved."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
-    grant_id = new_id()
+    grant_id = ids("grant")
     command = GrantMount(
         project_id=project_id,
         grant_id=grant_id,

@@ -17,9 +17,15 @@ from suzumio.contracts.commands import (
     SetProvider,
     SetRuntimeProfile,
 )
-from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import ProjectLimits, ProviderSpec, Role, RuntimeProfileSpec, Slug
-from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
+from suzumio.gateway.api.deps import (
+    GatewayDep,
+    MintDep,
+    PrincipalDep,
+    ReadPosition,
+    require_role,
+)
 from suzumio.gateway.api.models import (
     MemberIn,
     MemberOut,
@@ -71,10 +77,10 @@ async def _read_project(gw: Gateway, user_id: Identifier, project_id: Identifier
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 async def create_project(
-    body: ProjectIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    body: ProjectIn, gw: GatewayDep, who: PrincipalDep, response: Response, ids: MintDep
 ) -> ProjectOut:
     """Create a project; the caller becomes its owner."""
-    project_id = new_id()
+    project_id = ids("project")
     reply = await send(
         gw, who, CreateProject(project_id=project_id, name=body.name, limits=body.limits), response
     )

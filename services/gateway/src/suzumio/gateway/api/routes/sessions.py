@@ -13,11 +13,12 @@ from suzumio.contracts.commands import (
     RecordSignal,
     ReopenSession,
 )
-from suzumio.contracts.ids import Identifier, new_id
+from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import Priority, Role
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import (
     GatewayDep,
+    MintDep,
     PrincipalDep,
     ReadPosition,
     judge,
@@ -86,7 +87,12 @@ async def visible_session(gw: Gateway, who: Principal, session_id: Identifier, n
 
 @router.post("/v1/projects/{project_id}/sessions", status_code=status.HTTP_201_CREATED)
 async def open_session(
-    project_id: Identifier, body: SessionIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    project_id: Identifier,
+    body: SessionIn,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
 ) -> SessionOut:
     """Open a conversation with one of the project's agents."""
     await require_role(gw, who, project_id, Role.MEMBER, "project")
@@ -95,7 +101,7 @@ async def open_session(
     )
     if owner != project_id:
         raise not_found("agent")
-    session_id = new_id()
+    session_id = ids("session")
     command = OpenSession(session_id=session_id, agent_id=body.agent_id, title=body.title)
     await settle(gw, await send(gw, who, command, response))
     response.headers["Location"] = f"/v1/sessions/{session_id}"
@@ -180,13 +186,18 @@ async def list_messages(
 
 @router.post("/v1/sessions/{session_id}/messages", status_code=status.HTTP_201_CREATED)
 async def post_message(
-    session_id: Identifier, body: MessageIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    session_id: Identifier,
+    body: MessageIn,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
 ) -> MessagePosted:
     """Send the session's agent a message; it becomes a signal (P1 unless `priority` is set).
     Answers as soon as the message is in the log: pass `position` as `min_position` to read
     it back."""
     await visible_session(gw, who, session_id, Role.MEMBER)
-    message_id, signal_id = new_id(), new_id()
+    message_id, signal_id = ids("message"), ids("signal")
     command = PostMessage(
         session_id=session_id,
         message_id=message_id,
@@ -242,12 +253,17 @@ async def list_signals(
 
 @router.post("/v1/sessions/{session_id}/signals", status_code=status.HTTP_201_CREATED)
 async def record_signal(
-    session_id: Identifier, body: SignalIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    session_id: Identifier,
+    body: SignalIn,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
 ) -> SignalOut:
     """Record pending work for the session's agent that is not a message (custom work,
     timers with `not_before`)."""
     await visible_session(gw, who, session_id, Role.MEMBER)
-    signal_id = new_id()
+    signal_id = ids("signal")
     command = RecordSignal(
         session_id=session_id,
         signal_id=signal_id,

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response, status
 
 from suzumio.contracts.commands import CreateApiKey, CreateUser, RevokeApiKey
-from suzumio.contracts.ids import Identifier, new_id
-from suzumio.gateway.api.deps import AdminDep, GatewayDep, PrincipalDep, ReadPosition
+from suzumio.contracts.ids import Identifier
+from suzumio.gateway.api.deps import AdminDep, GatewayDep, MintDep, PrincipalDep, ReadPosition
 from suzumio.gateway.api.models import (
     ApiKeyIn,
     ApiKeyOut,
@@ -58,10 +58,10 @@ async def _read_user(gw: Gateway, user_id: Identifier) -> Any:
 
 @router.post("/users", status_code=status.HTTP_201_CREATED)
 async def create_user(
-    body: UserIn, gw: GatewayDep, who: AdminDep, response: Response
+    body: UserIn, gw: GatewayDep, who: AdminDep, response: Response, ids: MintDep
 ) -> UserWithKey:
     """Create a user (platform admins); the answer holds their first API key, once."""
-    user_id, key = new_id(), apikeys.mint()
+    user_id, key = ids("user"), apikeys.mint()
     command = CreateUser(
         user_id=user_id,
         name=body.name,
