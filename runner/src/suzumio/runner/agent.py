@@ -389,6 +389,9 @@ class AgentLoop:
     async def _finish_call(
         self, call: _Call, outcome: CoreOutcome, body: bytes, duration_ms: int
     ) -> None:
+        # Redacted before it is cut, so no secret survives even in part: the audit record is
+        # durable and shown to the project's members.
+        error = self._clean(outcome.result.text)[:2_000] if outcome.result.is_error else ""
         await self._broker.finish_call(
             ToolCallFinish(
                 call_id=call.wire.id,
@@ -396,7 +399,7 @@ class AgentLoop:
                 result_digest=hashlib.sha256(body).hexdigest(),
                 result_size=len(body),
                 duration_ms=duration_ms,
-                error=outcome.result.text[:2_000] if outcome.result.is_error else "",
+                error=error,
             )
         )
 

@@ -1,6 +1,8 @@
 """The runner's side of the tool-broker API (DESIGN.md §7): typed calls with bounded retries.
 
-Transport errors and 5xx answers are retried (every call is idempotent on the broker's side);
+Transport errors and 5xx answers are retried, honouring Retry-After (every call is idempotent
+on the broker's side); when the retries run out, `BrokerUnavailableError`: the platform was in
+trouble and nothing was refused (a refusal, the broker's verdict, is a 4xx: `BrokerError`).
 401/403 mean the activation may no longer act (expired, cancelled, replaced): `FencedError` is
 raised and the loop stops at once without touching anything else.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, BinaryIO, TypeVar
@@ -46,6 +49,10 @@ M = TypeVar("M", bound=BaseModel)
 MAX_BATCH_ENTRIES = 200
 MAX_BATCH_CHARS = 2_000_000  # well under the bus's message size
 FILE_CHUNK = 256 * 1024
+MAX_RETRY_AFTER = 10.0
+# The output is the one call whose loss costs the whole activation: it rides out a longer
+# outage (about a minute) than the others.
+OUTPUT_RETRIES = 14
 
 
 def _batches(entries: Sequence[HistoryEntryIn]) -> Iterator[tuple[HistoryEntryIn, ...]]:
@@ -63,7 +70,8 @@ def _batches(entries: Sequence[HistoryEntryIn]) -> Iterator[tuple[HistoryEntryIn
 
 
 class BrokerError(Exception):
-    """The broker refused a request (4xx other than 401/403), with its problem detail."""
+    """The broker refused a request (a 4xx; 401/403 are `FencedError`), with its problem
+    detail. Never a 5xx: those are `BrokerUnavailableError`."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"{status}: {detail}")
@@ -76,7 +84,9 @@ class FencedError(BrokerError):
 
 
 class BrokerUnavailableError(Exception):
-    """The broker could not be reached after the retries."""
+    """The broker could not be reached, or answered only 5xx, after the retries: nothing is
+    known to have been refused, so the activation's work must not be given up as if it were
+    (the orchestrator fails the attempt and may run it again)."""
 
 
 class BrokerClient:
@@ -86,18 +96,21 @@ class BrokerClient:
         token: str,
         *,
         retries: int = 5,
+        output_retries: int = OUTPUT_RETRIES,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         """`http`: a client for `base_url` kept by a resident runner (`Connections`), which
-        `aclose` leaves open; the token goes with each request either way."""
+        `aclose` leaves open; the token goes with each request either way. `retries`: of each
+        call; `output_retries`: of the activation's output, which rides out longer outages."""
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(
             base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, verify=tls.CONTEXT
         )
         self._auth = {"Authorization": f"Bearer {token}"}
         self._retries = retries
+        self._output_retries = output_retries
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -112,13 +125,14 @@ class BrokerClient:
         *,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
+        retries: int | None = None,
     ) -> M | None:
         content = body.model_dump_json().encode() if body is not None else None
         headers = self._auth
         if content is not None:
             headers = {**self._auth, "Content-Type": "application/json"}
         response = await self._send(
-            method, path, lambda: content, headers, params=params, timeout=timeout
+            method, path, lambda: content, headers, params=params, timeout=timeout, retries=retries
         )
         return self._answer(response, answer)
 
@@ -131,10 +145,18 @@ class BrokerClient:
         *,
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
+        retries: int | None = None,
     ) -> httpx.Response:
-        """The broker's answer, retrying transport errors and 5xx answers (the last 5xx is
-        returned); `content` makes the body afresh for each try."""
-        for attempt in range(self._retries + 1):
+        """The broker's answer (below 500), retrying transport errors and 5xx answers; `content`
+        makes the body afresh for each try.
+
+        Raises:
+            BrokerUnavailableError: no answer below 500 after the retries. A 5xx is the
+                platform in trouble, never a verdict on the request: the caller must not
+                take it for a refusal.
+        """
+        retries = self._retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 response = await self._http.request(
                     method,
@@ -145,22 +167,29 @@ class BrokerClient:
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError:
-                await self._pause(attempt, f"{method} {path}")
+                await self._pause(attempt, f"{method} {path}", retries)
                 continue
-            if response.status_code >= 500 and attempt < self._retries:
-                await self._pause(attempt, f"{method} {path}")
+            if response.status_code >= 500:
+                what = f"{method} {path}: {response.status_code} {_detail(response)}"
+                await self._pause(attempt, what, retries, _retry_after(response))
                 continue
             return response
         raise BrokerUnavailableError(f"{method} {path}: gave up")  # pragma: no cover - loop returns
 
-    async def _pause(self, attempt: int, what: str) -> None:
-        """Back off before another try, or give up after the last."""
-        if attempt == self._retries:
-            raise BrokerUnavailableError(f"{what}: broker unreachable")
-        await asyncio.sleep(min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2))
+    async def _pause(
+        self, attempt: int, what: str, retries: int | None = None, floor: float = 0.0
+    ) -> None:
+        """Back off before another try (at least `floor` seconds, the broker's Retry-After,
+        within reason), or give up after the last."""
+        if attempt == (self._retries if retries is None else retries):
+            raise BrokerUnavailableError(f"{what}: broker unavailable")
+        backoff = min(0.2 * 2**attempt, 5.0) * (1 + random.random() / 2)
+        await asyncio.sleep(max(backoff, min(floor, MAX_RETRY_AFTER)))
 
     @staticmethod
     def _answer(response: httpx.Response, answer: type[M] | None) -> M | None:
+        if response.status_code >= 500:
+            raise BrokerUnavailableError(f"{response.status_code}: {_detail(response)}")
         if response.status_code in {401, 403}:
             raise FencedError(response.status_code, _detail(response))
         if response.status_code == 204 or answer is None:
@@ -171,8 +200,15 @@ class BrokerClient:
             raise BrokerError(response.status_code, _detail(response))
         return answer.model_validate_json(response.content)
 
-    async def _must(self, method: str, path: str, body: BaseModel | None, answer: type[M]) -> M:
-        result = await self._call(method, path, body, answer)
+    async def _must(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None,
+        answer: type[M],
+        retries: int | None = None,
+    ) -> M:
+        result = await self._call(method, path, body, answer, retries=retries)
         assert result is not None
         return result
 
@@ -245,7 +281,9 @@ class BrokerClient:
                 live=live,
             )
             try:
-                await self._must("POST", "/activation-output", final, Recorded)
+                await self._must(
+                    "POST", "/activation-output", final, Recorded, self._output_retries
+                )
             except BrokerError as exc:
                 if exc.status != 422:
                     raise
@@ -259,7 +297,7 @@ class BrokerClient:
                 except Exception as exc:
                     log("live.flush_failed", error=repr(exc), chunks=len(live.chunks))
             await self.append_history(history)
-        await self._must("POST", "/activation-output", output, Recorded)
+        await self._must("POST", "/activation-output", output, Recorded, self._output_retries)
 
     async def download(self, ref: InputFile, sink: BinaryIO) -> None:
         """The artifact's bytes into `sink` (from its start), checked against `ref`'s digest and
@@ -323,3 +361,12 @@ def _detail(response: httpx.Response) -> str:
     if isinstance(body, dict):
         return str(body.get("detail") or body.get("code") or body)[:500]
     return str(body)[:500]
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The seconds of a Retry-After header (0 when there is none or it is a date)."""
+    try:
+        seconds = float(response.headers.get("retry-after", "0"))
+    except ValueError:
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0

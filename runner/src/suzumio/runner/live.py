@@ -16,7 +16,7 @@ from suzumio.runner.log import log
 FLUSH_SECONDS = 0.02
 MAX_TEXT_PER_CHUNK = 50_000
 MAX_CHUNKS_PER_BATCH = 1_000
-MAX_TEXT_PER_BATCH = 1_000_000  # the broker's bound on a batch
+MAX_TEXT_PER_BATCH = 1_000_000  # of the broker's 2 M bound on text and data a batch
 CLOSE_TIMEOUT = 30.0
 
 

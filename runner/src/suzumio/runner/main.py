@@ -91,7 +91,10 @@ async def final_call(
     broker: BrokerClient, ending: Ending, live: StreamBatch | None, code: int
 ) -> int:
     """Send the output with the last history entries and live batch; the exit code. A refusal
-    (other than a fence) fails the activation and says why, as a refused call in the loop does.
+    (a 4xx other than a fence) fails the activation and says why, as a refused call in the loop
+    does. A broker that stays unavailable (5xx or unreachable through the retries) refused
+    nothing: the output is never replaced by a stand-in for that — the error leaves, the
+    runner exits `BROKER_UNREACHABLE`, and the orchestrator fails the attempt as retryable.
 
     Raises:
         FencedError, BrokerUnavailableError: the activation can do nothing more.

@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.runner import RunnerActivationOutput, SignalSpec
-from suzumio.contracts.values import PendingKind, Priority
+from suzumio.contracts.values import Payload, PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
 
@@ -169,6 +169,6 @@ class SignalRecord(_Body):
     """`core` support operation `signal.record`: pending work for this session's agent."""
 
     kind: str = Field(default="custom", max_length=100)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: Payload = Field(default_factory=dict)
     priority: AgentPriority = Priority.P3
     delay_seconds: float = Field(default=0, ge=0, le=365 * 86_400)

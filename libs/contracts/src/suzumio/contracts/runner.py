@@ -206,7 +206,7 @@ class RunnerActivationOutput(_Frozen):
     # 2: a `FinalCall` (contracts.broker), which brings the runner's last history entries and
     # live batch along; a broker older than it refuses the 2, and the runner sends them apart.
     schema_version: Literal[1, 2] = 1
-    text: str
+    text: str = Field(max_length=1_000_000, description="as the output's event holds it")
     usage: dict[str, Any] = Field(default_factory=dict)
     reason: Literal["completed", "budget_exhausted", "waiting", "failed"] = "completed"
 

@@ -11,17 +11,31 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.contracts.toolpacks import discover
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.secrets import secret_keys
-from suzumio.platform.service import ServiceRuntime
+from suzumio.platform.service import BodyLimits, ServiceRuntime
 from suzumio.platform.tokens import TokenSigner
 from suzumio.toolbroker import files
 from suzumio.toolbroker.access import Gate
 from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.problems import HANDLERS
 from suzumio.toolbroker.registry import ActivationRegistry
-from suzumio.toolbroker.routes import router
+from suzumio.toolbroker.routes import MAX_CHECKPOINT_BYTES, router
 from suzumio.toolbroker.settings import ToolbrokerSettings
 from suzumio.toolbroker.state import Artifacts, Broker, Metrics
 from suzumio.toolbroker.support import SupportOperations
+
+
+def body_limits(settings: ToolbrokerSettings) -> BodyLimits:
+    """Room for the largest valid call of each route, and no more: a final call or a support
+    call may carry megabytes of text, an audit record or a question never does."""
+    return BodyLimits(
+        settings.max_body_bytes,
+        {
+            "/runner/tool-calls/": 64 * 1024,
+            "/runner/ask": 1024 * 1024,
+            "/runner/checkpoint": 8 * MAX_CHECKPOINT_BYTES,  # JSON escapes may grow it
+            "/runner/files/out/": settings.max_artifact_bytes,
+        },
+    )
 
 
 def create_app(broker: Broker) -> FastAPI:
@@ -70,6 +84,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         await registry.close()
 
     runtime.on_drain(closing)
+    runtime.limit_bodies(body_limits(settings))
     app = create_app(broker)
     for route in runtime.readiness.routes():
         app.router.routes.append(route)

@@ -4,18 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from suzumio.contracts.errors import HTTP_STATUS, CommandError
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError
+from suzumio.platform.errors import JetStreamApiError, PlatformError
 from suzumio.platform.logging import get_logger
+from suzumio.platform.projections.apply import INFRASTRUCTURE_ERRORS
 
 log = get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
+RETRY_AFTER_SECONDS = 1
 _STATUS = HTTP_STATUS
 _CODE = {400: "invalid", 401: "unauthenticated", 403: "forbidden", 404: "not_found"}
+
+# The platform's servers in trouble (NATS down, restarting or slow; Postgres unreachable): the
+# request was fine and may succeed in a moment, so the runner is told to retry (503), never that
+# it was refused — a 4xx would make it give up on work it still has to deliver. (OSError, among
+# Postgres' troubles, covers TimeoutError, nats' TimeoutError included.)
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    *(e for e in INFRASTRUCTURE_ERRORS if issubclass(e, Exception)),
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoServersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    ConcurrencyConflictError,  # the broker's own writes kept losing races: try again
+)
 
 
 class BrokerError(Exception):
@@ -29,7 +54,11 @@ def problem(status: int, code: str, detail: str, errors: list[Any] | None = None
     body["detail"] = detail
     if errors:
         body["errors"] = errors
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif status == 503:
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
@@ -57,13 +86,36 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
     return problem(422, "invalid", "the request is not valid", errors)
 
 
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("broker.unavailable", path=request.url.path, error=repr(exc))
+    return problem(503, "unavailable", "the platform is briefly unavailable; retry")
+
+
+async def _platform(request: Request, exc: Exception) -> JSONResponse:
+    # The platform's mechanisms fail this way when a server is in trouble (a direct get
+    # answered 503 while a stream has no leader); a JetStream refusal of the request itself
+    # (a 4xx) is not a blip.
+    if isinstance(exc, JetStreamApiError) and exc.code < 500 and exc.code != 408:
+        return await _unexpected(request, exc)
+    return await _unavailable(request, exc)
+
+
+async def _disconnected(request: Request, _: Exception) -> JSONResponse:
+    # Nobody reads this answer; it keeps a client gone mid-body out of the error log.
+    log.info("broker.client_disconnected", path=request.url.path)
+    return problem(400, "invalid", "the request body ended early")
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("broker.unexpected_error", path=request.url.path, exc_info=exc)
     return problem(500, "internal", "the request failed unexpectedly")
 
 
-HANDLERS = {
+HANDLERS: dict[type[Exception], Any] = {
     BrokerError: _broker,
+    **dict.fromkeys(UNAVAILABLE, _unavailable),  # before CommandError: a conflict of ours is one
+    PlatformError: _platform,
+    ClientDisconnect: _disconnected,
     CommandError: _command,
     StarletteHTTPException: _http,
     RequestValidationError: _validation,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic_core import to_json
 
 from suzumio.contracts.broker import (
     AskOutcome,
@@ -59,7 +60,8 @@ from suzumio.toolbroker.support import SupportContext
 log = get_logger(__name__)
 
 MAX_CHECKPOINT_BYTES = 256 * 1024
-MAX_STREAM_BATCH_CHARS = 1_000_000
+MAX_STREAM_BATCH_CHARS = 2_000_000  # text and data (as JSON): the runner sends ≤ 1 M of text
+APPEND_ATTEMPTS = 5
 
 
 async def _caller(request: Request) -> Caller:
@@ -101,12 +103,29 @@ async def append_own(
             pass
         else:
             return
-    # Someone else wrote (another replica, or the orchestrator's end): look before writing.
-    stream = await broker.store.load("activation", a.id)
-    if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
-        a.fenced = "ended"
-        raise BrokerError(403, "fenced", "the activation is ended")
-    a.version = (await broker.store.append(a.id, events, stream.version, meta)).version
+    await _append_after_reading(broker, a, events, meta)
+
+
+async def _append_after_reading(
+    broker: Broker, a: LiveActivation, events: list[DomainEvent], meta: EventMeta
+) -> None:
+    """Someone else wrote (another replica, or the orchestrator's end): look before writing,
+    and again each time another write slips in between. Conflicts that outlast the attempts
+    leave as `ConcurrencyConflictError`, which the runner is told to retry (503): the call
+    was fine, it only lost races."""
+    for attempt in range(APPEND_ATTEMPTS):
+        stream = await broker.store.load("activation", a.id)
+        if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
+            a.fenced = "ended"
+            raise BrokerError(403, "fenced", "the activation is ended")
+        try:
+            a.version = (await broker.store.append(a.id, events, stream.version, meta)).version
+        except ConcurrencyConflictError:
+            if attempt == APPEND_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.01 * 2**attempt)
+        else:
+            return
 
 
 @router.post("/runner/tool-calls/start")
@@ -153,7 +172,20 @@ async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -
 
 @router.post("/runner/history")
 async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
+    _distinct(body.entries)
     return Recorded(recorded=await _append_history(broker, caller, body.entries))
+
+
+def _distinct(entries: Sequence[HistoryEntryIn]) -> None:
+    """Entries of one call name different messages: a repeated id is a confused runner, and
+    taking either copy would be a guess."""
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.message_id in seen:
+            raise BrokerError(
+                422, "invalid", f"history entries repeat the message id {entry.message_id}"
+            )
+        seen.add(entry.message_id)
 
 
 async def _append_history(
@@ -200,31 +232,41 @@ async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
 
 
 async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> None:
-    if sum(len(chunk.text) for chunk in body.chunks) > MAX_STREAM_BATCH_CHARS:
-        raise BrokerError(413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters a batch")
     c = caller.claims
-    subject = broker.topology.live_subject(c.session_id)
     now = datetime.now(UTC)
+    payloads = [
+        LiveChunk(
+            session_id=c.session_id,
+            activation_id=c.activation_id,
+            kind=chunk.kind,
+            text=chunk.text,
+            data=chunk.data,
+            at=now,
+        )
+        .model_dump_json()
+        .encode()
+        for chunk in body.chunks
+    ]
+    # Checked whole before the first publish: a batch is published entirely or not at all.
+    size = sum(len(chunk.text) + len(to_json(chunk.data)) for chunk in body.chunks)
+    if size > MAX_STREAM_BATCH_CHARS:
+        raise BrokerError(
+            413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters of text and data"
+        )
+    if max(len(p) for p in payloads) > broker.nc.max_payload:
+        raise BrokerError(413, "too_large", "a chunk is larger than the bus carries")
+    subject = broker.topology.live_subject(c.session_id)
     acks = [
         broker.js.publish(
             subject,
-            LiveChunk(
-                session_id=c.session_id,
-                activation_id=c.activation_id,
-                kind=chunk.kind,
-                text=chunk.text,
-                data=chunk.data,
-                at=now,
-            )
-            .model_dump_json()
-            .encode(),
+            payload,
             headers=(
                 None
                 if body.batch is None
                 else {"Nats-Msg-Id": f"{c.activation_id}.{body.batch}.{i}"}
             ),
         )
-        for i, chunk in enumerate(body.chunks)
+        for i, payload in enumerate(payloads)
     ]
     await asyncio.gather(*acks)  # in order: one publisher, one connection
 
@@ -330,6 +372,9 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
 @router.post("/activation-output")
 async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
     a = caller.activation
+    # The contract bounds the text as the event does: nothing below can be refused for it.
+    recorded = ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)
+    _distinct(body.history)
     async with a.lock:
         if a.output:
             return Recorded(recorded=False)  # sent again: what came with it was handled then
@@ -343,12 +388,7 @@ async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
                 log.warning("broker.live_unpublished", activation=a.id, error=repr(exc))
         if body.history:
             await _append_history(broker, caller, body.history)
-        await append_own(
-            broker,
-            a,
-            [ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)],
-            caller.actor,
-        )
+        await append_own(broker, a, [recorded], caller.actor)
         a.output = True
     return Recorded(recorded=True)
 

@@ -22,3 +22,9 @@ class ToolbrokerSettings(ServiceSettings):
     # may send back from `/workspace/out` through the broker (kubernetes).
     max_artifact_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
     max_artifacts: int = Field(default=200, ge=0)
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="the largest request body, refused with 413 before it is read (stricter "
+        "for small calls; output files are bounded by max_artifact_bytes instead)",
+    )

@@ -36,6 +36,7 @@ from suzumio.platform.db.pool import Pool
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.logging import configure_logging, get_logger
 from suzumio.platform.service import heartbeat
+from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 from suzumio.platform.service.health import Readiness
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
 
@@ -74,6 +75,7 @@ class ServiceRuntime:
         self._pool: Pool | None = None
         self._store: EventStore | None = None
         self._readiness: Readiness | None = None
+        self._body_limits: BodyLimits | None = None
         self.http_port: int | None = None
 
     # -- what services use -------------------------------------------------------------
@@ -103,6 +105,11 @@ class ServiceRuntime:
     def background(self, name: str, task: Task) -> None:
         """Run `task(stop)` while the service runs; it must return soon after `stop` is set."""
         self._tasks.append((name, task))
+
+    def limit_bodies(self, limits: BodyLimits) -> None:
+        """Refuse request bodies over `limits` with 413 before the service reads them (see
+        `bodylimit`); without it a service takes bodies of any size."""
+        self._body_limits = limits
 
     def on_drain(self, drainer: Drainer) -> None:
         """Call `drainer(seconds_left)` at shutdown, before background tasks are stopped."""
@@ -154,6 +161,8 @@ class ServiceRuntime:
         """Serve HTTP and the background tasks until `stop` is set, then drain."""
         stop = stop or asyncio.Event()
         http_app = app or Starlette(routes=self.readiness.routes())
+        if self._body_limits is not None:
+            http_app = BodyLimit(http_app, self._body_limits)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.settings.http_host, self.settings.http_port))

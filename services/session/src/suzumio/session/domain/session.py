@@ -152,7 +152,12 @@ def _live(state: SessionState, activation_id: str) -> None:
 
 def append_history(state: SessionState, cmd: AppendHistory) -> list[DomainEvent]:
     """An activation's history entries; those recorded already (a retry) are skipped. A
-    closed session still takes them: the activation ran while it was open."""
+    closed session still takes them: the activation ran while it was open. Entries of one
+    command naming one message twice are refused whole: neither copy is the obvious one."""
+    ids = [e.message_id for e in cmd.entries]
+    if len(set(ids)) != len(ids):
+        repeated = next(i for i in ids if ids.count(i) > 1)
+        raise InvalidError(f"the entries repeat the message id {repeated}")
     new = [e for e in cmd.entries if e.message_id not in state.entries]
     if new:
         _live(state, cmd.activation_id)

@@ -1,0 +1,229 @@
+"""The tool-broker's bounds and its word on trouble, against the real services: bodies over
+the limit are refused before they are read (no token needed to be turned away), a final call
+it cannot record or a history call naming a message twice changes nothing, a live batch is
+bounded by its data too, and NATS gone for a moment or the broker's appends losing races is a
+503 to retry — never a refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import nats.errors
+import pytest
+
+from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.events import SessionMessageAppended, ToolCallStarted
+from suzumio.contracts.ids import new_id
+from suzumio.platform.embedded.nats import start_nats
+from tests.e2e.api import new_world
+from tests.e2e.runner_env import request_activation
+from tests.e2e.stack import Stack, running_stack
+from tests.e2e.test_broker_access import (
+    ORCHESTRATOR,
+    activation_types,
+    broker,
+    live,
+    mint,
+    start_body,
+)
+from tests.support import eventually
+
+STEP = 10.0  # bounds a wait that hangs on a regression; not a timing claim
+
+
+def port_of(stack: Stack) -> int:
+    return int(urlsplit(stack.url_of("toolbroker")).port or 0)
+
+
+async def exchange(port: int, head: bytes, *parts: bytes) -> bytes:
+    """Send `head` and `parts` (never more) and read the answer to its end: it must come
+    without the server waiting for the rest of a body it was promised."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), STEP)
+    finally:
+        writer.close()
+
+
+def status_and_problem(answer: bytes) -> tuple[int, dict[str, object]]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"application/problem+json" in head.lower(), head
+    return int(head.split()[1]), json.loads(body)
+
+
+async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(
+    platform: Stack,
+) -> None:
+    head = (
+        b"POST /activation-output HTTP/1.1\r\nHost: broker\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 67108864\r\n\r\n"
+    )
+    answer = await exchange(port_of(platform), head, b'{"text": "' + b"x" * 1024)
+    status, problem = status_and_problem(answer)
+    assert (status, problem["code"]) == (413, "too_large")
+
+
+async def test_a_streamed_body_is_refused_once_it_passes_its_routes_limit(
+    platform: Stack,
+) -> None:
+    """An audit record is small: its route takes 64 KiB. 96 KiB are sent, chunked, with no
+    token and no end — the refusal comes anyway."""
+    head = (
+        b"POST /runner/tool-calls/start HTTP/1.1\r\nHost: broker\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"400\r\n" + b"x" * 1024 + b"\r\n"
+    status, problem = status_and_problem(await exchange(port_of(platform), head, *[chunk] * 96))
+    assert (status, problem["code"]) == (413, "too_large")
+
+
+async def test_a_final_text_the_log_cannot_hold_is_422_and_nothing_happens(
+    platform: Stack,
+) -> None:
+    a = await live(platform, "bigo")
+    sub = await platform.nc.jetstream().subscribe(
+        platform.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    body = {
+        "text": "x" * 1_000_001,
+        "history": [{"message_id": new_id(), "role": "assistant", "text": "done"}],
+        "live": {"batch": 0, "chunks": [{"kind": "text", "text": "do"}]},
+    }
+    async with broker(platform, a.token) as c:
+        response = await c.post("/activation-output", json=body)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    with pytest.raises(nats.errors.TimeoutError):
+        await sub.next_msg(timeout=0.5)
+    await sub.unsubscribe()
+    assert await appended(platform, a.world.session_id) == []
+    assert await activation_types(platform, a.activation_id) == []
+
+
+async def test_entries_repeating_a_message_id_are_refused_whole(platform: Stack) -> None:
+    a = await live(platform, "twin")
+    twice = new_id()
+    entries = [
+        {"message_id": new_id(), "role": "assistant", "text": "first"},
+        {"message_id": twice, "role": "assistant", "text": "one"},
+        {"message_id": twice, "role": "tool", "text": "two", "tool_call_id": "c"},
+    ]
+    async with broker(platform, a.token) as c:
+        history = await c.post("/runner/history", json={"entries": entries})
+        final = await c.post("/activation-output", json={"text": "done", "history": entries})
+    assert (history.status_code, final.status_code) == (422, 422)
+    assert twice in history.json()["detail"]
+    assert await appended(platform, a.world.session_id) == []
+    assert await activation_types(platform, a.activation_id) == []
+
+
+async def test_a_live_batchs_data_counts_against_its_bound(platform: Stack) -> None:
+    """Little text, 2.1 M characters of data: refused whole, nothing published."""
+    a = await live(platform, "datum")
+    sub = await platform.nc.jetstream().subscribe(
+        platform.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    chunks = [{"kind": "state", "text": "s", "data": {"blob": "d" * 70_000}}] * 30
+    async with broker(platform, a.token) as c:
+        response = await c.post("/runner/stream", json={"batch": 0, "chunks": chunks})
+    assert response.status_code == 413, response.text
+    with pytest.raises(nats.errors.TimeoutError):
+        await sub.next_msg(timeout=0.5)
+    await sub.unsubscribe()
+
+
+async def test_nats_gone_for_a_moment_is_a_503_and_the_retry_records_once(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A NATS of its own, stopped under the broker: the token's check cannot read the log, so
+    the call is answered 503 with Retry-After (the runner retries, never gives up on its
+    output as refused); with NATS back the same call is recorded, once."""
+    store = tmp_path / "nats"
+    server = start_nats(store)
+    port = int(urlsplit(server.url).port or 0)
+    try:
+        services = ("session", "toolbroker", "gateway")
+        async with running_stack(server.url, postgres_url, tmp_path / "stack", services) as s:
+            world = await new_world(s, "blip")
+            activation_id = await request_activation(s, world)
+            token = mint(s, world, activation_id)
+            async with broker(s, token) as c:
+                server.stop()
+                down = await c.post("/runner/tool-calls/start", json=start_body())
+                server = start_nats(store, port=port)
+                assert down.status_code == 503, down.text
+                assert down.headers["content-type"] == "application/problem+json"
+                assert down.headers["retry-after"] == "1"
+                assert down.json()["code"] == "unavailable"
+
+                async def call() -> int:
+                    response = await c.post("/runner/tool-calls/start", json=start_body())
+                    return response.status_code
+
+                await eventually(call, lambda code: code == 200, timeout=30, what="NATS back")
+            types = await activation_types(s, activation_id)
+            assert types == ["activation.tool_call_started"]
+    finally:
+        server.stop()
+
+
+async def appended(stack: Stack, session_id: str) -> list[str]:
+    stream = await stack.store.load("session", session_id)
+    return [e.data.message_id for e in stream.events if isinstance(e.data, SessionMessageAppended)]
+
+
+async def test_the_brokers_appends_losing_races_are_retried_never_refused(
+    platform: Stack,
+) -> None:
+    """Another writer appends to the activation as fast as it can while the broker records
+    tool calls: each call is recorded after re-reading, or answered 503 to be retried — never
+    409, which the runner would take for a refusal."""
+    a = await live(platform, "race")
+    stop = asyncio.Event()
+
+    async def other_replica() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            with contextlib.suppress(ConflictError):  # the broker won this one
+                await platform.store.append_next(
+                    a.activation_id, [ToolCallStarted(**start_body(f"other-{i}"))], ORCHESTRATOR
+                )
+            await asyncio.sleep(0.001)
+
+    writer = asyncio.create_task(other_replica())
+    try:
+        async with broker(platform, a.token) as c:
+            statuses = [
+                (await c.post("/runner/tool-calls/start", json=start_body(f"c{i}"))).status_code
+                for i in range(20)
+            ]
+    finally:
+        stop.set()
+        await writer
+    assert set(statuses) <= {200, 503}, statuses
+    assert 200 in statuses  # most win within the broker's own attempts
+
+
+async def test_a_signal_payload_over_its_bound_is_422_and_records_nothing(
+    platform: Stack,
+) -> None:
+    a = await live(platform, "sigp")
+    arguments = {"kind": "reminder", "payload": {"notes": "x" * (300 * 1024)}}
+    async with broker(platform, a.token) as c:
+        response = await c.post(
+            "/toolpacks/core/support",
+            json={"operation": "signal.record", "arguments": arguments, "request_id": "r1"},
+        )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    stream = await platform.store.load("session", a.world.session_id)
+    assert not [e for e in stream.events if e.envelope.type.endswith("signal_recorded")]
