@@ -57,6 +57,7 @@ from suzumio.platform.logging import get_logger
 log = get_logger(__name__)
 
 ERR_NO_MESSAGE = 10057
+CLEANED_SECONDS = 900.0  # longer than a worker names its recent exits (600 s)
 
 
 class PoolSettings(BaseModel):
@@ -140,6 +141,7 @@ class PoolBackend:
         self.topology = topology
         self.settings = settings or PoolSettings()
         self._trackers: dict[str, _Tracker] = {}
+        self._cleaned: dict[str, float] = {}  # dispatch → when: in order of cleanup
         self._statuses: Subscription | None = None
         self._statuses_made = asyncio.Lock()
         self._consumers: set[str] = set()
@@ -326,8 +328,15 @@ class PoolBackend:
 
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:  # noqa: ARG002
         # Workers remove a run's directory when it ends (or keep the session's workspace warm
-        # for their idle TTL); nothing of it is left on this side but the subscription.
+        # for their idle TTL); nothing of it is left on this side but the subscription — and
+        # the workers' word on its exit, which list_live no longer shows, as a removed
+        # container is gone from the docker backend's list.
         self._untrack(handle.sandbox_id)
+        now = time.monotonic()
+        self._cleaned[handle.sandbox_id] = now
+        horizon = now - CLEANED_SECONDS
+        while self._cleaned and next(iter(self._cleaned.values())) < horizon:
+            del self._cleaned[next(iter(self._cleaned))]
 
     # -- list_live, health ------------------------------------------------------------------
     async def list_live(self) -> list[Handle]:
@@ -352,6 +361,8 @@ class PoolBackend:
                 )
         for info in infos:
             for status in info.exited:
+                if status.dispatch_id in self._cleaned:
+                    continue
                 handles.setdefault(
                     status.dispatch_id,
                     Handle(
