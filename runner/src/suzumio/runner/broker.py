@@ -50,8 +50,8 @@ MAX_BATCH_ENTRIES = 200
 MAX_BATCH_CHARS = 2_000_000  # well under the bus's message size
 FILE_CHUNK = 256 * 1024
 MAX_RETRY_AFTER = 10.0
-# The output is the one call whose loss costs the whole activation: it rides out a longer
-# outage (about a minute) than the others.
+# The output is the one call whose loss costs the whole activation: a broker that answers it
+# with 5xx is waited for longer (about a minute) than for the others.
 OUTPUT_RETRIES = 14
 
 
@@ -147,16 +147,19 @@ class BrokerClient:
         timeout: float | None = None,
         retries: int | None = None,
     ) -> httpx.Response:
-        """The broker's answer (below 500), retrying transport errors and 5xx answers; `content`
-        makes the body afresh for each try.
+        """The broker's answer (below 500), retrying transport errors (`self._retries` times)
+        and 5xx answers (`retries` times: a broker that answers is alive, and its trouble —
+        NATS or Postgres gone for a moment — may take longer to pass); `content` makes the
+        body afresh for each try.
 
         Raises:
             BrokerUnavailableError: no answer below 500 after the retries. A 5xx is the
                 platform in trouble, never a verdict on the request: the caller must not
                 take it for a refusal.
         """
-        retries = self._retries if retries is None else retries
-        for attempt in range(retries + 1):
+        answered_retries = self._retries if retries is None else retries
+        unreached = answered = 0
+        while True:
             try:
                 response = await self._http.request(
                     method,
@@ -167,14 +170,15 @@ class BrokerClient:
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError:
-                await self._pause(attempt, f"{method} {path}", retries)
+                await self._pause(unreached, f"{method} {path}", self._retries)
+                unreached += 1
                 continue
             if response.status_code >= 500:
                 what = f"{method} {path}: {response.status_code} {_detail(response)}"
-                await self._pause(attempt, what, retries, _retry_after(response))
+                await self._pause(answered, what, answered_retries, _retry_after(response))
+                answered += 1
                 continue
             return response
-        raise BrokerUnavailableError(f"{method} {path}: gave up")  # pragma: no cover - loop returns
 
     async def _pause(
         self, attempt: int, what: str, retries: int | None = None, floor: float = 0.0
