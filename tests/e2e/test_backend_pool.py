@@ -6,6 +6,9 @@ runners forked per activation, and a resident runner kept for a session's next o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
@@ -16,10 +19,10 @@ import pytest
 from suzumio.orchestrator.backends.base import Backend
 from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
 from suzumio.orchestrator.settings import OrchestratorSettings
-from suzumio.testing.model_server import ScriptedModelServer
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.backend_suite import SCENARIOS, Harness, harness
 from tests.e2e.stack import Stack
-from tests.support import start_pool_worker
+from tests.support import eventually, start_pool_worker
 
 
 @pytest.fixture
@@ -36,14 +39,9 @@ def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait()
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
-async def test_pool_backend(
-    platform: Stack,
-    model: ScriptedModelServer,
-    tmp_path: Path,
-    workers: list[subprocess.Popen[bytes]],
-    scenario: Callable[[Harness], Awaitable[None]],
-) -> None:
+def pool_factory(
+    platform: Stack, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+) -> Callable[[OrchestratorSettings], Awaitable[Backend]]:
     async def pool_backend(settings: OrchestratorSettings) -> Backend:
         del settings
         workers.append(
@@ -65,5 +63,102 @@ async def test_pool_backend(
         pool = PoolSettings(heartbeat_timeout_seconds=5, ack_wait_seconds=10)
         return PoolBackend(platform.nc, platform.topology, pool)
 
-    async with harness(platform, model, tmp_path, pool_backend, "pool") as h:
+    return pool_backend
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+async def test_pool_backend(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+    scenario: Callable[[Harness], Awaitable[None]],
+) -> None:
+    factory = pool_factory(platform, tmp_path, workers)
+    async with harness(platform, model, tmp_path, factory, "pool") as h:
         await scenario(h)
+
+
+def shell(*commands: str) -> list[Reply]:
+    return [Reply.tool_calls([ToolCall("shell_exec", {"command": c})]) for c in commands]
+
+
+async def pid_in(root: Path, name: str) -> int:
+    async def found() -> list[Path]:
+        return [p for p in root.rglob(name) if p.read_text().strip()]
+
+    [path] = await eventually(found, bool, timeout=30, what=name)
+    return int(path.read_text())
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+def gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{pid}").exists() for pid in pids)  # ended and reaped
+
+
+async def test_what_an_activations_commands_leave_running_ends_with_it(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+) -> None:
+    """A background process of a finished command — in the command's process group, or in a
+    session of its own — ends when its activation does, on a resident runner that stays."""
+    factory = pool_factory(platform, tmp_path, workers)
+    async with harness(platform, model, tmp_path, factory, "pool") as h:
+        h.model.script(
+            [
+                *shell(
+                    "sleep 301 >/dev/null 2>&1 & echo $! > grouped.pid; "
+                    "setsid sleep 302 >/dev/null 2>&1 & echo $! > alone.pid"
+                ),
+                Reply.text("done"),
+            ]
+        )
+        activation_id = await h.request(await h.world("strays"))
+        assert (await h.ended(activation_id))[-1] == "activation.completed"
+        left = [await pid_in(tmp_path, "grouped.pid"), await pid_in(tmp_path, "alone.pid")]
+        await eventually(lambda: asyncio.sleep(0, gone(left)), bool, timeout=10, what="ended")
+
+
+async def test_what_a_killed_runners_commands_leave_running_ends_with_it(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+) -> None:
+    """The runner killed outright (SIGKILL: it can end nothing) while one command runs and an
+    earlier one's background process lives: the fork server, which its orphans go to, ends
+    them all."""
+    factory = pool_factory(platform, tmp_path, workers)
+    async with harness(platform, model, tmp_path, factory, "pool") as h:
+        h.model.script(
+            [
+                *shell("sleep 303 >/dev/null 2>&1 & echo $! > earlier.pid", "sleep 600"),
+                Reply.text("never"),
+            ]
+        )
+        activation_id = await h.request(await h.world("killed"))
+        earlier = await pid_in(tmp_path, "earlier.pid")
+        runner = parent_of(earlier)  # the runner took the orphan in
+        assert b"suzumio.runner" in Path(f"/proc/{runner}/cmdline").read_bytes(), runner
+        await h.model.wait_for_requests(2, timeout=30)
+        await asyncio.sleep(0.5)  # the second command runs
+        descendants = [earlier]
+        for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+            with contextlib.suppress(OSError, ValueError):
+                ancestor = parent_of(int(pid.name))
+                while ancestor > 1 and ancestor != runner:
+                    ancestor = parent_of(ancestor)
+                if ancestor == runner:
+                    descendants.append(int(pid.name))
+        assert len(descendants) >= 3, descendants  # earlier, the shell, its sleep 600
+        os.kill(runner, signal.SIGKILL)
+        await h.ended(activation_id)
+        await eventually(
+            lambda: asyncio.sleep(0, gone(descendants)), bool, timeout=10, what="ended"
+        )

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from suzumio.runner import eventloop
+from suzumio.runner import eventloop, strays
 
 _PR_SET_PDEATHSIG = 1
 
@@ -264,6 +264,7 @@ def serve() -> int:
     libc = _libc()
     if libc is not None:  # the worker's death ends the server, and with it its children
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    strays.become_subreaper()  # what a runner killed outright leaves comes here: _reap ends it
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -281,6 +282,7 @@ def serve() -> int:
         replies.flush()
 
     residents = _Residents(selector, reply)
+    forked: set[int] = set()
     while True:
         for key, _ in selector.select():
             if isinstance(key.data, int):
@@ -289,7 +291,7 @@ def serve() -> int:
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-                _reap(reply, residents)
+                _reap(reply, residents, forked)
                 continue
             chunk = requests.read(65536)
             if not chunk:
@@ -301,8 +303,8 @@ def serve() -> int:
                 if "to" in request:
                     residents.send(request)
                     continue
-                _fork(request, [*inherited, *residents.fds()], residents, reply, selector)
-        _reap(reply, residents)
+                _fork(request, [*inherited, *residents.fds()], residents, reply, selector, forked)
+        _reap(reply, residents, forked)
 
 
 def _fork(
@@ -311,6 +313,7 @@ def _fork(
     residents: _Residents,
     reply: Callable[[dict[str, Any]], None],
     selector: selectors.BaseSelector,
+    forked: set[int],
 ) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -335,10 +338,14 @@ def _fork(
         os.close(pipes[3])
         os.set_blocking(pipes[2], False)
         residents.add(pid, pipes[1], pipes[2])
+    forked.add(pid)
     reply({"id": request["id"], "pid": pid})
 
 
-def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents) -> None:
+def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents, forked: set[int]) -> None:
+    """Reap what ended: a runner's end goes to the worker; a runner killed by a signal could
+    not end what its commands left, so that ends here (it came to this subreaper); those
+    strays are reaped here too, and nobody is told."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -346,8 +353,13 @@ def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents) -> Non
             return
         if pid == 0:
             return
+        if pid not in forked:
+            continue  # a stray of a runner that is gone
+        forked.discard(pid)
         residents.ended(pid)
         code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            strays.kill_children(keep=forked)
         reply({"pid": pid, "code": code})
 
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from suzumio.contracts.broker import StreamBatch
 from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
-from suzumio.runner import eventloop, exits
+from suzumio.runner import eventloop, exits, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
 from suzumio.runner.connections import Connections
@@ -149,6 +149,7 @@ def run(path: Path) -> int:
     if spec is None:
         return exits.BAD_INPUT
     _not_dumpable()
+    strays.become_subreaper()
     with contextlib.suppress(KeyboardInterrupt):
         return eventloop.run(_one(spec, None))
     return exits.TERMINATED
@@ -188,6 +189,10 @@ async def _one(spec: RunnerActivationInput, kept: Connections | None) -> int:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        # Background processes its commands started end with it (a resident runner's next
+        # activation must not find them, nor may they outlive a cancel).
+        if ended := await strays.end_children():
+            log("activation.strays_ended", count=ended)
 
 
 def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path: Path) -> int:
@@ -202,6 +207,7 @@ def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path
     disk), and what it logs goes on in the runner's one log (`log_path`, its stdout and
     stderr), so an activation here costs no file of its own."""
     _not_dumpable()
+    strays.become_subreaper()
     with contextlib.suppress(KeyboardInterrupt):
         eventloop.run(_serve_resident(requests_fd, replies_fd, max_runs, log_path))
     return 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from suzumio.contracts.runner import ToolDefinition
+from suzumio.runner import strays
 from suzumio.runner.tools.base import CallKind, ToolContext, ToolInputError, ToolResult
 from suzumio.runner.tools.paths import (
     check_keys,
@@ -171,6 +172,7 @@ class ShellExec:
             )
         except OSError as exc:
             return ToolResult(f"cannot start {self._shell}: {exc.strerror}", "error")
+        strays.started_command()  # what it leaves running ends with the activation
         group = transport.get_pid()
         try:
             # asyncio.wait, unlike wait_for, never cancels the futures it watches.

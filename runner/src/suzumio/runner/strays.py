@@ -1,0 +1,111 @@
+"""Processes an activation's commands leave behind, and ending them with it.
+
+A shell command's background process (`server &`) outlives its shell, and its own session or
+process group keeps it out of reach of a signal to the runner's group. The runner makes itself
+a child subreaper, so such an orphan becomes the runner's child rather than init's, and ends
+every child it still has when its activation ends (`end_children`). The fork server is one
+too: a runner killed outright leaves its children to it, and it ends them when it reaps the
+runner. (A worker killed outright takes the fork server and the runners with it; what they
+leave then goes to init.)
+
+Linux only (`prctl`); elsewhere these do nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+_PR_SET_CHILD_SUBREAPER = 36
+REAP_SECONDS = 2.0
+
+
+class _Started:
+    """Whether this process started a command since it last ended its children: a resident
+    runner's activations that ran none skip the look through /proc."""
+
+    commands = False
+
+
+def become_subreaper() -> bool:
+    """Orphans of this process's descendants become its children; whether that took."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+
+
+def started_command() -> None:
+    """A tool started a command (its process group may leave children behind)."""
+    _Started.commands = True
+
+
+def children(parent: int) -> list[int]:
+    """The pids whose parent is `parent` (read from /proc: a kernel without
+    CONFIG_PROC_CHILDREN has no quicker list)."""
+    found: list[int] = []
+    try:
+        entries = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_with_group(pid: int) -> None:
+    """SIGKILL `pid` and its process group (unless that group is ours)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        group = os.getpgid(pid)
+        if group != os.getpgrp():
+            os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def kill_children(keep: Collection[int] = ()) -> list[int]:
+    """SIGKILL every child of this process but `keep`, each with its group; their pids."""
+    strays = [pid for pid in children(os.getpid()) if pid not in keep]
+    for pid in strays:
+        kill_with_group(pid)
+    return strays
+
+
+def reaped(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # not ours (any more)
+    return done == pid
+
+
+async def end_children() -> int:
+    """At an activation's end: end what its commands left running, and reap it (a killed
+    process in the middle of a system call takes a moment). How many there were."""
+    if not _Started.commands:
+        return 0
+    _Started.commands = False
+    strays = kill_children()
+    deadline = time.monotonic() + REAP_SECONDS
+    waiting = [pid for pid in strays if not reaped(pid)]
+    while waiting and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        waiting = [pid for pid in waiting if not reaped(pid)]
+    return len(strays)
