@@ -114,6 +114,14 @@ async def test_members_and_roles(stack: Stack) -> None:
             "forbidden",
         )
         problem(await c.delete(f"/v1/projects/{pid}/members/{owner.user_id}"), 409, "conflict")
+        # An admin manages members, but owners are the owners' to make and remove.
+        ok(await c.put(f"/v1/projects/{pid}/members/{member_id}", json={"role": "admin"}))
+        for attempt in (
+            m.put(f"/v1/projects/{pid}/members/{member_id}", json={"role": "owner"}),
+            m.delete(f"/v1/projects/{pid}/members/{owner.user_id}"),
+        ):
+            problem(await attempt, 403, "forbidden")
+        ok(await c.put(f"/v1/projects/{pid}/members/{member_id}", json={"role": "member"}))
         problem(
             await c.put(f"/v1/projects/{pid}/members/nobody", json={"role": "member"}),
             404,

@@ -20,7 +20,7 @@ from suzumio.contracts.commands import (
     SetRuntimeProfile,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
 from suzumio.contracts.events import (
     MemberAdded,
     MemberRemoved,
@@ -138,7 +138,7 @@ def change_limits(state: ProjectState, cmd: ChangeProjectLimits) -> list[DomainE
 def set_member(state: ProjectState, cmd: SetMember, actor_role: Role) -> list[DomainEvent]:
     current = state.members.get(cmd.user_id)
     if Role.OWNER in (cmd.role, current) and actor_role is not Role.OWNER:
-        raise ConflictError("only an owner may make or unmake owners")
+        raise ForbiddenError("only an owner may make or unmake owners")  # a role: 403
     if current == cmd.role:
         return []
     if current is Role.OWNER and state.owners == {cmd.user_id}:
@@ -156,7 +156,7 @@ def remove_member(state: ProjectState, cmd: RemoveMember, actor_role: Role) -> l
         raise NotFoundError("member not found")
     if current is Role.OWNER:
         if actor_role is not Role.OWNER:
-            raise ConflictError("only an owner may remove an owner")
+            raise ForbiddenError("only an owner may remove an owner")
         if state.owners == {cmd.user_id}:
             raise ConflictError("the last owner cannot be removed")
     return [MemberRemoved(user_id=cmd.user_id)]

@@ -37,7 +37,7 @@ from suzumio.gateway.api.models import (
     RuntimeProfileOut,
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
-from suzumio.gateway.api.problems import not_found
+from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
@@ -117,17 +117,18 @@ async def update_project(
 ) -> ProjectOut:
     """Rename the project or change its limits (admins)."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
-    position = 0
+    commands: list[RenameProject | ChangeProjectLimits] = []  # both built before either goes
     if body.name is not None:
-        position = (
-            await send(gw, who, RenameProject(project_id=project_id, name=body.name), response)
-        ).position
+        commands.append(RenameProject(project_id=project_id, name=body.name))
     if body.limits is not None:
-        limits = ChangeProjectLimits(project_id=project_id, limits=body.limits)
-        position = max(position, (await send(gw, who, limits, response)).position)
+        commands.append(ChangeProjectLimits(project_id=project_id, limits=body.limits))
+    position = 0
+    for command in commands:
+        position = max(position, (await send(gw, who, command, response)).position)
     if position:
         response.headers["Suzumio-Position"] = str(position)
-        await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout)
+        if not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
+            raise ApiError(504, "stored, but the read models have not caught up yet")
     return await _read_project(gw, who.user_id, project_id)
 
 
