@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from suzumio.orchestrator import engine
 from suzumio.orchestrator.backends.base import Backend
 from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.backend_suite import SCENARIOS, Harness, harness
+from tests.backend_suite import SCENARIOS, TERMINAL, Harness, harness
 from tests.e2e.stack import Stack
 from tests.support import eventually, start_pool_worker
 
@@ -40,7 +41,10 @@ def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def pool_factory(
-    platform: Stack, tmp_path: Path, workers: list[subprocess.Popen[bytes]]
+    platform: Stack,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+    heartbeat_timeout: float = 5,
 ) -> Callable[[OrchestratorSettings], Awaitable[Backend]]:
     async def pool_backend(settings: OrchestratorSettings) -> Backend:
         del settings
@@ -60,7 +64,9 @@ def pool_factory(
                 "60",
             )  # fmt: skip
         )
-        pool = PoolSettings(heartbeat_timeout_seconds=5, ack_wait_seconds=10)
+        pool = PoolSettings(
+            heartbeat_timeout_seconds=heartbeat_timeout, ack_wait_seconds=heartbeat_timeout * 2
+        )
         return PoolBackend(platform.nc, platform.topology, pool)
 
     return pool_backend
@@ -162,3 +168,27 @@ async def test_what_a_killed_runners_commands_leave_running_ends_with_it(
         await eventually(
             lambda: asyncio.sleep(0, gone(descendants)), bool, timeout=10, what="ended"
         )
+
+
+async def test_a_worker_frozen_at_the_timeout_still_ends_it_timed_out(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    workers: list[subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker frozen (SIGSTOP) when the wall clock runs out: the stop is not answered
+    within its grace (shortened here below the heartbeat timeout), and the activation still
+    ends as timed out — not as an error of the orchestrator's."""
+    monkeypatch.setattr(engine, "STOP_GRACE_SECONDS", 1.0)
+    factory = pool_factory(platform, tmp_path, workers, heartbeat_timeout=60)
+    async with harness(platform, model, tmp_path, factory, "pool") as h:
+        h.model.script([Reply.text("never in time", delay=60)])
+        activation_id = await h.request(await h.world("frozen", wall_clock=4))
+        await h.model.wait_for_requests(1, timeout=30)  # the worker started its runner
+        os.kill(workers[0].pid, signal.SIGSTOP)
+        try:
+            story = await h.ended(activation_id, timeout=60)
+        finally:
+            os.kill(workers[0].pid, signal.SIGCONT)
+    assert [t for t in story if t in TERMINAL] == ["activation.timed_out"], story
