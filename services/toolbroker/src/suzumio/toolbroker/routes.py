@@ -36,7 +36,6 @@ from suzumio.contracts.commands import (
     SaveCheckpoint,
     TakeSignals,
 )
-from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.events import (
     ActivationOutputRecorded,
@@ -46,14 +45,12 @@ from suzumio.contracts.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
-from suzumio.platform.bus.eventstore import ConcurrencyConflictError
 from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
+from suzumio.toolbroker.own_writes import append_own, started_in_log
 from suzumio.toolbroker.problems import BrokerError
-from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
 from suzumio.toolbroker.support import SupportContext
 
@@ -61,7 +58,6 @@ log = get_logger(__name__)
 
 MAX_CHECKPOINT_BYTES = 256 * 1024
 MAX_STREAM_BATCH_CHARS = 2_000_000  # text and data (as JSON): the runner sends ≤ 1 M of text
-APPEND_ATTEMPTS = 5
 
 
 async def _caller(request: Request) -> Caller:
@@ -78,54 +74,6 @@ async def _broker(request: Request) -> Broker:
 Auth = Annotated[Caller, Depends(_caller)]
 Shared = Annotated[Broker, Depends(_broker)]
 router = APIRouter()
-
-
-async def append_own(
-    broker: Broker, a: LiveActivation, events: list[DomainEvent], actor: str
-) -> None:
-    """Append the broker's own events to the activation (the caller holds its lock). The
-    version is known — what this replica last wrote, or what it folded of the activation's
-    subject — which saves a lookup; a write it has not seen yet makes it a conflict, and then
-    the subject is read."""
-    meta = EventMeta(actor=actor)
-    # Checked with the version taken, no wait between: every event up to a folded version was
-    # folded, so none of them ended the activation, and the append is conditional on nothing
-    # having come after it.
-    if a.fenced:
-        raise BrokerError(403, "fenced", f"the activation is {a.fenced}")
-    if a.logged > (a.version or 0):  # the store needs the sequence of what it writes after
-        broker.store.observe("activation", a.id, a.logged, a.logged_seq)
-    known = max(a.version or 0, a.logged)
-    if known:
-        try:
-            a.version = (await broker.store.append(a.id, events, known, meta)).version
-        except ConcurrencyConflictError:
-            pass
-        else:
-            return
-    await _append_after_reading(broker, a, events, meta)
-
-
-async def _append_after_reading(
-    broker: Broker, a: LiveActivation, events: list[DomainEvent], meta: EventMeta
-) -> None:
-    """Someone else wrote (another replica, or the orchestrator's end): look before writing,
-    and again each time another write slips in between. Conflicts that outlast the attempts
-    leave as `ConcurrencyConflictError`, which the runner is told to retry (503): the call
-    was fine, it only lost races."""
-    for attempt in range(APPEND_ATTEMPTS):
-        stream = await broker.store.load("activation", a.id)
-        if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
-            a.fenced = "ended"
-            raise BrokerError(403, "fenced", "the activation is ended")
-        try:
-            a.version = (await broker.store.append(a.id, events, stream.version, meta)).version
-        except ConcurrencyConflictError:
-            if attempt == APPEND_ATTEMPTS - 1:
-                raise
-            await asyncio.sleep(0.01 * 2**attempt)
-        else:
-            return
 
 
 @router.post("/runner/tool-calls/start")
@@ -157,7 +105,7 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
 @router.post("/runner/tool-calls/finish")
 async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -> Recorded:
     a = caller.activation
-    if body.call_id not in a.calls_started:
+    if body.call_id not in a.calls_started and not await started_in_log(broker, a, body.call_id):
         raise BrokerError(409, "conflict", "finish of a tool call that was never started")
     if body.call_id in a.calls_finished:
         return Recorded(recorded=False)

@@ -1,0 +1,66 @@
+"""The tool-broker's own writes on an activation's subject (real NATS): after a conflict, what
+another replica already wrote for the same call — a runner's retry that reached it first — is
+found on the subject and not written twice, and a finish of a call started there is known."""
+
+from __future__ import annotations
+
+import hashlib
+from types import SimpleNamespace
+from typing import cast
+
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.events import ActivationOutputRecorded, ToolCallStarted
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.toolbroker.own_writes import append_own, started_in_log
+from suzumio.toolbroker.registry import LiveActivation
+from suzumio.toolbroker.state import Broker
+
+
+def start(call_id: str) -> ToolCallStarted:
+    digest = hashlib.sha256(b"{}").hexdigest()
+    return ToolCallStarted(
+        call_id=call_id, tool="file.read", arguments_digest=digest, arguments_size=2
+    )
+
+
+async def test_what_another_replica_wrote_for_the_same_call_is_not_written_again(
+    nc: NATS, topology: Topology
+) -> None:
+    mine, other = EventStore(nc, topology), EventStore(nc, topology)
+    broker = cast("Broker", SimpleNamespace(store=mine))  # the one part of it used here
+    activation_id = new_id()
+    await mine.append(activation_id, [start("c0")], 0)
+    a = LiveActivation(activation_id, "s", "g", "p", version=1)  # this replica wrote v1
+    # The other replica records the runner's retries of c1's start and of the output first.
+    await other.append(activation_id, [start("c1")], 1)
+    await other.append(activation_id, [ActivationOutputRecorded(text="done")], 2)
+
+    await append_own(broker, a, [start("c1")], "system:toolbroker")
+    await append_own(broker, a, [ActivationOutputRecorded(text="done")], "system:toolbroker")
+    await append_own(broker, a, [start("c2")], "system:toolbroker")
+
+    stream = await mine.load("activation", activation_id)
+    types = [(e.envelope.type, getattr(e.data, "call_id", "")) for e in stream.events]
+    assert types == [
+        ("activation.tool_call_started", "c0"),
+        ("activation.tool_call_started", "c1"),
+        ("activation.output_recorded", ""),
+        ("activation.tool_call_started", "c2"),
+    ]
+
+
+async def test_a_finish_of_a_call_started_on_another_replica_is_known(
+    nc: NATS, topology: Topology
+) -> None:
+    store = EventStore(nc, topology)
+    broker = cast("Broker", SimpleNamespace(store=store))
+    activation_id = new_id()
+    await store.append(activation_id, [start("c1")], 0)
+    a = LiveActivation(activation_id, "s", "g", "p")  # has folded none of it yet
+
+    assert await started_in_log(broker, a, "c1")
+    assert "c1" in a.calls_started
+    assert not await started_in_log(broker, a, "c2")
