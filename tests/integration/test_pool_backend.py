@@ -383,6 +383,7 @@ async def test_an_attempt_that_ended_while_no_orchestrator_watched_is_found_with
     try:
         found = {h.sandbox_id: h for h in await second.list_live()}
         assert found[launched.sandbox_id].data["state"] == "exited"
+        assert found[launched.sandbox_id].ended  # nothing to stop: not an orphan to clean
         result = await watch(second, found[launched.sandbox_id], timeout=5)
     finally:
         await second.close()

@@ -219,8 +219,8 @@ class Orchestrator:
             else:
                 self._begin(activation_id)
         for handle in live.values():  # sandboxes no live activation owns: orphans
-            if handle.activation_id in self._tasks:
-                continue
+            if handle.activation_id in self._tasks or handle.ended:
+                continue  # being launched, or over with nothing left of it
             log.warning(
                 "orchestrator.orphan", activation=handle.activation_id, backend=handle.backend
             )

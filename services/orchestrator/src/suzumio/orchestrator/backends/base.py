@@ -72,6 +72,9 @@ class Handle:
     backend: str
     sandbox_id: str  # a pid, a container id, a Job name, a dispatch id
     data: dict[str, Any] = field(default_factory=dict)  # JSON-safe, backend-specific
+    # listed with its end already known and nothing left to stop or remove (a pool worker's
+    # recent exit): `watch` returns that end; no orphan to clean up
+    ended: bool = False
 
 
 @dataclass(frozen=True)

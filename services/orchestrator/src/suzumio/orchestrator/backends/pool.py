@@ -376,6 +376,7 @@ class PoolBackend:
                             "worker_id": info.worker_id,
                             "exit": status.model_dump(mode="json"),
                         },
+                        ended=True,
                     ),
                 )
         for handle in await self._queued():  # unacked after its exit: the exit is what counts
