@@ -452,7 +452,7 @@ class Worker:
         dispatch = run.dispatch
         # Bringing the files in may take longer than the consumer's ack wait: the dispatch is
         # held meanwhile, or the queue would hand it to another worker too.
-        holding = asyncio.create_task(self._hold(run))
+        holding = asyncio.create_task(self._beat(run, heard=False))
         try:
             if dispatch.inputs:
                 await exchange.bring_in(
@@ -589,16 +589,13 @@ class Worker:
         except TimeoutError:
             _signal_group(proc.pid, signal.SIGKILL)
 
-    async def _hold(self, run: _Run) -> None:
+    async def _beat(self, run: _Run, *, heard: bool = True) -> None:
+        """Hold the dispatch (`in_progress`) every heartbeat; `heard`: and tell the
+        orchestrator it runs (not before `started`, which a heartbeat would stand in for)."""
         while True:
             await asyncio.sleep(self.cfg.heartbeat_seconds)
-            with contextlib.suppress(Exception):
-                await run.msg.in_progress()
-
-    async def _beat(self, run: _Run) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.heartbeat_seconds)
-            await self._publish(self._status(run.dispatch, "heartbeat"))
+            if heard:
+                await self._publish(self._status(run.dispatch, "heartbeat"))
             with contextlib.suppress(Exception):
                 await run.msg.in_progress()
 

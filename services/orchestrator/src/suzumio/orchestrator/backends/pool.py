@@ -333,6 +333,7 @@ class PoolBackend:
         # container is gone from the docker backend's list.
         self._untrack(handle.sandbox_id)
         now = time.monotonic()
+        self._cleaned.pop(handle.sandbox_id, None)  # to the end: the dict stays in time order
         self._cleaned[handle.sandbox_id] = now
         horizon = now - CLEANED_SECONDS
         while self._cleaned and next(iter(self._cleaned.values())) < horizon:
