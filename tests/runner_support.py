@@ -72,6 +72,9 @@ class RunnerLauncher:
     config: RunnerConfig = field(default_factory=RunnerConfig)
     customise: Customise | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Only this session's activations: an earlier test's session may still be retried by the
+    # scheduler (a failed activation's backoff) while this test runs, against this model.
+    session_id: str | None = None
     runs: dict[str, Run] = field(default_factory=dict)
     _procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -119,6 +122,8 @@ class RunnerLauncher:
                 continue
             for envelope in envelopes_of(msg.data):
                 data = decode_data(envelope)
+                if self.session_id not in (None, envelope.aggregate_id):
+                    continue
                 if isinstance(data, ActivationRequested):
                     task = asyncio.create_task(self._launch(envelope.aggregate_id, data))
                     self._tasks.add(task)

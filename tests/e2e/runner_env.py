@@ -14,7 +14,10 @@ from tests.e2e.stack import Stack
 from tests.runner_support import RunnerLauncher
 
 
-def launcher(stack: Stack, model: ScriptedModelServer, tmp_path: Path, **kw: Any) -> RunnerLauncher:
+def launcher(
+    stack: Stack, model: ScriptedModelServer, tmp_path: Path, world: World, **kw: Any
+) -> RunnerLauncher:
+    """Runs the activations of `world`'s session only."""
     return RunnerLauncher(
         stack.nc,
         stack.topology,
@@ -23,6 +26,7 @@ def launcher(stack: Stack, model: ScriptedModelServer, tmp_path: Path, **kw: Any
         stack.url_of("toolbroker"),
         model.url,
         tmp_path,
+        session_id=world.session_id,
         **kw,
     )
 

@@ -49,7 +49,7 @@ async def test_ask_user_waits_and_the_reply_resumes_the_same_activation(
             Reply.text("Painting it blue."),
         ]
     )
-    async with launcher(platform, model, tmp_path) as runs:
+    async with launcher(platform, model, tmp_path, world) as runs:
         await post(platform, world, "paint the shed")
         async with platform.client(world.key) as c:
             action = await open_question(c, world)
@@ -77,7 +77,7 @@ async def test_ask_user_checkpoints_ends_and_a_later_reply_resumes(
         ]
     )
     config = RunnerConfig(ask_wait_seconds=0)  # do not wait: checkpoint and end
-    async with launcher(platform, model, tmp_path, config=config) as runs:
+    async with launcher(platform, model, tmp_path, world, config=config) as runs:
         await post(platform, world, "paint the fence")
         [first] = await runs.wait_ended(1)
         assert first.exit_code == exits.WAITING, first.stderr
@@ -124,7 +124,7 @@ async def test_policy_ask_needs_an_approval_and_deny_never_runs(
         ]
     )
     policy = with_policy(file_write=ToolPolicy.ASK, shell_exec=ToolPolicy.DENY)
-    async with launcher(platform, model, tmp_path, customise=policy) as runs:
+    async with launcher(platform, model, tmp_path, world, customise=policy) as runs:
         await post(platform, world, "write and run")
         async with platform.client(world.key) as c:
             action = await open_question(c, world)

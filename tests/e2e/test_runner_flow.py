@@ -96,7 +96,7 @@ async def history(stack: Stack, world: World) -> list[SessionMessageAppended]:
 
 async def one_run(stack: Stack, model: ScriptedModelServer, tmp: Path, text: str, **kw) -> Run:
     world = await new_world(stack, f"u{new_id()[-6:]}")
-    async with launcher(stack, model, tmp, **kw) as runs:
+    async with launcher(stack, model, tmp, world, **kw) as runs:
         await post(stack, world, text)
         [run] = await runs.wait_ended(1)
     run.world = world  # type: ignore[attr-defined]
@@ -190,7 +190,7 @@ async def test_a_p1_message_is_injected_after_the_tool_round(
             Reply.text("noted both"),
         ]
     )
-    async with launcher(platform, model, tmp_path, customise=local_network) as runs:
+    async with launcher(platform, model, tmp_path, world, customise=local_network) as runs:
         await post(platform, world, "fetch the page")
         await model.wait_for_requests(1, timeout=30)
         for _ in range(500):
@@ -233,7 +233,7 @@ async def test_context_overflow_compacts_archives_the_range_and_retries(
             Reply.text("answered after compaction"),
         ]
     )
-    async with launcher(platform, model, tmp_path) as runs:
+    async with launcher(platform, model, tmp_path, world) as runs:
         await post(platform, world, "and now?")
         [run] = await runs.wait_ended(1)
     assert run.exit_code == exits.COMPLETED, run.stderr
