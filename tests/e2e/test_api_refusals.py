@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 from tests.e2e.api import new_world, ok, problem, tar_gz
 from tests.e2e.stack import Stack
@@ -56,13 +57,55 @@ async def test_a_command_larger_than_the_bus_carries_is_413(stack: Stack) -> Non
             "name": "huge",
             "role": "r",
             "model": {"name": "m"},
-            "env_facts": {"blob": "x" * 9_000_000},
+            # Each fact within its bound, all of them together larger than a message.
+            "env_facts": {f"fact{i}": "x" * 9_500 for i in range(1_000)},
         }
         problem(
             await c.post(f"/v1/projects/{world.project_id}/agents", json=body), 413, "too_large"
         )
         agents = ok(await c.get(f"/v1/projects/{world.project_id}/agents"))["items"]
         assert [a["name"] for a in agents] == ["helper"]
+
+
+async def test_an_agents_lists_and_maps_are_bounded(stack: Stack) -> None:
+    world = await new_world(stack, "vim")
+    base = {"name": "big", "role": "r", "model": {"name": "m"}}
+    too_much: tuple[dict[str, Any], ...] = (
+        {"env_facts": {f"f{i}": "v" for i in range(1_001)}},
+        {"env_facts": {"k": "v" * 10_001}},
+        {"env_facts": {"k" * 10_001: "v"}},
+        {"tools": ["t" * 201]},
+        {"toolpacks": ["p" * 201]},
+        {"permissions": {"t" * 201: "allow"}},
+        {"permissions": {f"t{i}": "allow" for i in range(501)}},
+    )
+    async with stack.client(world.key) as c:
+        agents = f"/v1/projects/{world.project_id}/agents"
+        for extra in too_much:
+            problem(await c.post(agents, json=base | extra), 422, "invalid")
+        patch = f"/v1/agents/{world.agent_id}"
+        for extra in (
+            *too_much,
+            {"tools": [f"t{i}" for i in range(201)]},
+            {"fallbacks": [{"name": "m"}] * 17},
+        ):
+            problem(await c.patch(patch, json=extra), 422, "invalid")
+        assert [a["name"] for a in ok(await c.get(agents))["items"]] == ["helper"]
+        assert ok(await c.get(patch))["env_facts"] == {}
+        imports = f"{agents}/import"
+        for files in (
+            {
+                "agent.yaml": MANIFEST,
+                "tools.yaml": "\n".join(f"- t{i}" for i in range(201)).encode(),
+            },
+            {"agent.yaml": MANIFEST + b"tools: [" + b"t" * 201 + b"]\n"},
+            {"agent.yaml": MANIFEST, "prompt/system.md": b"p" * 1_000_001},
+            {"agent.yaml": MANIFEST, "prompt/system.md": b"a NUL \x00 in the prompt"},
+        ):
+            problem(
+                await c.post(imports, files={"package": ("p.tgz", tar_gz(files))}), 422, "invalid"
+            )
+        assert [a["name"] for a in ok(await c.get(agents))["items"]] == ["helper"]
 
 
 def billion_laughs(levels: int = 7) -> bytes:

@@ -48,6 +48,13 @@ Name = Annotated[
     AfterValidator(_no_nul),
 ]
 Text = Annotated[str, StringConstraints(max_length=1_000_000), AfterValidator(_no_nul)]
+ToolRef = Annotated[str, StringConstraints(max_length=200), AfterValidator(_no_nul)]
+"""A tool's or a toolpack's name as an agent lists it."""
+MAX_ENV_FACTS = 1_000
+MAX_FACT_CHARS = 10_000
+FactText = Annotated[str, StringConstraints(max_length=MAX_FACT_CHARS), AfterValidator(_no_nul)]
+"""An environment fact's name or value (an agent holds at most `MAX_ENV_FACTS` of them)."""
+MAX_PERMISSIONS = 500
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)

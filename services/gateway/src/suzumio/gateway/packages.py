@@ -29,15 +29,26 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yaml.composer import ComposerError
 
-from suzumio.contracts.values import ModelSpec, Name, Slug, ToolPolicy, WorkspaceMode
+from suzumio.contracts.values import (
+    MAX_ENV_FACTS,
+    MAX_FACT_CHARS,
+    MAX_PERMISSIONS,
+    ModelSpec,
+    Name,
+    Slug,
+    ToolPolicy,
+    ToolRef,
+    WorkspaceMode,
+)
 
 MAX_ENTRIES = 2_000
 MAX_UNPACKED_BYTES = 100 * 1024 * 1024
 MAX_EXTENDED_HEADER = 64 * 1024
 MAX_YAML_BYTES = 1024 * 1024
 MAX_YAML_DEPTH = 32
-MAX_ENV_FACTS = 1_000
-MAX_FACT_CHARS = 10_000
+MAX_TOOLS = 200
+MAX_TOOL_CHARS = 200
+MAX_PROMPT_CHARS = 1_000_000
 BLOCK = 512
 KNOWN = {"agent.yaml", "prompt/system.md", "tools.yaml", "env/env_facts.yaml"}
 
@@ -54,14 +65,14 @@ class Manifest(BaseModel):
     name: Name
     role: Name
     description: str = Field(default="", max_length=10_000)
-    prompt: str | None = Field(default=None, max_length=1_000_000)
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
     model: ModelSpec | str
     fallbacks: list[ModelSpec | str] = Field(default_factory=list, max_length=16)
-    tools: list[str] = Field(default_factory=list, max_length=200)
-    toolpacks: list[str] = Field(default_factory=list, max_length=100)
+    tools: list[ToolRef] = Field(default_factory=list, max_length=MAX_TOOLS)
+    toolpacks: list[ToolRef] = Field(default_factory=list, max_length=100)
     runtime_profile: Slug | None = None
     workspace_mode: WorkspaceMode = WorkspaceMode.COPY
-    permissions: dict[str, ToolPolicy] = Field(default_factory=dict)
+    permissions: dict[ToolRef, ToolPolicy] = Field(default_factory=dict, max_length=MAX_PERMISSIONS)
 
 
 @dataclass
@@ -266,6 +277,8 @@ def read_package(data: bytes) -> Package:
     prompt = manifest.prompt or ""
     if "prompt/system.md" in files:
         prompt = files["prompt/system.md"].decode("utf-8", "replace")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise PackageError(f"prompt/system.md is longer than {MAX_PROMPT_CHARS} characters")
     tools = list(manifest.tools)
     if "tools.yaml" in files:
         declared = _yaml(files, "tools.yaml")
@@ -273,6 +286,11 @@ def read_package(data: bytes) -> Package:
         if not isinstance(declared, list) or not all(isinstance(t, str) for t in declared):
             raise PackageError("tools.yaml must list tool names")
         tools += [t for t in declared if t not in tools]
+        if len(tools) > MAX_TOOLS or any(len(t) > MAX_TOOL_CHARS for t in tools):
+            raise PackageError(
+                f"an agent lists at most {MAX_TOOLS} tools, "
+                f"each at most {MAX_TOOL_CHARS} characters"
+            )
     env_facts: dict[str, str] = {}
     if "env/env_facts.yaml" in files:
         env_facts = _env_facts(_yaml(files, "env/env_facts.yaml") or {})

@@ -7,13 +7,17 @@ from pydantic import Field
 from suzumio.contracts.commands.base import Command, command
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import (
+    MAX_ENV_FACTS,
+    MAX_PERMISSIONS,
     AssetRef,
     Clean,
+    FactText,
     ModelSpec,
     Name,
     Slug,
     Text,
     ToolPolicy,
+    ToolRef,
     WorkspaceMode,
 )
 
@@ -27,12 +31,12 @@ class CreateAgent(Command):
     prompt: Text = ""
     model: ModelSpec
     fallbacks: tuple[ModelSpec, ...] = Field(default=(), max_length=16)
-    tools: tuple[Clean, ...] = Field(default=(), max_length=200)
-    toolpacks: tuple[Clean, ...] = Field(default=(), max_length=100)
+    tools: tuple[ToolRef, ...] = Field(default=(), max_length=200)
+    toolpacks: tuple[ToolRef, ...] = Field(default=(), max_length=100)
     runtime_profile: Slug | None = None
     description: Clean = Field(default="", max_length=10_000)
-    permissions: dict[str, ToolPolicy] = Field(default_factory=dict)
-    env_facts: dict[Clean, Clean] = Field(default_factory=dict)
+    permissions: dict[ToolRef, ToolPolicy] = Field(default_factory=dict, max_length=MAX_PERMISSIONS)
+    env_facts: dict[FactText, FactText] = Field(default_factory=dict, max_length=MAX_ENV_FACTS)
     workspace_mode: WorkspaceMode = WorkspaceMode.COPY
     assets: tuple[AssetRef, ...] = Field(default=(), max_length=10_000)
 
@@ -46,13 +50,13 @@ class UpdateAgent(Command):
     role: Name | None = None
     prompt: Text | None = None
     model: ModelSpec | None = None
-    fallbacks: tuple[ModelSpec, ...] | None = None
-    tools: tuple[Clean, ...] | None = None
-    toolpacks: tuple[Clean, ...] | None = None
+    fallbacks: tuple[ModelSpec, ...] | None = Field(default=None, max_length=16)
+    tools: tuple[ToolRef, ...] | None = Field(default=None, max_length=200)
+    toolpacks: tuple[ToolRef, ...] | None = Field(default=None, max_length=100)
     runtime_profile: Slug | None = None
     description: Clean | None = Field(default=None, max_length=10_000)
-    permissions: dict[str, ToolPolicy] | None = None
-    env_facts: dict[Clean, Clean] | None = None
+    permissions: dict[ToolRef, ToolPolicy] | None = Field(default=None, max_length=MAX_PERMISSIONS)
+    env_facts: dict[FactText, FactText] | None = Field(default=None, max_length=MAX_ENV_FACTS)
     workspace_mode: WorkspaceMode | None = None
     assets: tuple[AssetRef, ...] | None = None
 

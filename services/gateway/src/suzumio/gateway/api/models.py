@@ -9,8 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import (
+    MAX_ENV_FACTS,
+    MAX_PERMISSIONS,
     AssetRef,
     Clean,
+    FactText,
     Instant,
     ModelSpec,
     MountMode,
@@ -25,6 +28,7 @@ from suzumio.contracts.values import (
     Slug,
     Text,
     ToolPolicy,
+    ToolRef,
     WorkspaceMode,
 )
 
@@ -161,12 +165,12 @@ class AgentIn(In):
     prompt: Text = ""
     model: ModelSpec
     fallbacks: list[ModelSpec] = Field(default_factory=list, max_length=16)
-    tools: list[Clean] = Field(default_factory=list, max_length=200)
-    toolpacks: list[Clean] = Field(default_factory=list, max_length=100)
+    tools: list[ToolRef] = Field(default_factory=list, max_length=200)
+    toolpacks: list[ToolRef] = Field(default_factory=list, max_length=100)
     runtime_profile: Slug | None = None
     description: Clean = Field(default="", max_length=10_000)
-    permissions: dict[str, ToolPolicy] = Field(default_factory=dict)
-    env_facts: dict[Clean, Clean] = Field(default_factory=dict)
+    permissions: dict[ToolRef, ToolPolicy] = Field(default_factory=dict, max_length=MAX_PERMISSIONS)
+    env_facts: dict[FactText, FactText] = Field(default_factory=dict, max_length=MAX_ENV_FACTS)
     workspace_mode: WorkspaceMode = WorkspaceMode.COPY
 
 
@@ -175,13 +179,13 @@ class AgentPatch(In):
     role: Name | None = None
     prompt: Text | None = None
     model: ModelSpec | None = None
-    fallbacks: list[ModelSpec] | None = None
-    tools: list[Clean] | None = None
-    toolpacks: list[Clean] | None = None
+    fallbacks: list[ModelSpec] | None = Field(default=None, max_length=16)
+    tools: list[ToolRef] | None = Field(default=None, max_length=200)
+    toolpacks: list[ToolRef] | None = Field(default=None, max_length=100)
     runtime_profile: Slug | None = None
     description: Clean | None = Field(default=None, max_length=10_000)
-    permissions: dict[str, ToolPolicy] | None = None
-    env_facts: dict[Clean, Clean] | None = None
+    permissions: dict[ToolRef, ToolPolicy] | None = Field(default=None, max_length=MAX_PERMISSIONS)
+    env_facts: dict[FactText, FactText] | None = Field(default=None, max_length=MAX_ENV_FACTS)
     workspace_mode: WorkspaceMode | None = None
 
 

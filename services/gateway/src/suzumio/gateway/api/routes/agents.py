@@ -136,11 +136,12 @@ async def import_agent(
             raise ApiError(422, f"not a valid agent package: {exc}") from exc
     finally:
         form.close()
-    for asset in package.assets:
-        await put_blob(gw.artifacts, asset.sha256, io.BytesIO(asset.data))
     assets = tuple(AssetRef(path=a.path, sha256=a.sha256, size=len(a.data)) for a in package.assets)
     agent_id = ids("agent")
+    # Built (and so checked) before any asset is stored: a refused package leaves nothing.
     command = CreateAgent(project_id=project_id, agent_id=agent_id, assets=assets, **package.fields)
+    for asset in package.assets:
+        await put_blob(gw.artifacts, asset.sha256, io.BytesIO(asset.data))
     await settle(gw, await send(gw, who, command, response))
     response.headers["Location"] = f"/v1/agents/{agent_id}"
     return _agent(await _read(gw, agent_id))
