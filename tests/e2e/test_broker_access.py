@@ -500,3 +500,34 @@ async def test_asking_with_another_sessions_pending_action_id_reveals_nothing(
     async with broker(platform, mine.token) as c:
         response = await c.post("/runner/ask", json={**body, "prompt": "peek"})
     assert response.status_code == 404
+
+
+async def test_one_call_id_messaging_two_sessions_sends_two_messages(platform: Stack) -> None:
+    a = await live(platform, "twom")
+    async with platform.client(a.world.key) as c:
+        other = await c.post(
+            f"/v1/projects/{a.world.project_id}/sessions",
+            json={"agent_id": a.world.agent_id, "title": "the other"},
+        )
+        assert other.status_code == 201, other.text
+    targets = (a.world.session_id, other.json()["id"])
+    sent = []
+    async with broker(platform, a.token) as c:
+        for session_id in targets:
+            body = {
+                "operation": "message.send",
+                "arguments": {"session_id": session_id, "text": f"to {session_id}"},
+                "request_id": "call_0",  # a provider that numbers its calls the same each time
+            }
+            response = await c.post("/toolpacks/core/support", json=body)
+            assert response.status_code == 200, response.text
+            sent.append(response.json()["result"]["message_id"])
+    assert sent[0] != sent[1]  # neither is taken for a retry of the other
+    for session_id, message_id in zip(targets, sent, strict=True):
+        stream = await platform.store.load("session", session_id)
+        texts = {
+            e.data.message_id: e.data.text
+            for e in stream.events
+            if isinstance(e.data, SessionMessageAppended)
+        }
+        assert texts.get(message_id) == f"to {session_id}"

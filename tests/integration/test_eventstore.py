@@ -15,10 +15,12 @@ from suzumio.contracts.errors import InvalidError
 from suzumio.contracts.events import (
     ProjectCreated,
     ProjectRenamed,
+    SessionMessageAppended,
     SessionOpened,
 )
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
+from suzumio.contracts.values import Author
 from suzumio.platform.bus.eventstore import (
     HDR_MSG_ID,
     ConcurrencyConflictError,
@@ -130,6 +132,22 @@ async def test_events_of_two_aggregates_cannot_share_an_append(store: EventStore
         await store.append("not a valid.id", [created()], 0)
     with pytest.raises(InvalidError):
         await store.append(new_id(), [], 0)
+
+
+async def test_an_append_larger_than_the_bus_carries_is_refused_as_input(
+    nc: NATS, store: EventStore
+) -> None:
+    session_id = new_id()
+    text = "x" * 1_000_000  # each event within its own bound; together more than a message
+    events = [
+        SessionMessageAppended(
+            message_id=new_id(), author=Author(kind="user", id="u"), role="user", text=text
+        )
+        for _ in range(nc.max_payload // len(text) + 1)
+    ]
+    with pytest.raises(InvalidError, match="one append carries at most"):
+        await store.append(session_id, events, 0)
+    assert not (await store.load("session", session_id)).events
 
 
 async def test_publish_retried_after_a_lost_ack_stores_one_event(

@@ -16,6 +16,7 @@ from suzumio.contracts.envelope import (
     EventEnvelope,
     EventMeta,
     EventSchemaError,
+    NewerSchemaError,
     UnknownEventTypeError,
     decode_data,
     envelope_for,
@@ -68,8 +69,11 @@ def test_every_upcast_chain_is_complete() -> None:
 def test_unknown_type_and_future_schema_are_refused() -> None:
     with pytest.raises(UnknownEventTypeError):
         upcast("project.teleported", 1, {})
-    with pytest.raises(EventSchemaError):
+    with pytest.raises(NewerSchemaError):
         upcast("project.created", 99, {"name": "x", "owner_id": "u"})
+    with pytest.raises(EventSchemaError) as missing:  # not newer: a later release won't help
+        upcast("project.created", 0, {"name": "x", "owner_id": "u"})
+    assert not isinstance(missing.value, NewerSchemaError)
 
 
 def test_readers_ignore_fields_they_do_not_know() -> None:

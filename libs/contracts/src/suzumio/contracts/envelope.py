@@ -109,6 +109,11 @@ class EventSchemaError(ValueError):
     """An envelope whose schema version cannot be brought to the current one."""
 
 
+class NewerSchemaError(EventSchemaError):
+    """An envelope written at a schema newer than this code's (by a newer release): a later
+    release reads it, unlike a schema this code should read but cannot (a missing upcaster)."""
+
+
 def envelope_for(
     data: DomainEvent,
     *,
@@ -144,7 +149,7 @@ def upcast(event_type: str, schema: int, data: JsonObject) -> JsonObject:
     if cls is None:
         raise UnknownEventTypeError(event_type)
     if schema > cls.schema_version:
-        raise EventSchemaError(
+        raise NewerSchemaError(
             f"{event_type} schema {schema} is newer than this code's {cls.schema_version}"
         )
     while schema < cls.schema_version:

@@ -40,9 +40,9 @@ class SupportContext:
     commands: CommandClient
     store: EventStore
 
-    def derived(self, what: str) -> str:
+    def derived(self, *what: str) -> str:
         return derived_id(
-            "support", self.claims.activation_id, self.toolpack, self.request_id, what
+            "support", self.claims.activation_id, self.toolpack, self.request_id, *what
         )
 
     async def session_project(self, session_id: str) -> str | None:
@@ -56,7 +56,10 @@ class SupportContext:
         """A message to a session of the same project (another agent's, or this one)."""
         if await self.session_project(session_id) != self.claims.project_id:
             raise NotFoundError("session not found")  # another project's looks like none
-        message_id, signal_id = self.derived("message"), self.derived("message.signal")
+        # The target is part of the ids: one call id naming two sessions must not give both
+        # messages one id (the second would be taken for a retry of the first and dropped).
+        message_id = self.derived("message", session_id)
+        signal_id = self.derived("message.signal", session_id)
         return await self._once(
             PostMessage(
                 session_id=session_id,

@@ -230,6 +230,13 @@ class EventStore:
             if len(envelopes) == 1
             else _COMMIT.dump_json(list(envelopes), by_alias=True)
         )
+        if len(payload) > self._nc.max_payload:
+            # A command that fit on the bus can still make events that do not (each envelope
+            # adds its fields): refused as input, not failed as the server's fault.
+            raise InvalidError(
+                f"the events are {len(payload)} bytes; one append carries at most "
+                f"{self._nc.max_payload} bytes: send less"
+            )
         return _Prepared(
             subject, aggregate, aggregate_id, expected_version, expected_seq, envelopes, payload
         )

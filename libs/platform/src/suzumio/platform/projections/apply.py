@@ -58,6 +58,11 @@ class PoisonTracker:
         self._failures = {k: v for k, v in self._failures.items() if k[1] > seq}
 
 
+def first_newer(projection: Projection, entries: Sequence[LogEntry]) -> LogEntry | None:
+    """The first entry this projection handles whose schema is newer than this code's."""
+    return next((e for e in entries if e.newer and projection.handles.intersection(e.types)), None)
+
+
 async def apply_entries(
     conn: Connection,
     projection: Projection,
@@ -68,11 +73,12 @@ async def apply_entries(
     """Apply the events of `entries` this projection handles; returns what had to be parked.
 
     An event of a schema newer than this code stops the projection instead (it would be lost
-    if skipped): the batch is retried until a newer release takes over.
+    if skipped): the batch is retried until a newer release takes over. (The live projector
+    holds only the projection concerned, at that event: see `first_newer`.)
     """
-    newer = [e for e in entries if e.newer and projection.handles.intersection(e.types)]
-    if newer:
-        raise RetryBatchError(f"seq {newer[0].seq} needs a newer release: {newer[0].error}")
+    newer = first_newer(projection, entries)
+    if newer is not None:
+        raise RetryBatchError(f"seq {newer.seq} needs a newer release: {newer.error}")
     parked = [
         Parked(projection.name, e.seq, e.subject, ",".join(e.types), e.error)
         for e in entries

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from suzumio.contracts.envelope import (
     EVENT_TYPES,
     DomainEvent,
-    EventSchemaError,
+    NewerSchemaError,
     RecordedEvent,
     decode_data,
 )
@@ -66,9 +66,9 @@ def decode_entry(
             if _known(envelope.type, seq) and envelope.type in wanted
         )
         return LogEntry(seq, subject, tuple(e.type for e in envelopes), events)
-    except EventSchemaError as exc:
+    except NewerSchemaError as exc:
         return LogEntry(seq, subject, tuple(types or ("?",)), error=str(exc)[:2_000], newer=True)
-    except (ValidationError, ValueError) as exc:
+    except (ValidationError, ValueError) as exc:  # a missing upcaster too: parked, not waited on
         return LogEntry(
             seq, subject, tuple(types or ("?",)), error=f"{type(exc).__name__}: {exc}"[:2_000]
         )

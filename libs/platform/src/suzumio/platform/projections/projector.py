@@ -39,6 +39,7 @@ from suzumio.platform.projections.apply import (
     PoisonTracker,
     RetryBatchError,
     apply_entries,
+    first_newer,
 )
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import LogEntry, decode_entry
@@ -98,6 +99,7 @@ class Projector:
         self._batch = batch
         self._next = 1
         self._tracker = PoisonTracker()
+        self._held: set[str] = set()  # projections stopped at an event of a newer schema
         self._build_task: asyncio.Task[None] | None = None
         self.leading = False
 
@@ -171,6 +173,7 @@ class Projector:
 
     # -- the consume loop ------------------------------------------------------------------
     async def _consume(self, conn: Connection, stop: asyncio.Event) -> None:
+        self._held.clear()  # from the lowest checkpoint, each one meets its event again
         await self._start_builds(conn)
         await self._ensure_consumer()
         self._next = await self._start_position(conn)
@@ -265,14 +268,32 @@ class Projector:
                 row = rows[p.name]
                 if row.version != p.version:
                     continue  # being built; the build's swap will bring it up to date
+                if p.name in self._held:
+                    continue  # waits, at its checkpoint, for a release that can read on
                 if row.position < first - 1:
                     raise _ResetError(row.position + 1, f"{p.name} stands at {row.position}")
                 todo = [e for e in entries if e.seq > row.position]
+                end = last
+                newer = first_newer(p, todo)
+                if newer is not None:
+                    # Skipping the event would lose it; waiting must not stop the projections
+                    # that never read it. The next leader (a newer release, or this one after
+                    # a restart) starts from the lowest checkpoint and meets it again.
+                    self._held.add(p.name)
+                    log.warning(
+                        "projector.projection_held",
+                        projection=p.name,
+                        seq=newer.seq,
+                        error=newer.error,
+                    )
+                    todo = [e for e in todo if e.seq < newer.seq]
+                    end = newer.seq - 1
                 if todo:
                     parked += await apply_entries(
                         conn, p, f'"{live_schema(p.name)}"', todo, self._tracker
                     )
-                    moves[p.name] = last
+                if end > row.position:
+                    moves[p.name] = end
             await checkpoints.move(conn, moves)
             await notify(conn, last)
         return parked

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from suzumio.platform.db.pool import Connection
 
@@ -27,6 +27,10 @@ def clean(value: Any) -> Any:
     return value
 
 
+class DuplicateRowError(ValueError):
+    """An event inserts a row whose key another event of the same batch inserted."""
+
+
 @dataclass
 class _Row:
     inserted: bool = False
@@ -39,14 +43,19 @@ class RowChanges:
 
     `insert` starts a new row; `set` assigns columns (the last assignment wins); `incr` adds
     to integer columns. Changes to a row inserted in the same batch fold into its insert.
+    A key of several columns (`("session_id", "id")`) takes tuples as keys.
     """
 
-    def __init__(self, table: str, key: str) -> None:
+    def __init__(self, table: str, key: str | tuple[str, ...]) -> None:
         self._table = table
-        self._key = key
+        self._key = (key,) if isinstance(key, str) else key
         self._rows: dict[Hashable, _Row] = {}
 
     def insert(self, key: Hashable, **values: Any) -> None:
+        if key in self._rows and self._rows[key].inserted:
+            # As the table's key would refuse it were the two in separate batches: a batch's
+            # cut must never decide which of the two a projection keeps.
+            raise DuplicateRowError(f"{self._table}: a second row with the key {key!r}")
         self._rows[key] = _Row(inserted=True, values={k: clean(v) for k, v in values.items()})
 
     def set(self, key: Hashable, **values: Any) -> None:
@@ -66,14 +75,18 @@ class RowChanges:
     async def flush(self, conn: Connection) -> None:
         inserts: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
         updates: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[Any, ...]]] = {}
+        width = len(self._key)
         for key, row in self._rows.items():
+            key_values = (key,) if width == 1 else tuple(cast("tuple[Any, ...]", key))
             if row.inserted:
-                columns = (self._key, *sorted(row.values))
-                inserts.setdefault(columns, []).append((key, *(row.values[c] for c in columns[1:])))
+                columns = (*self._key, *sorted(row.values))
+                inserts.setdefault(columns, []).append(
+                    (*key_values, *(row.values[c] for c in columns[width:]))
+                )
             else:
                 shape = (tuple(sorted(row.values)), tuple(sorted(row.increments)))
                 args = (
-                    key,
+                    *key_values,
                     *(row.values[c] for c in shape[0]),
                     *(row.increments[c] for c in shape[1]),
                 )
@@ -83,11 +96,12 @@ class RowChanges:
             sql = f"INSERT INTO {self._table} ({', '.join(columns)}) VALUES ({placeholders})"
             await conn.executemany(sql, rows)
         for (assigned, incremented), rows in updates.items():
-            parts = [f"{c} = ${i}" for i, c in enumerate(assigned, start=2)]
-            offset = 2 + len(assigned)
+            parts = [f"{c} = ${i}" for i, c in enumerate(assigned, start=width + 1)]
+            offset = width + 1 + len(assigned)
             parts += [f"{c} = {c} + ${i}" for i, c in enumerate(incremented, start=offset)]
             if not parts:
                 continue
-            sql = f"UPDATE {self._table} SET {', '.join(parts)} WHERE {self._key} = $1"
+            where = " AND ".join(f"{c} = ${i}" for i, c in enumerate(self._key, start=1))
+            sql = f"UPDATE {self._table} SET {', '.join(parts)} WHERE {where}"
             await conn.executemany(sql, rows)
         self._rows.clear()

@@ -17,7 +17,8 @@ from suzumio.platform.projections.writes import RowChanges, clean
 
 class SessionsProjection(Projection):
     name: ClassVar[str] = "sessions"
-    version: ClassVar[int] = 1
+    # 2: a message id is unique within its session only.
+    version: ClassVar[int] = 2
     handles: ClassVar[frozenset[str]] = frozenset(
         {
             SessionOpened.event_type,
@@ -50,14 +51,15 @@ class SessionsProjection(Projection):
         CREATE TABLE {schema}.messages (
             session_id text NOT NULL,
             version integer NOT NULL,
-            message_id text NOT NULL UNIQUE,
+            message_id text NOT NULL,
             author_kind text NOT NULL,
             author_id text NOT NULL,
             role text NOT NULL,
             text text NOT NULL,
             created_at timestamptz NOT NULL,
             position bigint NOT NULL,
-            PRIMARY KEY (session_id, version)
+            PRIMARY KEY (session_id, version),
+            UNIQUE (session_id, message_id)
         );
         """
 

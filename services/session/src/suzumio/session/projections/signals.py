@@ -12,7 +12,8 @@ from suzumio.platform.projections.writes import RowChanges
 
 class SignalsProjection(Projection):
     name: ClassVar[str] = "signals"
-    version: ClassVar[int] = 1
+    # 2: keyed by session and signal (a signal's id is unique within its session only).
+    version: ClassVar[int] = 2
     handles: ClassVar[frozenset[str]] = frozenset(
         {SignalRecorded.event_type, SignalsDelivered.event_type, SignalClosed.event_type}
     )
@@ -21,7 +22,7 @@ class SignalsProjection(Projection):
     def ddl(self, schema: str) -> str:
         return f"""
         CREATE TABLE {schema}.signals (
-            id text PRIMARY KEY,
+            id text NOT NULL,
             session_id text NOT NULL,
             agent_id text NOT NULL,
             kind text NOT NULL,
@@ -34,21 +35,21 @@ class SignalsProjection(Projection):
             reason text NOT NULL DEFAULT '',
             created_at timestamptz NOT NULL,
             updated_at timestamptz NOT NULL,
-            position bigint NOT NULL
+            position bigint NOT NULL,
+            PRIMARY KEY (session_id, id)
         );
         CREATE INDEX ON {schema}.signals (session_id, status);
         CREATE INDEX ON {schema}.signals (activation_id);
         """
 
     async def apply(self, conn: Connection, schema: str, events: Events) -> None:
-        rows = RowChanges(f"{schema}.signals", "id")
+        rows = RowChanges(f"{schema}.signals", ("session_id", "id"))
         for e in events:
             stamp = {"updated_at": e.occurred_at, "position": e.seq}
             match e.data:
                 case SignalRecorded() as d:
                     rows.insert(
-                        d.signal_id,
-                        session_id=e.aggregate_id,
+                        (e.aggregate_id, d.signal_id),
                         agent_id=d.agent_id,
                         kind=d.kind.value,
                         priority=d.priority.value,
@@ -64,8 +65,16 @@ class SignalsProjection(Projection):
                 case SignalsDelivered() as d:
                     for signal_id in d.signal_ids:
                         rows.set(
-                            signal_id, status="delivered", activation_id=d.activation_id, **stamp
+                            (e.aggregate_id, signal_id),
+                            status="delivered",
+                            activation_id=d.activation_id,
+                            **stamp,
                         )
                 case SignalClosed() as d:
-                    rows.set(d.signal_id, status=d.outcome.value, reason=d.reason, **stamp)
+                    rows.set(
+                        (e.aggregate_id, d.signal_id),
+                        status=d.outcome.value,
+                        reason=d.reason,
+                        **stamp,
+                    )
         await rows.flush(conn)

@@ -273,7 +273,11 @@ async def record_signal(
         not_before=body.not_before,
     )
     await settle(gw, await send(gw, who, command, response))
-    row = await gw.pool.fetchrow("SELECT * FROM proj_signals.signals WHERE id = $1", signal_id)
+    row = await gw.pool.fetchrow(
+        "SELECT * FROM proj_signals.signals WHERE session_id = $1 AND id = $2",
+        session_id,
+        signal_id,
+    )
     if row is None:
         raise not_found("signal")
     return _signal(row)
