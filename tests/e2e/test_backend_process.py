@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import re
 import shutil
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationCancelRequested
+from suzumio.contracts.ids import new_id
 from suzumio.orchestrator.backends.base import Backend
 from suzumio.orchestrator.backends.process import ProcessBackend
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.backend_suite import SCENARIOS, Harness, harness
+from tests.backend_suite import SCENARIOS, TERMINAL, Harness, harness
 from tests.e2e.api import World
 from tests.e2e.stack import Stack
 from tests.support import eventually
@@ -107,3 +114,63 @@ async def test_an_out_file_no_workspace_could_hold_is_left_out(
                 what="the artifacts",
             )
     assert [a["path"] for a in listed.json()["items"]] == ["ok.txt"]
+
+
+def holding(*needles: str) -> list[int]:
+    """The pids of the processes whose command line holds one of `needles`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in cmdline for n in needles):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+@pytest.mark.parametrize("end", ["cancel", "timeout"])
+async def test_with_bubblewrap_a_stop_ends_everything_in_the_sandbox(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, end: str
+) -> None:
+    """A cancel or the wall-clock timeout stops the whole sandbox, not only bubblewrap's
+    outer process: no process is left whose command line names the activation's directory
+    (bwrap, the runner's shell and the runner) or the agent's command running inside."""
+    marker = f"still-running-{new_id()[-8:]}"
+    model.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": f"sleep 777; echo {marker}"})]),
+            Reply.text("never"),
+        ]
+    )
+    sandboxes = str(tmp_path / "sandboxes")
+    try:
+        async with harness(platform, model, tmp_path, process_backend, "process") as h:
+            world = await h.world("stop", wall_clock=8 if end == "timeout" else None)
+            activation_id = await h.request(world)
+            await eventually(
+                lambda: asyncio.sleep(0, holding(marker)), bool, timeout=60, what="the command"
+            )
+            if end == "cancel":
+                await h.stack.store.append_next(
+                    world.session_id,
+                    [ActivationCancelRequested(activation_id=activation_id, reason="test")],
+                    EventMeta(actor="system:scheduler"),
+                )
+            story = await h.ended(activation_id, timeout=60)
+            expected = "activation.cancelled" if end == "cancel" else "activation.timed_out"
+            assert [t for t in story if t in TERMINAL] == [expected], story
+            left = await eventually(
+                lambda: asyncio.sleep(0, holding(sandboxes, marker)),
+                lambda pids: not pids,
+                timeout=15,
+                what="the sandbox's processes to end",
+            )
+            assert left == []
+    finally:  # what a failed stop left behind, started by this test
+        for pid in holding(sandboxes, marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

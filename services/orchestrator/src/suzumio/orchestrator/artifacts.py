@@ -9,14 +9,23 @@ stores what the activation left in `out/` there and names those files in its las
 (`Exit.outputs`), which are recorded here like local ones. A Kubernetes Job's runner shares
 neither with the platform: its input names the artifacts (`files`, with their ids), it fetches
 them from the tool-broker and sends `out/`'s files back there, and the broker records them.
+
+A local workspace is the sandbox's to change, links included, and this process may run as
+root: its files are reached one name at a time from an opened directory, never through a link
+(`workspace`, `in`, `out` and everything under them), so a planted link neither brings a host
+file in as an artifact nor has a copied-in file written outside the workspace.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import io
 import mimetypes
-from collections.abc import Mapping
+import os
+import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,7 +35,7 @@ from nats.js.object_store import ObjectStore
 from suzumio.contracts.commands import RecordArtifact
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import derived_id
-from suzumio.contracts.runner import FileExchange, FileRef, InputFile
+from suzumio.contracts.runner import FileExchange, FileRef, InputFile, placeable
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
 from suzumio.orchestrator.sessions import Artifact, session_artifacts
 from suzumio.platform.bus.commands import CommandClient
@@ -105,22 +114,54 @@ class ArtifactCollector:
             return replace(plan, input=plan.input.model_copy(update={"files": files}))
         if backend not in LOCAL_BACKENDS:
             return plan
-        workspace = plan.host_dir / "workspace"
-        (workspace / "out").mkdir(parents=True, exist_ok=True)
+        # The workspace is the sandbox's: any part of it may be a link it planted (a sandbox
+        # of this activation launched before, in the same directory), so nothing here is
+        # reached through one.
+        plan.host_dir.mkdir(parents=True, exist_ok=True)
+        os.close(_open_workspace(plan.host_dir, "out", create=True))
         plan.session_dir.mkdir(parents=True, exist_ok=True)
         if plan.mounts:
             return plan  # `mount` workspace mode: the grants are the inputs
-        for path, artifact in (await self._files(plan, known)).items():
-            target = _inside(workspace / "in", path)
-            if target is None or (target.exists() and target.stat().st_size == artifact.size):
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("wb") as sink:
-                async for chunk in read_chunks(
-                    self._js, self._store, self._bucket, artifact.sha256
-                ):
-                    sink.write(chunk)
+        artifacts = await self._files(plan, known)
+        if not artifacts:
+            return plan
+        inbox = _open_workspace(plan.host_dir, "in", create=True)
+        try:
+            for path, artifact in artifacts.items():
+                await self._place(inbox, path, artifact, plan.activation_id)
+        finally:
+            os.close(inbox)
         return plan
+
+    async def _place(self, inbox: int, path: str, artifact: Artifact, activation: str) -> None:
+        """`artifact` at `path` under the directory `inbox`, written to a partial file that
+        is renamed over whatever is there (a link is replaced, not followed); nothing if a
+        regular file of its size is there already."""
+        try:
+            at, name = _slot(inbox, path)
+        except OSError as exc:  # not a name a workspace holds, or a link on the way
+            log.warning("artifacts.unplaceable", activation=activation, path=path, error=str(exc))
+            return
+        partial = f".{name}.part"
+        try:
+            sink = _open_partial(at, name, partial, artifact.size)
+            if sink is None:
+                return
+            try:
+                with sink:
+                    async for chunk in read_chunks(
+                        self._js, self._store, self._bucket, artifact.sha256
+                    ):
+                        sink.write(chunk)
+                os.replace(partial, name, src_dir_fd=at, dst_dir_fd=at)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial, dir_fd=at)
+                raise
+        except (IsADirectoryError, FileExistsError) as exc:  # a directory in the file's place
+            log.warning("artifacts.unplaceable", activation=activation, path=path, error=str(exc))
+        finally:
+            os.close(at)
 
     async def _files(
         self, plan: LaunchPlan, known: Mapping[str, Artifact] | None
@@ -148,36 +189,41 @@ class ArtifactCollector:
         return tuple(refs)
 
     async def collect(self, target: Collection, exit_: Exit) -> list[str]:
-        """Record what the activation left in `workspace/out` (regular files only, no
-        symlinks) as artifacts of the session; the paths recorded."""
+        """Record what the activation left in `workspace/out` (regular files only: no link
+        is followed, on the way to `out` or under it) as artifacts of the session; the paths
+        recorded."""
         if target.backend in REMOTE_BACKENDS:
             return await self._record_remote(target, exit_.outputs)
         if target.backend not in LOCAL_BACKENDS:
             return []
-        out = target.host_dir / "workspace" / "out"
-        if not out.is_dir():
+        try:
+            out = await asyncio.to_thread(_open_workspace, target.host_dir, "out")
+        except FileNotFoundError:
             return []
+        except OSError as exc:  # `workspace` or `out` made a link (or a file) by the sandbox
+            log.warning("artifacts.out_refused", activation=target.activation_id, error=str(exc))
+            return []
+        try:
+            return await self._collect_local(target, out)
+        finally:
+            os.close(out)
+
+    async def _collect_local(self, target: Collection, out: int) -> list[str]:
+        walk = _Walk(target.activation_id, self._max_files, self._max_bytes)
+        found = await asyncio.to_thread(walk.run, out)
+        if len(found) > self._max_files:
+            log.warning("artifacts.too_many", activation=target.activation_id)
         recorded: list[str] = []
-        for path in sorted(out.rglob("*")):
-            if len(recorded) >= self._max_files:
-                log.warning("artifacts.too_many", activation=target.activation_id)
-                break
-            if path.is_symlink() or not path.is_file():
+        for parts in found[: self._max_files]:
+            opened = await asyncio.to_thread(_open_hashed, out, parts, self._max_bytes)
+            if opened is None:  # changed since the walk: no longer a small regular file
+                log.warning("artifacts.changed", activation=target.activation_id)
                 continue
-            size = path.stat().st_size
-            if size > self._max_bytes:
-                log.warning("artifacts.too_large", activation=target.activation_id, size=size)
-                continue
-            relative = path.relative_to(out).as_posix()
-            try:
-                ref = FileRef(path=relative, sha256=_sha256(path), size=size)
-            except ValueError:  # a name no workspace could hold again (a backslash, …)
-                log.warning("artifacts.unplaceable", activation=target.activation_id)
-                continue
-            with path.open("rb") as source:
+            source, ref = opened
+            with source:
                 await put_blob(self._store, ref.sha256, source)
             await self._record(target, ref)
-            recorded.append(relative)
+            recorded.append(ref.path)
         return recorded
 
     async def _record_remote(self, target: Collection, outputs: tuple[FileRef, ...]) -> list[str]:
@@ -211,14 +257,156 @@ class ArtifactCollector:
             )
 
 
-def _inside(root: Path, relative: str) -> Path | None:
-    target = (root / relative).resolve()
-    return target if target.is_relative_to(root.resolve()) else None
+# Opened one name at a time relative to the directory above, never through a link: this
+# process may run as root, and a link planted in the workspace must not make it read or write
+# the host's files. O_NONBLOCK: opening a FIFO put in a file's place does not hang.
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MAX_DEPTH = 32  # below it, `out` is not walked: open directories stay few
 
 
-def _sha256(path: Path) -> str:
+def _open_dir(name: str, at: int, *, create: bool = False) -> int:
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=at)
+    return os.open(name, _DIR, dir_fd=at)
+
+
+def _descend(top: int, names: Sequence[str], *, create: bool = False) -> int:
+    """The directory `names` lead to from the directory `top`, opened (a descriptor of its
+    own; `top` stays open).
+
+    Raises:
+        OSError: missing (unless `create`), a link or not a directory on the way.
+    """
+    at = os.dup(top)
+    for name in names:
+        try:
+            below = _open_dir(name, at, create=create)
+        finally:
+            os.close(at)
+        at = below
+    return at
+
+
+def _open_workspace(host_dir: Path, name: str, *, create: bool = False) -> int:
+    """`host_dir/workspace/<name>`, opened; the activation's directory itself is the
+    orchestrator's own, what is below it the sandbox's."""
+    host = os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _descend(host, ("workspace", name), create=create)
+    finally:
+        os.close(host)
+
+
+def _slot(inbox: int, path: str) -> tuple[int, str]:
+    """The directory (made as needed) holding `path`'s file under `inbox`, opened, and the
+    file's name in it.
+
+    Raises:
+        OSError: not a relative path of names, or a link or a file on the way.
+    """
+    if not placeable(path):
+        raise OSError(f"not a relative path of names: {path!r}")
+    *dirs, name = path.split("/")
+    return _descend(inbox, dirs, create=True), name
+
+
+def _open_partial(at: int, name: str, partial: str, size: int) -> io.BufferedWriter | None:
+    """A fresh partial file beside `name` in the directory `at`, or None if `name` is a
+    regular file of `size` bytes already (a warm workspace's)."""
+    with contextlib.suppress(FileNotFoundError):
+        info = os.stat(name, dir_fd=at, follow_symlinks=False)
+        if stat.S_ISREG(info.st_mode) and info.st_size == size:
+            return None
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial, dir_fd=at)  # a link or a file left there: gone, not followed
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(partial, flags, 0o644, dir_fd=at), "wb")
+
+
+class _Walk:
+    """The regular files under an opened `out`, as path parts in path order, each within
+    the size limit and with a name a workspace can hold — one more than `max_files` at most,
+    to tell there were too many. What is not a directory or a regular file (links, devices,
+    FIFOs, sockets) is skipped, never followed, and logged once."""
+
+    def __init__(self, activation: str, max_files: int, max_bytes: int) -> None:
+        self._activation = activation
+        self._max_files, self._max_bytes = max_files, max_bytes
+        self.found: list[tuple[str, ...]] = []
+        self.skipped: list[str] = []
+
+    def run(self, out: int) -> list[tuple[str, ...]]:
+        self._dir(out, ())
+        if self.skipped:
+            log.warning(
+                "artifacts.skipped",
+                activation=self._activation,
+                count=len(self.skipped),
+                examples=self.skipped[:5],
+            )
+        return self.found
+
+    def _dir(self, fd: int, prefix: tuple[str, ...]) -> bool:
+        """Whether to go on (the limit is not reached)."""
+        with os.scandir(fd) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+        for entry in entries:
+            parts = (*prefix, entry.name)
+            if entry.is_dir(follow_symlinks=False) and len(parts) < MAX_DEPTH:
+                if not self._subdir(fd, parts):
+                    return False
+            elif entry.is_file(follow_symlinks=False):
+                self._file(parts, entry.stat(follow_symlinks=False).st_size)
+                if len(self.found) > self._max_files:
+                    return False
+            else:
+                self.skipped.append("/".join(parts))
+        return True
+
+    def _subdir(self, fd: int, parts: tuple[str, ...]) -> bool:
+        try:
+            sub = _open_dir(parts[-1], fd)
+        except OSError:  # swapped for a link (or gone) since it was listed
+            self.skipped.append("/".join(parts))
+            return True
+        try:
+            return self._dir(sub, parts)
+        finally:
+            os.close(sub)
+
+    def _file(self, parts: tuple[str, ...], size: int) -> None:
+        if size > self._max_bytes:
+            log.warning("artifacts.too_large", activation=self._activation, size=size)
+        elif not placeable("/".join(parts)):  # a name no workspace could hold again (a `\`)
+            log.warning("artifacts.unplaceable", activation=self._activation)
+        else:
+            self.found.append(parts)
+
+
+def _open_hashed(
+    out: int, parts: tuple[str, ...], max_bytes: int
+) -> tuple[io.BufferedReader, FileRef] | None:
+    """The file at `parts` under `out`, opened at its start, and its reference — if it is
+    still a regular file within `max_bytes`, reached without a link."""
+    try:
+        at = _descend(out, parts[:-1])
+    except OSError:
+        return None
+    try:
+        fd = os.open(parts[-1], _FILE, dir_fd=at)
+    except OSError:
+        return None
+    finally:
+        os.close(at)
+    source = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+        source.close()
+        return None
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    for block in iter(lambda: source.read(1 << 20), b""):
+        digest.update(block)
+    source.seek(0)
+    return source, FileRef(path="/".join(parts), sha256=digest.hexdigest(), size=info.st_size)

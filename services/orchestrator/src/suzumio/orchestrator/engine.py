@@ -4,8 +4,11 @@ watched to its end and given exactly one terminal event (DESIGN.md §8).
 Like the scheduler, every replica follows the whole log and one leads (a Postgres advisory
 lock): only the leader launches. When it starts leading it reconciles: each activation the log
 says is not over is matched with what the backends still run — watched again if its sandbox
-lives, failed as lost if it was started and its sandbox is gone, launched if it never was —
-and every sandbox of the platform no activation owns is stopped and removed.
+lives (stopped first if a cancel was asked meanwhile; under its wall-clock limit counted from
+its start in the log), ended as its recorded output says or failed as lost if it was started
+and its sandbox is gone, launched if it never was — and every sandbox of the platform no
+activation owns is stopped and removed. A backend that cannot list its sandboxes is asked again
+until it can; its activations are left as they are meanwhile.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ from suzumio.orchestrator.artifacts import ArtifactCollector, Collection
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.directory import Agent, Directory, Project
 from suzumio.orchestrator.planning import PlanError, Planner
+from suzumio.orchestrator.resumption import (
+    RELIST_FIRST_SECONDS,
+    RELIST_MAX_SECONDS,
+    deadline_of,
+    exit_of_gone,
+    list_live,
+)
 from suzumio.platform.bus.eventstore import (
     AggregateStream,
     ConcurrencyConflictError,
@@ -82,6 +92,8 @@ class Tracked:
     agent: Agent | None = None  # as the log had them when the request was stored
     project: Project | None = None
     started: bool = False
+    backend: str | None = None  # where it started, and when (the log's time)
+    started_at: datetime | None = None
     cancel_reason: str | None = None
     ended: bool = False
     handle: Handle | None = None
@@ -147,11 +159,11 @@ class Orchestrator:
                 log.warning("orchestrator.undecodable", seq=seq, type=envelope.type)
                 continue
             if envelope.type in ACTIVATION_EVENTS:
-                self._apply(envelope.aggregate_id, event)
+                self._apply(envelope.aggregate_id, event, envelope.occurred_at)
             else:
                 self.directory.apply(envelope.aggregate_id, event)
 
-    def _apply(self, aggregate_id: str, data: DomainEvent) -> None:
+    def _apply(self, aggregate_id: str, data: DomainEvent, at: datetime | None = None) -> None:
         match data:
             case ActivationRequested():
                 agent = self.directory.agent(data.agent_id)
@@ -167,7 +179,7 @@ class Orchestrator:
                         self._spawn_cancel(data.activation_id)
             case ActivationStarted():
                 if (t := self.activations.get(aggregate_id)) is not None:
-                    t.started = True
+                    t.started, t.backend, t.started_at = True, data.backend, at
             case _:  # a terminal event
                 if (t := self.activations.get(aggregate_id)) is not None:
                     t.ended = True
@@ -183,7 +195,7 @@ class Orchestrator:
         log.info("orchestrator.leading", position=self.folded.value)
         gc = asyncio.create_task(self._gc_loop(done))
         try:
-            await self._reconcile()
+            await self._reconcile(done)
             await done.wait()
         finally:
             self.leading = False
@@ -193,29 +205,34 @@ class Orchestrator:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             self._tasks.clear()
 
-    async def _reconcile(self) -> None:
-        live: dict[str, Handle] = {}
-        for backend in self.backends.values():
-            try:
-                for found in await backend.list_live():
-                    live[found.activation_id] = found
-            except Exception as exc:
-                log.warning("orchestrator.list_live_failed", backend=backend.name, error=repr(exc))
+    async def _reconcile(self, done: asyncio.Event) -> None:
+        """Match the log's unfinished activations with what the backends have. A backend
+        that cannot list (its engine or API briefly unreachable) is asked again, with
+        backoff, while this replica leads: until it answers, its activations stay as the log
+        has them — their sandboxes may well run — neither lost nor launched a second time."""
+        pending: set[str] = set(self.backends)
+        delay = RELIST_FIRST_SECONDS
+        while pending and not done.is_set():
+            live, unlisted = await list_live(self.backends, pending)
+            await self._match(live, unlisted)
+            pending = unlisted
+            if pending:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), delay)
+                delay = min(delay * 2, RELIST_MAX_SECONDS)
+
+    async def _match(self, live: dict[str, Handle], unlisted: set[str]) -> None:
         for activation_id, tracked in list(self.activations.items()):
             if tracked.ended or activation_id in self._tasks:
                 continue  # over, or requested while we looked and being launched already
+            if self._backend_of(tracked) in unlisted:
+                continue  # matched when its backend answers
             handle = live.pop(activation_id) if activation_id in live else None
             if handle is not None:
                 tracked.handle = handle
                 self._tasks[activation_id] = asyncio.create_task(self._resume(tracked, handle))
             elif tracked.started:
-                await self._end(
-                    tracked,
-                    ActivationFailed(
-                        reason="lost: its sandbox was gone when the orchestrator came back",
-                        retryable=True,
-                    ),
-                )
+                await self._end_gone(tracked)
             else:
                 self._begin(activation_id)
         for handle in live.values():  # sandboxes no live activation owns: orphans
@@ -228,6 +245,25 @@ class Orchestrator:
             with contextlib.suppress(Exception):
                 await backend.cancel(handle)
                 await backend.cleanup(handle, succeeded=False)
+
+    def _backend_of(self, tracked: Tracked) -> str | None:
+        """Where its sandbox is, or would be: the backend it started on, else its profile's
+        (one launched just before a restart may have a sandbox but no start in the log)."""
+        if tracked.backend is not None or tracked.agent is None or tracked.project is None:
+            return tracked.backend
+        try:
+            return self._planner.profile(tracked.agent, tracked.project).backend.value
+        except PlanError:
+            return None  # its plan fails at once: nothing of it can run anywhere
+
+    async def _end_gone(self, tracked: Tracked) -> None:
+        """A started activation whose sandbox is gone ends as its recorded output says (its
+        runner had finished), else as lost; what it left in out/ is still collected."""
+        stream = await self._store.load("activation", tracked.request.activation_id)
+        exit_ = exit_of_gone(stream)
+        if exit_.code is not None and tracked.backend is not None:
+            await self._collect(self._found_again(tracked, tracked.backend), exit_)
+        await self._end(tracked, self._terminal(tracked, exit_, stream), stream)
 
     def _begin(self, activation_id: str) -> None:
         tracked = self.activations[activation_id]
@@ -305,6 +341,8 @@ class Orchestrator:
 
     async def _resume(self, tracked: Tracked, handle: Handle) -> None:
         try:
+            if _cancelling(tracked):  # asked while no replica led, or while we listed
+                await self.backends[handle.backend].cancel(handle)
             await self._watch(tracked, handle, None)
         except asyncio.CancelledError:
             raise
@@ -327,19 +365,23 @@ class Orchestrator:
             except TimeoutError:  # still a timeout, not an error of ours: it ends as one
                 detail = f"it did not report its end within {STOP_GRACE_SECONDS:.0f} s of a stop"
                 exit_ = Exit(None, "timeout", detail)
-        target = Collection.of(plan) if plan is not None else self._found_again(tracked, handle)
-        if target is not None:
-            try:
-                await self._artifacts.collect(target, exit_)
-            except Exception:  # the files are the activation's, not its outcome: it still ends
-                # as it did (a failure here would have its work done again)
-                log.exception("orchestrator.collect_failed", activation=handle.activation_id)
+        target = Collection.of(plan) if plan else self._found_again(tracked, handle.backend)
+        await self._collect(target, exit_)
         stream = await self._store.load("activation", tracked.request.activation_id)
         terminal = self._terminal(tracked, exit_, stream)
         await self._end(tracked, terminal, stream)
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
 
-    def _found_again(self, tracked: Tracked, handle: Handle) -> Collection | None:
+    async def _collect(self, target: Collection | None, exit_: Exit) -> None:
+        if target is None:
+            return
+        try:
+            await self._artifacts.collect(target, exit_)
+        except Exception:  # the files are the activation's, not its outcome: it still ends
+            # as it did (a failure here would have its work done again)
+            log.exception("orchestrator.collect_failed", activation=target.activation_id)
+
+    def _found_again(self, tracked: Tracked, backend: str) -> Collection | None:
         """Where the files of an activation launched before a restart are: its directory is
         where every plan puts it; its project, what the log said when it was requested."""
         project_id = tracked.project.id if tracked.project else tracked.request.project_id
@@ -347,22 +389,38 @@ class Orchestrator:
             return None
         activation_id = tracked.request.activation_id
         host_dir = self._planner.settings.activation_dir(activation_id)
-        return Collection(project_id, tracked.session_id, activation_id, handle.backend, host_dir)
+        return Collection(project_id, tracked.session_id, activation_id, backend, host_dir)
 
     def _remaining(self, tracked: Tracked, plan: LaunchPlan | None) -> float | None:
         if plan is not None and plan.deadline is not None:
             tracked.timeout_seconds = float(plan.profile.timeouts.wall_clock_seconds)
             return max((plan.deadline - datetime.now(UTC)).total_seconds(), 1.0)
+        # Found again after a restart: the plan is gone, its limit is not (the profile as the
+        # log had it at the request); the deadline is the handle's if it keeps one (the pool),
+        # else counted from the start in the log.
+        limit = self._wall_clock(tracked)
+        tracked.timeout_seconds = limit or 0.0
         deadline = tracked.handle.data.get("deadline") if tracked.handle else None
-        if isinstance(deadline, (int, float)):
-            return max(deadline - time.time(), 1.0)
-        return None  # found after a restart with no deadline on record: the broker fences it
+        if not isinstance(deadline, (int, float)):
+            deadline = deadline_of(tracked.started_at, limit)
+        if deadline is None:
+            return None  # no limit on record: the broker's token expiry fences it
+        return max(deadline - time.time(), 1.0)
+
+    def _wall_clock(self, tracked: Tracked) -> float | None:
+        if tracked.agent is None or tracked.project is None:
+            return None
+        try:
+            profile = self._planner.profile(tracked.agent, tracked.project)
+        except PlanError:
+            return None
+        return float(profile.timeouts.wall_clock_seconds)
 
     @staticmethod
     def _terminal(  # noqa: PLR0911
         tracked: Tracked, exit_: Exit, stream: AggregateStream
     ) -> DomainEvent:
-        if tracked.timed_out:
+        if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
             return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
         if tracked.cancel_reason is not None:
             return ActivationCancelled(reason=tracked.cancel_reason)

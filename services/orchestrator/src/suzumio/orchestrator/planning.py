@@ -69,7 +69,7 @@ class Planner:
         if agent is None or not agent.project_id or project is None:
             raise PlanError(f"agent {request.agent_id} does not exist")
         snapshot = await self._sessions.snapshot(session_id, request)
-        profile = self._profile(agent, project)
+        profile = self.profile(agent, project)
         env, secrets = self._model_env(agent, project)
         ttl = timedelta(seconds=profile.timeouts.wall_clock_seconds)
         token = self.signer.issue(
@@ -131,7 +131,8 @@ class Planner:
         )
         return LaunchPlan(**{**plan.__dict__, "labels": labels_for(plan, self.namespace)})
 
-    def _profile(self, agent: Agent, project: Project) -> RuntimeProfileSpec:
+    def profile(self, agent: Agent, project: Project) -> RuntimeProfileSpec:
+        """The runtime profile an activation of `agent` runs with."""
         if agent.runtime_profile is None:
             return RuntimeProfileSpec(backend=self.settings.default_backend)
         profile = project.profiles.get(agent.runtime_profile)

@@ -155,29 +155,38 @@ class ProcessBackend:
         mounts += [MountSpec(path=str(m.host_path), writable=m.writable) for m in plan.mounts]
         spec = plan.input.model_copy(update={"workspace": str(workspace), "mounts": tuple(mounts)})
         input_path = plan.host_dir / "input.json"
-        input_path.write_text(spec.model_dump_json())
-        input_path.chmod(0o400)
+        input_path.unlink(missing_ok=True)
+        _write_own(input_path, spec.model_dump_json().encode(), 0o400)
         (plan.host_dir / EXIT_FILE).unlink(missing_ok=True)
         env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
         env.update(plan.env)
         env["HOME"] = str(workspace)
         argv = self._argv(plan, input_path)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=workspace,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=(plan.host_dir / "runner.log").open("ab"),
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=self._limits(plan),
-            )
+            runner_log = _open_own(plan.host_dir / "runner.log", os.O_WRONLY | os.O_APPEND)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=workspace,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=runner_log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=self._limits(plan),
+                )
+            finally:
+                os.close(runner_log)
         except OSError as exc:
             raise LaunchError(f"cannot start the runner: {exc}") from exc
         started = _start_time(proc.pid)
         record = {"pid": proc.pid, "start_time": started, "activation_id": plan.activation_id}
-        (plan.host_dir / RECORD).write_text(json.dumps(record))
+        try:
+            _write_own(plan.host_dir / RECORD, json.dumps(record).encode(), 0o600)
+        except OSError as exc:  # a link the sandbox just put there: it does not run unrecorded
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise LaunchError(f"cannot record the runner: {exc}") from exc
         self._children[plan.activation_id] = proc
         log.info("process.launched", activation=plan.activation_id, pid=proc.pid)
         return Handle(
@@ -198,9 +207,13 @@ class ProcessBackend:
         ]
         readonly = [m.host_path for m in plan.mounts if not m.writable]
         # No --die-with-parent: like an unisolated runner it outlives an orchestrator restart.
+        # No --new-session either: the sandbox's PID 1 stays in the process group `cancel`
+        # signals (it was made a session of its own, out of reach), and killing that PID 1
+        # ends the whole PID namespace. A terminal to guard there is none: the launch's own
+        # new session left the sandbox without a controlling one.
         args = [self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                 "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--unshare-uts",  # noqa: S108
-                "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+                "--cap-drop", "ALL"]  # fmt: skip
         for path in self._hidden:  # empty; what this activation may use is bound back below
             if path.is_dir():
                 args += ["--tmpfs", str(path)]
@@ -247,22 +260,33 @@ class ProcessBackend:
         return Exit(recorded)
 
     async def cancel(self, handle: Handle) -> None:
+        """SIGTERM to the sandbox's process group, SIGKILL to what is left of it after the
+        grace. The group outlives its leader (the shell, or bubblewrap's outer process, dies
+        at once): it is done when no live member is left — with bubblewrap, the namespace's
+        PID 1 stays a member until the namespace, and all in it, is gone."""
         pid = int(handle.sandbox_id)
         if _start_time(pid) != handle.data.get("start_time"):
             return  # gone (or the pid is someone else's now)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         for _ in range(int(self._settings.stop_grace_seconds / 0.1)):
-            if _start_time(pid) != handle.data.get("start_time"):
+            if not _group_alive(pid):
                 return
             await asyncio.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
 
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:
-        """The process is gone already; its directory goes by the retention setting (the
-        workspace may hold what a person wants to look at), its record now."""
+        """The process is gone already; what its group still holds (its leader killed alone:
+        a sandbox's PID 1 and all under it) is killed, its directory goes by the retention
+        setting (the workspace may hold what a person wants to look at), its record now."""
         del succeeded
+        pid = int(handle.sandbox_id)
+        # A group's id is not given to another while it has members, so a group left behind
+        # by a leader that is gone is still this sandbox's.
+        if _start_time(pid) is None and _group_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
         (Path(str(handle.data["dir"])) / RECORD).unlink(missing_ok=True)
 
     async def list_live(self) -> list[Handle]:
@@ -289,6 +313,34 @@ class ProcessBackend:
 
     async def close(self) -> None:
         return
+
+
+def _open_own(path: Path, flags: int, mode: int = 0o600) -> int:
+    """A file of the activation's directory, opened (made if missing) without following a
+    link: the directory is bound writable into an isolated sandbox, which may have put one
+    there to make this process write a host file."""
+    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def _write_own(path: Path, data: bytes, mode: int) -> None:
+    fd = _open_own(path, os.O_WRONLY | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as sink:
+        sink.write(data)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a live process is left in the process group: a zombie counts as a member for
+    `killpg(…, 0)`, so /proc is read."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != "Z" and int(fields[2]) == group:
+            return True
+    return False
 
 
 def _read_exit(host_dir: Path) -> int | None:

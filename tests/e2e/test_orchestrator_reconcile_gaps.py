@@ -1,0 +1,227 @@
+"""Reconciliation when a replica takes the lead from one that launched the activations (process
+backend, real services): a backend that cannot list its sandboxes at first has none of its
+activations declared lost; a cancel asked while no replica led stops the sandbox found again;
+the wall-clock limit still applies to it; an activation whose sandbox is gone but whose output
+is on record ends as that output says, not as lost. The first orchestrator is stopped — its
+sandboxes live on, as after a failover — and a second one is started on the same directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationOutputRecorded,
+    ActivationRequested,
+    ActivationStarted,
+    ActivationTimedOut,
+)
+from suzumio.contracts.ids import new_id
+from suzumio.orchestrator.backends.base import Backend, Exit, Handle
+from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
+from suzumio.orchestrator.engine import Orchestrator, Tracked
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.eventstore import AggregateStream
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
+from tests.backend_suite import TERMINAL, Harness, harness
+from tests.e2e.api import new_world
+from tests.e2e.runner_env import request_activation
+from tests.e2e.stack import Stack
+from tests.support import eventually
+
+
+async def process_backend(settings: OrchestratorSettings) -> Backend:
+    return ProcessBackend(settings.sandboxes())
+
+
+class UnreachableAtFirst(ProcessBackend):
+    """The process backend, its listing failing the first times it is asked — as a Docker
+    engine or the Kubernetes API briefly unreachable while a replica takes the lead."""
+
+    def __init__(self, root: Path, failures: int) -> None:
+        super().__init__(root)
+        self.failures = failures
+        self.listings = 0
+
+    async def list_live(self) -> list[Handle]:
+        self.listings += 1
+        if self.listings <= self.failures:
+            raise ConnectionError("the engine is briefly unreachable")
+        return await super().list_live()
+
+
+async def started_then_left(h: Harness, world_name: str, **world: int) -> tuple[str, str]:
+    """An activation started by `h`'s orchestrator, which is stopped right after (by the
+    caller leaving `h`): (its session, its id)."""
+    w = await h.world(world_name, **world)
+    activation_id = await h.request(w)
+    await h.started(activation_id)
+    return w.session_id, activation_id
+
+
+async def story(platform: Stack, activation_id: str) -> list[str]:
+    return [
+        e.envelope.type for e in (await platform.store.load("activation", activation_id)).events
+    ]
+
+
+async def test_a_backend_that_cannot_list_at_first_has_no_activation_lost(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    model.script([Reply.text("finished under the new leader", delay=10)])
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        _, activation_id = await started_then_left(h, "unlisted")
+    flaky: list[UnreachableAtFirst] = []
+
+    async def unreachable_at_first(settings: OrchestratorSettings) -> Backend:
+        flaky.append(UnreachableAtFirst(settings.sandboxes(), failures=2))
+        return flaky[0]
+
+    async with harness(platform, model, tmp_path, unreachable_at_first, "process") as h:
+        # Until the listing is asked again (or, wrongly, the activation ended as lost):
+        meanwhile = await eventually(
+            lambda: story(platform, activation_id),
+            lambda types: bool(terminals(types)) or flaky[0].listings >= 2,
+            what="a second listing",
+        )
+        assert not terminals(meanwhile), meanwhile  # not lost while its backend was silent
+        ended = await h.ended(activation_id, timeout=60)
+    assert flaky[0].listings >= 3  # asked again until it answered
+    assert terminals(ended) == ["activation.completed"], ended
+    assert ended.count("activation.started") == 1, ended  # not launched a second time
+    stream = await platform.store.load("activation", activation_id)
+    assert stream.events[-1].data.text == "finished under the new leader"  # type: ignore[attr-defined]
+
+
+async def test_a_cancel_asked_while_no_replica_led_stops_the_sandbox_found_again(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    model.script([Reply.text("never in time", delay=90)])
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        session_id, activation_id = await started_then_left(h, "cancelled")
+    await platform.store.append_next(
+        session_id,
+        [ActivationCancelRequested(activation_id=activation_id, reason="asked meanwhile")],
+        EventMeta(actor="system:scheduler"),
+    )
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        ended = await h.ended(activation_id, timeout=30)
+        assert terminals(ended) == ["activation.cancelled"], ended
+        await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
+
+
+async def test_the_wall_clock_limit_applies_to_a_sandbox_found_again(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """Its handle keeps no deadline: the limit comes from its profile, counted from its start
+    in the log."""
+    model.script([Reply.text("too late", delay=90)])
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        _, activation_id = await started_then_left(h, "slowfound", wall_clock=6)
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        ended = await h.ended(activation_id, timeout=40)
+        assert terminals(ended) == ["activation.timed_out"], ended
+        timed_out = (await platform.store.load("activation", activation_id)).events[-1].data
+        assert isinstance(timed_out, ActivationTimedOut)
+        assert timed_out.timeout_seconds == 6
+        await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
+
+
+async def test_a_finished_activation_whose_sandbox_is_gone_ends_as_its_output_says(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """It finished while no orchestrator watched, and its sandbox was removed before one
+    came back (a Kubernetes Job by its TTL; here: the process backend's record): its work is
+    not done again, and what it left in out/ is still recorded."""
+    model.script(
+        [
+            Reply.tool_calls([ToolCall("file_write", {"path": "out/left.txt", "content": "x"})]),
+            Reply.text("finished unwatched", delay=4),
+        ]
+    )
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        w = await h.world("gone")
+        activation_id = await h.request(w)
+        await h.started(activation_id)
+        settings = h.orchestrator._planner.settings
+    host_dir = settings.activation_dir(activation_id)
+    await eventually(
+        lambda: story(platform, activation_id),
+        lambda types: "activation.output_recorded" in types,
+        timeout=30,
+        what="the output",
+    )
+    await eventually(
+        lambda: _exists(host_dir / "exit_code"), bool, timeout=30, what="the runner's exit"
+    )
+    (host_dir / RECORD).unlink()  # the sandbox is gone
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        ended = await h.ended(activation_id, timeout=30)
+    assert terminals(ended) == ["activation.completed"], ended
+    stream = await platform.store.load("activation", activation_id)
+    assert stream.events[-1].data.text == "finished unwatched"  # type: ignore[attr-defined]
+    async with platform.client(w.key) as c:
+        await eventually(
+            lambda: c.get(f"/v1/projects/{w.project_id}/artifacts"),
+            lambda r: [a["path"] for a in r.json()["items"]] == ["left.txt"],
+            what="its out/ file as an artifact",
+        )
+
+
+@pytest.mark.parametrize(
+    ("reason", "terminal"),
+    [
+        ("budget_exhausted", "activation.completed"),
+        ("waiting", "activation.completed"),
+        ("failed", "activation.failed"),
+    ],
+)
+async def test_a_gone_sandbox_ends_as_the_recorded_outputs_reason_says(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, reason: str, terminal: str
+) -> None:
+    """As the runner's exit after that output would have ended it (4, 3: completed with the
+    reason; 5: failed with its text) — the log as a replica finds it: started, output
+    recorded, no sandbox anywhere."""
+    world = await new_world(platform, f"out{new_id()[-5:]}")
+    activation_id = await request_activation(platform, world)
+    meta = EventMeta(actor="system:test")
+    started = ActivationStarted(
+        session_id=world.session_id,
+        project_id=world.project_id,
+        agent_id=world.agent_id,
+        backend="process",
+        sandbox_id="999999",
+    )
+    output = ActivationOutputRecorded(text=f"said {reason}", reason=reason)  # type: ignore[arg-type]
+    await platform.store.append_next(activation_id, [started, output], meta)
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        ended = await h.ended(activation_id, timeout=30)
+    assert terminals(ended) == [terminal], ended
+    end = (await platform.store.load("activation", activation_id)).events[-1].data
+    if terminal == "activation.completed":
+        assert (end.text, end.reason) == (f"said {reason}", reason)  # type: ignore[attr-defined]
+    else:
+        assert end.exit_code == 5  # type: ignore[attr-defined]
+        assert "said failed" in end.reason  # type: ignore[attr-defined]
+        assert "lost" not in end.reason  # type: ignore[attr-defined]
+
+
+def test_an_exit_the_backend_timed_out_ends_timed_out() -> None:
+    """A Kubernetes Job past its active deadline (or a pool dispatch no worker started in
+    time) is a timeout, not a failure."""
+    request = ActivationRequested(activation_id=new_id(), agent_id=new_id(), signal_ids=())
+    tracked = Tracked(new_id(), request, timeout_seconds=30.0)
+    stream = AggregateStream("activation", request.activation_id, ())
+    exit_ = Exit(None, "timeout", "DeadlineExceeded")
+    assert Orchestrator._terminal(tracked, exit_, stream) == ActivationTimedOut(timeout_seconds=30)
+
+
+def terminals(types: list[str]) -> list[str]:
+    return [t for t in types if t in TERMINAL]
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()
