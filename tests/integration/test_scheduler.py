@@ -48,6 +48,8 @@ async def running(
     store: EventStore,
     database_url: str,
     hooks: Hooks | None = None,
+    *,
+    commands: CommandClient | None = None,
     **settings: Any,
 ) -> AsyncIterator[Scheduler]:
     config = SchedulerSettings(retry_backoff_seconds=(0.1, 0.2), **settings)
@@ -55,7 +57,7 @@ async def running(
         nc,
         topology,
         store,
-        CommandClient(nc, topology, timeout=5),
+        commands or CommandClient(nc, topology, timeout=5),
         database_url,
         config,
         hooks or Hooks([]),

@@ -15,13 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.commands import PostMessage, RecordSignal
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, decode_data
-from suzumio.contracts.errors import CommandError, ConflictError, NotFoundError
+from suzumio.contracts.errors import (
+    CommandError,
+    CommandTimeoutError,
+    ConflictError,
+    NotFoundError,
+    UnavailableError,
+)
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
@@ -59,6 +66,7 @@ from suzumio.scheduler.timers import Timers
 log = get_logger(__name__)
 ACTOR = "system:scheduler"
 FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
+REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
 
 _decisions = meter.create_counter(
     "suzumio_scheduler_decisions", description="decisions appended, by kind and outcome"
@@ -72,6 +80,18 @@ _latency = meter.create_histogram(
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class _UnreachableError(Exception):
+    """A review's command found no session service (or no answer in time): the review is
+    done again later, which is safe as every id it sends is derived."""
+
+
+@dataclass(frozen=True)
+class _ReviewRetry:
+    ended: Ended  # the activation whose review was cut short
+    failures: int
+    at: datetime  # not before
 
 
 class Scheduler:
@@ -105,6 +125,7 @@ class Scheduler:
         self._reserved: dict[str, tuple[str, str]] = {}  # session -> (project, pool) held
         self._landing: dict[str, asyncio.Event] = {}  # set when a session's append is folded
         self._reviewing: set[str] = set()
+        self._review_retry: dict[str, _ReviewRetry] = {}  # session -> a review to do again
         self._tasks: set[asyncio.Task[None]] = set()
         self.folded = self.replica.folded  # follows world.position, for those who wait on it
         self.leading = False
@@ -181,6 +202,7 @@ class Scheduler:
             target = self._inflight.get(session_id)
             if target is not None and msg.version >= target:
                 self._release(session_id)  # our decision (or a newer fact) is in
+                changes.sessions.add(session_id)  # even if none of its events is folded
 
     # -- deciding ------------------------------------------------------------------------
     def _decide(self) -> None:
@@ -281,9 +303,9 @@ class Scheduler:
     ) -> None:
         try:
             await self._store.append(session_id, events, version, EventMeta(actor=ACTOR))
-        except ConcurrencyConflictError:
+        except ConcurrencyConflictError as exc:
             _decisions.add(1, {"kind": kind, "outcome": "conflict"})
-            self._again(session_id)  # someone wrote first: decide on what they wrote
+            self._after_conflict(session_id, exc.actual_version)
         except Exception as exc:
             _decisions.add(1, {"kind": kind, "outcome": "error"})
             log.warning("scheduler.append_failed", session=session_id, error=repr(exc))
@@ -306,6 +328,18 @@ class Scheduler:
         self._dirty.add(session_id)
         if self.leading:
             self._decide()
+
+    def _after_conflict(self, session_id: str, actual: int) -> None:
+        """Someone wrote first: decide on what they wrote, once it is folded. Deciding before
+        would be on the same stale version, refused again at once, as fast as the store
+        answers, for as long as the fold lags. The session stays held (as for an append of
+        ours) until the fold reaches `actual`; `_fold` then releases it and looks again."""
+        s = self.world.sessions.get(session_id)
+        if s is None or s.version >= actual:
+            self._again(session_id)
+            return
+        self._reserved.pop(session_id, None)  # no capacity is taken while it waits
+        self._inflight[session_id] = actual
 
     # -- timers --------------------------------------------------------------------------
     async def _timer_loop(self, done: asyncio.Event) -> None:
@@ -368,16 +402,36 @@ class Scheduler:
 
     # -- hooks and the nudge rule ---------------------------------------------------------
     def _maybe_review(self, s: SessionSchedule, now: datetime) -> None:
-        ended = s.last_ended
-        if ended is None or ended.activation_id == s.reviewed or s.id in self._reviewing:
-            return
-        if (now - ended.at).total_seconds() > self._settings.review_window_seconds:
-            s.reviewed = ended.activation_id  # too old: ended while no scheduler ran
-            return
+        if s.id in self._reviewing:
+            return  # looked at again when that review is done
+        window = self._settings.review_window_seconds
+        retry = self._review_retry.get(s.id)
+        if retry is not None and (now - retry.ended.at).total_seconds() > window:
+            # The session service stayed unreachable all this while: given up.
+            log.warning(
+                "scheduler.review_dropped", session=s.id, activation=retry.ended.activation_id
+            )
+            del self._review_retry[s.id]
+            retry = None
+        if retry is not None:  # one cut short goes first: a later end does not void it
+            if now < retry.at:
+                if self._timers.add(retry.at, s.id):
+                    self._timer_changed.set()
+                return
+            ended = retry.ended
+        else:
+            last = s.last_ended
+            if last is None or last.activation_id == s.reviewed:
+                return
+            if (now - last.at).total_seconds() > window:
+                s.reviewed = last.activation_id  # too old: ended while no scheduler ran
+                return
+            ended = last
         self._reviewing.add(s.id)
         self._spawn(self._review(s, ended))
 
     async def _review(self, s: SessionSchedule, ended: Ended) -> None:
+        retry: _ReviewRetry | None = None
         try:
             state = self._hook_state(s, ended)
             actions = await self._hooks.run(state) if self._hooks.hooks else []
@@ -385,11 +439,40 @@ class Scheduler:
                 await self._perform(s, ended, hook_name, action)
             if not actions and policy.needs_nudge(ended):
                 await self._nudge(s, ended)
+        except _UnreachableError as exc:
+            retry = self._retry_review_later(s, ended, exc)
         except Exception:
             log.exception("scheduler.review_failed", session=s.id)
         finally:
-            s.reviewed = ended.activation_id
+            if retry is None:
+                self._review_retry.pop(s.id, None)
+                newest = s.last_ended.activation_id if s.last_ended else None
+                if s.reviewed != newest:  # never back over a newer one reviewed already
+                    s.reviewed = ended.activation_id
             self._reviewing.discard(s.id)
+        # An activation may have ended while this review ran, and nothing else would look
+        # at the session for it (or the review is to be done again, when its timer fires).
+        if self.leading:
+            self._dirty.add(s.id)
+            self._decide()
+
+    def _retry_review_later(
+        self, s: SessionSchedule, ended: Ended, exc: _UnreachableError
+    ) -> _ReviewRetry:
+        last = self._review_retry.get(s.id)
+        failures = last.failures + 1 if last and last.ended == ended else 1
+        wait = REVIEW_BACKOFF_SECONDS[min(failures, len(REVIEW_BACKOFF_SECONDS)) - 1]
+        retry = _ReviewRetry(ended, failures, self._clock() + timedelta(seconds=wait))
+        self._review_retry[s.id] = retry
+        log.warning(
+            "scheduler.review_deferred",
+            session=s.id,
+            activation=ended.activation_id,
+            attempt=failures,
+            retry_in=wait,
+            error=str(exc.__cause__ or exc),
+        )
+        return retry
 
     def _hook_state(self, s: SessionSchedule, ended: Ended) -> AgentSchedulingState:
         return AgentSchedulingState(
@@ -453,6 +536,9 @@ class Scheduler:
             await self._commands.send(command, actor=ACTOR)
         except ConflictError:
             pass  # recorded already (or the session closed meanwhile)
+        except (UnavailableError, CommandTimeoutError) as exc:
+            # Not refused, unanswered: the whole review is done again later (see _review).
+            raise _UnreachableError(command.verb) from exc
         except CommandError as exc:
             log.warning("scheduler.command_refused", verb=command.verb, error=str(exc))
 

@@ -1,12 +1,14 @@
 """Toolpack scheduler hooks: found through entry points (and settings), called with an agent's
-state when one of its activations ended; a hook that raises, overruns or answers nonsense is
-logged and skipped, and never stops scheduling."""
+state when one of its activations ended; a hook that raises, overruns or answers nonsense (or
+whose previous call still runs) is logged and skipped, and never stops scheduling."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -58,14 +60,18 @@ class Hooks:
     def __init__(self, hooks: Sequence[NamedHook], *, timeout: float = 2.0) -> None:
         self.hooks = tuple(hooks)
         self._timeout = timeout
+        self._threads = _HookThreads()
 
     async def run(self, state: AgentSchedulingState) -> list[tuple[str, HookAction]]:
         """Every hook's actions, in hook order; failing hooks contribute none."""
         actions: list[tuple[str, HookAction]] = []
         for hook in self.hooks:
             try:
-                answer = await asyncio.wait_for(self._call(hook.call, state), self._timeout)
+                answer = await asyncio.wait_for(self._call(hook, state), self._timeout)
                 actions += [(hook.name, a) for a in _ACTIONS.validate_python(list(answer or ()))]
+            except _StillRunningError:
+                log.warning("hooks.still_running", hook=hook.name)
+                _calls.add(1, {"hook": hook.name, "outcome": "skipped"})
             except TimeoutError:
                 log.warning("hooks.timed_out", hook=hook.name, seconds=self._timeout)
                 _calls.add(1, {"hook": hook.name, "outcome": "timeout"})
@@ -79,10 +85,65 @@ class Hooks:
                 _calls.add(1, {"hook": hook.name, "outcome": "ok"})
         return actions
 
-    @staticmethod
-    async def _call(hook: SchedulerHook, state: AgentSchedulingState) -> Any:
-        if inspect.iscoroutinefunction(hook):
-            return await hook(state)
+    async def _call(self, hook: NamedHook, state: AgentSchedulingState) -> Any:
+        if inspect.iscoroutinefunction(hook.call):
+            return await hook.call(state)
         # A plain function may block; it must not block the scheduler's loop.
-        answer = await asyncio.to_thread(hook, state)
+        answer = await self._threads.run(hook.name, hook.call, state)
         return await answer if inspect.isawaitable(answer) else answer
+
+
+class _StillRunningError(Exception):
+    """The hook's previous call has not returned yet."""
+
+
+class _HookThreads:
+    """Where plain-function hooks run: a thread of their own per call, at most one per hook.
+
+    Not the loop's default executor: a call that overran its timeout goes on in its thread
+    (a thread cannot be stopped), and a few hung hooks would take every worker of that pool,
+    after which the loop's own blocking work (getaddrinfo for a NATS reconnect or a Postgres
+    connection) waited forever. A hook whose last call still runs is skipped instead, so
+    hung calls never number more than the hooks. The threads are daemons, so a hung one
+    does not hold the process at exit either (a ThreadPoolExecutor's would)."""
+
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+
+    async def run(self, name: str, call: SchedulerHook, state: AgentSchedulingState) -> Any:
+        with self._lock:
+            if name in self._busy:
+                raise _StillRunningError(name)
+            self._busy.add(name)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if answer.done():
+                return  # timed out and cancelled meanwhile: nobody waits any more
+            if error is None:
+                answer.set_result(result)
+            else:
+                answer.set_exception(error)
+
+        def work() -> None:
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = call(state)
+            except BaseException as exc:  # handed to the caller, which logs it
+                error = exc
+            finally:
+                with self._lock:
+                    self._busy.discard(name)
+            with contextlib.suppress(RuntimeError):  # the loop closed while it ran
+                loop.call_soon_threadsafe(settle, result, error)
+
+        try:
+            threading.Thread(target=work, name=f"scheduler-hook:{name}", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self._busy.discard(name)
+            raise
+        return await answer

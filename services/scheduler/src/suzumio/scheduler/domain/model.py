@@ -24,6 +24,10 @@ class Signal:
     text: str | None = None  # the message's text, for message signals
     payload: dict[str, Any] = field(default_factory=dict)
     failures: int = 0  # failed activations it was part of
+    # Queued again after the activation it went to was replaced by a P0 (or cancelled): a P0
+    # among these has had its preemption, and waits for the next start like the rest. Were
+    # it to preempt again, two P0s in a row would cancel each other's activations forever.
+    requeued: bool = False
 
     def __post_init__(self) -> None:
         # The API once let a timezone-naive `not_before` into the log, and comparing one with
@@ -37,6 +41,11 @@ class Signal:
 
     def due(self, now: datetime) -> bool:
         return self.not_before is None or self.not_before <= now
+
+    @property
+    def preempts(self) -> bool:
+        """A fresh P0: it cancels the live activation and starts the next one."""
+        return self.priority is Priority.P0 and not self.requeued
 
 
 @dataclass

@@ -40,11 +40,12 @@ def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Sett
     due = s.due_signals(now)
     wake = s.next_due(now)
     if s.live is not None:
-        p0 = [x for x in due if x.priority is Priority.P0]
-        if not p0 or not startable:
-            return Plan(close, wake_at=wake)  # P1 waits for a tool boundary; P2, P3 the end
+        if not startable or not any(x.preempts for x in due):
+            # P1 waits for a tool boundary; P2, P3 and a requeued P0 for the end.
+            return Plan(close, wake_at=wake)
         # The replaced activation's own signals are not carried over: it may yet finish (its
-        # end is not ordered with this decision); if it ends cancelled, they queue again.
+        # end is not ordered with this decision); if it ends cancelled, they queue again, and
+        # do not preempt the activation that replaced it.
         batch = due[: settings.max_batch]
         start = Start(tuple(x.id for x in batch), ActivationReason.PREEMPT, 1)
         return Plan(close, cancel=s.live.id, start=start, wake_at=wake)

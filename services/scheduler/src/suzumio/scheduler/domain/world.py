@@ -298,9 +298,11 @@ class World:
         if activation.cancel_requested:
             # Replaced by a P0 (or cancelled on request). Finished anyway: its work is done.
             # Cancelled: its signals queue again, no failure counted (P1s go to the live
-            # activation at its next tool boundary, the rest to the next start).
+            # activation at its next tool boundary, the rest to the next start). A P0 among
+            # them does not preempt again: it joins the next start, still first.
             if outcome != "completed":
                 for signal in activation.signals:
+                    signal.requeued = True
                     s.pending[signal.id] = signal
             return
         if s.live is activation:
@@ -341,7 +343,13 @@ class World:
                 self.agents[agent_id].disabled = True
             case AgentEnabled() if agent_id in self.agents:
                 self.agents[agent_id].disabled = False
-                changes.freed = True  # its sessions may start again
+                # Its sessions may start again; nothing else would look at them, as their
+                # signals were recorded (and refused) while it was disabled.
+                changes.sessions.update(
+                    s.id
+                    for s in self.sessions.values()
+                    if s.agent_id == agent_id and (s.pending or s.failing)
+                )
             case _:
                 pass
 

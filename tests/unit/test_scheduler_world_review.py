@@ -1,0 +1,145 @@
+"""Fixes from a review of the scheduler, at the level of its fold and rules: a P0 queued again
+after its activation was replaced does not preempt the replacement; enabling an agent looks
+again at its sessions; a hung plain-function hook cannot starve the loop's default executor."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from suzumio.contracts.events import (
+    ActivationCancelled,
+    ActivationCancelRequested,
+    ActivationCompleted,
+    ActivationRequested,
+    AgentCreated,
+    AgentDisabled,
+    AgentEnabled,
+    SessionOpened,
+    SignalsDelivered,
+)
+from suzumio.contracts.scheduling import AgentSchedulingState, HookAction
+from suzumio.contracts.values import ActivationReason, ModelSpec, Priority
+from suzumio.scheduler.domain import policy
+from suzumio.scheduler.domain.world import World
+from suzumio.scheduler.hooks import Hooks, NamedHook
+from tests.unit.test_scheduling_state import T0, Log, opened, signal, start
+
+SETTINGS = policy.Settings()
+
+
+def decide(world: World) -> policy.Plan:
+    return policy.decide(world.sessions["s"], T0, startable=True, settings=SETTINGS)
+
+
+def preempt(log: Log, plan: policy.Plan, activation_id: str) -> None:
+    """Append what the engine appends for a preempting plan."""
+    assert plan.cancel is not None
+    assert plan.start is not None
+    log.append(
+        "s",
+        ActivationCancelRequested(activation_id=plan.cancel, reason="replaced: a P0"),
+        ActivationRequested(
+            activation_id=activation_id,
+            agent_id="a",
+            signal_ids=plan.start.signal_ids,
+            project_id="p",
+            replaces=plan.cancel,
+        ),
+        SignalsDelivered(activation_id=activation_id, signal_ids=plan.start.signal_ids),
+    )
+
+
+def test_a_p0_queued_again_after_a_preemption_does_not_preempt_the_replacement() -> None:
+    """Two P0s in a row: the second replaces the first's activation, which ends cancelled and
+    queues the first P0 again. That one must wait for the replacement's end (and then start,
+    first), not preempt it: else each preempts the other's activation forever."""
+    world, log = opened()
+    log.append("s", signal("stop1", Priority.P0))
+    start(log, "a1", "stop1")
+    log.append("s", signal("stop2", Priority.P0))
+    plan = decide(world)
+    assert plan.cancel == "a1"
+    assert plan.start is not None
+    assert plan.start.signal_ids == ("stop2",)
+    preempt(log, plan, "a2")
+    log.append("a1", ActivationCancelled(reason="replaced"))
+    assert "stop1" in world.sessions["s"].pending  # queued again: not lost
+
+    again = decide(world)
+    assert (again.cancel, again.start) == (None, None)  # a2 runs on
+
+    log.append("a2", ActivationCompleted(text="done"))
+    after = decide(world)
+    assert after.cancel is None
+    assert after.start is not None
+    assert after.start.signal_ids == ("stop1",)
+    assert after.start.reason is ActivationReason.SIGNALS
+
+
+def test_a_fresh_p0_still_preempts_and_takes_a_requeued_one_along() -> None:
+    world, log = opened()
+    log.append("s", signal("stop1", Priority.P0))
+    start(log, "a1", "stop1")
+    log.append("s", signal("stop2", Priority.P0))
+    preempt(log, decide(world), "a2")
+    log.append("a1", ActivationCancelled(reason="replaced"))
+    log.append("s", signal("stop3", Priority.P0))
+    plan = decide(world)
+    assert plan.cancel == "a2"
+    assert plan.start is not None
+    assert set(plan.start.signal_ids) == {"stop1", "stop3"}
+    assert plan.start.reason is ActivationReason.PREEMPT
+
+
+def test_enabling_an_agent_looks_again_at_its_sessions_with_pending_signals() -> None:
+    world, log = opened()
+    log.append(
+        "b",
+        AgentCreated(project_id="p", name="other", role="r", prompt="", model=ModelSpec(name="m")),
+    )
+    log.append("t", SessionOpened(project_id="p", agent_id="b"))  # the other agent's
+    log.append("idle", SessionOpened(project_id="p", agent_id="a"))  # nothing pending
+    log.append("t", signal("other"))
+    log.append("a", AgentDisabled())
+    log.append("s", signal("m1"))
+    assert not world.startable(world.sessions["s"])
+
+    changes = log.append("a", AgentEnabled())
+    assert changes.sessions == {"s"}
+    plan = decide(world)
+    assert plan.start is not None
+    assert plan.start.signal_ids == ("m1",)
+
+
+async def test_a_hung_plain_hook_is_skipped_and_never_starves_the_default_executor() -> None:
+    """A plain-function hook that hangs overruns its timeout and goes on in its thread. It
+    is not called again while that call runs, and it runs outside the loop's default
+    executor, which the loop's getaddrinfo (NATS reconnects, Postgres connections) needs."""
+    release = threading.Event()
+    calls: list[str] = []
+
+    def stuck(state: AgentSchedulingState) -> list[HookAction]:
+        calls.append(state.session_id)
+        release.wait(60)  # an HTTP call without a timeout, say
+        return []
+
+    hooks = Hooks([NamedHook("stuck", stuck)], timeout=0.05)
+    state = AgentSchedulingState(
+        project_id="p", agent_id="a", session_id="s", live_activation_id=None, pending=()
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        for _ in range(40):  # more activations ended than any default executor has threads
+            assert await hooks.run(state) == []
+        assert len(calls) == 1
+        answer = await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 20)
+        assert answer == "free"
+    finally:
+        release.set()
+    for _ in range(2_000):  # once the hung call returned, the hook is called again
+        await hooks.run(state)
+        if len(calls) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(calls) == 2
