@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from suzumio.contracts.subjects import Topology
@@ -31,6 +31,20 @@ class PlatformSettings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None, description="Fernet key(s), comma-separated, current first"
     )
+
+    @field_validator("nats_url", "database_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # `SUZUMIO_NATS_URL=` in a shell or .env file means "not set", not "connect to ''".
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        # People write DEBUG as often as debug; both mean the same.
+        return value.strip().lower() if isinstance(value, str) else value
 
     def topology(self) -> Topology:
         return Topology(namespace=self.namespace, replicas=self.replicas)

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from suzumio.cli.admin import ADMIN_KEY_FILE
-from suzumio.platform.settings import PlatformSettings
+from suzumio.cli.failures import fail, first_line, load_settings
 
 app = typer.Typer(help="Agents, through the REST API.", no_args_is_help=True)
 console = Console()
@@ -35,7 +35,7 @@ def default_key() -> str | None:
     key = os.environ.get("SUZUMIO_API_KEY")
     if key:
         return key
-    path = PlatformSettings().data_dir / ADMIN_KEY_FILE
+    path = load_settings().data_dir / ADMIN_KEY_FILE
     return path.read_text().strip() if path.exists() else None
 
 
@@ -57,15 +57,41 @@ def import_command(
         console.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
         raise typer.Exit(2)
     archive = pack(directory)
-    response = httpx.post(
-        f"{api.rstrip('/')}/v1/projects/{project}/agents/import",
-        headers={"Authorization": f"Bearer {api_key}"},
-        files={"package": (f"{directory.name}.tar.gz", archive, "application/gzip")},
-        timeout=60,
-    )
+    url = f"{api.rstrip('/')}/v1/projects/{project}/agents/import"
+    if not api.startswith(("http://", "https://")):
+        fail(f"--api {api!r} needs a scheme, like http://{api}")
+    try:
+        response = httpx.post(
+            url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            files={"package": (f"{directory.name}.tar.gz", archive, "application/gzip")},
+            timeout=60,
+        )
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        fail(f"could not reach the API at {api}: {first_line(exc)}")
+    body = _json_object(response)
     if response.status_code != 201:
-        detail = response.json().get("detail", response.text) if response.content else ""
-        console.print(f"[red]{response.status_code}: {detail}[/red]")
+        detail = body.get("detail") if body is not None else None
+        text = str(detail) if detail is not None else _short(response)
+        console.print(f"{response.status_code}: {text}", style="red", markup=False)
         raise typer.Exit(1)
-    agent = response.json()
-    console.print(f"[green]agent {agent['name']}[/green] created: {agent['id']}")
+    if body is None or not {"name", "id"} <= body.keys():
+        fail(f"the API at {api} answered 201 without an agent: {_short(response)}")
+    console.print(f"[green]agent {body['name']}[/green] created: {body['id']}")
+
+
+def _json_object(response: httpx.Response) -> dict[str, object] | None:
+    """The body as a JSON object, or None (a proxy's HTML error page, a list, nothing)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _short(response: httpx.Response, limit: int = 200) -> str:
+    """The body on one line, cut short, so an HTML error page stays one line of output."""
+    text = " ".join(response.text.split())
+    if not text:
+        return response.reason_phrase or "(empty body)"
+    return text if len(text) <= limit else text[:limit] + " ..."

@@ -10,9 +10,9 @@ import typer
 from suzumio.cli import agents, projections
 from suzumio.cli.admin import bootstrap_admin
 from suzumio.cli.connected import Platform, with_platform
+from suzumio.cli.failures import load_settings
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
 from suzumio.platform.logging import configure_logging
-from suzumio.platform.settings import PlatformSettings
 
 app = typer.Typer(
     help="Suzumio: a control plane for LLM agents.", no_args_is_help=True, add_completion=False
@@ -23,7 +23,7 @@ app.add_typer(agents.app, name="agents")
 
 @app.callback()
 def _configure() -> None:
-    settings = PlatformSettings()
+    settings = load_settings()  # a wrong SUZUMIO_* variable: one line naming it, exit 2
     configure_logging("cli", level=settings.log_level, fmt=settings.log_format)
 
 
@@ -54,6 +54,7 @@ def up(
         services.insert(0, ServiceSpec(
             "demo-model", port, module="suzumio.testing.model_server",
             args=("--demo", "--host", "127.0.0.1", "--port", str(port)), ready_path="/v1/models",
+            host="127.0.0.1",  # loopback whatever --host says: only this machine needs it
         ))  # fmt: skip
         env["SUZUMIO_MODEL_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
         banner.append(
@@ -61,7 +62,7 @@ def up(
             " set SUZUMIO_MODEL_BASE_URL and SUZUMIO_MODEL_API_KEY for a real one)"
         )
     supervisor = Supervisor(
-        PlatformSettings(), host=host, services=tuple(services), extra_env=env,
+        load_settings(), host=host, services=tuple(services), extra_env=env,
         banner=tuple(banner),
     )  # fmt: skip
     raise typer.Exit(supervisor.run())

@@ -7,16 +7,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import asyncpg
 from nats.aio.client import Client as NATS
 
+from suzumio.cli.failures import CONNECT_WITHIN, fail, first_line, load_settings, redact
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus import connection
 from suzumio.platform.bus.jsapi import ensure_streams
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
+from suzumio.platform.errors import EmbeddedServerError
 from suzumio.platform.service.runtime import resolve_endpoints
-from suzumio.platform.settings import PlatformSettings
 
 T = TypeVar("T")
 
@@ -31,19 +33,40 @@ class Platform:
 
 def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
     """Connect (borrowing or starting the embedded servers when no URLs are set), make sure
-    streams and tables exist, run `work`, and disconnect."""
-    settings = PlatformSettings()
-    nats_url, dsn, servers = resolve_endpoints(settings)
+    streams and tables exist, run `work`, and disconnect.
+
+    Unlike a service, which waits for its servers as long as it takes, a command gives them
+    `CONNECT_WITHIN` seconds and then exits 1 with a line naming the URL.
+    """
+    settings = load_settings()
+    try:
+        nats_url, dsn, servers = resolve_endpoints(settings)
+    except EmbeddedServerError as exc:
+        fail(f"embedded servers in {settings.data_dir}: {first_line(exc)}")
 
     async def run() -> T:
-        nc = await connection.connect(nats_url, "suzumio-cli")
-        pool = await db.create_pool(dsn, "suzumio-cli", max_size=2)
         try:
-            await ensure_streams(nc, settings.topology().streams())
-            await apply_migrations(pool, platform_migrations())
-            return await work(Platform(nc, pool, dsn, settings.topology()))
+            nc = await connection.connect(
+                nats_url, "suzumio-cli", first_connect_within=CONNECT_WITHIN
+            )
+        except connection.NatsUnreachableError as exc:
+            fail(first_line(exc))
+        try:
+            try:
+                pool = await asyncio.wait_for(
+                    db.create_pool(dsn, "suzumio-cli", max_size=2), CONNECT_WITHIN
+                )
+            except (OSError, TimeoutError, ValueError, asyncpg.PostgresError,
+                    asyncpg.InterfaceError) as exc:  # fmt: skip
+                reason = first_line(exc) if str(exc) else f"no answer within {CONNECT_WITHIN:g} s"
+                fail(f"Postgres at {redact(dsn)}: {reason}")
+            try:
+                await ensure_streams(nc, settings.topology().streams())
+                await apply_migrations(pool, platform_migrations())
+                return await work(Platform(nc, pool, dsn, settings.topology()))
+            finally:
+                await pool.close()
         finally:
-            await pool.close()
             await nc.close()
 
     try:

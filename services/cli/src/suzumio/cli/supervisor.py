@@ -1,21 +1,29 @@
 """`suzumio up`: the whole platform on one machine, as child processes of one supervisor.
 
-Order matters: the embedded servers start first and stop last; the session service (which
-applies migrations and hosts the projector) starts before the others. A child that crashes
-is restarted with exponential backoff; SIGINT/SIGTERM stops every child with SIGTERM (each
-drains within 10 s), then the servers. Children also get a parent-death signal, so even a
-SIGKILLed supervisor leaves no orphans behind.
+Order matters: the ports are checked first (a port in use is an error before anything
+starts); the embedded servers start next and stop last; the session service (which applies
+migrations and hosts the projector) starts before the others. A child that crashes is
+restarted with exponential backoff, but one that crashes `start_crash_limit` times before it
+was ever ready is a failure: everything stops and the exit code is 1, with its last lines.
+A child counts as ready only when its own process listens on its port and answers there (at
+the address it binds), so another program on that port is never mistaken for it.
+SIGINT/SIGTERM stops every child with SIGTERM (each drains within 10 s), then the servers.
+Children also get a parent-death signal, so even a SIGKILLed supervisor leaves no orphans.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from suzumio.cli.admin import ADMIN_KEY_FILE, bootstrap_admin
 from suzumio.platform.bus import connection
@@ -31,6 +39,7 @@ log = get_logger("suzumio.supervisor")
 STOP_TIMEOUT = 10.0
 MAX_BACKOFF = 30.0
 HEALTHY_AFTER = 60.0  # a child up this long has its restart backoff reset
+TAIL_LINES = 15  # a child's last stderr lines, shown when it keeps failing to start
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class ServiceSpec:
     module: str = ""  # `suzumio.<name>` unless given
     args: tuple[str, ...] = ()
     ready_path: str = "/readyz"
+    host: str | None = None  # the address it binds when not the supervisor's `host`
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -53,6 +63,10 @@ class _Child:
     started_at: float = 0.0
     restarts: int = 0
     backoff: float = 1.0
+    ready: bool = False  # answered on its port at least once (since then, crashes are outages)
+    start_crashes: int = 0
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    forwarder: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -63,11 +77,48 @@ class Supervisor:
     extra_env: dict[str, str] = field(default_factory=dict)
     banner: tuple[str, ...] = ()  # more lines for the "is up" message
     ready_timeout: float = 120.0
+    start_crash_limit: int = 3
+    first_backoff: float = 1.0
     _children: dict[str, _Child] = field(default_factory=dict)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _failed: _Child | None = None
+
+    def bind_host(self, spec: ServiceSpec) -> str:
+        return spec.host or self.host
+
+    def probe_host(self, spec: ServiceSpec) -> str:
+        """Where this machine reaches what `spec` binds (a wildcard is reached on loopback)."""
+        host = self.bind_host(spec)
+        return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+
+    def busy_ports(self) -> list[str]:
+        """Why each listener could not bind now (empty when all can)."""
+        problems = []
+        for spec in self.services:
+            host = self.bind_host(spec)
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+                try:
+                    sock.bind((host, spec.port))
+                except OSError as exc:
+                    reason = "is in use" if exc.errno == errno.EADDRINUSE else f": {exc.strerror}"
+                    problems.append(f"port {spec.port} ({spec.name}) on {host} {reason}".strip())
+        return problems
 
     def run(self) -> int:
         """Start everything and block until stopped; the process exit code."""
+        busy = self.busy_ports()
+        if busy:
+            print(
+                "Cannot start Suzumio: " + "; ".join(busy) + ".\n"
+                "Is Suzumio (or something else) already running there? Stop it, or choose other"
+                " ports with --api-port, --broker-port and --internal-ports-from.",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         servers: EmbeddedServers | None = None
         nats_url = self.settings.nats_url
         db_url = (
@@ -78,7 +129,7 @@ class Supervisor:
                 f"Starting embedded servers in {self.settings.data_dir.resolve()} ...", flush=True
             )
             servers = EmbeddedServers(self.settings.data_dir).ensure(
-                need_nats=nats_url is None, need_postgres=db_url is None
+                need_nats=not nats_url, need_postgres=not db_url
             )
             nats_url = nats_url or (servers.nats.url if servers.nats else None)
             db_url = db_url or (servers.postgres.url if servers.postgres else None)
@@ -100,49 +151,90 @@ class Supervisor:
                 print("Embedded servers stopped.", flush=True)
 
     async def _supervise(self, env: dict[str, str], nats_url: str) -> int:
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, self._stop.set)
+        if self.settings.log_format == "auto":
+            # Children's stderr is a pipe to us: let them pick the format our terminal suits.
+            env = {**env, "SUZUMIO_LOG_FORMAT": "console" if sys.stderr.isatty() else "json"}
         watchers = []
         for spec in self.services:
-            child = self._children[spec.name] = _Child(spec)
+            child = self._children[spec.name] = _Child(spec, backoff=self.first_backoff)
             await self._start(child, env)
             watchers.append(asyncio.create_task(self._watch(child, env)))
         ready = asyncio.create_task(self._announce(nats_url))
-        await stop.wait()
+        await self._stop.wait()
         self._stopping.set()
         ready.cancel()
+        if self._failed is not None:
+            self._report(self._failed)
         print("\nStopping Suzumio ...", flush=True)
         await self._stop_all()
         for watcher in watchers:
             watcher.cancel()
-        return 0
+        return 0 if self._failed is None else 1
+
+    def _report(self, child: _Child) -> None:
+        code = child.process.returncode if child.process else None
+        lines = "".join(f"  | {line}\n" for line in child.tail) or "  (it printed nothing)\n"
+        print(
+            f"\n{child.spec.name} exited (code {code}) {child.start_crashes} times before it was"
+            f" ever ready; giving up. Its last lines:\n{lines}",
+            file=sys.stderr,
+            end="",
+            flush=True,
+        )
 
     async def _start(self, child: _Child, env: dict[str, str]) -> None:
         child_env = {
             **env,
             "SUZUMIO_HTTP_PORT": str(child.spec.port),
-            "SUZUMIO_HTTP_HOST": self.host,
+            "SUZUMIO_HTTP_HOST": self.bind_host(child.spec),
+            "PYTHONUNBUFFERED": "1",
         }
+        child.tail.clear()
         child.process = await asyncio.create_subprocess_exec(
             sys.executable,
             *child.spec.argv,
             env=child_env,
             stdin=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,  # passed through, and its tail kept for errors
             preexec_fn=child_setup(signal.SIGTERM),
         )
+        assert child.process.stderr is not None
+        child.forwarder = asyncio.create_task(self._forward(child, child.process.stderr))
         child.started_at = time.monotonic()
         log.info("supervisor.started", service=child.spec.name, pid=child.process.pid)
+
+    @staticmethod
+    async def _forward(child: _Child, stream: asyncio.StreamReader) -> None:
+        partial = b""
+        while chunk := await stream.read(65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            *lines, partial = (partial + chunk).split(b"\n")
+            child.tail.extend(line.decode(errors="replace") for line in lines)
+            partial = partial[-4096:]
+        if partial:
+            child.tail.append(partial.decode(errors="replace"))
 
     async def _watch(self, child: _Child, env: dict[str, str]) -> None:
         while True:
             assert child.process is not None
             code = await child.process.wait()
+            if child.forwarder is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(child.forwarder, 2.0)  # its last lines
             if self._stopping.is_set():
                 return
+            if not child.ready:
+                child.start_crashes += 1
+                if child.start_crashes >= self.start_crash_limit:
+                    self._failed = child
+                    self._stop.set()
+                    return
             if time.monotonic() - child.started_at > HEALTHY_AFTER:
-                child.backoff = 1.0
+                child.backoff = self.first_backoff
             log.warning(
                 "supervisor.crashed",
                 service=child.spec.name,
@@ -158,14 +250,15 @@ class Supervisor:
 
     async def _announce(self, nats_url: str) -> None:
         deadline = time.monotonic() + self.ready_timeout
-        waiting = {c.spec for c in self._children.values()}
+        waiting = dict(self._children)
         while waiting and time.monotonic() < deadline:
-            for spec in list(waiting):
-                if await get_status(self.host, spec.port, spec.ready_path) == 200:
-                    waiting.discard(spec)
+            for name, child in list(waiting.items()):
+                if await self._is_ready(child):
+                    child.ready = True
+                    del waiting[name]
             await asyncio.sleep(0.2)
         if waiting:
-            names = ", ".join(sorted(s.name for s in waiting))
+            names = ", ".join(sorted(waiting))
             print(f"Still not ready after {self.ready_timeout:.0f}s: {names}", flush=True)
             return
         admin = await self._bootstrap_admin(nats_url)
@@ -181,6 +274,15 @@ class Supervisor:
             "Press Ctrl-C to stop.\n",
             flush=True,
         )
+
+    async def _is_ready(self, child: _Child) -> bool:
+        """Our own child answers ready on its port, not some other program bound there."""
+        spec, process = child.spec, child.process
+        if process is None or process.returncode is not None:
+            return False
+        if await get_status(self.probe_host(spec), spec.port, spec.ready_path) != 200:
+            return False
+        return process.returncode is None and _listens(process.pid, spec.port)
 
     async def _bootstrap_admin(self, nats_url: str) -> str:
         data_dir = self.settings.data_dir.resolve()
@@ -221,3 +323,29 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 child.process.kill()
             await child.process.wait()
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a listening TCP socket on `port` (Linux /proc; elsewhere
+    we cannot tell and say yes)."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return not Path("/proc/self/fd").exists()
+    inodes = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = str(fd.readlink())
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            listening = len(cols) > 9 and cols[3] == "0A"  # TCP_LISTEN
+            if listening and int(cols[1].rsplit(":", 1)[1], 16) == port and cols[9] in inodes:
+                return True
+    return False

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-import nats
+import asyncio
+import contextlib
+from typing import Any
+
+from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
 from suzumio.platform.logging import get_logger
@@ -10,27 +14,61 @@ from suzumio.platform.logging import get_logger
 log = get_logger(__name__)
 
 
-async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> NATS:
-    """A client that keeps reconnecting (a NATS restart is an outage, not a crash)."""
+class NatsUnreachableError(ConnectionError):
+    """The first connect did not succeed within the time a short-lived command allows."""
+
+
+async def connect(
+    url: str,
+    name: str,
+    *,
+    connect_timeout: float = 5.0,
+    first_connect_within: float | None = None,
+) -> NATS:
+    """A client that keeps reconnecting (a NATS restart is an outage, not a crash).
+
+    A service waits for NATS at start as long as it takes (None); a command a person runs
+    gives `first_connect_within` seconds and gets `NatsUnreachableError`, not a silent hang.
+    """
+    nc = NATS()
+    connected = False
+
+    def quiet() -> bool:
+        # A bounded first connect is reported once by the caller, in its own words.
+        return first_connect_within is not None and not connected
 
     async def on_error(exc: Exception) -> None:
-        log.warning("nats.error", error=str(exc) or type(exc).__name__)
+        if not quiet():
+            log.warning("nats.error", error=str(exc) or type(exc).__name__)
 
     async def on_disconnected() -> None:
-        log.warning("nats.disconnected")
+        if not quiet():
+            log.warning("nats.disconnected")
 
     async def on_reconnected() -> None:
         log.info("nats.reconnected")
 
-    return await nats.connect(
-        servers=[url],
-        name=name,
-        connect_timeout=connect_timeout,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        allow_reconnect=True,
-        error_cb=on_error,
-        disconnected_cb=on_disconnected,
-        reconnected_cb=on_reconnected,
-        pending_size=64 * 1024 * 1024,
-    )
+    options: dict[str, Any] = {  # nats.connect's own **options, typed as loosely as it does
+        "connect_timeout": connect_timeout,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+        "pending_size": 64 * 1024 * 1024,
+    }
+    attempt = nc.connect(servers=[url], name=name, **options)
+    if first_connect_within is None:
+        await attempt
+        return nc
+    try:
+        await asyncio.wait_for(attempt, first_connect_within)
+        connected = True
+    except (TimeoutError, OSError, nats_errors.Error) as exc:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise NatsUnreachableError(
+            f"NATS at {url} did not answer within {first_connect_within:g} s"
+        ) from exc
+    return nc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import warnings
@@ -92,18 +93,20 @@ def start_postgres(
     """Start (initialising on first use) a Postgres with its data in `pgdata`.
 
     If a server already runs on `pgdata`, it is borrowed, not started again. `durable=False`
-    turns fsync off: fine for tests, never for data someone keeps.
+    turns fsync off: fine for tests, never for data someone keeps. Either way the `suzumio`
+    database exists when this returns.
     """
     pgdata = pgdata.resolve()
-    pgdata.mkdir(parents=True, exist_ok=True)
-    user = _system_user(pgdata)
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    bin_dir = postgres_bin_dir()
     running = _read_postmaster(pgdata)
     if running and pid_alive(running[0]) and running[2] == "ready":
-        return RunningServer(name="postgres", url=_url(running[1]), pid=running[0])
-    bin_dir = postgres_bin_dir()
-    fresh = not (pgdata / "PG_VERSION").exists()
-    if fresh:
-        _initdb(bin_dir, pgdata, user, durable=durable)
+        server = RunningServer(name="postgres", url=_url(running[1]), pid=running[0])
+        _ensure_database(bin_dir, running[1])
+        return server
+    if not (pgdata / "PG_VERSION").exists():
+        _initialise(bin_dir, pgdata, durable=durable)
+    user = _system_user(pgdata)
     attempts = 1 if port else 3  # a free port can be taken between our probe and the bind
     for attempt in range(attempts):
         chosen = port or free_port()
@@ -113,21 +116,49 @@ def start_postgres(
         except EmbeddedServerError:
             if attempt == attempts - 1:
                 raise
-    if fresh:
-        _run(
-            [
-                str(bin_dir / "createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(chosen),
-                "-U",
-                SUPERUSER,
-                DATABASE,
-            ],
-            user,
-        )
+    try:
+        # On every start, not only the first: a first start stopped between initdb and here
+        # must not leave a data directory that never works again.
+        _ensure_database(bin_dir, chosen)
+    except BaseException:
+        server.stop()
+        raise
     return server
+
+
+def _initialise(bin_dir: Path, pgdata: Path, *, durable: bool) -> None:
+    """initdb into a sibling directory and rename it into place, so an interrupted initdb
+    leaves only a scratch directory (redone next time), never a half-made `pgdata`."""
+    scratch = pgdata.with_name(f".{pgdata.name}.initdb")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    _initdb(bin_dir, scratch, _system_user(scratch), durable=durable)
+    if pgdata.exists():
+        if any(pgdata.iterdir()):
+            raise EmbeddedServerError(
+                f"{pgdata} holds files but no PG_VERSION, so it is no Postgres data directory;"
+                " move it away and start again"
+            )
+        pgdata.rmdir()  # an empty directory an earlier version made before its initdb
+    scratch.rename(pgdata)
+
+
+def _ensure_database(bin_dir: Path, port: int) -> None:
+    """Create the `suzumio` database unless it exists (client tools: no system user needed)."""
+    connect = ["-h", "127.0.0.1", "-p", str(port), "-U", SUPERUSER]
+
+    def exists() -> bool:
+        query = f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"  # noqa: S608 - a constant
+        found = _run([str(bin_dir / "psql"), *connect, "-d", "postgres", "-tAc", query], None)
+        return found.strip() == "1"
+
+    if exists():
+        return
+    try:
+        _run([str(bin_dir / "createdb"), *connect, DATABASE], None)
+    except EmbeddedServerError:
+        if not exists():  # someone else may have created it a moment ago
+            raise
 
 
 def _initdb(bin_dir: Path, pgdata: Path, user: str | None, *, durable: bool) -> None:

@@ -2,16 +2,21 @@
 
 `suzumio up` owns them; a service started alone with no URLs configured borrows the ones
 already running in the data directory, or starts its own. A lock file serialises the check.
+`embedded.json` records who runs what; its entries are cleared on a clean stop and, since a
+SIGKILL leaves them behind and pids get reused, a NATS entry is trusted only when that pid is
+the nats-server of this data directory and its port answers.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from suzumio.platform.embedded.nats import start_nats
 from suzumio.platform.embedded.postgres import start_postgres
@@ -49,7 +54,7 @@ class EmbeddedServers:
         with _locked(self.data_dir / "embedded.lock"):
             state = self._read_state()
             if need_nats:
-                self.nats = self._borrow(state.get("nats")) or self._own(
+                self.nats = self._borrow_nats(state.get("nats")) or self._own(
                     start_nats(self.data_dir / "nats")
                 )
                 state["nats"] = {"url": self.nats.url, "pid": self.nats.pid}
@@ -68,14 +73,20 @@ class EmbeddedServers:
             return {}
         return loaded if isinstance(loaded, dict) else {}
 
-    @staticmethod
-    def _borrow(entry: dict[str, object] | None) -> RunningServer | None:
+    def _borrow_nats(self, entry: dict[str, object] | None) -> RunningServer | None:
         if not entry:
             return None
         pid, url = entry.get("pid"), entry.get("url")
-        if isinstance(pid, int) and isinstance(url, str) and pid_alive(pid):
-            return RunningServer(name="nats", url=url, pid=pid)
-        return None
+        if not (isinstance(pid, int) and isinstance(url, str) and pid_alive(pid)):
+            return None
+        conf = str((self.data_dir / "nats" / "nats-server.conf").resolve())
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return None
+        if conf not in argv or not _nats_answers(url):
+            return None
+        return RunningServer(name="nats", url=url, pid=pid)
 
     def _own(self, server: RunningServer) -> RunningServer:
         if server.owned:
@@ -84,6 +95,31 @@ class EmbeddedServers:
 
     def stop(self) -> None:
         """Stop the servers this object started (not borrowed ones), Postgres last."""
+        stopped = {server.name: server.pid for server in self._started}
         for server in sorted(self._started, key=lambda s: s.name == "postgres"):
             server.stop()
         self._started.clear()
+        if not stopped:
+            return
+        with _locked(self.data_dir / "embedded.lock"):
+            state = self._read_state()
+            for name, pid in stopped.items():
+                if state.get(name, {}).get("pid") == pid:  # not one someone started since
+                    del state[name]
+            if state:
+                self._state_file.write_text(json.dumps(state, indent=2))
+            else:
+                self._state_file.unlink(missing_ok=True)
+
+
+def _nats_answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether a NATS server greets us (its INFO line) at `url`."""
+    parts = urlsplit(url)
+    if not parts.hostname or not parts.port:
+        return False
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(4096).startswith(b"INFO")
+    except OSError:
+        return False

@@ -225,7 +225,7 @@ def resolve_endpoints(settings: PlatformSettings) -> tuple[str, str, EmbeddedSer
     if nats_url and database_url:
         return nats_url, database_url, None
     servers = EmbeddedServers(settings.data_dir).ensure(
-        need_nats=nats_url is None, need_postgres=database_url is None
+        need_nats=not nats_url, need_postgres=not database_url
     )
     nats_url = nats_url or (servers.nats.url if servers.nats else None)
     database_url = database_url or (servers.postgres.url if servers.postgres else None)
