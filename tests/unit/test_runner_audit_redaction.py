@@ -13,12 +13,7 @@ from typing import Any
 import httpx
 
 from suzumio.contracts.runner import (
-    ActivationSpec,
-    AgentSpec,
-    ProjectRef,
-    RunnerActivationInput,
     RunnerToolpackSpec,
-    SessionRef,
     ToolDefinition,
 )
 from suzumio.contracts.toolpacks import ToolpackManifest
@@ -30,9 +25,9 @@ from suzumio.runner.model import Endpoint, ModelClient
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import ToolContext, ToolResult
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
+from tests.unit.loop_support import TOKEN, Broker, spec
 
 SECRET = "sk-secret-123456"
-TOKEN = "sza1.the-activations-own-token"
 
 
 def leaky_dump(_: dict[str, Any], __: ToolContext) -> ToolResult:
@@ -40,36 +35,13 @@ def leaky_dump(_: dict[str, Any], __: ToolContext) -> ToolResult:
     return ToolResult(f"K={SECRET}\nT={TOKEN}\n", "timeout")
 
 
-class Broker:
-    def __init__(self) -> None:
-        self.bodies: dict[str, list[dict[str, Any]]] = {}
-
-    def answer(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content) if request.content else {}
-        self.bodies.setdefault(request.url.path, []).append(body)
-        if request.url.path == "/runner/signals":
-            return httpx.Response(200, json={"signals": []})
-        return httpx.Response(200, json={"recorded": True})
-
-
-def spec(workspace: Path) -> RunnerActivationInput:
-    return RunnerActivationInput(
-        project=ProjectRef(id="p" * 26, name="p"),
-        agent=AgentSpec(id="a" * 26, role="r", prompt="p", model=ModelSpec(name="primary")),
-        session=SessionRef(id="s" * 26),
-        activation=ActivationSpec(id="x" * 26),
-        workspace=str(workspace),
-        controller_url="http://broker",
-        token=TOKEN,
-        toolpacks=(RunnerToolpackSpec(name="leaky", tools=("leaky.dump",)),),
-    )
-
-
 async def test_a_failed_calls_audited_error_is_redacted(tmp_path: Path) -> None:
     broker = Broker()
     http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(broker.answer))
     client = BrokerClient("http://broker", TOKEN, http=http)
-    activation = spec(tmp_path)
+    activation = spec(
+        tmp_path, toolpacks=(RunnerToolpackSpec(name="leaky", tools=("leaky.dump",)),)
+    )
     manifest = ToolpackManifest(
         name="leaky",
         tools=(ToolDefinition(name="leaky.dump"),),

@@ -3,6 +3,7 @@ say: numbered reads with caps, atomic writes, all-or-nothing patches, bounded se
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
@@ -325,6 +326,37 @@ async def test_search_refuses_a_bad_regex(ws: Path) -> None:
     result = await FileSearch().run({"pattern": "("}, ctx_for(ws))
     assert result.status == "error"
     assert "not a valid Python regular expression" in result.text
+
+
+async def test_a_backtracking_pattern_ends_with_an_error_and_the_loop_runs_on(ws: Path) -> None:
+    """`(a|aa)+$` on 60 a's and a '!' backtracks for hours. Under `re` the matching thread held
+    the GIL throughout: the event loop (every other call, the heartbeat, this test's own
+    timeout) froze. Now matching releases the GIL and gives up at the search's time limit."""
+    (ws / "a.txt").write_text("a" * 60 + "!\n")
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        search = FileSearch().run({"pattern": "(a|aa)+$"}, ctx_for(ws, search_timeout_seconds=1))
+        result = await asyncio.wait_for(search, timeout=30)
+    finally:
+        ticking.cancel()
+    assert result.status == "timeout"
+    assert result.text.startswith("the pattern took too long: the search stopped after 1s")
+    assert "(at a.txt:1)" in result.text
+    assert ticks > 0  # the loop ran while the pattern was matching
+
+
+async def test_a_search_stops_at_its_time_limit_between_files(ws: Path) -> None:
+    (ws / "b.txt").write_text("hit\n")
+    result = await FileSearch().run({"pattern": "hit"}, ctx_for(ws, search_timeout_seconds=0))
+    assert result.text.startswith("[search stopped at its 0s time limit; narrow the path or glob]")
 
 
 # --- the registry --------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import ipaddress
 import shutil
 import ssl
 import subprocess
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +238,76 @@ async def test_body_is_capped(server: Server) -> None:
     limited = ctx(allow_private=True, fetch_max_bytes=500)
     capped = await tool.run({"url": server.url("/big"), "max_bytes": 10**9}, limited)
     assert capped.text.endswith("x" * 500 + "\n[truncated at 500 bytes]")
+
+
+def _deflated(data: bytes, wbits: int, times: int = 1) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    return b"".join([*(packer.compress(data) for _ in range(times)), packer.flush()])
+
+
+@pytest.mark.parametrize(
+    ("coding", "wbits"),
+    [("gzip", 31), ("x-gzip", 31), ("deflate", 15), ("deflate", -15), ("identity", 0)],
+    ids=["gzip", "x-gzip", "deflate-zlib", "deflate-raw", "identity"],
+)
+async def test_compressed_bodies_are_decoded(server: Server, coding: str, wbits: int) -> None:
+    text = "compressed pages are common\n" * 100
+    body = _deflated(text.encode(), wbits) if wbits else text.encode()
+    server.routes["/z"] = lambda _h: (
+        200,
+        {"Content-Type": "text/plain", "Content-Encoding": coding},
+        body,
+    )
+    result = await WebFetch().run({"url": server.url("/z")}, ctx(allow_private=True))
+    assert result.status == "ok", result.text
+    assert result.text.split("\n\n", 1)[1] == text
+    # And the decoded body is what max_bytes counts.
+    cut = await WebFetch().run({"url": server.url("/z"), "max_bytes": 10}, ctx(allow_private=True))
+    assert cut.text.endswith("\n\ncompressed\n[truncated at 10 bytes]")
+
+
+async def test_a_compression_bomb_costs_no_more_than_the_cap(server: Server) -> None:
+    """128 MiB of zeros in 128 KiB of gzip: before, httpx inflated each whole network chunk
+    (64 MiB) before the cap applied."""
+    bomb = _deflated(b"a" * (1 << 20), 31, times=128)
+    server.routes["/bomb"] = lambda _h: (
+        200,
+        {"Content-Type": "text/plain", "Content-Encoding": "gzip"},
+        bomb,
+    )
+    tracemalloc.start()
+    try:
+        result = await WebFetch().run(
+            {"url": server.url("/bomb"), "max_bytes": 1000}, ctx(allow_private=True)
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.text.endswith("a" * 1000 + "\n[truncated at 1000 bytes]")
+    assert peak < 16 * 1024 * 1024, f"peak {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("coding", ["gzip, gzip", "br", "zstd", "compress"])
+async def test_stacked_and_unknown_encodings_are_refused(server: Server, coding: str) -> None:
+    """Stacked gzip multiplies a bomb's ratio; what we cannot inflate in bounded steps we do
+    not inflate at all."""
+    body = _deflated(_deflated(b"x" * 10_000, 31), 31)
+    server.routes["/z"] = lambda _h: (
+        200,
+        {"Content-Type": "text/plain", "Content-Encoding": coding},
+        body,
+    )
+    result = await WebFetch().run({"url": server.url("/z")}, ctx(allow_private=True))
+    assert result.status == "error"
+    assert f"Content-Encoding {coding!r}" in result.text
+    assert "one gzip or deflate layer" in result.text
+
+
+async def test_corrupt_compressed_data_is_an_error(server: Server) -> None:
+    server.routes["/z"] = lambda _h: (200, {"Content-Encoding": "gzip"}, b"not gzip at all")
+    result = await WebFetch().run({"url": server.url("/z")}, ctx(allow_private=True))
+    assert result.status == "error"
+    assert "not valid compressed data" in result.text
 
 
 async def test_redirects_are_followed_and_reported(server: Server) -> None:

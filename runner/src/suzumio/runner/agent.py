@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,13 +51,17 @@ from suzumio.runner.loop.failures import (
 from suzumio.runner.loop.segments import CallFailure, PlannedCall, run_segments, segment
 from suzumio.runner.model import ModelClient, ModelTurn, WireCall
 from suzumio.runner.toolbox import Toolbox
-from suzumio.runner.tools.base import ToolResult
+from suzumio.runner.tools.base import ToolResult, printable
 from suzumio.runner.tools.core import CoreOutcome
 
 Message = dict[str, Any]
 Reason = Literal["completed", "budget_exhausted", "waiting", "failed"]
 MAX_RESULT_CHARS = 200_000  # a history entry holds 1 M; a tool result rarely needs more
 MAX_OUTPUT_CHARS = 900_000
+MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
+MAX_ARGUMENT_DEPTH = 64
+"""No tool takes arguments nested deeper; deeper ones would only reach recursive code
+(JSON encoding, compaction) near Python's recursion limit."""
 GRACE_PROMPT = (
     "You have used all the model calls this activation may make. Do not call tools. Summarise "
     "where the work stands: what is done, what is not, and what should happen next."
@@ -119,7 +124,11 @@ class AgentLoop:
         self._messages: list[Message] = [{"role": "system", "content": self.prompt.text}]
         self._entry_ids: list[str | None] = [None]
         self._received: list[str] = []
-        self._call_ids: set[str] = set()
+        # Ids of calls in the history count too: the provider and compaction pair a result
+        # with its call by id across the whole conversation, not one activation.
+        self._call_ids: set[str] = {c.id for e in spec.history for c in e.tool_calls} | {
+            e.tool_call_id for e in spec.history if e.tool_call_id
+        }
         self._usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
         self.model_calls = 0
         self.compactions = 0
@@ -138,6 +147,7 @@ class AgentLoop:
             if compaction.estimate_tokens(self._messages) >= self._threshold:
                 await self._compact("threshold")
             turn = await self._call_model(self._toolbox.wire_definitions())
+            turn.text = printable(turn.text)
             calls = self._parse(turn.tool_calls)
             turn.tool_calls = [c.wire for c in calls]
             if not calls:
@@ -156,11 +166,23 @@ class AgentLoop:
     async def _call_model(self, tools: list[dict[str, Any]]) -> ModelTurn:
         """One counted model call, with the retries, compactions and fallbacks it needs."""
         retries = 0
+        streamed = False
+
+        def on_text(delta: str) -> None:
+            nonlocal streamed
+            streamed = streamed or bool(delta)
+            self._live.text(delta)
+
         while True:
             model = self._models[self._model_index]
+            if streamed:
+                # Live viewers saw an attempt that will not count: tell them to drop its text
+                # before the retry streams the reply again.
+                self._live.event("state", "retrying: the text above is discarded", discard=True)
+                streamed = False
             try:
                 turn = await model.complete(
-                    self._messages, tools, self._max_tokens, on_text=self._live.text
+                    self._messages, tools, self._max_tokens, on_text=on_text
                 )
             except Exception as exc:
                 retries = await self._recover(exc, retries)
@@ -289,23 +311,17 @@ class AgentLoop:
     def _parse(self, wire_calls: Sequence[WireCall]) -> list[_Call]:
         calls = []
         for i, given in enumerate(wire_calls):
-            wire = given
+            # The history, the audit log and JSON take only text that encodes as UTF-8.
+            wire = WireCall(given.id, printable(given.name), printable(given.arguments))
             if not given.id or given.id in self._call_ids or len(given.id) > 200:
                 # Every id of what a call creates derives from its id: it must be unique.
                 unique = f"call_{self.model_calls}_{i}_{new_id()[-12:]}"
-                wire = WireCall(unique, given.name, given.arguments)
+                wire = WireCall(unique, wire.name, wire.arguments)
             self._call_ids.add(wire.id)
             tool = self._toolbox.canonical(wire.name)
-            problem = None if tool else f"unknown tool {wire.name!r}"
-            args: dict[str, Any] | None = None
-            try:
-                parsed = json.loads(wire.arguments or "{}")
-                if isinstance(parsed, dict):
-                    args = parsed
-                else:
-                    problem = problem or "the arguments must be a JSON object"
-            except json.JSONDecodeError as exc:
-                problem = problem or f"the arguments are not valid JSON: {exc}"
+            args, problem = decode_arguments(wire.arguments)
+            if not tool:
+                problem = f"unknown tool {wire.name!r}"
             calls.append(_Call(i, wire, tool, args, problem))
         return calls
 
@@ -353,7 +369,7 @@ class AgentLoop:
         return outcomes
 
     async def _run_call(self, call: _Call) -> CoreOutcome:
-        digest = hashlib.sha256(call.wire.arguments.encode()).hexdigest()
+        digest = hashlib.sha256(call.wire.arguments.encode()).hexdigest()  # printable: UTF-8
         tool = call.tool or call.wire.name
         await self._broker.start_call(
             ToolCallStart(
@@ -367,7 +383,9 @@ class AgentLoop:
         self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
         outcome = await self._execute(call, digest)
         duration_ms = int((time.monotonic() - started) * 1000)
-        body = outcome.result.text.encode()
+        # A tool's text may hold lone surrogates (a file name that is not UTF-8): the digest
+        # must not fail on them, or the finish record would never be sent.
+        body = outcome.result.text.encode("utf-8", "surrogatepass")
         try:
             await self._finish_call(call, outcome, body, duration_ms)
         except BrokerError as exc:
@@ -421,9 +439,13 @@ class AgentLoop:
 
     def _clean(self, text: str) -> str:
         """A tool's result as the model, the history and the log may see it: the sandbox's
-        secrets (token, provider keys) replaced, and cut to what a history entry holds."""
+        secrets (token, provider keys) replaced, made valid UTF-8, and cut to what a history
+        entry holds."""
+        text = printable(text)
         for secret in self._secrets:
             text = text.replace(secret, "[redacted]")
+        if self._secrets:
+            text = redact_cut_edges(text, self._secrets)
         if len(text) > MAX_RESULT_CHARS:
             omitted = len(text) - MAX_RESULT_CHARS
             text = f"{text[:MAX_RESULT_CHARS]}\n[... {omitted} characters omitted]"
@@ -494,6 +516,70 @@ class AgentLoop:
             "model": self._models[self._model_index].spec.name,
         }
         return Ending(reason, text, usage, history=unsent)
+
+
+# Where the built-in tools cut their output (shell.exec's omitted middle, web.fetch's cap,
+# file.read's over-long line). A cut can halve a secret, and the halves no longer match it.
+_CUT = re.compile(
+    r"(\n\[\.\.\. \d+ bytes omitted \.\.\.\]\n|\n\[truncated at \d+ bytes\]|\n\[line \d+ cut\])"
+)
+_FRAGMENT_MIN = 3  # shorter fragments reveal next to nothing and would hit ordinary text
+
+
+def redact_cut_edges(text: str, secrets: Sequence[str]) -> str:
+    """Redact what is left of a secret at a cut: a prefix of one just before a cut marker,
+    a suffix of one just after it."""
+    pieces = _CUT.split(text)  # text, marker, text, marker, ..., text
+    for i in range(0, len(pieces) - 1, 2):
+        pieces[i] = _trim(pieces[i], secrets, at_end=True)
+        pieces[i + 2] = _trim(pieces[i + 2], secrets, at_end=False)
+    return "".join(pieces)
+
+
+def _trim(piece: str, secrets: Sequence[str], *, at_end: bool) -> str:
+    longest = 0
+    for secret in secrets:
+        for k in range(min(len(secret), len(piece)), _FRAGMENT_MIN - 1, -1):
+            if piece.endswith(secret[:k]) if at_end else piece.startswith(secret[-k:]):
+                longest = max(longest, k)
+                break
+    if not longest:
+        return piece
+    return piece[:-longest] + "[redacted]" if at_end else "[redacted]" + piece[longest:]
+
+
+def decode_arguments(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A call's arguments as a JSON object, or why they are not one. Never raises: whatever
+    the model sent becomes an error result for that call, not a failed activation."""
+    if len(text) > MAX_ARGUMENT_CHARS:
+        return None, f"the arguments are {len(text)} characters; the limit is {MAX_ARGUMENT_CHARS}"
+    try:
+        parsed = json.loads(text or "{}")
+    except RecursionError:
+        return None, f"the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+    except ValueError as exc:  # malformed JSON, and integers over Python's digit limit
+        return None, f"the arguments are not valid JSON: {exc}"
+    if not isinstance(parsed, dict):
+        return None, "the arguments must be a JSON object"
+    if _deeper_than(parsed, MAX_ARGUMENT_DEPTH):
+        return None, f"the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+    return parsed, None
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether containers nest more than `limit` levels (iterative: no recursion limit)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def workspace_path(spec: RunnerActivationInput) -> Path:

@@ -293,13 +293,17 @@ def _parse_object(arguments: object) -> dict[str, Any]:
         return arguments
     try:
         value = json.loads(arguments) if isinstance(arguments, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):  # a model's malformed or absurdly nested arguments
         return {}
     return value if isinstance(value, dict) else {}
 
 
 def _quote(value: object, limit: int = 60) -> str:
-    text = " ".join((value if isinstance(value, str) else json.dumps(value)).split())
+    try:
+        text = value if isinstance(value, str) else json.dumps(value)
+    except (ValueError, RecursionError):
+        text = f"[{type(value).__name__}]"
+    text = " ".join(text.split())
     return json.dumps(text if len(text) <= limit else text[: limit - 1] + "…", ensure_ascii=False)
 
 
@@ -311,21 +315,27 @@ def _shorten_call(call: dict[str, Any]) -> dict[str, Any]:
     if len(arguments) <= LARGE_ARGUMENTS_CHARS:
         return call
     try:
-        value = _shorten_value(json.loads(arguments))
-    except ValueError:
-        value = {"truncated_arguments": _shorten_value(arguments)}
-    shortened = json.dumps(value, ensure_ascii=False)
+        shortened = json.dumps(_shorten_value(json.loads(arguments)), ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk
+        shortened = json.dumps({"truncated_arguments": _shorten_value(arguments)})
     return {**call, "function": {**function, "arguments": shortened}}
 
 
-def _shorten_value(value: Any) -> Any:
+SHORTEN_MAX_DEPTH = 64
+
+
+def _shorten_value(value: Any, depth: int = 0) -> Any:
+    """`value` with long strings cut. Raises ValueError past `SHORTEN_MAX_DEPTH` levels,
+    well before Python's recursion limit (history from before the loop bounded depth)."""
     if isinstance(value, str) and len(value) > ARGUMENT_STRING_KEEP_CHARS:
         cut = len(value) - ARGUMENT_STRING_KEEP_CHARS
         return f"{value[:ARGUMENT_STRING_KEEP_CHARS]}…[{cut} characters pruned]"
+    if isinstance(value, dict | list) and depth >= SHORTEN_MAX_DEPTH:
+        raise ValueError("arguments nested too deeply to shorten")
     if isinstance(value, dict):
-        return {k: _shorten_value(v) for k, v in value.items()}
+        return {k: _shorten_value(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_shorten_value(v) for v in value]
+        return [_shorten_value(v, depth + 1) for v in value]
     return value
 
 

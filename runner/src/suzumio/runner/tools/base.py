@@ -7,6 +7,7 @@ function-name alphabet (`file_read`) and back.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -17,6 +18,27 @@ Status = Literal["ok", "error", "denied", "timeout", "cancelled"]
 CallKind = Literal["read", "write", "exclusive"]
 """How a call may share a parallel segment: reads with reads, writes on disjoint paths,
 exclusive calls alone (DESIGN.md Appendix A)."""
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` made encodable as UTF-8, which the history, the audit log and JSON need.
+
+    Python keeps the bytes of a file name that are not UTF-8 as lone surrogates (U+DC80 to
+    U+DCFF, from `os.fsdecode`); they are shown as `\\xNN` escapes, as `ls -b` shows them. Any
+    other lone surrogate (a JSON `\\ud800` escape, say) is shown as `\\uXXXX`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub(_escape, text)
+    return text
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 class ToolInputError(ValueError):
@@ -47,6 +69,8 @@ class ToolLimits:
     write_max_bytes: int = 10 * 1024 * 1024
     search_max_results: int = 200
     search_max_file_bytes: int = 2 * 1024 * 1024
+    search_timeout_seconds: float = 30.0
+    """A whole file.search, matching included: a backtracking pattern ends here with an error."""
     shell_default_timeout_seconds: float = 120.0
     shell_max_timeout_seconds: float = 600.0
     shell_output_max_bytes: int = 64 * 1024

@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
-import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
+
+import regex  # type: ignore[import-untyped]
 
 from suzumio.contracts.runner import ToolDefinition
-from suzumio.runner.tools.base import ToolContext, ToolInputError, ToolResult
+from suzumio.runner.tools.base import ToolContext, ToolInputError, ToolResult, printable
 from suzumio.runner.tools.paths import (
     Reads,
     Target,
@@ -112,7 +114,7 @@ def _listing(target: Target, cap: int) -> str:
     used = len(rows[0])
     for index, entry in enumerate(entries):
         suffix = "@" if entry.is_symlink() else "/" if entry.is_dir(follow_symlinks=False) else ""
-        row = entry.name + suffix
+        row = printable(entry.name) + suffix  # a name that is not UTF-8 shows \\xNN escapes
         if used + len(row) + 1 > cap:
             rows.append(f"[truncated: {len(entries) - index} more entries]")
             break
@@ -338,7 +340,8 @@ class FileSearch(Reads):
     _keys = frozenset({"pattern", "path", "glob", "ignore_case"})
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        # A thread cannot be cancelled, so the walk checks this flag between files.
+        # A thread cannot be cancelled, so the walk checks this flag between lines; a single
+        # match is bounded by the search's deadline instead.
         stop = threading.Event()
         try:
             return await in_thread(lambda: self._search(args, ctx, stop))
@@ -347,14 +350,21 @@ class FileSearch(Reads):
 
     def _search(self, args: dict[str, Any], ctx: ToolContext, stop: threading.Event) -> ToolResult:
         check_keys(args, self._keys)
-        regex = _regex(required_str(args, "pattern"), args.get("ignore_case"))
+        pattern = _regex(required_str(args, "pattern"), args.get("ignore_case"))
         start = resolve(optional_str(args, "path") or ".", ctx)
         glob = optional_str(args, "glob") or None
         limits = ctx.limits
+        deadline = time.monotonic() + limits.search_timeout_seconds
         found: list[str] = []
         searched = too_large = binary = 0
         for path, size in _walk(start.path):
             if stop.is_set() or len(found) >= limits.search_max_results:
+                break
+            if time.monotonic() > deadline:
+                found.append(
+                    f"[search stopped at its {limits.search_timeout_seconds:g}s time limit; "
+                    "narrow the path or glob]"
+                )
                 break
             if glob and not _glob_match(path, start.path, glob):
                 continue
@@ -367,11 +377,19 @@ class FileSearch(Reads):
                 continue
             searched += 1
             shown_path = shown(path, ctx)
-            for lineno, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
-                if regex.search(line):
+            try:
+                for lineno, line in _matches(pattern, data, deadline, stop):
                     found.append(f"{shown_path}:{lineno}: {_clip(line.rstrip(chr(13)))}")
                     if len(found) >= limits.search_max_results:
                         break
+            except _TooSlowError as exc:
+                return ToolResult(
+                    f"the pattern took too long: the search stopped after "
+                    f"{limits.search_timeout_seconds:g}s (at {shown_path}:{exc.lineno}). Nested "
+                    "repetition such as (a+)+ or (a|aa)+ backtracks exponentially; simplify "
+                    "the pattern or narrow the path or glob.",
+                    "timeout",
+                )
         return ToolResult(_report(found, limits.search_max_results, searched, too_large, binary))
 
 
@@ -380,13 +398,47 @@ _SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__"})
 _LINE_CHARS = 300
 
 
-def _regex(pattern: str, ignore_case: object) -> re.Pattern[str]:
+class _TooSlowError(Exception):
+    def __init__(self, lineno: int) -> None:
+        super().__init__(f"line {lineno}")
+        self.lineno = lineno
+
+
+def _matches(
+    pattern: _Pattern, data: bytes, deadline: float, stop: threading.Event
+) -> Iterator[tuple[int, str]]:
+    """The matching lines of a file, numbered; raises _TooSlowError at the deadline."""
+    for lineno, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+        if stop.is_set():
+            return
+        try:
+            # `concurrent` releases the GIL while matching, so the event loop runs on;
+            # `timeout` ends a catastrophically backtracking match, which nothing else can.
+            hit = pattern.search(
+                line, concurrent=True, timeout=max(deadline - time.monotonic(), 0.001)
+            )
+        except TimeoutError:
+            raise _TooSlowError(lineno) from None
+        if hit is not None:
+            yield lineno, line
+
+
+class _Pattern(Protocol):
+    """What the search uses of a compiled `regex` pattern (the package ships no types)."""
+
+    def search(self, string: str, *, concurrent: bool, timeout: float) -> object | None: ...
+
+
+def _regex(pattern: str, ignore_case: object) -> _Pattern:
+    """The `regex` package in its `re`-compatible mode (VERSION0): unlike `re` it can release
+    the GIL and give up after a timeout."""
     if not isinstance(ignore_case, bool | None):
         raise ToolInputError("ignore_case must be true or false")
     try:
-        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-    except re.error as exc:
+        compiled: _Pattern = regex.compile(pattern, regex.V0 | (regex.I if ignore_case else 0))
+    except (regex.error, ValueError, OverflowError) as exc:
         raise ToolInputError(f"pattern is not a valid Python regular expression: {exc}") from None
+    return compiled
 
 
 def _walk(start: Path) -> Iterator[tuple[Path, int]]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from suzumio.runner.tools.base import CallKind, ToolContext, ToolInputError
+from suzumio.runner.tools.base import CallKind, ToolContext, ToolInputError, printable
 
 _MAX_PATH_CHARS = 4096
 
@@ -70,8 +70,8 @@ def shown(path: Path, ctx: ToolContext) -> str:
     if path == workspace:
         return "."
     if path.is_relative_to(workspace):
-        return path.relative_to(workspace).as_posix()
-    return path.as_posix()
+        return printable(path.relative_to(workspace).as_posix())
+    return printable(path.as_posix())
 
 
 def resolve(raw: object, ctx: ToolContext, *, write: bool = False, name: str = "path") -> Target:

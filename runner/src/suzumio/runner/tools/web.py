@@ -11,7 +11,9 @@ certificate check) stays the name through httpx's `sni_hostname` extension. Prox
 environment are ignored (a proxy would resolve names itself, past the check).
 
 Redirects are followed by hand, at most `fetch_max_redirects`, each hop checked again. The body
-is streamed and cut at `max_bytes`; HTML is reduced to readable text.
+is streamed and cut at `max_bytes` *after* decoding: one gzip or deflate layer is inflated in
+bounded steps (a compression bomb costs at most `max_bytes` of memory), stacked or other
+content encodings are refused. HTML is reduced to readable text.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import codecs
 import ipaddress
 import socket
 import ssl
+import zlib
 from collections.abc import Awaitable, Callable
 from html.parser import HTMLParser
 from typing import Any
@@ -149,7 +152,8 @@ class WebFetch(Reads):
             trust_env=False,
             verify=self._verify,
             timeout=httpx.Timeout(limits.fetch_timeout_seconds),
-            headers={"User-Agent": "suzumio-runner/web.fetch"},
+            # Only what `_read_capped` can inflate in bounded steps.
+            headers={"User-Agent": "suzumio-runner/web.fetch", "Accept-Encoding": "gzip, deflate"},
         ) as client:
             current = url
             for _ in range(limits.fetch_max_redirects + 1):
@@ -236,13 +240,76 @@ async def _send_pinned(
 
 
 async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """The body decoded, cut at `cap` bytes, and whether it was cut.
+
+    The raw stream is decoded here rather than by httpx: httpx inflates each whole network
+    chunk (and every stacked encoding) before a cap could apply, so a kilobyte of gzip can
+    become gigabytes in memory. Here no step yields more than `_STEP` bytes, and decoding stops
+    at the cap."""
+    decoder = _decoder(response.headers.get("content-encoding", ""))
     body = bytearray()
-    async for chunk in response.aiter_bytes():
-        room = cap - len(body)
-        body += chunk[:room]
-        if len(chunk) > room:
-            return bytes(body), True
+    async for chunk in response.aiter_raw():
+        if decoder is None:
+            body += chunk[: cap + 1 - len(body)]
+        else:
+            decoder.feed(chunk, body, cap + 1)
+        if len(body) > cap:
+            return bytes(body[:cap]), True
+        if decoder is not None and decoder.done:
+            break
     return bytes(body), False
+
+
+_STEP = 64 * 1024  # decoded bytes per step: each step is short work on the event loop
+_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+
+
+class _Inflater:
+    """One gzip or deflate layer, inflated in bounded steps."""
+
+    def __init__(self, wbits: int) -> None:
+        self._raw_fallback = wbits == zlib.MAX_WBITS  # some servers send deflate without zlib
+        self._started = False
+        self._inflate = zlib.decompressobj(wbits)
+
+    @property
+    def done(self) -> bool:
+        return self._inflate.eof
+
+    def feed(self, data: bytes, body: bytearray, limit: int) -> None:
+        """Inflate `data` into `body` until it holds `limit` bytes or `data` is used up."""
+        while len(body) < limit and not self._inflate.eof:
+            step = min(_STEP, limit - len(body))
+            try:
+                out = self._inflate.decompress(data, step)
+            except zlib.error as exc:
+                if self._raw_fallback and not self._started:
+                    self._raw_fallback = False
+                    self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise httpx.DecodingError(f"the body is not valid compressed data: {exc}") from None
+            self._started = True
+            body += out
+            data = self._inflate.unconsumed_tail
+            # A full step may leave output pending inside zlib even with no input left.
+            if not data and len(out) < step:
+                return
+
+
+def _decoder(header: str) -> _Inflater | None:
+    """The decoder for a Content-Encoding, or None for an unencoded body. A single gzip or
+    deflate layer is decoded; stacked or other encodings are refused rather than decoded
+    without bounds (we ask for gzip and deflate only)."""
+    codings = [c.strip().lower() for c in header.split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return None
+    if len(codings) > 1 or codings[0] not in _WBITS:
+        raise httpx.DecodingError(
+            f"the server sent the body with Content-Encoding {header!r}; web.fetch decodes only "
+            "one gzip or deflate layer"
+        )
+    return _Inflater(_WBITS[codings[0]])
 
 
 def _render(
