@@ -50,7 +50,7 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
                 nats_url, "suzumio-cli", first_connect_within=CONNECT_WITHIN
             )
         except connection.NatsUnreachableError as exc:
-            fail(first_line(exc))
+            fail(first_line(exc).replace(nats_url, redact(nats_url)))  # it names the URL
         try:
             try:
                 pool = await asyncio.wait_for(

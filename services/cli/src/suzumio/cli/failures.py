@@ -4,12 +4,14 @@ no traceback (a traceback says "bug"; a wrong URL or setting is not one)."""
 from __future__ import annotations
 
 from typing import NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from pydantic import ValidationError
 
+from suzumio.platform.embedded.credentials import redact
 from suzumio.platform.settings import PlatformSettings
+
+__all__ = ["CONNECT_WITHIN", "fail", "first_line", "load_settings", "redact"]
 
 CONNECT_WITHIN = 5.0  # seconds a command waits for NATS or Postgres before giving up
 
@@ -24,16 +26,6 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def redact(url: str) -> str:
-    """`url` without its password, fit for an error message."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
-
-
 def load_settings() -> PlatformSettings:
     """The settings from the environment, or exit 2 naming each variable that is wrong."""
     try:
@@ -42,7 +34,12 @@ def load_settings() -> PlatformSettings:
         prefix = PlatformSettings.model_config.get("env_prefix", "")
         problems = [
             f"{prefix}{str(error['loc'][0]).upper() if error['loc'] else ''}: {error['msg']}"
-            f" (got {error['input']!r})"
+            f" (got {_shown(error['input'])!r})"
             for error in exc.errors()
         ]
         fail("; ".join(problems), code=2)
+
+
+def _shown(value: object) -> object:
+    """A rejected setting as we echo it: a URL's password or token masked."""
+    return redact(value) if isinstance(value, str) else value

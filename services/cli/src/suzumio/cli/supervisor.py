@@ -28,6 +28,7 @@ from pathlib import Path
 from suzumio.cli.admin import ADMIN_KEY_FILE, bootstrap_admin
 from suzumio.platform.bus import connection
 from suzumio.platform.embedded import EmbeddedServers
+from suzumio.platform.embedded.credentials import redact
 from suzumio.platform.embedded.process import child_setup
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import secret_keys
@@ -268,7 +269,7 @@ class Supervisor:
             "\nSuzumio is up.\n"
             f"  API and web page: http://{self.host}:{api.port}  (OpenAPI: /docs)\n"
             f"  tool-broker:      http://{self.host}:{broker.port}\n"
-            f"  NATS:             {nats_url}\n"
+            f"  NATS:             {redact(nats_url)}\n"
             + "".join(f"  {line}\n" for line in self.banner)
             + f"{admin}"
             "Press Ctrl-C to stop.\n",

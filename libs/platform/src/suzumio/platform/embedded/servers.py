@@ -4,7 +4,9 @@
 already running in the data directory, or starts its own. A lock file serialises the check.
 `embedded.json` records who runs what; its entries are cleared on a clean stop and, since a
 SIGKILL leaves them behind and pids get reused, a NATS entry is trusted only when that pid is
-the nats-server of this data directory and its port answers.
+the nats-server of this data directory and its port answers. It records the URLs without
+their secrets (and is the owner's alone anyway): a borrower reads the token and the password
+from the servers' own directories, as the servers' owner.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from suzumio.platform.embedded import nats
+from suzumio.platform.embedded.credentials import redact, write_private
 from suzumio.platform.embedded.nats import start_nats
 from suzumio.platform.embedded.postgres import start_postgres
 from suzumio.platform.embedded.process import RunningServer, pid_alive
@@ -55,15 +59,16 @@ class EmbeddedServers:
             state = self._read_state()
             if need_nats:
                 self.nats = self._borrow_nats(state.get("nats")) or self._own(
-                    start_nats(self.data_dir / "nats")
+                    # No monitoring listener: nothing here reads it, and it answers anyone.
+                    start_nats(self.data_dir / "nats", monitoring=False)
                 )
-                state["nats"] = {"url": self.nats.url, "pid": self.nats.pid}
+                state["nats"] = {"url": redact(self.nats.url), "pid": self.nats.pid}
             if need_postgres:
                 self.postgres = self._own(
                     start_postgres(self.data_dir / "postgres", durable=self.durable)
                 )
-                state["postgres"] = {"url": self.postgres.url, "pid": self.postgres.pid}
-            self._state_file.write_text(json.dumps(state, indent=2))
+                state["postgres"] = {"url": redact(self.postgres.url), "pid": self.postgres.pid}
+            write_private(self._state_file, json.dumps(state, indent=2))
         return self
 
     def _read_state(self) -> dict[str, dict[str, object]]:
@@ -79,14 +84,15 @@ class EmbeddedServers:
         pid, url = entry.get("pid"), entry.get("url")
         if not (isinstance(pid, int) and isinstance(url, str) and pid_alive(pid)):
             return None
-        conf = str((self.data_dir / "nats" / "nats-server.conf").resolve())
+        store_dir = (self.data_dir / "nats").resolve()
+        conf = str(store_dir / nats.CONFIG_FILE)
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             return None
         if conf not in argv or not _nats_answers(url):
             return None
-        return RunningServer(name="nats", url=url, pid=pid)
+        return RunningServer(name="nats", url=nats.with_token(url, nats.token(store_dir)), pid=pid)
 
     def _own(self, server: RunningServer) -> RunningServer:
         if server.owned:
@@ -107,7 +113,7 @@ class EmbeddedServers:
                 if state.get(name, {}).get("pid") == pid:  # not one someone started since
                     del state[name]
             if state:
-                self._state_file.write_text(json.dumps(state, indent=2))
+                write_private(self._state_file, json.dumps(state, indent=2))
             else:
                 self._state_file.unlink(missing_ok=True)
 
