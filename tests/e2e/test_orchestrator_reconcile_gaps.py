@@ -219,6 +219,19 @@ def test_an_exit_the_backend_timed_out_ends_timed_out() -> None:
     assert Orchestrator._terminal(tracked, exit_, stream) == ActivationTimedOut(timeout_seconds=30)
 
 
+def test_a_backend_that_knows_another_attempt_is_vain_ends_it_not_retryable() -> None:
+    """A pod whose image name is invalid fails the same way every time; one whose pull failed
+    may pass next time; an exit that says nothing is retried as before."""
+    request = ActivationRequested(activation_id=new_id(), agent_id=new_id(), signal_ids=())
+    tracked = Tracked(new_id(), request)
+    stream = AggregateStream("activation", request.activation_id, ())
+    ends = [
+        Orchestrator._terminal(tracked, Exit(None, "lost", "x", retryable=r), stream)
+        for r in (False, True, None)
+    ]
+    assert [getattr(e, "retryable", None) for e in ends] == [False, True, True]
+
+
 def terminals(types: list[str]) -> list[str]:
     return [t for t in types if t in TERMINAL]
 

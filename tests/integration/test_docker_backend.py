@@ -392,9 +392,10 @@ def test_bridge_networks_reach_the_host_through_the_gateway():
         "https://broker.example:443"
     )
     settings = DockerSettings(network_mode_egress="suzumio-net")
-    assert docker_settings.network_mode(settings, NetworkProfile.EGRESS) == "suzumio-net"
-    assert docker_settings.network_mode(settings, NetworkProfile.FULL) == "suzumio-net"
-    assert docker_settings.network_mode(settings, NetworkProfile.NONE) == "none"
+    networks = docker_settings.choose_networks(settings, {"host", "none"})
+    assert networks.of(NetworkProfile.EGRESS) == "suzumio-net"
+    assert networks.of(NetworkProfile.FULL) == "suzumio-net"
+    assert networks.of(NetworkProfile.NONE) == "none"
 
 
 async def test_bad_launches_are_refused(make_backend, tmp_path):

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
+import os
 import socket
+import stat
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -195,6 +198,159 @@ async def test_watch_of_a_job_deleted_by_someone_else_is_lost(server, backend, p
     await other.cancel(handle)
     await other.close()
     assert (await asyncio.wait_for(task, 5)).reason == "lost"
+
+
+# -- pods that never start (a FAKE API server plays kubelet and scheduler: `stall_pod`) ---------
+
+
+def assert_stopped(server: FakeKubernetesServer, name: str, detail: str) -> None:
+    """The Job is suspended (its pod gone: no more pulls, no node's room held) and says why."""
+    [job] = server.objects("Job", NS)
+    assert job["metadata"]["name"] == name
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["annotations"]["suzumio.io/stopped"] == detail
+    assert server.objects("Pod", NS) == []
+
+
+@pytest.mark.parametrize(
+    "reason", ["InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"]
+)
+async def test_fake_api_a_pod_that_can_never_start_fails_at_once(
+    server, backend, platform_ns, reason
+):
+    """Against the fake API server: with backoffLimit 0 such a pod fails nothing until the
+    Job's deadline (an hour, then a retryable timeout); the watch ends it with the reason."""
+    handle = await backend.launch(plan_in(platform_ns))
+    task = await watching(server, backend, handle)
+    message = f'couldn\'t parse image name "no such/image": {reason}'
+    server.stall_pod(handle.sandbox_id, reason, message)
+    result = await asyncio.wait_for(task, 5)
+    assert (result.code, result.reason) == (None, "lost")
+    assert result.detail == f"the pod did not start: {reason}: {message}"
+    assert result.retryable is False  # the same plan would fail the same way
+    assert_stopped(server, handle.sandbox_id, result.detail)
+    await backend.cleanup(handle, succeeded=False)  # the default policy removes all of it
+    assert all(server.objects(kind, NS) == [] for kind in KINDS)
+
+
+@pytest.mark.parametrize(
+    ("reason", "grace"),
+    [
+        ("ImagePullBackOff", "start_grace_seconds"),
+        ("ErrImagePull", "start_grace_seconds"),
+        ("CreateContainerError", "start_grace_seconds"),
+        ("Unschedulable", "unschedulable_grace_seconds"),
+    ],
+)
+async def test_fake_api_a_pod_stuck_pending_fails_after_its_grace(
+    server, platform_ns, reason, grace
+):
+    """Against the fake API server: a failed pull (or no node) may pass, so the watch waits
+    its grace (from the settings) and then gives the pod up; no event is needed to end it."""
+    backend = KubernetesBackend(settings_for(server, **{grace: 2}), platform_ns)
+    try:
+        handle = await backend.launch(plan_in(platform_ns))
+        task = await watching(server, backend, handle)
+        server.stall_pod(handle.sandbox_id, reason, "rpc error: pull access denied")
+        await asyncio.sleep(1)
+        assert not task.done()  # within its grace
+        result = await asyncio.wait_for(task, 6)
+    finally:
+        await backend.close()
+    assert (result.code, result.reason) == (None, "lost")
+    assert result.retryable is True
+    assert result.detail == f"the pod did not start: {reason}: rpc error: pull access denied"
+    assert_stopped(server, handle.sandbox_id, result.detail)
+
+
+async def test_fake_api_a_pull_that_fails_then_works_is_not_given_up(server, platform_ns):
+    """Against the fake API server: within the grace a failed pull is left alone, and the Job
+    ends as its runner does."""
+    backend = KubernetesBackend(settings_for(server, start_grace_seconds=3_600), platform_ns)
+    try:
+        handle = await backend.launch(plan_in(platform_ns))
+        task = await watching(server, backend, handle)
+        server.stall_pod(handle.sandbox_id, "ImagePullBackOff", "Back-off pulling image")
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        server.finish_job(handle.sandbox_id, 0)
+        assert await asyncio.wait_for(task, 5) == Exit(0, "exited", "Completed")
+    finally:
+        await backend.close()
+
+
+async def test_fake_api_a_stuck_pod_is_found_by_polling_when_watches_fail(
+    server, backend, platform_ns
+):
+    """Against the fake API server whose watches all fail: the poll reads the pods too."""
+    server.fail_watches = True
+    handle = await backend.launch(plan_in(platform_ns))
+    task = asyncio.create_task(backend.watch(handle))
+    await asyncio.sleep(0.3)
+    server.stall_pod(handle.sandbox_id, "InvalidImageName", "bad name")
+    result = await asyncio.wait_for(task, 10)
+    detail = "the pod did not start: InvalidImageName: bad name"
+    assert result == Exit(None, "lost", detail, retryable=False)
+
+
+async def test_fake_api_a_restarted_watch_of_a_stopped_job_ends_as_it_did(
+    server, backend, platform_ns
+):
+    """Against the fake API server: the stopped Job (kept: cleanup `never`) tells a watch
+    after an orchestrator restart why it ended, instead of waiting on a suspended Job."""
+    handle = await backend.launch(plan_in(platform_ns))
+    task = await watching(server, backend, handle)
+    server.stall_pod(handle.sandbox_id, "CreateContainerConfigError", 'secret "x" not found')
+    first = await asyncio.wait_for(task, 5)
+    restarted = KubernetesBackend(settings_for(server, cleanup="never"), platform_ns)
+    try:
+        [found] = await restarted.list_live()
+        assert await asyncio.wait_for(restarted.watch(found), 5) == first
+    finally:
+        await restarted.close()
+
+
+# -- host paths -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+async def test_fake_api_host_paths_are_made_and_handed_to_the_runner(
+    server, platform_ns, tmp_path, monkeypatch, as_root
+):
+    """Against the fake API server: hostPath ignores fsGroup, so the workspace, its `in`, `out`
+    and session mount point and the session's directory are made before the Job and are the
+    runner's (chown as root, else open to all): made by the kubelet they would be root's."""
+    if as_root and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    if not as_root:
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)  # an orchestrator that is not root
+    plan = dataclasses.replace(
+        plan_in(platform_ns),
+        host_dir=tmp_path / "activations" / "a1",
+        session_dir=tmp_path / "sessions" / "s1",
+    )
+    (plan.host_dir / "workspace").mkdir(parents=True, mode=0o755)
+    (plan.host_dir / "workspace" / "left.txt").write_text("from an earlier attempt")
+    backend = KubernetesBackend(settings_for(server, host_paths=True), platform_ns)
+    try:
+        handle = await backend.launch(plan)
+    finally:
+        await backend.close()
+    workspace = plan.host_dir / "workspace"
+    [job] = server.objects("Job", NS)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["workspace"]["hostPath"]["path"] == str(workspace)
+    assert volumes["session"]["hostPath"]["path"] == str(plan.session_dir)
+    assert handle.sandbox_id == job["metadata"]["name"]
+    paths = [workspace, *(workspace / d for d in ("in", "out", "session")), plan.session_dir]
+    for path in [*paths, workspace / "left.txt"]:
+        st = path.stat()
+        if as_root:
+            assert (st.st_uid, st.st_gid) == (65_534, 65_534), path
+        else:
+            wanted = 0o777 if path.is_dir() else 0o666
+            assert stat.S_IMODE(st.st_mode) & wanted == wanted, path
+    assert all(path.is_dir() for path in paths)
 
 
 # -- cancel and cleanup -----------------------------------------------------------------------

@@ -418,14 +418,81 @@ def test_network_none_denies_everything() -> None:
     assert list(spec["podSelector"]["matchLabels"]) == [JOB_LABEL]
 
 
-def test_network_egress_without_cidrs_allows_all_egress_and_no_ingress() -> None:
-    spec = policy(NetworkProfile.EGRESS)["spec"]
+CLUSTER_DNS = {
+    "to": [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ],
+    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+}
+
+
+def test_network_egress_without_cidrs_allows_the_internet_but_no_private_range() -> None:
+    """Not `egress: [{}]`: that reached the cluster's services, its API server and the cloud
+    metadata service; DNS goes only to the cluster DNS (port 53 anywhere is a tunnel)."""
+    manifest = policy(NetworkProfile.EGRESS)
+    spec = manifest["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     assert "ingress" not in spec
-    assert spec["egress"] == [{}]
+    dns, internet = spec["egress"]
+    assert dns == CLUSTER_DNS
+    assert "ports" not in internet
+    assert internet["to"] == [
+        {
+            "ipBlock": {
+                "cidr": "0.0.0.0/0",
+                "except": [
+                    "10.0.0.0/8",
+                    "172.16.0.0/12",
+                    "192.168.0.0/16",
+                    "169.254.0.0/16",
+                    "100.64.0.0/10",
+                    "127.0.0.0/8",
+                ],
+            }
+        },
+        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "::1/128"]}},
+    ]
+    assert all(rule.get("to") for rule in spec["egress"])  # no rule open to anywhere
+    strict("V1NetworkPolicy", manifest)
 
 
-def test_network_egress_with_cidrs_allows_dns_broker_and_those_cidrs() -> None:
+def test_network_egress_where_the_pods_may_go() -> None:
+    """The broker by address (its port only), private ranges let through on purpose, the
+    cluster DNS where the settings say, and what counts as private."""
+    settings = KubernetesSettings(
+        image="i",
+        broker_url="http://192.168.1.20:8421",
+        internal_cidrs=("10.20.0.0/16",),
+        dns_namespace="dns",
+        dns_pod_labels={"app": "coredns"},
+        private_cidrs=("10.0.0.0/8",),
+    )
+    manifest = policy(NetworkProfile.EGRESS, settings)
+    dns, internet, internal, broker = manifest["spec"]["egress"]
+    assert dns["to"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns"}},
+            "podSelector": {"matchLabels": {"app": "coredns"}},
+        }
+    ]
+    assert internet["to"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}},
+        {"ipBlock": {"cidr": "::/0"}},
+    ]
+    assert internal == {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}
+    assert broker == {
+        "to": [{"ipBlock": {"cidr": "192.168.1.20/32"}}],
+        "ports": [{"protocol": "TCP", "port": 8421}],
+    }
+    strict("V1NetworkPolicy", manifest)
+    named = KubernetesSettings(image="i", broker_url="http://broker.suzumio:8421")
+    assert len(policy(NetworkProfile.EGRESS, named)["spec"]["egress"]) == 2
+
+
+def test_network_egress_with_cidrs_allows_cluster_dns_broker_and_those_cidrs() -> None:
     settings = KubernetesSettings(
         image="i",
         egress_cidrs=("10.0.0.7/32", "203.0.113.0/24"),
@@ -434,7 +501,7 @@ def test_network_egress_with_cidrs_allows_dns_broker_and_those_cidrs() -> None:
     )
     spec = policy(NetworkProfile.EGRESS, settings)["spec"]
     dns, cidrs, broker = spec["egress"]
-    assert dns == {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    assert dns == CLUSTER_DNS  # not port 53 to anywhere
     assert cidrs == {
         "to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}, {"ipBlock": {"cidr": "203.0.113.0/24"}}]
     }

@@ -13,7 +13,9 @@ owner does not exist is collected at once), and `Status` errors (404 NotFound, 4
 AlreadyExists, 422 Invalid, 400 BadRequest).
 
 There is no Job controller: a Job that is not suspended gets a running Pod, and the test ends it
-with `finish_job`. `objects(kind)` shows what is stored.
+with `finish_job`; a Job suspended while it runs loses its pods (as the controller does).
+`stall_pod` leaves a Job's pod unable to start (a waiting container, or no node for it).
+`objects(kind)` shows what is stored.
 """
 
 from __future__ import annotations
@@ -307,6 +309,31 @@ class FakeKubernetesServer:
                 status = self._job_failed(job, "BackoffLimitExceeded", message)
         self._store(_BY_NAME["Job"], {**job, "status": status}, "MODIFIED")
 
+    def stall_pod(
+        self, name: str, reason: str, message: str = "", namespace: str | None = None
+    ) -> None:
+        """Leave the pod of Job `name` pending, as the kubelet or the scheduler would:
+        `Unschedulable` is the scheduler's (`PodScheduled` False, no container status), any
+        other reason (`ImagePullBackOff`, `InvalidImageName`, …) the runner container's
+        `waiting` state. A later `finish_job` still ends it."""
+        job = self._find_job(name, namespace)
+        pod = self._pod_of(job)
+        assert pod is not None, f"Job {name!r} has no pod (suspended?)"
+        pod = copy.deepcopy(pod)
+        if reason == "Unschedulable":
+            condition = self._condition("PodScheduled", reason, message) | {"status": "False"}
+            pod["status"] = {"phase": "Pending", "conditions": [condition]}
+        else:
+            waiting = {"waiting": {"reason": reason, "message": message}}
+            pod["status"] = {
+                "phase": "Pending",
+                "containerStatuses": [
+                    status | {"ready": False, "started": False, "state": waiting}
+                    for status in self._container_statuses(pod["spec"]["containers"], {})
+                ],
+            }
+        self._store(_BY_NAME["Pod"], pod, "MODIFIED")
+
     def _find_job(self, name: str, namespace: str | None) -> Obj:
         for (plural, ns, found), obj in self._objects.items():
             if plural == "jobs" and found == name and namespace in (None, ns):
@@ -350,9 +377,36 @@ class FakeKubernetesServer:
             terminated = {"exitCode": exit_code, "startedAt": now, "finishedAt": now}
             terminated["reason"] = reason or ("Completed" if exit_code == 0 else "Error")
             pod["status"]["phase"] = "Succeeded" if exit_code == 0 and not reason else "Failed"
+            if not pod["status"].get("containerStatuses"):  # stalled before any started
+                containers = pod["spec"]["containers"]
+                pod["status"]["containerStatuses"] = self._container_statuses(containers, {})
             for status in pod["status"]["containerStatuses"]:
                 status |= {"ready": False, "started": False, "state": {"terminated": terminated}}
         return self._store(_BY_NAME["Pod"], pod, "MODIFIED")
+
+    @staticmethod
+    def _container_statuses(containers: list[Obj], state: Obj) -> list[Obj]:
+        return [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": copy.deepcopy(state),
+            }
+            for c in containers
+        ]
+
+    def _stop_job(self, job: Obj) -> Obj:
+        """What the Job controller does for a running Job that is suspended: its pods go."""
+        ns = job["metadata"]["namespace"]
+        while (pod := self._pod_of(job)) is not None:
+            self._delete(_BY_NAME["Pod"], ns, pod["metadata"]["name"], "Background")
+        status = {**job.get("status", {}), "active": 0}
+        status["conditions"] = [self._condition("Suspended", "JobSuspended", "Job suspended")]
+        return self._store(_BY_NAME["Job"], {**job, "status": status}, "MODIFIED")
 
     def _start_job(self, job: Obj) -> None:
         """What the Job controller and kubelet do for a Job that is not suspended."""
@@ -371,22 +425,10 @@ class FakeKubernetesServer:
         }
         pod_meta = {**template.get("metadata", {}), "ownerReferences": [owner]}
         pod_meta["name"] = f"{meta['name']}-{secrets.token_hex(3)[:5]}"
-        containers = template["spec"]["containers"]
         running = {"running": {"startedAt": _now()}}
         pod_status = {
             "phase": "Running",
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "image": c["image"],
-                    "imageID": "",
-                    "ready": True,
-                    "restartCount": 0,
-                    "started": True,
-                    "state": running,
-                }
-                for c in containers
-            ],
+            "containerStatuses": self._container_statuses(template["spec"]["containers"], running),
         }
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
         admitted = self._admit(_BY_NAME["Pod"], pod, meta["namespace"])
@@ -668,6 +710,12 @@ class FakeKubernetesServer:
         ):
             self._start_job(stored)
             stored = self._get(kind, namespace, name)
+        elif (
+            kind.kind == "Job"
+            and not current["spec"].get("suspend")
+            and stored["spec"].get("suspend")
+        ):
+            stored = self._stop_job(stored)
         return stored
 
     def _delete_request(

@@ -436,7 +436,8 @@ class Orchestrator:
         if exit_.reason == "oom":
             return ActivationFailed(reason="out of memory", exit_code=exit_.code, retryable=False)
         if exit_.code is None:
-            return ActivationFailed(reason=f"{exit_.reason}: {exit_.detail}".strip(": "))
+            reason = f"{exit_.reason}: {exit_.detail}".strip(": ")
+            return ActivationFailed(reason=reason, retryable=exit_.retryable is not False)
         detail = output.text[:500] if output is not None else "no output"
         return ActivationFailed(reason=f"runner exit {exit_.code}: {detail}", exit_code=exit_.code)
 

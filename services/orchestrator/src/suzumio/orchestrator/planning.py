@@ -6,11 +6,17 @@ Provider settings merge as server defaults < the project's provider named by the
 model spec without a provider uses the orchestrator's own endpoint (in `suzumio up` without a
 key, the offline demo model); one with a provider uses that provider's URL and (unsealed,
 here and only here) key.
+
+Mount grants were canonicalised when they were granted; a plan checks them again, since what
+lies on a granted path can change in between (a link put in place of a directory of it by
+anyone who may write to its parent, an agent with a writable grant above it included).
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,7 +40,7 @@ from suzumio.contracts.values import (
     WorkspaceMode,
 )
 from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
-from suzumio.orchestrator.directory import Agent, Project
+from suzumio.orchestrator.directory import Agent, Grant, Project
 from suzumio.orchestrator.sessions import SessionReader
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.platform.bus.eventstore import EventStore
@@ -44,6 +50,37 @@ from suzumio.platform.tokens import TokenSigner
 
 class PlanError(Exception):
     """The activation cannot be planned (unknown agent, missing provider, …): not retryable."""
+
+
+def _overlaps(path: str, other: str) -> bool:
+    return (
+        path == other
+        or path.startswith(other.rstrip("/") + "/")
+        or other.startswith(path.rstrip("/") + "/")
+    )
+
+
+def checked_mounts(grants: Iterable[Grant], reserved: Sequence[Path]) -> tuple[MountPlan, ...]:
+    """The grants' mounts, if each host path is still the canonical directory it was when it
+    was granted and shares nothing with `reserved` (the platform's own directories: every
+    activation's input with its token is there); else `PlanError`."""
+    own = [os.path.realpath(p) for p in reserved]
+    mounts: list[MountPlan] = []
+    for grant in grants:
+        real = os.path.realpath(grant.host_path)
+        if real != grant.host_path:
+            raise PlanError(
+                f"mount grant {grant.host_path} now resolves to {real} (a link in its path "
+                "since it was granted): refused; grant the real directory again if it is meant"
+            )
+        if not Path(real).is_dir():
+            raise PlanError(f"mount grant {grant.host_path} is no longer an existing directory")
+        if clash := next((p for p in own if _overlaps(real, p)), None):
+            raise PlanError(
+                f"mount grant {grant.host_path} overlaps the platform's own directory {clash}"
+            )
+        mounts.append(MountPlan(Path(real), grant.target, grant.writable))
+    return tuple(mounts)
 
 
 @dataclass
@@ -171,8 +208,6 @@ class Planner:
     def _mounts(self, agent: Agent, project: Project) -> tuple[MountPlan, ...]:
         if agent.workspace_mode is not WorkspaceMode.MOUNT:
             return ()
-        return tuple(
-            MountPlan(Path(g.host_path), g.target, g.writable)
-            for g in project.grants.values()
-            if g.agent_id in {None, agent.id}
-        )
+        reserved = (self.settings.data_dir, self.settings.sandboxes())
+        grants = (g for g in project.grants.values() if g.agent_id in {None, agent.id})
+        return checked_mounts(grants, reserved)

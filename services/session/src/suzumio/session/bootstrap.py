@@ -21,7 +21,9 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     settings = runtime.settings
     assert isinstance(settings, SessionSettings)
     repo = Repository(runtime.store)
-    context = Context(repo, settings.allowed_mount_roots(), utcnow)
+    context = Context(
+        repo, settings.allowed_mount_roots(), utcnow, reserved_dirs=settings.reserved_dirs()
+    )
     router = build_router(context)
     expiry = ExpiryClock(runtime.pool, router, utcnow)
     context.on_pending_action = expiry.notify

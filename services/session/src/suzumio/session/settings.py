@@ -18,5 +18,16 @@ class SessionSettings(ServiceSettings):
         f"'{os.pathsep}'; empty: no mount grants",
     )
 
+    work_dir: Path | None = Field(
+        default=None,
+        description="the orchestrator's (SUZUMIO_WORK_DIR): no grant may reach into it",
+    )
+
     def allowed_mount_roots(self) -> tuple[Path, ...]:
         return tuple(Path(p) for p in self.mount_roots.split(os.pathsep) if p.strip())
+
+    def reserved_dirs(self) -> tuple[Path, ...]:
+        """The platform's own directories, which no mount grant may overlap: the data
+        directory and the sandboxes' (every activation's input, with its token)."""
+        sandboxes = self.work_dir or self.data_dir / "sandboxes"
+        return (self.data_dir, sandboxes)

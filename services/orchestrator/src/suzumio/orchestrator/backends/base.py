@@ -83,6 +83,9 @@ class Exit:
     reason: Literal["exited", "killed", "oom", "lost", "timeout", "cancelled"] = "exited"
     detail: str = ""
     outputs: tuple[FileRef, ...] = ()  # stored from `/workspace/out` where the sandbox ran
+    # Whether another attempt could do better, when the backend knows (a pod whose image
+    # name is invalid never will); None leaves it to the engine's rules.
+    retryable: bool | None = None
 
 
 @dataclass(frozen=True)

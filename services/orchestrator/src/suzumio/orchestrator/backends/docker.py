@@ -3,11 +3,14 @@
 A container gets the input file read-only at `/activation/input.json`, the activation's
 workspace at `/workspace`, the session's directory at `/workspace/session`, the granted mounts,
 the plan's environment and labels naming the project, agent, session and activation. It runs
-as a non-root numeric user with no capabilities, no privilege escalation, a read-only root
-filesystem (a tmpfs `/tmp`), pids/memory/CPU limits and the network of its profile: `none`, or
-for `egress`/`full` the engine's host network when it has no bridge (then the sandbox reaches
-the tool-broker on 127.0.0.1), else the configured network with `host.docker.internal` mapped to
-the host gateway (loopback broker URLs are rewritten to it).
+as a non-root numeric user (the configured one when the orchestrator is root, else the
+orchestrator's own: the files it is given stay private to it either way) with no capabilities,
+no privilege escalation, a read-only root filesystem (a tmpfs `/tmp`), pids/memory/CPU limits
+and the network of its profile: `none`, or for `egress`/`full` the configured network, else the
+engine's bridge, with `host.docker.internal` mapped to the host gateway (loopback broker URLs
+are rewritten to it). Only on an engine without a bridge does it fall back to the host's
+network (then the sandbox reaches the tool-broker on 127.0.0.1 — and everything else on the
+host's loopback), with a warning in the log and in `health`.
 
 Bind sources are paths on the engine's host: an orchestrator that itself runs in a container
 must see its data directory at the same path as the engine does. The disk limit of a profile
@@ -47,10 +50,15 @@ from suzumio.orchestrator.backends.base import (
     labels_for,
 )
 from suzumio.orchestrator.backends.docker_settings import (
+    HOST_FALLBACK,
     SANDBOX_TMP,
     DockerSettings,
+    Networks,
+    Owner,
     check_mounts,
-    network_mode,
+    choose_networks,
+    private_mode,
+    sandbox_owner,
     via_gateway,
 )
 from suzumio.platform.logging import get_logger
@@ -67,20 +75,17 @@ _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 T = TypeVar("T")
 
 
-def _own(root: Path, uid: int, gid: int) -> None:
-    """Make `root` and everything in it writable by the sandbox's user: its owner when we may
-    chown, else open to all (an orchestrator that is not root)."""
-    as_root = os.geteuid() == 0
+def _own(root: Path, owner: Owner) -> None:
+    """Make `root` and everything in it the sandbox user's: handed to it when we are root, else
+    (it runs as us) kept ours, writable by us and by nobody else."""
 
     def give(path: Path) -> None:
         if path.is_symlink():
             return
         st = path.lstat()
-        if as_root and (st.st_uid, st.st_gid) != (uid, gid):
-            os.chown(path, uid, gid, follow_symlinks=False)
-        elif (
-            not as_root and (mode := st.st_mode | (0o777 if path.is_dir() else 0o666)) != st.st_mode
-        ):
+        if owner.chown and (st.st_uid, st.st_gid) != (owner.uid, owner.gid):
+            os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
+        elif not owner.chown and (mode := private_mode(st.st_mode, path.is_dir())) != st.st_mode:
             path.chmod(mode)
 
     give(root)
@@ -122,8 +127,8 @@ class DockerBackend:
         self._settings = settings or DockerSettings()
         self._namespace = namespace
         self._ns_label = namespace or "-"
-        uid, gid = self._settings.user.split(":")
-        self._uid, self._gid = int(uid), int(gid)
+        self._owner = sandbox_owner(self._settings.user, os.geteuid(), os.getegid())
+        self._networks: Networks | None = None  # asked of the engine once
         self._pool = ThreadPoolExecutor(self._settings.max_threads, thread_name_prefix="docker")
         self._api: Any = None
         self._api_lock = threading.Lock()
@@ -151,7 +156,8 @@ class DockerBackend:
         check_mounts(plan)
         image = plan.profile.image or self._settings.image
         try:
-            container_id = await self._call(self._launch_sync, plan, image)
+            network = (await self._call(self._network_choice)).of(plan.profile.network)
+            container_id = await self._call(self._launch_sync, plan, image, network)
         except LaunchError:
             raise
         except (DockerException, requests.RequestException, OSError) as exc:
@@ -163,28 +169,40 @@ class DockerBackend:
             activation=plan.activation_id,
             container=container_id[:12],
             image=image,
-            network=network_mode(self._settings, plan.profile.network),
+            network=network,
             env=plan.redacted_env(),
         )
         labels = labels_for(plan, self._namespace)
         return self._handle(container_id, self._name(plan), "running", labels)
 
-    def _launch_sync(self, plan: LaunchPlan, image: str) -> str:
-        self._prepare(plan)
+    def _network_choice(self) -> Networks:
+        with self._api_lock:
+            if self._networks is not None:
+                return self._networks
+        found = {str(n.get("Name")) for n in self._client().networks()}
+        networks = choose_networks(self._settings, found)
+        with self._api_lock:
+            if self._networks is None and networks.host_fallback:
+                log.warning("docker.host_network_fallback", detail=HOST_FALLBACK)
+            self._networks = networks
+        return networks
+
+    def _launch_sync(self, plan: LaunchPlan, image: str, network: str) -> str:
+        self._prepare(plan, network)
         api = self._client()
         name = self._name(plan)
         try:
-            container_id = self._create(api, plan, image, name)
+            container_id = self._create(api, plan, image, name, network)
         except ImageNotFound:
             self._pull(api, image)
-            container_id = self._create(api, plan, image, name)
+            container_id = self._create(api, plan, image, name, network)
         except APIError as exc:
             if exc.status_code != 409:
                 raise
             adopted = self._adopt(api, name, plan)
             if adopted is not None:
                 return adopted
-            container_id = self._create(api, plan, image, name)
+            container_id = self._create(api, plan, image, name, network)
         try:
             api.start(container_id)
         except DockerException:
@@ -192,27 +210,24 @@ class DockerBackend:
             raise
         return container_id
 
-    def _prepare(self, plan: LaunchPlan) -> None:
+    def _prepare(self, plan: LaunchPlan, network: str) -> None:
         workspace = plan.host_dir / "workspace"
         for d in (workspace / "out", workspace / "session", plan.session_dir):
             d.mkdir(parents=True, exist_ok=True)
         update: dict[str, Any] = {"workspace": WORKSPACE}
-        if network_mode(self._settings, plan.profile.network) not in {"host", "none"}:
+        if network not in {"host", "none"}:
             update["controller_url"] = via_gateway(plan.input.controller_url)
         path = plan.host_dir / "input.json"
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:  # the token is in it: readable by the sandbox only
             f.write(plan.input.model_copy(update=update).model_dump_json())
-        if os.geteuid() == 0:
-            os.chown(path, self._uid, self._gid)
-        else:
-            path.chmod(0o644)
-        _own(workspace, self._uid, self._gid)
-        _own(plan.session_dir, self._uid, self._gid)
+        if self._owner.chown:
+            os.chown(path, self._owner.uid, self._owner.gid)
+        _own(workspace, self._owner)
+        _own(plan.session_dir, self._owner)
 
-    def _create(self, api: Any, plan: LaunchPlan, image: str, name: str) -> str:
-        network = network_mode(self._settings, plan.profile.network)
+    def _create(self, api: Any, plan: LaunchPlan, image: str, name: str, network: str) -> str:
         limits = plan.profile.limits
         mounts = [
             Mount(INPUT_PATH, str(plan.host_dir / "input.json"), type="bind", read_only=True),
@@ -244,7 +259,7 @@ class DockerBackend:
             image,
             command=list(plan.profile.entry) or None,
             name=name,
-            user=self._settings.user,
+            user=self._owner.user,
             environment=[f"{k}={v}" for k, v in plan.env.items()],
             labels={**plan.labels, **labels_for(plan, self._namespace)},
             working_dir=WORKSPACE,
@@ -386,13 +401,18 @@ class DockerBackend:
         api = self._client()
         api.ping()
         version = api.version()
+        networks = self._network_choice()
         detail: dict[str, Any] = {
             "engine": "reachable",
             "server_version": version.get("Version"),
             "api_version": api.api_version,
             "image": self._settings.image,
             "image_present": False,
+            "network": {"egress": networks.egress, "full": networks.full},
+            "user": self._owner.user,
         }
+        if networks.host_fallback:
+            detail["warning"] = HOST_FALLBACK
         try:
             image = api.inspect_image(self._settings.image)
         except ImageNotFound:

@@ -1,10 +1,13 @@
 """Settings of the docker backend, and what they and a plan decide before the engine is asked:
-the network mode of a profile, which mount targets are allowed, the broker's URL on a bridge."""
+the network mode of a profile, which mounts are allowed, the broker's URL on a bridge, who the
+sandbox runs as."""
 
 from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Collection
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +21,14 @@ from suzumio.orchestrator.backends.base import (
 )
 
 SANDBOX_TMP = "/tmp"  # noqa: S108 - the sandbox's own tmpfs, not ours
+BRIDGE = "bridge"  # the engine's default bridge network
+HOST = "host"
+NOBODY = "65534:65534"
+HOST_FALLBACK = (
+    "the engine has no bridge network: sandboxes of egress/full profiles share the host's "
+    "network and reach every service listening on its loopback (set "
+    "SUZUMIO_DOCKER__NETWORK_MODE_EGRESS to a network of the engine to isolate them)"
+)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -30,10 +41,16 @@ class DockerSettings(BaseModel):
 
     base_url: str = Field(default_factory=_default_base_url, description="the engine's API")
     image: str = Field(default="suzumio-runner:latest", description="for profiles without one")
-    user: str = Field(default="65534:65534", pattern=r"^\d+:\d+$", description="uid:gid")
+    user: str = Field(
+        default=NOBODY,
+        pattern=r"^\d+:\d+$",
+        description="uid:gid, when the orchestrator is root; else its own uid:gid",
+    )
     cleanup: CleanupPolicy = "always"
-    network_mode_egress: str = Field(
-        default="host", description="'host' when the engine has no bridge, else a network name"
+    network_mode_egress: str | None = Field(
+        default=None,
+        description="a network of the engine; default: its bridge, or the host's network only "
+        "when it has no bridge",
     )
     network_mode_full: str | None = Field(default=None, description="default: as for egress")
     stop_grace_seconds: int = Field(default=5, ge=0, le=300, description="SIGTERM → SIGKILL")
@@ -54,6 +71,9 @@ def _is_reserved(target: str) -> bool:
 
 
 def check_mounts(plan: LaunchPlan) -> None:
+    """Targets must be clean and not reserved; sources must still be the directories that were
+    granted. The planner checked the sources too; this runs again right before the bind, since a
+    link planted in a source's path in between would have the engine mount its target instead."""
     for mount in plan.mounts:
         target = mount.target
         if not target.startswith("/") or posixpath.normpath(target) != target:
@@ -64,15 +84,71 @@ def check_mounts(plan: LaunchPlan) -> None:
             raise LaunchError(f"mount target {target!r} is reserved", retryable=False)
         if not mount.host_path.exists():
             raise LaunchError(f"mount source {mount.host_path} does not exist", retryable=False)
+        real = os.path.realpath(mount.host_path)
+        if real != str(mount.host_path):
+            raise LaunchError(
+                f"mount source {mount.host_path} now resolves to {real} (a link in its path): "
+                "not what was granted",
+                retryable=False,
+            )
 
 
-def network_mode(settings: DockerSettings, profile: NetworkProfile) -> str:
-    """The engine's network mode for a profile: `none`, or the configured one."""
-    if profile is NetworkProfile.NONE:
-        return "none"
-    if profile is NetworkProfile.FULL and settings.network_mode_full:
-        return settings.network_mode_full
-    return settings.network_mode_egress
+@dataclass(frozen=True)
+class Networks:
+    """The engine networks sandboxes of the `egress` and `full` profiles join."""
+
+    egress: str
+    full: str
+    host_fallback: bool = False
+    """On the host's network only because the engine has no bridge and none was configured."""
+
+    def of(self, profile: NetworkProfile) -> str:
+        if profile is NetworkProfile.NONE:
+            return "none"
+        return self.full if profile is NetworkProfile.FULL else self.egress
+
+
+def choose_networks(settings: DockerSettings, engine_networks: Collection[str]) -> Networks:
+    """The configured networks, else the engine's bridge (DESIGN.md §8). The host's network
+    only when the engine has no bridge: a sandbox there reaches everything on the host's
+    loopback (embedded Postgres and NATS included), so it is the last resort, never the default
+    on an engine that could isolate."""
+    default = BRIDGE if BRIDGE in engine_networks else HOST
+    egress = settings.network_mode_egress or default
+    return Networks(
+        egress=egress,
+        full=settings.network_mode_full or egress,
+        host_fallback=settings.network_mode_egress is None and default == HOST,
+    )
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a sandbox runs as, and so who must own its input, workspace and session files."""
+
+    uid: int
+    gid: int
+    chown: bool
+    """We are root and hand the files to the sandbox's user; else the sandbox runs as us."""
+
+    @property
+    def user(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+
+def sandbox_owner(configured: str, euid: int, egid: int) -> Owner:
+    """The configured user when the orchestrator is root; else the orchestrator's own user. One
+    that is not root cannot give files to another user, and opening them to all instead would
+    let every local user read the token in input.json and write into the workspaces."""
+    if euid == 0:
+        uid, gid = configured.split(":")
+        return Owner(int(uid), int(gid), chown=True)
+    return Owner(euid, egid, chown=False)
+
+
+def private_mode(mode: int, is_dir: bool) -> int:
+    """A mode that lets the owner (the sandbox's user) read and write, and nobody else write."""
+    return (mode | (0o700 if is_dir else 0o600)) & ~0o022
 
 
 def via_gateway(url: str) -> str:

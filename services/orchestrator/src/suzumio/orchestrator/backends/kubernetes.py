@@ -6,8 +6,14 @@ exists, and deleting the Job (cancel, cleanup, `ttlSecondsAfterFinished`) remove
 Every step tolerates 409 AlreadyExists, so a retried launch of the same attempt is idempotent;
 a launch that fails halfway deletes its Job (and so the rest).
 
-Watch follows the Job through the watch API (re-reading it with backoff when a watch fails)
-until it is complete or failed, then reads the pod's terminated container for the exit code.
+Watch follows the Job and its pods through the watch API (re-reading them with backoff when a
+watch fails) until the Job is complete or failed, then reads the pod's terminated container for
+the exit code. A pod that will never start (`kubernetes_pods`: a bad image, a config error, no
+node for it) does not fail a Job with `backoffLimit: 0` before its deadline: the watch gives it
+up, stops the Job (`suspend`, which deletes the pod; the Job keeps why in an annotation, for a
+watch after a restart and for whoever looks at a Job the cleanup policy keeps) and ends the
+activation with the pod's reason. With `host_paths`, launch first creates the activation's
+directories on the node and hands them to the sandbox's user (hostPath ignores `fsGroup`).
 Manifests are in `kubernetes_render`; this module does the talking.
 """
 
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -26,6 +34,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.watch import Watch
 
 from suzumio.orchestrator.backends.base import Exit, Handle, Health, LaunchError, LaunchPlan
+from suzumio.orchestrator.backends.kubernetes_pods import StartCheck, Stuck
 from suzumio.orchestrator.backends.kubernetes_render import (
     ACTIVATION_ANNOTATION,
     CONTAINER,
@@ -44,6 +53,9 @@ log = get_logger(__name__)
 
 _UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError)
 _JOB_POD_LABEL = "batch.kubernetes.io/job-name"
+STOPPED_ANNOTATION = "suzumio.io/stopped"
+FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way
+"""On a Job the watch stopped because its pod could not start: the activation's detail."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -66,7 +78,12 @@ def _retryable(exc: BaseException) -> bool:
 
 
 def job_outcome(job: Manifest) -> tuple[str, str, str] | None:
-    """(`Complete` | `Failed`, reason, message) once the Job is finished, else None."""
+    """(`Complete` | `Failed` | `Stopped`, reason, message) once the Job is finished (or
+    stopped by a watch, its pod never started), else None."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    stopped = annotations.get(STOPPED_ANNOTATION)
+    if stopped is not None:
+        return "Stopped", "final" if annotations.get(FINAL_ANNOTATION) == "true" else "", stopped
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("status") != "True":
             continue
@@ -82,8 +99,14 @@ def job_outcome(job: Manifest) -> tuple[str, str, str] | None:
 def exit_from(outcome: tuple[str, str, str], pod: Manifest | None) -> Exit:
     """The Exit of a finished Job, from its outcome and its pod (None when it is gone)."""
     kind, reason, message = outcome
+    if kind == "Stopped":  # its pod never started: nothing ran, no exit code
+        return Exit(None, "lost", message, retryable=reason != "final")
     if kind == "Failed" and reason == "DeadlineExceeded":
         return Exit(None, "timeout", message or "the Job's active deadline passed")
+    return _pod_exit(kind, reason, pod)
+
+
+def _pod_exit(kind: str, reason: str, pod: Manifest | None) -> Exit:
     status = (pod or {}).get("status") or {}
     if status.get("reason") == "Evicted":
         return Exit(None, "killed", status.get("message") or "the pod was evicted")
@@ -97,6 +120,40 @@ def exit_from(outcome: tuple[str, str, str], pod: Manifest | None) -> Exit:
     if kind == "Complete":
         return Exit(0, "exited", "the Job completed (its pod is gone)")
     return Exit(None, "lost", f"the Job failed ({reason or 'no reason'}) and left no exit code")
+
+
+def _hand_over(root: Path, uid: int, gid: int) -> None:
+    """Make `root` and everything in it writable by the sandbox's user: its owner when we may
+    chown, else open to all (an orchestrator that is not root). As the docker backend does:
+    a hostPath volume keeps the node's owners, `fsGroup` does not apply to it."""
+    as_root = os.geteuid() == 0
+
+    def give(path: Path) -> None:
+        if path.is_symlink():  # the sandbox's own link (an earlier attempt): never followed
+            return
+        st = path.lstat()
+        if as_root and (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(path, uid, gid, follow_symlinks=False)
+        elif not as_root:
+            mode = st.st_mode | (0o777 if path.is_dir() else 0o666)
+            if mode != st.st_mode:
+                path.chmod(mode)
+
+    give(root)
+    for base, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            give(Path(base, name))
+
+
+def prepare_host_dirs(plan: LaunchPlan, settings: KubernetesSettings) -> None:
+    """The workspace (with `in`, `out` and the session's mount point) and the session's
+    directory on the node, writable by the runner's user (`host_paths` only): made by the
+    kubelet they would be root's, 0755, and the runner could write none of them."""
+    workspace = plan.host_dir / "workspace"
+    for directory in (*(workspace / d for d in ("in", "out", "session")), plan.session_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    for root in (workspace, plan.session_dir):
+        _hand_over(root, settings.run_as_user, settings.run_as_group)
 
 
 class KubernetesBackend:
@@ -149,6 +206,11 @@ class KubernetesBackend:
         except ValueError as exc:
             raise LaunchError(str(exc), retryable=False) from exc
         name = job["metadata"]["name"]
+        if self.settings.host_paths:
+            try:
+                await asyncio.to_thread(prepare_host_dirs, plan, self.settings)
+            except OSError as exc:
+                raise LaunchError(f"job {name}: host directories: {exc}") from exc
         try:
             api = await self._client()
             uid = await self._create_job(api, job, plan.activation_id)
@@ -224,17 +286,25 @@ class KubernetesBackend:
 
     async def watch(self, handle: Handle) -> Exit:
         name = handle.sandbox_id
+        settings = self.settings
+        start = StartCheck(settings.start_grace_seconds, settings.unschedulable_grace_seconds)
         delay = 0.2
         while True:
             try:
                 api = await self._client()
                 job = await self._read_job(api, name)
+                while job is not None and job_outcome(job) is None:
+                    # The pods as they are now: this is also the poll when watches fail.
+                    stuck = start.check_all(await self._pods(api, name))
+                    if stuck is None:
+                        version = job["metadata"].get("resourceVersion")
+                        change = await self._next_change(api, name, version, start)
+                        if not isinstance(change, Stuck):
+                            job, delay = change, 0.2
+                            continue
+                        stuck = change
+                    return await self._give_up(name, stuck)
                 outcome = job_outcome(job) if job else None
-                while job is not None and outcome is None:
-                    version = job["metadata"].get("resourceVersion")
-                    job = await self._next_change(api, name, version)
-                    outcome = job_outcome(job) if job else None
-                    delay = 0.2
                 if outcome is None:  # the Job is gone
                     return self._gone(name)
                 return exit_from(outcome, await self._pod_of(api, name))
@@ -255,9 +325,32 @@ class KubernetesBackend:
         serialized: Manifest = api.sanitize_for_serialization(job)
         return serialized
 
-    async def _next_change(self, api: ApiClient, name: str, version: str | None) -> Manifest | None:
-        """The Job after its next change (None once deleted); the Job as it is now when a
-        watch request ends with nothing (its server-side timeout)."""
+    async def _next_change(
+        self, api: ApiClient, name: str, version: str | None, start: StartCheck
+    ) -> Manifest | Stuck | None:
+        """The Job after its next change (None once deleted), or its pod given up; the Job
+        as it is now when neither happened within a watch request (or a grace ended)."""
+        jobs = asyncio.create_task(self._job_change(api, name, version))
+        pods = asyncio.create_task(self._pod_stuck(api, name, start))
+        try:
+            done, _ = await asyncio.wait((jobs, pods), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (jobs, pods):
+                task.cancel()
+            await asyncio.gather(jobs, pods, return_exceptions=True)
+        if jobs in done:
+            changed, job = jobs.result()  # a failed watch raises: the caller polls
+            if changed:
+                return job
+        if pods in done and (stuck := pods.result()) is not None:
+            return stuck
+        return await self._read_job(api, name)
+
+    async def _job_change(
+        self, api: ApiClient, name: str, version: str | None
+    ) -> tuple[bool, Manifest | None]:
+        """(True, the Job once finished or None once deleted); (False, None) when the watch
+        request ended with neither (its server-side timeout)."""
         batch = client.BatchV1Api(api)
         async with Watch() as watch:
             stream = watch.stream(
@@ -270,17 +363,72 @@ class KubernetesBackend:
             )
             async for event in stream:
                 if event["type"] == "DELETED":
-                    return None
+                    return True, None
                 obj: Manifest = event["raw_object"]
                 if job_outcome(obj) is not None:
-                    return obj
-        return await self._read_job(api, name)
+                    return True, obj
+        return False, None
 
-    async def _pod_of(self, api: ApiClient, name: str) -> Manifest | None:
+    async def _pod_stuck(self, api: ApiClient, name: str, start: StartCheck) -> Stuck | None:
+        """The Job's pod given up, as the pod watch shows it; None when the watch request ended
+        first (it ends when the nearest grace does, so that one is looked at again)."""
+        timeout = self.settings.watch_timeout_seconds
+        grace = start.next_deadline_in()
+        if grace is not None:
+            timeout = max(1, min(timeout, int(grace) + 1))
+        async with Watch() as watch:
+            stream = watch.stream(
+                client.CoreV1Api(api).list_namespaced_pod,
+                namespace=self._ns,
+                label_selector=f"{_JOB_POD_LABEL}={name}",
+                timeout_seconds=timeout,
+                _request_timeout=timeout + self._timeout,
+            )
+            async for event in stream:
+                pod: Manifest = event["raw_object"]
+                if event["type"] == "DELETED":
+                    start.forget(pod)
+                elif (stuck := start.check(pod)) is not None:
+                    return stuck
+        return None
+
+    async def _give_up(self, name: str, stuck: Stuck) -> Exit:
+        """Stop the Job of a pod that will not start: suspended, the Job controller deletes the
+        pod (no more pulls, no node's room held); the Job, kept or deleted by the cleanup
+        policy, says why."""
+        log.warning(
+            "kubernetes pod did not start",
+            job=name,
+            reason=stuck.reason,
+            detail=stuck.detail,
+            retryable=stuck.retryable,
+        )
+        stop: Manifest = {
+            "metadata": {
+                "annotations": {
+                    STOPPED_ANNOTATION: stuck.detail,
+                    FINAL_ANNOTATION: "false" if stuck.retryable else "true",
+                }
+            },
+            "spec": {"suspend": True},
+        }
+        try:
+            api = await self._client()
+            await client.BatchV1Api(api).patch_namespaced_job(
+                name, self._ns, _body(stop), _request_timeout=self._timeout
+            )
+        except (ApiException, *_UNREACHABLE) as exc:  # the cleanup (or the deadline) ends it
+            log.warning("kubernetes job not stopped", job=name, error=_describe(exc))
+        return stuck.exit()
+
+    async def _pods(self, api: ApiClient, name: str) -> list[Manifest]:
         pods = await client.CoreV1Api(api).list_namespaced_pod(
             self._ns, label_selector=f"{_JOB_POD_LABEL}={name}", _request_timeout=self._timeout
         )
-        serialized: list[Manifest] = [api.sanitize_for_serialization(p) for p in pods.items]
+        return [api.sanitize_for_serialization(p) for p in pods.items]
+
+    async def _pod_of(self, api: ApiClient, name: str) -> Manifest | None:
+        serialized = await self._pods(api, name)
         finished = [p for p in serialized if (p.get("status") or {}).get("containerStatuses")]
         candidates = finished or serialized
         return candidates[-1] if candidates else None

@@ -26,6 +26,7 @@ import json
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -53,6 +54,20 @@ REDACTED = "***"
 MAX_SECRET_BYTES = 1_048_576  # the API server's limit on a Secret's data
 PENDING_UID = "00000000-0000-0000-0000-000000000000"
 """The Job's uid in owner references until the Job exists (the backend fills in the real one)."""
+
+PRIVATE_CIDRS = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",  # link-local: the cloud metadata services (169.254.169.254)
+    "100.64.0.0/10",  # carrier-grade NAT, also some clusters' pod and service ranges
+    "127.0.0.0/8",
+    "fc00::/7",
+    "fe80::/10",
+    "::1/128",
+)
+"""What network 'egress' keeps pods from by default: the cluster (pods, services, the API
+server), the node, the metadata service and anything else on a private network."""
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -84,12 +99,29 @@ class KubernetesSettings(BaseModel):
         default=None, description="the tool-broker as pods reach it (replaces controller_url)"
     )
     egress_cidrs: tuple[str, ...] = Field(
-        default=(), description="network 'egress': where pods may go (none: anywhere)"
+        default=(),
+        description="network 'egress': where pods may go (none: the internet, no private range)",
+    )
+    private_cidrs: tuple[str, ...] = Field(
+        default=PRIVATE_CIDRS,
+        description="network 'egress' without egress_cidrs: what 'the internet' leaves out",
+    )
+    internal_cidrs: tuple[str, ...] = Field(
+        default=(),
+        description="network 'egress': private addresses pods may still reach (a broker or a "
+        "model server on the node); the broker_url's address is added when it is an IP",
     )
     broker_pod_labels: dict[str, str] = Field(
         default_factory=dict, description="network 'egress': the tool-broker's pods"
     )
     broker_namespace: str | None = None
+    dns_namespace: str = Field(
+        default="kube-system", description="network 'egress': where the cluster DNS runs"
+    )
+    dns_pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"k8s-app": "kube-dns"},
+        description="network 'egress': the cluster DNS's pods (the only DNS pods may ask)",
+    )
     tmp_size_mb: int = Field(default=256, ge=16)
     host_paths: bool = Field(
         default=False,
@@ -98,8 +130,17 @@ class KubernetesSettings(BaseModel):
     cleanup: CleanupPolicy = "always"
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     watch_timeout_seconds: int = Field(default=60, ge=1, description="one watch request")
+    start_grace_seconds: int = Field(
+        default=120,
+        ge=0,
+        description="a failed image pull or CreateContainerError: how long before the pod is "
+        "given up (the activation fails, retryable)",
+    )
+    unschedulable_grace_seconds: int = Field(
+        default=600, ge=0, description="a pod no node can take: how long before it is given up"
+    )
 
-    @field_validator("egress_cidrs")
+    @field_validator("egress_cidrs", "private_cidrs", "internal_cidrs")
     @classmethod
     def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(str(ipaddress.ip_network(cidr, strict=False)) for cidr in value)
@@ -362,8 +403,9 @@ def _volumes(
 def network_policy(
     profile: NetworkProfile, settings: KubernetesSettings, meta: Manifest
 ) -> Manifest:
-    """none: nothing in or out; egress: nothing in, out to DNS and the broker, and to the
-    configured CIDRs (anywhere when none is configured); full: everything in and out."""
+    """none: nothing in or out; egress: nothing in, out to the cluster DNS, the broker and the
+    configured CIDRs (the internet, no private range, when none is configured); full:
+    everything in and out."""
     spec: Manifest = {
         "podSelector": {"matchLabels": {JOB_LABEL: meta["name"]}},
         "policyTypes": ["Ingress", "Egress"],
@@ -381,20 +423,63 @@ def network_policy(
 
 
 def _egress_rules(settings: KubernetesSettings) -> list[Manifest]:
-    if not settings.egress_cidrs:
-        return [{}]
-    dns = {"ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
-    rules: list[Manifest] = [
-        dns,
-        {"to": [{"ipBlock": {"cidr": cidr}} for cidr in settings.egress_cidrs]},
-    ]
+    # DNS only to the cluster's DNS pods: port 53 anywhere would be a tunnel to any host.
+    dns_peer: Manifest = {
+        "namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": settings.dns_namespace}
+        },
+        "podSelector": {"matchLabels": dict(settings.dns_pod_labels)},
+    }
+    dns = {"to": [dns_peer], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
+    if settings.egress_cidrs:
+        places = [{"ipBlock": {"cidr": cidr}} for cidr in settings.egress_cidrs]
+    else:
+        places = _internet(settings.private_cidrs)
+    rules: list[Manifest] = [dns, {"to": places}]
     if settings.broker_pod_labels:
         peer: Manifest = {"podSelector": {"matchLabels": dict(settings.broker_pod_labels)}}
         if settings.broker_namespace:
             match = {"kubernetes.io/metadata.name": settings.broker_namespace}
             peer["namespaceSelector"] = {"matchLabels": match}
         rules.append({"to": [peer]})
+    if settings.internal_cidrs:
+        rules.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in settings.internal_cidrs]})
+    broker = _broker_address(settings.broker_url)
+    if broker is not None:  # only its port: on a node's address other ports are the node's
+        address, port = broker
+        rules.append(
+            {"to": [{"ipBlock": {"cidr": address}}], "ports": [{"protocol": "TCP", "port": port}]}
+        )
     return rules
+
+
+def _internet(private: tuple[str, ...]) -> list[Manifest]:
+    """Everything (IPv4 and IPv6) but the private ranges: the cluster's pods and services,
+    its API server, the node and the metadata service are all there."""
+    networks = [ipaddress.ip_network(cidr) for cidr in private]
+    blocks: list[Manifest] = []
+    for everything in (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")):
+        excluded = [n for n in networks if n.version == everything.version]
+        if any(n.prefixlen == 0 for n in excluded):
+            continue  # the whole family is private: no block for it
+        block: Manifest = {"cidr": str(everything)}
+        if excluded:
+            block["except"] = [str(n) for n in excluded]
+        blocks.append({"ipBlock": block})
+    return blocks
+
+
+def _broker_address(url: str | None) -> tuple[str, int] | None:
+    """The broker's address as a /32 (/128) and its port, when `url` names it by IP."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    try:
+        address = ipaddress.ip_address(parts.hostname or "")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None  # a name: the cluster DNS resolves it, the rules above must allow it
+    return str(ipaddress.ip_network(address)), port
 
 
 def redact(manifests: list[Manifest]) -> list[Manifest]:

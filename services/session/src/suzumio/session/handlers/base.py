@@ -32,6 +32,7 @@ class Context:
     mount_roots: tuple[Path, ...] = ()
     clock: Callable[[], datetime] = utcnow
     on_pending_action: Callable[[datetime], None] = field(default=lambda _: None)
+    reserved_dirs: tuple[Path, ...] = ()  # no mount grant may overlap these
 
 
 class HandlerGroup:

@@ -122,7 +122,7 @@ class ProjectHandlers(HandlerGroup):
             agent = await self.repo.get(AgentState, cmd.agent_id)
             if agent.project_id != cmd.project_id:
                 raise InvalidError("the agent is not one of this project's")
-        host_path = canonical_mount_path(cmd.host_path, self.c.mount_roots)
+        host_path = canonical_mount_path(cmd.host_path, self.c.mount_roots, self.c.reserved_dirs)
         result = await self._change(
             ctx, cmd.project_id, lambda s, _: project.grant_mount(s, cmd, host_path)
         )
