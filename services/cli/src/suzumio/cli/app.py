@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
@@ -61,6 +62,7 @@ def up(
             f"model:            OFFLINE DEMO MODEL at http://127.0.0.1:{port}/v1 (no key set;"
             " set SUZUMIO_MODEL_BASE_URL and SUZUMIO_MODEL_API_KEY for a real one)"
         )
+    env |= docker_network(host, demo_model=bool(banner), environ=os.environ)
     supervisor = Supervisor(
         load_settings(), host=host, services=tuple(services), extra_env=env,
         banner=tuple(banner),
@@ -74,6 +76,22 @@ MODEL_SETTINGS = ("SUZUMIO_MODEL_BASE_URL", "SUZUMIO_MODEL_API_KEY", "OPENAI_API
 def _reachable(host: str) -> str:
     """Where sandboxes on this machine reach a listener bound to `host`."""
     return "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host  # noqa: S104
+
+
+def docker_network(host: str, *, demo_model: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """What docker sandboxes join when this machine runs everything. On an engine's bridge a
+    sandbox reaches the host through its gateway address, where a listener bound to loopback
+    does not answer: with the tool-broker (or the demo model, always on loopback) there, they
+    share the host's network instead — its loopback is what they must reach, and the embedded
+    servers there take a password. `--host 0.0.0.0` and a real model let them use the bridge;
+    a network set in the environment always wins."""
+    if NETWORK_SETTING in environ:
+        return {}
+    on_loopback = host in {"localhost", "::1"} or host.startswith("127.")
+    return {NETWORK_SETTING: "host"} if on_loopback or demo_model else {}
+
+
+NETWORK_SETTING = "SUZUMIO_DOCKER__NETWORK_MODE_EGRESS"
 
 
 @app.command("bootstrap-admin")

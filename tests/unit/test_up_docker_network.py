@@ -1,0 +1,23 @@
+"""What docker sandboxes join under `suzumio up`: an engine's bridge reaches this machine only
+through its gateway address, where a listener on loopback does not answer."""
+
+from __future__ import annotations
+
+from suzumio.cli.app import NETWORK_SETTING, docker_network
+
+
+def test_with_the_broker_or_the_demo_model_on_loopback_sandboxes_share_the_hosts_network() -> None:
+    host = {NETWORK_SETTING: "host"}
+    assert docker_network("127.0.0.1", demo_model=False, environ={}) == host
+    assert docker_network("localhost", demo_model=False, environ={}) == host
+    assert docker_network("0.0.0.0", demo_model=True, environ={}) == host  # noqa: S104
+
+
+def test_listeners_on_every_address_and_a_real_model_leave_the_bridge() -> None:
+    assert docker_network("0.0.0.0", demo_model=False, environ={}) == {}  # noqa: S104
+    assert docker_network("192.0.2.7", demo_model=False, environ={}) == {}
+
+
+def test_a_network_set_in_the_environment_wins() -> None:
+    environ = {NETWORK_SETTING: "my-net"}
+    assert docker_network("127.0.0.1", demo_model=True, environ=environ) == {}
