@@ -182,6 +182,53 @@ class BrittleProjects(ProjectsProjection):
         await super().apply(conn, schema, events)
 
 
+class HeldProjects(ProjectsProjection):
+    """The projects projection under another name, to be held by a newer-schema event."""
+
+    name: ClassVar[str] = "heldp"
+
+
+class BrittleCreations(BrittleProjects):
+    """Brittle, and deaf to renames: it goes on past the one that holds `heldp`."""
+
+    name: ClassVar[str] = "brittlec"
+    handles: ClassVar[frozenset[str]] = frozenset({"project.created"})
+
+
+async def test_a_hold_in_a_batch_that_rolls_back_holds_nothing(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """One batch: a project, a rename of a newer schema (holds `heldp`), and a project that
+    another projection fails on once (the batch rolls back and is retried). The retry must
+    still bring `heldp` up to the event before the rename."""
+    projections: list[Projection] = [HeldProjects(), BrittleCreations()]
+    async with running_projector(nc, database_url, topology, store, projections):
+        await caught_up(nc, pool, topology, projections)
+    project = new_id()
+    created = await store.append(project, [ProjectCreated(name="x", owner_id="u")], 0)
+    envelope = {
+        "id": new_id(), "type": "project.renamed", "aggregate": "project",
+        "aggregate_id": project, "version": 2, "occurred_at": "2030-01-01T00:00:00Z",
+        "actor": "system:future", "correlation_id": "c", "schema": 99, "data": {"name": "y"},
+    }  # fmt: skip
+    await nc.jetstream().publish(
+        topology.event_subject("project", project),
+        json.dumps(envelope).encode(),
+        headers={HDR_MSG_ID: envelope["id"], HDR_TYPE: "project.renamed", HDR_VERSION: "2"},
+    )
+    await store.append(new_id(), [ProjectCreated(name="poison", owner_id="u")], 0)
+    async with running_projector(nc, database_url, topology, store, projections):
+        await caught_up(nc, pool, topology, projections[1:])
+        held = await eventually(
+            lambda: read_all(pool),
+            lambda rows: rows["heldp"].position >= created.seq,
+            what="heldp at the event before the rename",
+        )
+    assert held["heldp"].position == created.seq
+    names = await pool.fetch("SELECT name FROM proj_heldp.projects")
+    assert [r["name"] for r in names] == ["x"]
+
+
 async def test_poison_event_is_parked_and_the_projection_moves_on(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:

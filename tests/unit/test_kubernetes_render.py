@@ -37,6 +37,7 @@ from suzumio.orchestrator.backends.kubernetes_render import (
     PENDING_UID,
     REDACTED,
     KubernetesSettings,
+    egress_warning,
     label_value,
     redact,
     render,
@@ -423,7 +424,8 @@ CLUSTER_DNS = {
         {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
-        }
+        },
+        {"ipBlock": {"cidr": "169.254.20.10/32"}},  # NodeLocal DNSCache, where it runs
     ],
     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
 }
@@ -468,6 +470,7 @@ def test_network_egress_where_the_pods_may_go() -> None:
         internal_cidrs=("10.20.0.0/16",),
         dns_namespace="dns",
         dns_pod_labels={"app": "coredns"},
+        dns_cidrs=(),
         private_cidrs=("10.0.0.0/8",),
     )
     manifest = policy(NetworkProfile.EGRESS, settings)
@@ -529,3 +532,12 @@ def test_settings_refuse_bad_cidrs_and_namespaces() -> None:
     with pytest.raises(ValidationError):
         KubernetesSettings(namespace="Not_Valid")
     assert KubernetesSettings(egress_cidrs=("10.0.0.7/24",)).egress_cidrs == ("10.0.0.0/24",)
+
+
+def test_a_broker_named_by_host_name_that_egress_cannot_reach_is_warned_about() -> None:
+    named = KubernetesSettings(image="i", broker_url="http://suzumio-toolbroker.ns.svc:8081")
+    assert "broker_pod_labels" in (egress_warning(named) or "")
+    labelled = named.model_copy(update={"broker_pod_labels": {"app": "toolbroker"}})
+    assert egress_warning(labelled) is None
+    by_ip = KubernetesSettings(image="i", broker_url="http://10.0.0.5:8081")
+    assert egress_warning(by_ip) is None  # its address is let through

@@ -23,7 +23,7 @@ from suzumio.contracts.runner import (
 )
 from suzumio.contracts.runner import ToolCall as HistoryCall
 from suzumio.contracts.values import ModelSpec
-from suzumio.runner.agent import AgentLoop, Ending
+from suzumio.runner.agent import AgentLoop, Ending, redact_cut_edges
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.live import LiveStream
 from suzumio.runner.loop import compaction
@@ -266,3 +266,11 @@ async def test_live_viewers_are_told_to_drop_a_retried_attempts_text(tmp_path: P
     last = max(i for i, c in enumerate(chunks) if c["kind"] == "text")
     between = [c for c in chunks[first:last] if c["kind"] == "state"]
     assert any(c["data"].get("discard") is True for c in between)
+
+
+def test_a_secret_clipped_in_a_search_result_leaves_no_fragment() -> None:
+    secret = "sk-proj-9f8e7d6c5b4a3210"
+    line = "config.env:3: " + "x" * 280 + secret[:12] + " [...]"
+    cleaned = redact_cut_edges(f"{line}\nconfig.env:4: ok", [secret])
+    assert secret[:8] not in cleaned
+    assert cleaned.endswith("[redacted] [...]\nconfig.env:4: ok")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from suzumio.contracts.events import (
     ActivationCancelled,
@@ -18,11 +19,11 @@ from suzumio.contracts.events import (
     SessionOpened,
     SignalsDelivered,
 )
-from suzumio.contracts.scheduling import AgentSchedulingState, HookAction
+from suzumio.contracts.scheduling import AgentSchedulingState, HookAction, HookSignal
 from suzumio.contracts.values import ActivationReason, ModelSpec, Priority
 from suzumio.scheduler.domain import policy
 from suzumio.scheduler.domain.world import World
-from suzumio.scheduler.hooks import Hooks, NamedHook
+from suzumio.scheduler.hooks import THREADS_PER_HOOK, Hooks, NamedHook
 from tests.unit.test_scheduling_state import T0, Log, opened, signal, start
 
 SETTINGS = policy.Settings()
@@ -77,7 +78,8 @@ def test_a_p0_queued_again_after_a_preemption_does_not_preempt_the_replacement()
     assert after.start.reason is ActivationReason.SIGNALS
 
 
-def test_a_fresh_p0_still_preempts_and_takes_a_requeued_one_along() -> None:
+def requeued_then_fresh_p0() -> World:
+    """a2 replaced a1 (P0 stop2); a1 ended cancelled, stop1 queued again; then P0 stop3."""
     world, log = opened()
     log.append("s", signal("stop1", Priority.P0))
     start(log, "a1", "stop1")
@@ -85,11 +87,27 @@ def test_a_fresh_p0_still_preempts_and_takes_a_requeued_one_along() -> None:
     preempt(log, decide(world), "a2")
     log.append("a1", ActivationCancelled(reason="replaced"))
     log.append("s", signal("stop3", Priority.P0))
+    return world
+
+
+def test_a_fresh_p0_still_preempts_and_takes_a_requeued_one_along() -> None:
+    world = requeued_then_fresh_p0()
     plan = decide(world)
     assert plan.cancel == "a2"
     assert plan.start is not None
     assert set(plan.start.signal_ids) == {"stop1", "stop3"}
     assert plan.start.reason is ActivationReason.PREEMPT
+
+
+def test_the_p0_that_preempts_goes_first_into_a_batch_of_one() -> None:
+    """Requeued P0s are older: taken first into a batch of one, they would leave the fresh P0
+    out, and the next decision would preempt the activation that just started."""
+    world = requeued_then_fresh_p0()
+    one = policy.Settings(max_batch=1)
+    plan = policy.decide(world.sessions["s"], T0, startable=True, settings=one)
+    assert plan.cancel == "a2"
+    assert plan.start is not None
+    assert plan.start.signal_ids == ("stop3",)
 
 
 def test_enabling_an_agent_looks_again_at_its_sessions_with_pending_signals() -> None:
@@ -112,10 +130,11 @@ def test_enabling_an_agent_looks_again_at_its_sessions_with_pending_signals() ->
     assert plan.start.signal_ids == ("m1",)
 
 
-async def test_a_hung_plain_hook_is_skipped_and_never_starves_the_default_executor() -> None:
-    """A plain-function hook that hangs overruns its timeout and goes on in its thread. It
-    is not called again while that call runs, and it runs outside the loop's default
-    executor, which the loop's getaddrinfo (NATS reconnects, Postgres connections) needs."""
+async def test_a_hung_plain_hook_holds_few_threads_and_never_starves_the_default_executor() -> None:
+    """A plain-function hook that hangs overruns its timeout and goes on in its thread. Its
+    hung calls hold at most `THREADS_PER_HOOK` threads (the next calls time out waiting), all
+    outside the loop's default executor, which the loop's getaddrinfo (NATS reconnects,
+    Postgres connections) needs."""
     release = threading.Event()
     calls: list[str] = []
 
@@ -125,21 +144,37 @@ async def test_a_hung_plain_hook_is_skipped_and_never_starves_the_default_execut
         return []
 
     hooks = Hooks([NamedHook("stuck", stuck)], timeout=0.05)
-    state = AgentSchedulingState(
-        project_id="p", agent_id="a", session_id="s", live_activation_id=None, pending=()
-    )
     loop = asyncio.get_running_loop()
     try:
         for _ in range(40):  # more activations ended than any default executor has threads
-            assert await hooks.run(state) == []
-        assert len(calls) == 1
+            assert await hooks.run(hook_state("s")) == []
+        assert len(calls) == THREADS_PER_HOOK
         answer = await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), 20)
         assert answer == "free"
     finally:
         release.set()
-    for _ in range(2_000):  # once the hung call returned, the hook is called again
-        await hooks.run(state)
-        if len(calls) == 2:
+    for _ in range(2_000):  # once the hung calls returned, the hook is called again
+        await hooks.run(hook_state("s"))
+        if len(calls) > THREADS_PER_HOOK:
             break
         await asyncio.sleep(0.01)
-    assert len(calls) == 2
+    assert len(calls) > THREADS_PER_HOOK
+
+
+async def test_a_slow_plain_hook_serves_reviews_that_overlap() -> None:
+    """Reviews of several sessions run at once: a hook that takes a moment (a query) is
+    called for each of them, none skipped."""
+
+    def slow(state: AgentSchedulingState) -> list[HookAction]:
+        time.sleep(0.1)
+        return [HookSignal(key=state.session_id)]
+
+    hooks = Hooks([NamedHook("slow", slow)], timeout=10)
+    answers = await asyncio.gather(*(hooks.run(hook_state(f"s{i}")) for i in range(10)))
+    assert [len(a) for a in answers] == [1] * 10
+
+
+def hook_state(session_id: str) -> AgentSchedulingState:
+    return AgentSchedulingState(
+        project_id="p", agent_id="a", session_id=session_id, live_activation_id=None, pending=()
+    )

@@ -13,9 +13,18 @@ def test_with_the_broker_or_the_demo_model_on_loopback_sandboxes_share_the_hosts
     assert docker_network("0.0.0.0", demo_model=True, environ={}) == host  # noqa: S104
 
 
+def test_a_model_server_on_loopback_keeps_the_hosts_network() -> None:
+    ollama = {"SUZUMIO_MODEL_BASE_URL": "http://127.0.0.1:11434/v1"}
+    assert docker_network("0.0.0.0", demo_model=False, environ=ollama) == {  # noqa: S104
+        NETWORK_SETTING: "host"
+    }
+
+
 def test_listeners_on_every_address_and_a_real_model_leave_the_bridge() -> None:
     assert docker_network("0.0.0.0", demo_model=False, environ={}) == {}  # noqa: S104
     assert docker_network("192.0.2.7", demo_model=False, environ={}) == {}
+    remote = {"SUZUMIO_MODEL_BASE_URL": "https://api.example.com/v1"}
+    assert docker_network("0.0.0.0", demo_model=False, environ=remote) == {}  # noqa: S104
 
 
 def test_a_network_set_in_the_environment_wins() -> None:

@@ -519,9 +519,11 @@ class AgentLoop:
 
 
 # Where the built-in tools cut their output (shell.exec's omitted middle, web.fetch's cap,
-# file.read's over-long line). A cut can halve a secret, and the halves no longer match it.
+# file.read's over-long line, file.search's clipped line). A cut can halve a secret, and the
+# halves no longer match it.
 _CUT = re.compile(
-    r"(\n\[\.\.\. \d+ bytes omitted \.\.\.\]\n|\n\[truncated at \d+ bytes\]|\n\[line \d+ cut\])"
+    r"(\n\[\.\.\. \d+ bytes omitted \.\.\.\]\n|\n\[truncated at \d+ bytes\]|\n\[line \d+ cut\]"
+    r"| \[\.\.\.\](?=\n|$))"  # file.search's clipped line
 )
 _FRAGMENT_MIN = 3  # shorter fragments reveal next to nothing and would hit ordinary text
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -87,8 +88,14 @@ def docker_network(host: str, *, demo_model: bool, environ: Mapping[str, str]) -
     a network set in the environment always wins."""
     if NETWORK_SETTING in environ:
         return {}
-    on_loopback = host in {"localhost", "::1"} or host.startswith("127.")
+    # The runner calls the model itself: a model server on loopback (Ollama's default) too.
+    model = urlsplit(environ.get("SUZUMIO_MODEL_BASE_URL", "")).hostname or ""
+    on_loopback = any(_loopback(h) for h in (host, model))
     return {NETWORK_SETTING: "host"} if on_loopback or demo_model else {}
+
+
+def _loopback(host: str) -> bool:
+    return host in {"localhost", "::1"} or host.startswith("127.")
 
 
 NETWORK_SETTING = "SUZUMIO_DOCKER__NETWORK_MODE_EGRESS"

@@ -211,8 +211,11 @@ class Supervisor:
     async def _forward(child: _Child, stream: asyncio.StreamReader) -> None:
         partial = b""
         while chunk := await stream.read(65536):
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.buffer.flush()
+            # Whatever becomes of our own stderr (a closed pipe), the child's pipe is still
+            # read: a child whose stderr nobody reads blocks on its next log line.
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.buffer.flush()
             *lines, partial = (partial + chunk).split(b"\n")
             child.tail.extend(line.decode(errors="replace") for line in lines)
             partial = partial[-4096:]

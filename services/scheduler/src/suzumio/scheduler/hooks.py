@@ -1,6 +1,6 @@
 """Toolpack scheduler hooks: found through entry points (and settings), called with an agent's
-state when one of its activations ended; a hook that raises, overruns or answers nonsense (or
-whose previous call still runs) is logged and skipped, and never stops scheduling."""
+state when one of its activations ended; a hook that raises, overruns or answers nonsense is
+logged and skipped, and never stops scheduling (nor, hung, takes more than a few threads)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,6 @@ class Hooks:
             try:
                 answer = await asyncio.wait_for(self._call(hook, state), self._timeout)
                 actions += [(hook.name, a) for a in _ACTIONS.validate_python(list(answer or ()))]
-            except _StillRunningError:
-                log.warning("hooks.still_running", hook=hook.name)
-                _calls.add(1, {"hook": hook.name, "outcome": "skipped"})
             except TimeoutError:
                 log.warning("hooks.timed_out", hook=hook.name, seconds=self._timeout)
                 _calls.add(1, {"hook": hook.name, "outcome": "timeout"})
@@ -93,33 +90,33 @@ class Hooks:
         return await answer if inspect.isawaitable(answer) else answer
 
 
-class _StillRunningError(Exception):
-    """The hook's previous call has not returned yet."""
+THREADS_PER_HOOK = 4
+"""Calls of one plain-function hook running at once: reviews of several sessions overlap, and
+a slow hook (a database query) must serve them all; a hung one holds at most this many."""
 
 
 class _HookThreads:
-    """Where plain-function hooks run: a thread of their own per call, at most one per hook.
+    """Where plain-function hooks run: a thread of their own per call, at most
+    `THREADS_PER_HOOK` at once per hook; a call waits for a free one within its timeout.
 
     Not the loop's default executor: a call that overran its timeout goes on in its thread
     (a thread cannot be stopped), and a few hung hooks would take every worker of that pool,
     after which the loop's own blocking work (getaddrinfo for a NATS reconnect or a Postgres
-    connection) waited forever. A hook whose last call still runs is skipped instead, so
-    hung calls never number more than the hooks. The threads are daemons, so a hung one
-    does not hold the process at exit either (a ThreadPoolExecutor's would)."""
+    connection) waited forever. Here hung calls never number more than `THREADS_PER_HOOK` a
+    hook: the next ones time out waiting. The threads are daemons, so a hung one does not
+    hold the process at exit either (a ThreadPoolExecutor's would)."""
 
     def __init__(self) -> None:
-        self._busy: set[str] = set()
-        self._lock = threading.Lock()
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     async def run(self, name: str, call: SchedulerHook, state: AgentSchedulingState) -> Any:
-        with self._lock:
-            if name in self._busy:
-                raise _StillRunningError(name)
-            self._busy.add(name)
+        slots = self._slots.setdefault(name, asyncio.Semaphore(THREADS_PER_HOOK))
+        await slots.acquire()  # under the caller's timeout
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
 
         def settle(result: Any, error: BaseException | None) -> None:
+            slots.release()  # the thread is done, whether anyone still waits or not
             if answer.done():
                 return  # timed out and cancelled meanwhile: nobody waits any more
             if error is None:
@@ -134,16 +131,12 @@ class _HookThreads:
                 result = call(state)
             except BaseException as exc:  # handed to the caller, which logs it
                 error = exc
-            finally:
-                with self._lock:
-                    self._busy.discard(name)
             with contextlib.suppress(RuntimeError):  # the loop closed while it ran
                 loop.call_soon_threadsafe(settle, result, error)
 
         try:
             threading.Thread(target=work, name=f"scheduler-hook:{name}", daemon=True).start()
         except BaseException:
-            with self._lock:
-                self._busy.discard(name)
+            slots.release()
             raise
         return await answer

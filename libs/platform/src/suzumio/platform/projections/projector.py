@@ -261,6 +261,7 @@ class Projector:
     async def _apply(self, conn: Connection, entries: list[LogEntry]) -> list[Parked]:
         first, last = entries[0].seq, entries[-1].seq
         parked: list[Parked] = []
+        held: set[str] = set()
         async with conn.transaction():
             rows = await checkpoints.lock_rows(conn, self._names)
             moves: dict[str, int] = {}
@@ -279,7 +280,7 @@ class Projector:
                     # Skipping the event would lose it; waiting must not stop the projections
                     # that never read it. The next leader (a newer release, or this one after
                     # a restart) starts from the lowest checkpoint and meets it again.
-                    self._held.add(p.name)
+                    held.add(p.name)
                     log.warning(
                         "projector.projection_held",
                         projection=p.name,
@@ -296,4 +297,5 @@ class Projector:
                     moves[p.name] = end
             await checkpoints.move(conn, moves)
             await notify(conn, last)
+        self._held |= held  # only once committed: a batch rolled back holds nothing
         return parked

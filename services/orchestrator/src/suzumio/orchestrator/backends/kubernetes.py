@@ -40,6 +40,7 @@ from suzumio.orchestrator.backends.kubernetes_render import (
     CONTAINER,
     KubernetesSettings,
     Manifest,
+    egress_warning,
     redact,
     render,
     selector_for,
@@ -54,8 +55,8 @@ log = get_logger(__name__)
 _UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError)
 _JOB_POD_LABEL = "batch.kubernetes.io/job-name"
 STOPPED_ANNOTATION = "suzumio.io/stopped"
-FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way
 """On a Job the watch stopped because its pod could not start: the activation's detail."""
+FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way
 
 
 def _describe(exc: BaseException) -> str:
@@ -481,6 +482,8 @@ class KubernetesBackend:
 
     async def health(self) -> Health:
         detail: dict[str, Any] = {"namespace": self._ns}
+        if (warning := egress_warning(self.settings)) is not None:
+            detail["warning"] = warning
         try:
             api = await self._client()
             version = await client.VersionApi(api).get_code(_request_timeout=self._timeout)

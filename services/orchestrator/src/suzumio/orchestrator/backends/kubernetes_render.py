@@ -122,6 +122,11 @@ class KubernetesSettings(BaseModel):
         default_factory=lambda: {"k8s-app": "kube-dns"},
         description="network 'egress': the cluster DNS's pods (the only DNS pods may ask)",
     )
+    dns_cidrs: tuple[str, ...] = Field(
+        default=("169.254.20.10/32",),
+        description="network 'egress': DNS servers pods may ask besides the cluster DNS's pods "
+        "(port 53 only; default: NodeLocal DNSCache's address)",
+    )
     tmp_size_mb: int = Field(default=256, ge=16)
     host_paths: bool = Field(
         default=False,
@@ -430,7 +435,8 @@ def _egress_rules(settings: KubernetesSettings) -> list[Manifest]:
         },
         "podSelector": {"matchLabels": dict(settings.dns_pod_labels)},
     }
-    dns = {"to": [dns_peer], "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
+    dns_peers = [dns_peer, *({"ipBlock": {"cidr": cidr}} for cidr in settings.dns_cidrs)]
+    dns = {"to": dns_peers, "ports": [{"protocol": p, "port": 53} for p in ("UDP", "TCP")]}
     if settings.egress_cidrs:
         places = [{"ipBlock": {"cidr": cidr}} for cidr in settings.egress_cidrs]
     else:
@@ -467,6 +473,21 @@ def _internet(private: tuple[str, ...]) -> list[Manifest]:
             block["except"] = [str(n) for n in excluded]
         blocks.append({"ipBlock": block})
     return blocks
+
+
+def egress_warning(settings: KubernetesSettings) -> str | None:
+    """Why pods of the `egress` profile may not reach the tool-broker, if they may not: a
+    broker named by host name (a Service) is reachable only through `broker_pod_labels` or
+    `internal_cidrs` (a policy sees the pod's address after the Service's translation)."""
+    if not settings.broker_url or _broker_address(settings.broker_url) is not None:
+        return None
+    if settings.broker_pod_labels or settings.internal_cidrs or settings.egress_cidrs:
+        return None
+    return (
+        f"the tool-broker ({settings.broker_url}) is named by host name and neither "
+        "broker_pod_labels nor internal_cidrs lets 'egress' pods reach it: set "
+        "SUZUMIO_KUBERNETES__BROKER_POD_LABELS"
+    )
 
 
 def _broker_address(url: str | None) -> tuple[str, int] | None:

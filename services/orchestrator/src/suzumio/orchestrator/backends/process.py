@@ -25,6 +25,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -319,7 +320,13 @@ def _open_own(path: Path, flags: int, mode: int = 0o600) -> int:
     """A file of the activation's directory, opened (made if missing) without following a
     link: the directory is bound writable into an isolated sandbox, which may have put one
     there to make this process write a host file."""
-    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    # O_NONBLOCK: a FIFO put there fails to open (no reader) instead of hanging the loop.
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _write_own(path: Path, data: bytes, mode: int) -> None:
@@ -330,7 +337,13 @@ def _write_own(path: Path, data: bytes, mode: int) -> None:
 
 def _group_alive(group: int) -> bool:
     """Whether a live process is left in the process group: a zombie counts as a member for
-    `killpg(…, 0)`, so /proc is read."""
+    `killpg(…, 0)`, so /proc is read — only when that says the group has members at all."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # members we may not signal: still members
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

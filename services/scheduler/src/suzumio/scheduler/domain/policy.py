@@ -46,7 +46,10 @@ def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Sett
         # The replaced activation's own signals are not carried over: it may yet finish (its
         # end is not ordered with this decision); if it ends cancelled, they queue again, and
         # do not preempt the activation that replaced it.
-        batch = due[: settings.max_batch]
+        # The P0s that preempt go first: requeued ones (older) must not crowd them out of the
+        # batch, or the next decision would preempt the activation that just started.
+        ordered = [x for x in due if x.preempts] + [x for x in due if not x.preempts]
+        batch = ordered[: settings.max_batch]
         start = Start(tuple(x.id for x in batch), ActivationReason.PREEMPT, 1)
         return Plan(close, cancel=s.live.id, start=start, wake_at=wake)
     if not startable or not due:
