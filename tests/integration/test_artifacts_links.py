@@ -16,15 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.ids import new_id
-from suzumio.contracts.runner import (
-    ActivationSpec,
-    AgentSpec,
-    ProjectRef,
-    RunnerActivationInput,
-    SessionRef,
-)
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology, blob_name
-from suzumio.contracts.values import Backend, ModelSpec, RuntimeProfileSpec
 from suzumio.orchestrator.artifacts import ArtifactCollector, Collection
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
 from suzumio.orchestrator.sessions import Artifact
@@ -32,6 +24,7 @@ from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.bus.objects import has_blob
 from suzumio.platform.db.pool import Pool
+from tests.unit.test_process_isolation_probe import plan_in
 
 SECRET = b"SUZUMIO_SECRET_KEY=not-for-any-sandbox\n"
 
@@ -53,8 +46,9 @@ class World:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.activation_id = new_id()
-        self.host_dir = root / "sandboxes" / "activations" / self.activation_id
+        self.launch = plan_in(root)  # its directory: root/sandboxes/activations/<id>
+        self.activation_id = self.launch.activation_id
+        self.host_dir = self.launch.host_dir
         self.workspace = self.host_dir / "workspace"
         (self.workspace / "out").mkdir(parents=True)
         other = root / "sandboxes" / "activations" / "other"
@@ -70,27 +64,7 @@ class World:
         return Collection("p1", "s1", self.activation_id, "process", self.host_dir)
 
     def plan(self) -> LaunchPlan:
-        spec = RunnerActivationInput(
-            project=ProjectRef(id="p1", name="project"),
-            agent=AgentSpec(id="a1", role="tester", prompt="be brief", model=ModelSpec(name="m")),
-            session=SessionRef(id="s1"),
-            activation=ActivationSpec(id=self.activation_id),
-            controller_url="http://127.0.0.1:9",
-            token="not-a-real-token",
-        )
-        return LaunchPlan(
-            activation_id=self.activation_id,
-            session_id="s1",
-            project_id="p1",
-            agent_id="a1",
-            attempt=1,
-            input=spec,
-            profile=RuntimeProfileSpec(backend=Backend.PROCESS),
-            env={},
-            secret_keys=frozenset(),
-            host_dir=self.host_dir,
-            session_dir=self.root / "sandboxes" / "sessions" / "s1",
-        )
+        return self.launch
 
 
 @pytest.fixture
