@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from suzumio.contracts.values import ModelSpec
+from suzumio.runner.connections import Connections
 from suzumio.runner.model import Endpoint, ModelClient
 from suzumio.testing.model_server import NoopModelServer
 
@@ -42,17 +43,19 @@ async def test_the_sdk_reads_its_streamed_and_whole_answers() -> None:
 
 async def test_the_runners_model_client_gets_a_whole_turn_over_one_kept_connection() -> None:
     async with NoopModelServer() as model:
-        http = openai.DefaultAsyncHttpxClient()
-        client = ModelClient(ModelSpec(name="m"), Endpoint(f"{model.url}/v1", "k"), http=http)
+        kept = Connections()
+        client = ModelClient(ModelSpec(name="m"), Endpoint(f"{model.url}/v1", "k"), kept=kept)
         try:
             turns = [
                 await client.complete([{"role": "user", "content": "hi"}], [], 100)
                 for _ in range(3)
             ]
+            connections = len(model._connections)
         finally:
-            await http.aclose()
+            await kept.aclose()
     assert [(t.text, t.finish_reason, t.tool_calls) for t in turns] == [("ok", "stop", [])] * 3
     assert model.calls == 3
+    assert connections == 1
 
 
 async def test_requests_split_across_writes_and_pipelined_are_each_answered() -> None:

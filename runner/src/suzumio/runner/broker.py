@@ -42,7 +42,7 @@ from suzumio.contracts.runner import (
     RunnerActivationOutput,
     SignalSpec,
 )
-from suzumio.runner import tls
+from suzumio.runner.connections import broker_http
 from suzumio.runner.log import log
 
 M = TypeVar("M", bound=BaseModel)
@@ -105,9 +105,7 @@ class BrokerClient:
         `aclose` leaves open; the token goes with each request either way. `retries`: of each
         call; `output_retries`: of the activation's output, which rides out longer outages."""
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), timeout=timeout, transport=transport, verify=tls.CONTEXT
-        )
+        self._http = http or broker_http(base_url, timeout, transport)
         self._auth = {"Authorization": f"Bearer {token}"}
         self._retries = retries
         self._output_retries = output_retries

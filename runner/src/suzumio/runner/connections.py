@@ -1,16 +1,29 @@
-"""HTTP clients a resident runner keeps across its activations: one per broker URL and one per
-model endpoint, on its one event loop, so an activation after the first reuses their pools
-(open connections, no new client) instead of building and tearing them down.
+"""The runner's HTTP clients, and those a resident runner keeps across its activations.
 
-A runner that runs one activation (`run`) has none: its clients live and die with it. Only
-clients are kept — a client holds no credential here: the broker's token and a model's key
-go with each request (`BrokerClient`, `ModelClient`), never into a shared client's defaults.
+Both the broker's client and the models' go over aiohttp (its parser and writer are C; the
+default httpx transport, httpcore with h11 on anyio, spent about twice the CPU per request —
+most of a no-op activation's). The model's is the SDK's own `DefaultAioHttpClient`, the
+broker's an httpx client on the `httpx-aiohttp` transport: the callers keep httpx's API and
+its errors (the transport maps aiohttp's failures to httpx's transport errors, which both
+clients retry). Proxies from the environment still apply: httpx mounts its own transport for
+a proxied URL.
+
+A resident runner (forked by the fork server for a warm session) keeps one broker client per
+broker URL and one model client per endpoint and key (`Connections`), on its one event loop,
+so an activation after the first reuses their pools (open connections, no new client) instead
+of building and tearing them down. A runner that runs one activation (`run`) has none: its
+clients live and die with it. A kept broker client holds no credential: each activation's
+token goes with each of its requests (`BrokerClient`), never into the client's defaults. A kept
+model client holds its endpoint's key, which comes from the runner's environment: the worker
+gives a resident runner only activations of that same environment, and retires it for another.
 """
 
 from __future__ import annotations
 
+import aiohttp
 import httpx
 import openai
+from httpx_aiohttp import AiohttpTransport
 
 from suzumio.runner import tls
 
@@ -19,28 +32,55 @@ from suzumio.runner import tls
 KEEPALIVE_SECONDS = 4.0
 
 
+def broker_http(
+    base_url: str, timeout: float, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """A client for one broker; `transport` replaces aiohttp (tests)."""
+
+    def session() -> aiohttp.ClientSession:  # made on first use, on the loop that uses it
+        connector = aiohttp.TCPConnector(ssl=tls.CONTEXT, keepalive_timeout=KEEPALIVE_SECONDS)
+        return aiohttp.ClientSession(connector=connector)
+
+    return httpx.AsyncClient(
+        base_url=base_url.rstrip("/"),
+        timeout=timeout,
+        verify=tls.CONTEXT,
+        transport=transport or AiohttpTransport(verify=tls.CONTEXT, client=session),
+    )
+
+
+def model_http() -> openai.DefaultAioHttpClient:
+    """A client for model endpoints (the SDK's own type; it keeps a pool per host)."""
+    return openai.DefaultAioHttpClient(verify=tls.CONTEXT)
+
+
 class Connections:
     def __init__(self) -> None:
         self._broker: dict[str, httpx.AsyncClient] = {}
-        self._model: openai.DefaultAsyncHttpxClient | None = None
+        self._model: openai.DefaultAioHttpClient | None = None
+        self._sdk: dict[tuple[str | None, str, float], openai.AsyncOpenAI] = {}
 
     def broker(self, base_url: str, timeout: float) -> httpx.AsyncClient:
         client = self._broker.get(base_url)
         if client is None:
-            client = self._broker[base_url] = httpx.AsyncClient(
-                base_url=base_url.rstrip("/"),
-                timeout=timeout,
-                verify=tls.CONTEXT,
-                limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
-            )
+            client = self._broker[base_url] = broker_http(base_url, timeout)
         return client
 
-    def model(self) -> openai.DefaultAsyncHttpxClient:
-        """For every model endpoint (the SDK's own client type; it keeps a pool per host). A
-        kept connection the server closed meanwhile is a transport error the loop retries."""
+    def model(self) -> openai.DefaultAioHttpClient:
+        """For every model endpoint. A kept connection the server closed meanwhile is a
+        transport error the loop retries."""
         if self._model is None:
-            self._model = openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT)
+            self._model = model_http()
         return self._model
+
+    def sdk(self, base_url: str | None, api_key: str, timeout: float) -> openai.AsyncOpenAI:
+        """The SDK's client of one endpoint and key, on the kept `model` client: building one
+        (its options, headers and auth) cost about a tenth of an activation's CPU."""
+        key = (base_url, api_key, timeout)
+        client = self._sdk.get(key)
+        if client is None:
+            client = self._sdk[key] = sdk_client(base_url, api_key, timeout, self.model())
+        return client
 
     async def aclose(self) -> None:
         for client in self._broker.values():
@@ -48,4 +88,24 @@ class Connections:
         if self._model is not None:
             await self._model.aclose()
         self._broker.clear()
+        self._sdk.clear()
         self._model = None
+
+
+# Looked up once per process (the fork server's runners inherit it); see `sdk_client`.
+PLATFORM = openai._base_client.get_platform()
+
+
+def sdk_client(
+    base_url: str | None, api_key: str, timeout: float, http: openai.DefaultAioHttpClient
+) -> openai.AsyncOpenAI:
+    """The SDK's own retries are off: the loop classifies failures and decides (DESIGN.md
+    Appendix A), so retries are counted in one place."""
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout, http_client=http
+    )
+    # The SDK looks the platform up on a client's first request in a worker thread; the
+    # thread (and joining it when the loop ends) costs a short-lived runner milliseconds.
+    if getattr(client, "_platform", "absent") is None:
+        client._platform = PLATFORM
+    return client

@@ -145,28 +145,32 @@ async def _answer_warm_up(reader: asyncio.StreamReader, writer: asyncio.StreamWr
 
 
 async def _warm_up() -> None:
-    """One model call and one broker call through the runner's own clients, against a canned
-    server on loopback: everything they import or build lazily on first use (the transport
-    modules, the SDK's cached response validators) is then made here once, not in every
-    runner."""
+    """One model call and one broker call through a resident runner's kept clients (the types
+    a runner of its own makes too), against a canned server on loopback: everything they
+    import or build lazily on first use (the transport modules, the SDK's cached response
+    validators) is then made here once, not in every runner."""
     from suzumio.contracts.broker import HistoryEntryIn  # noqa: PLC0415
     from suzumio.contracts.values import ModelSpec  # noqa: PLC0415
     from suzumio.runner.broker import BrokerClient  # noqa: PLC0415
+    from suzumio.runner.connections import Connections  # noqa: PLC0415
     from suzumio.runner.model import Endpoint, ModelClient  # noqa: PLC0415
 
     server = await asyncio.start_server(_answer_warm_up, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    kept = Connections()
     try:
-        broker = BrokerClient(url, "warm-up", retries=0, timeout=5)
+        broker = BrokerClient(url, "warm-up", retries=0, timeout=5, http=kept.broker(url, 5))
         with contextlib.suppress(Exception):
             await broker.append_history([HistoryEntryIn(message_id="w" * 26, role="assistant")])
         await broker.aclose()
-        model = ModelClient(ModelSpec(name="warm-up"), Endpoint(f"{url}/v1", "warm-up"), 5)
+        endpoint = Endpoint(f"{url}/v1", "warm-up")
+        model = ModelClient(ModelSpec(name="warm-up"), endpoint, 5, kept=kept)
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         with contextlib.suppress(Exception):
             await model.complete([{"role": "user", "content": "-"}], [tool], 16)
         await model.close()
     finally:
+        await kept.aclose()
         server.close()
         await server.wait_closed()
 

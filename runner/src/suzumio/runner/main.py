@@ -57,7 +57,7 @@ async def run_activation(
     broker_http = kept.broker(spec.controller_url, timeout) if kept else None
     broker = BrokerClient(spec.controller_url, spec.token, timeout=timeout, http=broker_http)
     models = [
-        ModelClient(m, endpoint_for(m, env), http=kept.model() if kept else None)
+        ModelClient(m, endpoint_for(m, env), kept=kept)
         for m in (spec.agent.model, *spec.agent.fallbacks)
     ]
     live = LiveStream(broker)

@@ -29,7 +29,7 @@ from typing import Any
 import openai
 
 from suzumio.contracts.values import ModelSpec
-from suzumio.runner import tls
+from suzumio.runner.connections import Connections, model_http, sdk_client
 
 Message = dict[str, Any]
 
@@ -67,39 +67,28 @@ def endpoint_for(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:
     return Endpoint(base, key)
 
 
-# Looked up once per process (the fork server's runners inherit it); see ModelClient.
-PLATFORM = openai._base_client.get_platform()
-
-
 class ModelClient:
-    """One model of the chain. The SDK's own retries are off: the loop classifies failures
-    and decides (DESIGN.md Appendix A), so retries are counted in one place."""
+    """One model of the chain, on the SDK's client of its endpoint (`sdk_client`: the SDK's
+    own retries off, the loop decides)."""
 
     def __init__(
         self,
         spec: ModelSpec,
         endpoint: Endpoint,
         timeout: float = 600.0,
-        http: openai.DefaultAsyncHttpxClient | None = None,
+        kept: Connections | None = None,
     ) -> None:
-        """`http`: a client kept by a resident runner (`Connections`), which `close` leaves
-        open; without one, the model gets a client of its own."""
+        """`kept`: a resident runner's clients (`Connections`), which `close` leaves open;
+        without them, the model gets a client of its own."""
         self.spec = spec
-        self._owns_http = http is None
-        self._client = openai.AsyncOpenAI(
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
-            max_retries=0,
-            timeout=timeout,
-            http_client=http or openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT),
-        )
-        # The SDK looks the platform up on a client's first request in a worker thread; the
-        # thread (and joining it when the loop ends) costs a short-lived runner milliseconds.
-        if getattr(self._client, "_platform", "absent") is None:
-            self._client._platform = PLATFORM
+        self._owns_client = kept is None
+        if kept is None:
+            self._client = sdk_client(endpoint.base_url, endpoint.api_key, timeout, model_http())
+        else:
+            self._client = kept.sdk(endpoint.base_url, endpoint.api_key, timeout)
 
     async def close(self) -> None:
-        if self._owns_http:
+        if self._owns_client:
             await self._client.close()
 
     async def complete(

@@ -1,0 +1,205 @@
+"""The runner's HTTP clients (aiohttp under the SDK and under httpx) over real loopback
+sockets: a connection that fails in any way is a transport failure the callers know — the loop
+retries it, the broker client retries and then says the broker is unavailable — never an
+aiohttp error they would take for a crash; a kept connection the server dropped is recovered;
+a streamed upload arrives whole; kept model clients are shared per endpoint and key only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from suzumio.contracts.runner import RunnerActivationOutput
+from suzumio.contracts.values import ModelSpec
+from suzumio.runner.broker import BrokerClient, BrokerUnavailableError
+from suzumio.runner.connections import Connections
+from suzumio.runner.loop.failures import FailureClass, classify
+from suzumio.runner.model import Endpoint, ModelClient
+from suzumio.testing.model_server import NoopModelServer
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@contextlib.asynccontextmanager
+async def _server(handler: Handler) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 2)
+
+
+async def _request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request's head and body (Content-Length or chunked)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next((int(x.split(b":")[1]) for x in lines if x.startswith(b"content-length")), 0)
+    if b"transfer-encoding: chunked" not in lines:
+        return head, await reader.readexactly(length)
+    body = b""
+    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)
+    await reader.readexactly(2)
+    return head, body
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _json_response(body: bytes) -> bytes:
+    head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+    return head.encode() + b"\r\n\r\n" + body
+
+
+async def _model_failure(url: str) -> FailureClass:
+    client = ModelClient(ModelSpec(name="m"), Endpoint(url, "k"), timeout=5)
+    try:
+        with pytest.raises(Exception) as caught:
+            await client.complete(HELLO, [], 100)
+    finally:
+        await client.close()
+    return classify(caught.value).cls
+
+
+async def test_a_model_stream_cut_mid_way_is_a_transport_failure() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 5000\r\n\r\n"
+            b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+        )
+        await writer.drain()
+        writer.transport.abort()
+
+    async with _server(cut) as url:
+        assert await _model_failure(f"{url}/v1") is FailureClass.TRANSPORT
+
+
+async def test_a_model_endpoint_nobody_listens_on_is_a_transport_failure() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    assert await _model_failure(url) is FailureClass.TRANSPORT
+
+
+async def test_a_model_that_closes_without_answering_is_a_transport_failure() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.close()
+
+    async with _server(hang_up) as url:
+        assert await _model_failure(f"{url}/v1") is FailureClass.TRANSPORT
+
+
+async def test_kept_model_clients_are_shared_by_endpoint_and_key_only() -> None:
+    kept = Connections()
+    try:
+        async with NoopModelServer() as model:
+            url = f"{model.url}/v1"
+            first = ModelClient(ModelSpec(name="m"), Endpoint(url, "key-a"), kept=kept)
+            again = ModelClient(ModelSpec(name="other"), Endpoint(url, "key-a"), kept=kept)
+            other_key = ModelClient(ModelSpec(name="m"), Endpoint(url, "key-b"), kept=kept)
+            turns = [await c.complete(HELLO, [], 10) for c in (first, again, other_key)]
+            for client in (first, again, other_key):
+                await client.close()  # leaves the kept clients open
+            assert (await first.complete(HELLO, [], 10)).text == "ok"
+    finally:
+        await kept.aclose()
+    assert first._client is again._client
+    assert other_key._client is not first._client
+    assert other_key._client.api_key == "key-b"
+    assert [t.text for t in turns] == ["ok"] * 3
+    assert model.calls == 4
+
+
+async def test_a_kept_broker_connection_the_server_dropped_is_recovered() -> None:
+    """The server answers, then closes the connection without saying so (as an idle timeout
+    does): the kept client's next request finds it dead, and goes again on a new one."""
+    connections = 0
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _request(reader)
+        writer.write(_json_response(b'{"recorded": true}'))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    kept = Connections()
+    try:
+        async with _server(answer_once) as url:
+            http = kept.broker(url, 5)
+            for text in ("a", "b", "c"):
+                client = BrokerClient(url, "token", retries=2, http=http)
+                await client.output(RunnerActivationOutput(text=text))
+                await client.aclose()
+                await asyncio.sleep(0.2)  # the server has closed it by now
+    finally:
+        await kept.aclose()
+    assert connections == 3
+
+
+async def test_a_broker_nobody_listens_on_is_unavailable_not_a_crash() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    client = BrokerClient(url, "token", retries=1, output_retries=1, timeout=5)
+    try:
+        with pytest.raises(BrokerUnavailableError):
+            await client.output(RunnerActivationOutput(text="lost?"))
+    finally:
+        await client.aclose()
+
+
+async def test_a_broker_that_hangs_up_mid_answer_is_retried() -> None:
+    tries = 0
+
+    async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal tries
+        tries += 1
+        await _request(reader)
+        if tries == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
+            await writer.drain()
+            writer.transport.abort()
+            return
+        writer.write(_json_response(b'{"recorded": true}'))
+        await writer.drain()
+        writer.close()
+
+    async with _server(flaky) as url:
+        client = BrokerClient(url, "token", retries=2, timeout=5)
+        try:
+            await client.output(RunnerActivationOutput(text="once"))
+        finally:
+            await client.aclose()
+    assert tries == 2
+
+
+async def test_a_streamed_upload_arrives_whole() -> None:
+    received: list[bytes] = []
+
+    async def store(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, body = await _request(reader)
+        received.append(body)
+        writer.write(_json_response(b'{"recorded": true}'))
+        await writer.drain()
+        writer.close()
+
+    data = bytes(range(256)) * 4096  # 1 MiB, several chunks
+    async with _server(store) as url:
+        client = BrokerClient(url, "token", retries=0, timeout=5)
+        try:
+            assert await client.upload(0, "upload.bin", io.BytesIO(data), len(data))
+        finally:
+            await client.aclose()
+    assert received == [data]
