@@ -14,7 +14,9 @@ no-op server, which costs ~60 µs of CPU a call, for the throughput):
 
 The pool is measured twice: `pool`, a worker forking a runner per activation, and
 `pool_warm_sessions`, a worker keeping sessions warm, whose runners stay for their session's
-next activations (its message figures are a session's later messages).
+next activations (its message figures are a session's later messages). Its `throughput` starts
+on new sessions (each one's first activation starts its runner); `throughput_sessions_warm`
+runs as many activations again on the same sessions, whose runners are all there by then.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ TERMINAL_SET = frozenset(TERMINAL)
 OVERHEAD_SAMPLES = 30
 MESSAGE_SAMPLES = 10
 THROUGHPUT_ACTIVATIONS = 300
+THROUGHPUT_SESSIONS = 20
 WORKER_CONCURRENCY = 8
 # A worker keeping sessions warm (each session's runner stays for its next activations), with
 # room for every session the throughput figure spreads its activations over.
@@ -215,8 +218,9 @@ def _cpu_by_part(h: Harness, pool: list[int]) -> dict[str, float]:
     return parts
 
 
-async def _throughput(h: Harness, pool: list[int], resident: set[str]) -> dict[str, Any]:
-    sessions = [await h.world(f"tp{i}") for i in range(20)]
+async def _throughput(
+    h: Harness, pool: list[int], resident: set[str], sessions: list[World]
+) -> dict[str, Any]:
     # The ends are seen as they are stored (a subscription), not polled for: reading every
     # activation's story again and again would load the machine being measured.
     ids: list[str] = []
@@ -294,8 +298,14 @@ async def _backend(
                     stack, model, tmp / "throughput", factory(name, stack), name, model_url=noop.url
                 ) as h,
             ):
-                figures["throughput"] = await _throughput(h, pool, resident)
+                sessions = [await h.world(f"tp{i}") for i in range(THROUGHPUT_SESSIONS)]
+                figures["throughput"] = await _throughput(h, pool, resident, sessions)
                 figures["throughput"]["model_calls"] = noop.calls
+                if warm:  # the same sessions again: each has its runner now
+                    calls = noop.calls
+                    again = await _throughput(h, pool, resident, sessions)
+                    again["model_calls"] = noop.calls - calls
+                    figures["throughput_sessions_warm"] = again
         return figures
     finally:
         await sub.unsubscribe()

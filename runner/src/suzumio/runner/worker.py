@@ -69,7 +69,7 @@ from suzumio.contracts.runner import (
     PoolWorkerInfo,
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
-from suzumio.runner import eventloop, exchange
+from suzumio.runner import eventloop, exchange, heap
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
 
@@ -765,6 +765,7 @@ def serve(config: WorkerConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        heap.settle()
         await Worker(config).run(stop)
 
     eventloop.run(main())

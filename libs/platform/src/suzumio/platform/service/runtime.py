@@ -35,7 +35,7 @@ from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.logging import configure_logging, get_logger
-from suzumio.platform.service import heartbeat
+from suzumio.platform.service import heap, heartbeat
 from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 from suzumio.platform.service.health import Readiness
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
@@ -249,6 +249,7 @@ def run_service(name: str, settings: S, setup: Setup) -> None:
         try:
             await runtime.open()
             app = await setup(runtime)
+            heap.settle()
             if not stop.is_set():
                 await runtime.serve(app, stop)
         finally:
