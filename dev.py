@@ -30,6 +30,7 @@ MEMBERS = (
     "services/orchestrator", "services/toolbroker", "services/cli",
 )  # fmt: skip
 EXAMPLES = ("examples/toolpacks/todo",)  # installed too, so the tests can load them
+EXTRAS = {"runner": "[aiohttp]"}  # the pool worker's kept clients
 SOURCES = [f"{m}/src" for m in (*MEMBERS, *EXAMPLES)]
 
 
@@ -58,7 +59,8 @@ def install(dev: bool = False) -> None:
         venv.create(VENV, with_pip=True)
     packages = (*MEMBERS, *EXAMPLES)
     runtime = [ROOT / "constraints.txt", *(ROOT / m / "pyproject.toml" for m in packages)]
-    steps = [("runtime", runtime, [a for m in packages for a in ("-e", str(ROOT / m))])]
+    editable = [a for m in packages for a in ("-e", f"{ROOT / m}{EXTRAS.get(m, '')}")]
+    steps = [("runtime", runtime, editable)]
     if dev:
         steps.append(("dev", [ROOT / "requirements-dev.txt", *runtime],
                       ["-r", str(ROOT / "requirements-dev.txt")]))  # fmt: skip

@@ -1,8 +1,10 @@
-"""The runner's HTTP clients (aiohttp under the SDK and under httpx) over real loopback
-sockets: a connection that fails in any way is a transport failure the callers know — the loop
-retries it, the broker client retries and then says the broker is unavailable — never an
-aiohttp error they would take for a crash; a kept connection the server dropped is recovered;
-a streamed upload arrives whole; kept model clients are shared per endpoint and key only."""
+"""The runner's HTTP clients over real loopback sockets, both kinds: those a resident runner
+keeps (on aiohttp, the `aiohttp` extra being installed here) and those a one-shot runner makes
+(httpx's own transport). A connection that fails in any way is a transport failure the callers
+know — the loop retries it, the broker client retries and then says the broker is unavailable —
+never an aiohttp error they would take for a crash; a kept connection the server dropped is
+recovered; a streamed upload arrives whole; kept model clients are shared per endpoint and key
+only; without the extra, the kept clients are httpx's and work the same."""
 
 from __future__ import annotations
 
@@ -11,11 +13,15 @@ import contextlib
 import io
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import openai
 import pytest
+from httpx_aiohttp import AiohttpTransport
 
 from suzumio.contracts.runner import RunnerActivationOutput
 from suzumio.contracts.values import ModelSpec
+from suzumio.runner import connections as connections_module
 from suzumio.runner.broker import BrokerClient, BrokerUnavailableError
 from suzumio.runner.connections import Connections
 from suzumio.runner.loop.failures import FailureClass, classify
@@ -63,17 +69,37 @@ def _json_response(body: bytes) -> bytes:
     return head.encode() + b"\r\n\r\n" + body
 
 
-async def _model_failure(url: str) -> FailureClass:
-    client = ModelClient(ModelSpec(name="m"), Endpoint(url, "k"), timeout=5)
+@contextlib.asynccontextmanager
+async def _kept(kept: bool) -> AsyncIterator[Connections | None]:
+    connections = Connections() if kept else None
     try:
-        with pytest.raises(Exception) as caught:
-            await client.complete(HELLO, [], 100)
+        yield connections
     finally:
-        await client.close()
+        if connections is not None:
+            await connections.aclose()
+
+
+async def _model_failure(url: str, kept: bool) -> FailureClass:
+    async with _kept(kept) as connections:
+        client = ModelClient(ModelSpec(name="m"), Endpoint(url, "k"), 5, kept=connections)
+        try:
+            with pytest.raises(Exception) as caught:
+                await client.complete(HELLO, [], 100)
+        finally:
+            await client.close()
     return classify(caught.value).cls
 
 
-async def test_a_model_stream_cut_mid_way_is_a_transport_failure() -> None:
+def _broker(url: str, connections: Connections | None, **kw: Any) -> BrokerClient:
+    http = connections.broker(url, 5) if connections is not None else None
+    return BrokerClient(url, "token", timeout=5, http=http, **kw)
+
+
+KINDS = pytest.mark.parametrize("kept", [True, False], ids=["kept", "own"])
+
+
+@KINDS
+async def test_a_model_stream_cut_mid_way_is_a_transport_failure(kept: bool) -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request(reader)
         writer.write(
@@ -84,21 +110,23 @@ async def test_a_model_stream_cut_mid_way_is_a_transport_failure() -> None:
         writer.transport.abort()
 
     async with _server(cut) as url:
-        assert await _model_failure(f"{url}/v1") is FailureClass.TRANSPORT
+        assert await _model_failure(f"{url}/v1", kept) is FailureClass.TRANSPORT
 
 
-async def test_a_model_endpoint_nobody_listens_on_is_a_transport_failure() -> None:
+@KINDS
+async def test_a_model_endpoint_nobody_listens_on_is_a_transport_failure(kept: bool) -> None:
     url = f"http://127.0.0.1:{_closed_port()}/v1"
-    assert await _model_failure(url) is FailureClass.TRANSPORT
+    assert await _model_failure(url, kept) is FailureClass.TRANSPORT
 
 
-async def test_a_model_that_closes_without_answering_is_a_transport_failure() -> None:
+@KINDS
+async def test_a_model_that_closes_without_answering_is_a_transport_failure(kept: bool) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request(reader)
         writer.close()
 
     async with _server(hang_up) as url:
-        assert await _model_failure(f"{url}/v1") is FailureClass.TRANSPORT
+        assert await _model_failure(f"{url}/v1", kept) is FailureClass.TRANSPORT
 
 
 async def test_kept_model_clients_are_shared_by_endpoint_and_key_only() -> None:
@@ -150,17 +178,20 @@ async def test_a_kept_broker_connection_the_server_dropped_is_recovered() -> Non
     assert connections == 3
 
 
-async def test_a_broker_nobody_listens_on_is_unavailable_not_a_crash() -> None:
+@KINDS
+async def test_a_broker_nobody_listens_on_is_unavailable_not_a_crash(kept: bool) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
-    client = BrokerClient(url, "token", retries=1, output_retries=1, timeout=5)
-    try:
-        with pytest.raises(BrokerUnavailableError):
-            await client.output(RunnerActivationOutput(text="lost?"))
-    finally:
-        await client.aclose()
+    async with _kept(kept) as connections:
+        client = _broker(url, connections, retries=1, output_retries=1)
+        try:
+            with pytest.raises(BrokerUnavailableError):
+                await client.output(RunnerActivationOutput(text="lost?"))
+        finally:
+            await client.aclose()
 
 
-async def test_a_broker_that_hangs_up_mid_answer_is_retried() -> None:
+@KINDS
+async def test_a_broker_that_hangs_up_mid_answer_is_retried(kept: bool) -> None:
     tries = 0
 
     async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -176,8 +207,8 @@ async def test_a_broker_that_hangs_up_mid_answer_is_retried() -> None:
         await writer.drain()
         writer.close()
 
-    async with _server(flaky) as url:
-        client = BrokerClient(url, "token", retries=2, timeout=5)
+    async with _server(flaky) as url, _kept(kept) as connections:
+        client = _broker(url, connections, retries=2)
         try:
             await client.output(RunnerActivationOutput(text="once"))
         finally:
@@ -185,7 +216,8 @@ async def test_a_broker_that_hangs_up_mid_answer_is_retried() -> None:
     assert tries == 2
 
 
-async def test_a_streamed_upload_arrives_whole() -> None:
+@KINDS
+async def test_a_streamed_upload_arrives_whole(kept: bool) -> None:
     received: list[bytes] = []
 
     async def store(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -196,10 +228,40 @@ async def test_a_streamed_upload_arrives_whole() -> None:
         writer.close()
 
     data = bytes(range(256)) * 4096  # 1 MiB, several chunks
-    async with _server(store) as url:
-        client = BrokerClient(url, "token", retries=0, timeout=5)
+    async with _server(store) as url, _kept(kept) as connections:
+        client = _broker(url, connections, retries=0)
         try:
             assert await client.upload(0, "upload.bin", io.BytesIO(data), len(data))
         finally:
             await client.aclose()
     assert received == [data]
+
+
+async def test_kept_clients_go_over_aiohttp_with_the_extra_and_httpx_without(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = 0
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        await _request(reader)
+        calls += 1
+        writer.write(_json_response(b'{"recorded": true}'))
+        await writer.drain()
+        writer.close()
+
+    async with _server(answer) as url, NoopModelServer() as model:
+        for extra in (True, False):
+            monkeypatch.setattr(connections_module, "AIOHTTP", extra)
+            kept = Connections()
+            try:
+                client = _broker(url, kept)
+                await client.output(RunnerActivationOutput(text="kept"))
+                sdk = ModelClient(ModelSpec(name="m"), Endpoint(f"{model.url}/v1", "k"), kept=kept)
+                assert (await sdk.complete(HELLO, [], 10)).text == "ok"
+                assert isinstance(kept.broker(url, 5)._transport, AiohttpTransport) is extra
+                assert isinstance(kept.model(), openai.DefaultAioHttpClient) is extra
+            finally:
+                await kept.aclose()
+    assert calls == 2
+    assert model.calls == 2

@@ -1,76 +1,96 @@
 """The runner's HTTP clients, and those a resident runner keeps across its activations.
 
-Both the broker's client and the models' go over aiohttp (its parser and writer are C; the
-default httpx transport, httpcore with h11 on anyio, spent about twice the CPU per request —
-most of a no-op activation's). The model's is the SDK's own `DefaultAioHttpClient`, the
-broker's an httpx client on the `httpx-aiohttp` transport: the callers keep httpx's API and
-its errors (the transport maps aiohttp's failures to httpx's transport errors, which both
-clients retry). Proxies from the environment still apply: httpx mounts its own transport for
-a proxied URL.
-
 A resident runner (forked by the fork server for a warm session) keeps one broker client per
 broker URL and one model client per endpoint and key (`Connections`), on its one event loop,
 so an activation after the first reuses their pools (open connections, no new client) instead
-of building and tearing them down. A runner that runs one activation (`run`) has none: its
-clients live and die with it. A kept broker client holds no credential: each activation's
-token goes with each of its requests (`BrokerClient`), never into the client's defaults. A kept
-model client holds its endpoint's key, which comes from the runner's environment: the worker
-gives a resident runner only activations of that same environment, and retires it for another.
+of building and tearing them down. Where the `aiohttp` extra is installed (`suzumio-runner
+[aiohttp]`: pool workers), the kept clients go over aiohttp, whose parser and writer are C: the
+default httpx transport (httpcore with h11 on anyio) spent about twice the CPU per request,
+most of a no-op activation's. The model's is then the SDK's own `DefaultAioHttpClient`, the
+broker's an httpx client on the `httpx-aiohttp` transport: the callers keep httpx's API and its
+errors (the transport maps aiohttp's failures to httpx's transport errors, which both clients
+retry), and proxies from the environment still apply (httpx mounts its own transport for a
+proxied URL).
+
+A runner that runs one activation (`run`: the process, docker and kubernetes backends) makes
+its own two clients on httpx's default transport and closes them with it: for two requests,
+importing aiohttp (~90 ms; the SDK imports it whenever it is installed) would cost more than it
+saves, so the runner image goes without the extra.
+
+A kept broker client holds no credential: each activation's token goes with each of its
+requests (`BrokerClient`), never into the client's defaults. A kept model client holds its
+endpoint's key, which comes from the runner's environment: the worker gives a resident runner
+only activations of that same environment, and retires it for another.
 """
 
 from __future__ import annotations
 
-import aiohttp
+import importlib.util
+
 import httpx
 import openai
-from httpx_aiohttp import AiohttpTransport
 
 from suzumio.runner import tls
 
 # Under the servers' idle timeout (uvicorn's is 5 s), so a kept connection is rarely one the
 # server is closing at that very moment (a retried transport error, if it is).
 KEEPALIVE_SECONDS = 4.0
+AIOHTTP = all(importlib.util.find_spec(m) is not None for m in ("aiohttp", "httpx_aiohttp"))
 
 
 def broker_http(
     base_url: str, timeout: float, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """A client for one broker; `transport` replaces aiohttp (tests)."""
+    """A client for one broker, on httpx's own transport unless `transport` is given."""
+    return httpx.AsyncClient(
+        base_url=base_url.rstrip("/"),
+        timeout=timeout,
+        verify=tls.CONTEXT,
+        transport=transport,
+        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
+    )
+
+
+def kept_broker_http(base_url: str, timeout: float) -> httpx.AsyncClient:
+    """A broker client to keep: on aiohttp where the extra is installed."""
+    if not AIOHTTP:
+        return broker_http(base_url, timeout)
+    import aiohttp  # noqa: PLC0415 - only with the extra
+    from httpx_aiohttp import AiohttpTransport  # noqa: PLC0415
 
     def session() -> aiohttp.ClientSession:  # made on first use, on the loop that uses it
         connector = aiohttp.TCPConnector(ssl=tls.CONTEXT, keepalive_timeout=KEEPALIVE_SECONDS)
         return aiohttp.ClientSession(connector=connector)
 
-    return httpx.AsyncClient(
-        base_url=base_url.rstrip("/"),
-        timeout=timeout,
-        verify=tls.CONTEXT,
-        transport=transport or AiohttpTransport(verify=tls.CONTEXT, client=session),
-    )
+    transport = AiohttpTransport(verify=tls.CONTEXT, client=session)
+    return broker_http(base_url, timeout, transport)
 
 
-def model_http() -> openai.DefaultAioHttpClient:
-    """A client for model endpoints (the SDK's own type; it keeps a pool per host)."""
-    return openai.DefaultAioHttpClient(verify=tls.CONTEXT)
+def model_http(*, kept: bool = False) -> openai.DefaultAsyncHttpxClient:
+    """A client for model endpoints (the SDK's own type; it keeps a pool per host); one to
+    keep is on aiohttp where the extra is installed."""
+    if kept and AIOHTTP:
+        return openai.DefaultAioHttpClient(verify=tls.CONTEXT)
+    return openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT)
 
 
 class Connections:
     def __init__(self) -> None:
         self._broker: dict[str, httpx.AsyncClient] = {}
-        self._model: openai.DefaultAioHttpClient | None = None
+        self._model: openai.DefaultAsyncHttpxClient | None = None
         self._sdk: dict[tuple[str | None, str, float], openai.AsyncOpenAI] = {}
 
     def broker(self, base_url: str, timeout: float) -> httpx.AsyncClient:
         client = self._broker.get(base_url)
         if client is None:
-            client = self._broker[base_url] = broker_http(base_url, timeout)
+            client = self._broker[base_url] = kept_broker_http(base_url, timeout)
         return client
 
-    def model(self) -> openai.DefaultAioHttpClient:
+    def model(self) -> openai.DefaultAsyncHttpxClient:
         """For every model endpoint. A kept connection the server closed meanwhile is a
         transport error the loop retries."""
         if self._model is None:
-            self._model = model_http()
+            self._model = model_http(kept=True)
         return self._model
 
     def sdk(self, base_url: str | None, api_key: str, timeout: float) -> openai.AsyncOpenAI:
@@ -97,7 +117,7 @@ PLATFORM = openai._base_client.get_platform()
 
 
 def sdk_client(
-    base_url: str | None, api_key: str, timeout: float, http: openai.DefaultAioHttpClient
+    base_url: str | None, api_key: str, timeout: float, http: openai.DefaultAsyncHttpxClient
 ) -> openai.AsyncOpenAI:
     """The SDK's own retries are off: the loop classifies failures and decides (DESIGN.md
     Appendix A), so retries are counted in one place."""

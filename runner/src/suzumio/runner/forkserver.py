@@ -145,10 +145,10 @@ async def _answer_warm_up(reader: asyncio.StreamReader, writer: asyncio.StreamWr
 
 
 async def _warm_up() -> None:
-    """One model call and one broker call through a resident runner's kept clients (the types
-    a runner of its own makes too), against a canned server on loopback: everything they
-    import or build lazily on first use (the transport modules, the SDK's cached response
-    validators) is then made here once, not in every runner."""
+    """One model call and one broker call through a runner's own clients and through a
+    resident runner's kept ones, against a canned server on loopback: everything they import
+    or build lazily on first use (the transport modules, the SDK's cached response validators)
+    is then made here once, not in every runner."""
     from suzumio.contracts.broker import HistoryEntryIn  # noqa: PLC0415
     from suzumio.contracts.values import ModelSpec  # noqa: PLC0415
     from suzumio.runner.broker import BrokerClient  # noqa: PLC0415
@@ -157,18 +157,21 @@ async def _warm_up() -> None:
 
     server = await asyncio.start_server(_answer_warm_up, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    endpoint = Endpoint(f"{url}/v1", "warm-up")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     kept = Connections()
     try:
-        broker = BrokerClient(url, "warm-up", retries=0, timeout=5, http=kept.broker(url, 5))
-        with contextlib.suppress(Exception):
-            await broker.append_history([HistoryEntryIn(message_id="w" * 26, role="assistant")])
-        await broker.aclose()
-        endpoint = Endpoint(f"{url}/v1", "warm-up")
-        model = ModelClient(ModelSpec(name="warm-up"), endpoint, 5, kept=kept)
-        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-        with contextlib.suppress(Exception):
-            await model.complete([{"role": "user", "content": "-"}], [tool], 16)
-        await model.close()
+        for clients in (None, kept):
+            http = clients.broker(url, 5) if clients else None
+            broker = BrokerClient(url, "warm-up", retries=0, timeout=5, http=http)
+            with contextlib.suppress(Exception):
+                entry = HistoryEntryIn(message_id="w" * 26, role="assistant")
+                await broker.append_history([entry])
+            await broker.aclose()
+            model = ModelClient(ModelSpec(name="warm-up"), endpoint, 5, kept=clients)
+            with contextlib.suppress(Exception):
+                await model.complete([{"role": "user", "content": "-"}], [tool], 16)
+            await model.close()
     finally:
         await kept.aclose()
         server.close()
