@@ -4,7 +4,9 @@ uploads, forged cursors and bodies larger than the bus carries."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 from typing import Any
 
@@ -165,3 +167,22 @@ async def test_a_cursor_no_timestamp_column_can_hold_is_422(stack: Stack) -> Non
         problem(await c.get("/v1/projects", params={"cursor": cursor}), 422, "invalid")
         nul = base64.urlsafe_b64encode(json.dumps(["2030-01-01T00:00:00+00:00", "x\x00"]).encode())
         problem(await c.get("/v1/projects", params={"cursor": nul.decode()}), 422, "invalid")
+
+
+async def test_a_request_head_over_16_kb_is_refused_before_the_app(stack: Stack) -> None:
+    """Headers are read whole before any limit of the app applies: the server bounds them
+    (uvicorn on h11, whatever other parser is installed), so a stranger cannot make a service
+    hold (and parse) headers of any size."""
+    host, port = stack.api.removeprefix("http://").split(":")
+    for head in (b"X-Big: " + b"a" * 1_000_000, b"\r\n".join([b"X-Many: b"] * 20_000)):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /v1/projects HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\n")
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            answer = await asyncio.wait_for(reader.read(200), 10)
+        finally:
+            writer.close()
+        # Refused with a 4xx, or the connection closed, before any route answers.
+        assert answer == b"" or answer.split(b" ")[1].startswith(b"4"), answer[:100]
+        assert b" 401 " not in answer  # the auth of the route never saw it

@@ -95,6 +95,15 @@ def _broker(url: str, connections: Connections | None, **kw: Any) -> BrokerClien
     return BrokerClient(url, "token", timeout=5, http=http, **kw)
 
 
+async def _output_unavailable(url: str, connections: Connections | None) -> None:
+    client = _broker(url, connections, retries=1, output_retries=1)
+    try:
+        with pytest.raises(BrokerUnavailableError):
+            await client.output(RunnerActivationOutput(text="lost?"))
+    finally:
+        await client.aclose()
+
+
 KINDS = pytest.mark.parametrize("kept", [True, False], ids=["kept", "own"])
 
 
@@ -180,14 +189,8 @@ async def test_a_kept_broker_connection_the_server_dropped_is_recovered() -> Non
 
 @KINDS
 async def test_a_broker_nobody_listens_on_is_unavailable_not_a_crash(kept: bool) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}"
     async with _kept(kept) as connections:
-        client = _broker(url, connections, retries=1, output_retries=1)
-        try:
-            with pytest.raises(BrokerUnavailableError):
-                await client.output(RunnerActivationOutput(text="lost?"))
-        finally:
-            await client.aclose()
+        await _output_unavailable(f"http://127.0.0.1:{_closed_port()}", connections)
 
 
 @KINDS
@@ -265,3 +268,51 @@ async def test_kept_clients_go_over_aiohttp_with_the_extra_and_httpx_without(
                 await kept.aclose()
     assert calls == 2
     assert model.calls == 2
+
+
+@KINDS
+async def test_a_broker_answer_that_is_not_http_is_unavailable_not_a_crash(kept: bool) -> None:
+    """A proxy or balancer in between may answer anything: aiohttp's failures the transport
+    leaves unmapped (a malformed answer) are transport errors too, retried, then
+    `BrokerUnavailableError` — not an aiohttp error that would crash the runner."""
+    tries = 0
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal tries
+        tries += 1
+        await _request(reader)
+        writer.write(b"GARBAGE\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with _server(garbage) as url, _kept(kept) as connections:
+        await _output_unavailable(url, connections)
+    assert tries == 2
+
+
+@KINDS
+async def test_the_broker_is_reached_through_the_proxy_the_environment_names(
+    kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head, _ = await _request(reader)
+        lines.append(head.split(b"\r\n", 1)[0])
+        writer.write(_json_response(b'{"recorded": true}'))
+        await writer.drain()
+        writer.close()
+
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    async with _server(proxy) as proxy_url:
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        monkeypatch.setenv("http_proxy", proxy_url)
+        async with _kept(kept) as connections:
+            # Never resolved nor reached: the proxy answers for it.
+            client = _broker("http://broker.invalid:8000", connections, retries=0)
+            try:
+                await client.output(RunnerActivationOutput(text="via the proxy"))
+            finally:
+                await client.aclose()
+    assert lines == [b"POST http://broker.invalid:8000/activation-output HTTP/1.1"]

@@ -7,10 +7,11 @@ of building and tearing them down. Where the `aiohttp` extra is installed (`suzu
 [aiohttp]`: pool workers), the kept clients go over aiohttp, whose parser and writer are C: the
 default httpx transport (httpcore with h11 on anyio) spent about twice the CPU per request,
 most of a no-op activation's. The model's is then the SDK's own `DefaultAioHttpClient`, the
-broker's an httpx client on the `httpx-aiohttp` transport: the callers keep httpx's API and its
-errors (the transport maps aiohttp's failures to httpx's transport errors, which both clients
-retry), and proxies from the environment still apply (httpx mounts its own transport for a
-proxied URL).
+broker's an httpx client on the `httpx-aiohttp` transport (`aiohttp_clients`): the callers keep
+httpx's API and its errors (aiohttp's failures become httpx's transport errors, which both
+clients retry), and proxies from the environment apply as they do to httpx's own clients.
+One difference stays: aiohttp refuses an answer's header line over 8 KB (httpx, a header block
+over 16 KB), a transport error for the loop.
 
 A runner that runs one activation (`run`: the process, docker and kubernetes backends) makes
 its own two clients on httpx's default transport and closes them with it: for two requests,
@@ -55,15 +56,14 @@ def kept_broker_http(base_url: str, timeout: float) -> httpx.AsyncClient:
     """A broker client to keep: on aiohttp where the extra is installed."""
     if not AIOHTTP:
         return broker_http(base_url, timeout)
-    import aiohttp  # noqa: PLC0415 - only with the extra
-    from httpx_aiohttp import AiohttpTransport  # noqa: PLC0415
+    from suzumio.runner.aiohttp_clients import KeptBrokerClient  # noqa: PLC0415 - the extra
 
-    def session() -> aiohttp.ClientSession:  # made on first use, on the loop that uses it
-        connector = aiohttp.TCPConnector(ssl=tls.CONTEXT, keepalive_timeout=KEEPALIVE_SECONDS)
-        return aiohttp.ClientSession(connector=connector)
-
-    transport = AiohttpTransport(verify=tls.CONTEXT, client=session)
-    return broker_http(base_url, timeout, transport)
+    return KeptBrokerClient(
+        base_url=base_url.rstrip("/"),
+        timeout=timeout,
+        verify=tls.CONTEXT,
+        limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
+    )
 
 
 def model_http(*, kept: bool = False) -> openai.DefaultAsyncHttpxClient:

@@ -170,6 +170,9 @@ class ServiceRuntime:
         server = _Server(
             uvicorn.Config(
                 http_app,
+                # h11, whatever else is installed: uvicorn bounds a request's head (16 KB)
+                # only with it; on httptools a stranger's headers may be any size.
+                http="h11",
                 log_config=None,
                 access_log=False,
                 lifespan="off",
