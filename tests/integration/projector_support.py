@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from nats.aio.client import Client as NATS
+from nats.js.api import PubAck
 
+from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.eventstore import HDR_MSG_ID, HDR_TYPE, HDR_VERSION, EventStore
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.projections.base import Projection
@@ -55,3 +58,19 @@ async def caught_up(
 
     last, _ = await eventually(probe, done, timeout=timeout, what="checkpoints at the log's end")
     return last
+
+
+async def publish_newer_schema_event(nc: NATS, topology: Topology) -> PubAck:
+    """A tool call's start as a newer release would write it (schema 99), which the
+    `tool_calls` projection reads and this code cannot decode."""
+    activation_id = new_id()
+    envelope = {
+        "id": new_id(), "type": "activation.tool_call_started", "aggregate": "activation",
+        "aggregate_id": activation_id, "version": 1, "occurred_at": "2030-01-01T00:00:00Z",
+        "actor": "system:future", "correlation_id": "c", "schema": 99, "data": {"call_id": "c1"},
+    }  # fmt: skip
+    return await nc.jetstream().publish(
+        topology.event_subject("activation", activation_id),
+        json.dumps(envelope).encode(),
+        headers={HDR_MSG_ID: envelope["id"], HDR_TYPE: envelope["type"], HDR_VERSION: "1"},
+    )

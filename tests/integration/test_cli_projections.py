@@ -15,7 +15,11 @@ from suzumio.platform.db.pool import Pool
 from suzumio.platform.projections import load_projections
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.verify import verify
-from tests.integration.projector_support import caught_up, running_projector
+from tests.integration.projector_support import (
+    caught_up,
+    publish_newer_schema_event,
+    running_projector,
+)
 from tests.scenario import Scenario, write
 
 
@@ -61,3 +65,17 @@ async def test_unknown_projection_is_a_clear_error(
     assert done.returncode == 2
     assert "unknown projection(s): nope" in done.stdout
     assert "sessions" in done.stdout  # the known ones are listed
+
+
+async def test_rebuild_says_which_projection_is_held_for_a_newer_release(
+    nc: NATS, store: EventStore, database_url: str, nats_url: str, topology: Topology
+) -> None:
+    held = await publish_newer_schema_event(nc, topology)
+    done = await suzumio(
+        nats_url, database_url, topology, "projections", "rebuild", "tool_calls", "projects"
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"tool_calls: rebuilt to position {held.seq - 1}" in done.stdout
+    assert f"held before seq {held.seq}: its event needs a newer release" in done.stdout
+    projects = next(line for line in done.stdout.splitlines() if line.startswith("projects:"))
+    assert "held" not in projects

@@ -25,7 +25,11 @@ from suzumio.platform.projections.reader import LogReader
 from suzumio.platform.projections.rebuild import rebuild
 from suzumio.platform.projections.verify import verify
 from suzumio.session.projections.projects import ProjectsProjection
-from tests.integration.projector_support import caught_up, running_projector
+from tests.integration.projector_support import (
+    caught_up,
+    publish_newer_schema_event,
+    running_projector,
+)
 from tests.scenario import Scenario, write
 from tests.support import eventually
 
@@ -112,25 +116,11 @@ async def test_redelivered_and_replayed_events_never_apply_twice(
 async def test_an_event_of_a_newer_schema_holds_only_the_projection_that_reads_it(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:
-    activation_id = new_id()
-    envelope = {
-        "id": new_id(), "type": "activation.tool_call_started", "aggregate": "activation",
-        "aggregate_id": activation_id, "version": 1, "occurred_at": "2030-01-01T00:00:00Z",
-        "actor": "system:future", "correlation_id": "c", "schema": 99, "data": {"call_id": "c1"},
-    }  # fmt: skip
     before, after = new_id(), new_id()
     await store.append(before, [ProjectCreated(name="before", owner_id="u")], 0)
     async with running_projector(nc, database_url, topology, store, ALL):
         await caught_up(nc, pool, topology, ALL)  # built: what follows is live
-    held = await nc.jetstream().publish(
-        topology.event_subject("activation", activation_id),
-        json.dumps(envelope).encode(),
-        headers={
-            HDR_MSG_ID: envelope["id"],
-            HDR_TYPE: "activation.tool_call_started",
-            HDR_VERSION: "1",
-        },
-    )
+    held = await publish_newer_schema_event(nc, topology)
     await store.append(after, [ProjectCreated(name="after", owner_id="u")], 0)
     others = [p for p in ALL if p.name != "tool_calls"]
     for _ in range(2):  # and again after a restart: it meets the event again, and holds again
@@ -336,3 +326,32 @@ async def test_one_projector_leads_and_a_standby_takes_over(
 
 async def _leaders(replicas: list[Projector]) -> list[int]:
     return [i for i, r in enumerate(replicas) if r.leading]
+
+
+async def test_a_rebuild_holds_a_projection_at_an_event_of_a_newer_schema_and_builds_the_rest(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """A newer release's event must not stop the rebuild of every projection (retried for
+    ever, none swapped in): the projection that reads it is swapped in just before it, as the
+    live projector holds it; the others are built to the end. The live projector then holds
+    that one there and goes on with the rest."""
+    before, after = new_id(), new_id()
+    await store.append(before, [ProjectCreated(name="before", owner_id="u")], 0)
+    held = await publish_newer_schema_event(nc, topology)
+    last = await store.append(after, [ProjectCreated(name="after", owner_id="u")], 0)
+
+    results = {r.projection: r for r in await rebuild(nc, database_url, topology, ALL)}
+
+    assert results["tool_calls"].held_at == held.seq
+    assert results["tool_calls"].position == held.seq - 1
+    assert all(r.held_at is None and r.position >= last.seq for n, r in results.items()
+               if n != "tool_calls")  # fmt: skip
+    names = await pool.fetch("SELECT name FROM proj_projects.projects ORDER BY name")
+    assert [r["name"] for r in names] == ["after", "before"]
+    rows = await read_all(pool)
+    assert rows["tool_calls"].position == held.seq - 1
+    assert rows["projects"].position >= last.seq
+    others = [p for p in ALL if p.name != "tool_calls"]
+    async with running_projector(nc, database_url, topology, store, ALL):
+        await caught_up(nc, pool, topology, others)
+    assert (await read_all(pool))["tool_calls"].position == held.seq - 1

@@ -43,9 +43,15 @@ def rebuild_command(
         for result in results:
             await record_parked(store, result.parked, consumer="rebuild", attempts=1)
             skipped = f", [yellow]{len(result.parked)} skipped[/yellow]" if result.parked else ""
+            held = (
+                f", [yellow]held before seq {result.held_at}: its event needs a newer"
+                " release[/yellow]"
+                if result.held_at is not None
+                else ""
+            )
             console.print(
                 f"[green]{result.projection}[/green]: rebuilt to position {result.position}"
-                f" ({result.events} events read in {result.seconds:.2f}s){skipped}"
+                f" ({result.events} events read in {result.seconds:.2f}s){skipped}{held}"
             )
 
     try:

@@ -5,7 +5,9 @@ read) and writes into one staging schema each, while the live tables keep servin
 takes the projections' checkpoint row locks (so the live projector cannot commit meanwhile),
 applies the events that arrived during the replay, renames each staging schema over its live
 one and sets the checkpoints, all in one transaction: readers see the old tables or the new,
-never a mix.
+never a mix. A projection that meets an event of a schema newer than this code (written by a
+newer release, mid-upgrade) stops just before it and is swapped in there, as the live
+projector would hold it; the others go on to the end.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.logging import get_logger
 from suzumio.platform.projections import checkpoints
-from suzumio.platform.projections.apply import Parked, PoisonTracker, apply_entries
+from suzumio.platform.projections.apply import Parked, PoisonTracker, apply_entries, first_newer
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import decode_entry
 from suzumio.platform.projections.positions import notify
@@ -51,6 +53,7 @@ class RebuildResult:
     seconds: float
     swapped: bool
     parked: list[Parked] = field(default_factory=list)
+    held_at: int | None = None  # the event of a newer schema it stopped before
 
 
 def staging_schema(name: str) -> str:
@@ -88,7 +91,7 @@ async def rebuild(
                     await checkpoints.lock_rows(conn, sorted(targets))
                     await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
                     for p in projections:
-                        await _swap_in(conn, p, targets[p.name], replay.position)
+                        await _swap_in(conn, p, targets[p.name], replay.position_of(p.name))
                     await notify(conn, replay.position)
         seconds = time.perf_counter() - started
         log.info(
@@ -103,11 +106,12 @@ async def rebuild(
             RebuildResult(
                 p.name,
                 live_schema(p.name) if swap else targets[p.name],
-                replay.position,
+                replay.position_of(p.name),
                 replay.events,
                 seconds,
                 swap,
                 [x for x in replay.parked if x.projection == p.name],
+                replay.held.get(p.name),
             )
             for p in projections
         ]
@@ -158,7 +162,14 @@ class _Replay:
         self.position = 0
         self.events = 0
         self.parked: list[Parked] = []
+        # A projection that met an event of a schema newer than this code stops before it,
+        # as the live projector holds it there: seq of that event, by projection.
+        self.held: dict[str, int] = {}
         self._tracker = PoisonTracker(max_attempts=1)  # replaying: a failure will not heal
+
+    def position_of(self, name: str) -> int:
+        """How far the projection got: before the event it is held at, else all the way."""
+        return self.held[name] - 1 if name in self.held else self.position
 
     async def until(self, reader: LogReader, target: int) -> None:
         """Apply everything up to (at least) `target`, the log's last sequence when called.
@@ -182,8 +193,21 @@ class _Replay:
             ]
             async with self._conn.transaction():
                 for p in self._projections:
+                    if p.name in self.held:
+                        continue
+                    mine = entries
+                    newer = first_newer(p, entries)
+                    if newer is not None:
+                        mine = [e for e in entries if e.seq < newer.seq]
+                        self.held[p.name] = newer.seq
+                        log.warning(
+                            "projections.rebuild_held",
+                            projection=p.name,
+                            seq=newer.seq,
+                            error=newer.error,
+                        )
                     self.parked += await apply_entries(
-                        self._conn, p, f'"{self._schemas[p.name]}"', entries, self._tracker
+                        self._conn, p, f'"{self._schemas[p.name]}"', mine, self._tracker
                     )
             self.events += sum(len(e.types) for e in entries)
             self.position = entries[-1].seq
