@@ -250,7 +250,8 @@ async def test_container_is_locked_down_and_secrets_stay_out_of_logs(
     assert SECRET not in json.dumps([h.data for h in handles])
 
 
-_PROBE = """
+# The start of a probe run inside a sandbox: can it write at a path?
+WRITABLE = """
 import json, os
 def writable(path):
     try:
@@ -259,7 +260,11 @@ def writable(path):
         return True
     except OSError:
         return False
-print(json.dumps({
+"""
+
+_PROBE = (
+    WRITABLE
+    + """print(json.dumps({
     "uid": os.getuid(),
     "input": os.access("/activation/input.json", os.R_OK)
         and json.load(open("/activation/input.json"))["workspace"] == "/workspace",
@@ -271,6 +276,7 @@ print(json.dumps({
     "data_writable": writable("/data/data.txt"),
 }))
 """
+)
 
 
 async def test_cancel_kills_it_and_watch_returns(make_backend, engine, tmp_path):

@@ -120,18 +120,9 @@ _LAUNCH_AS_ITSELF = """
 import asyncio, json, sys
 from pathlib import Path
 from suzumio.orchestrator.backends.docker import DockerBackend, DockerSettings
-from tests.integration.test_docker_backend import make_plan
+from tests.integration.test_docker_backend import WRITABLE, make_plan
 
-PROBE = '''
-import json, os
-def writable(path):
-    try:
-        with open(path, "a") as f:
-            f.write("ok")
-        return True
-    except OSError:
-        return False
-print(json.dumps({"uid": os.getuid(), "gid": os.getgid(),
+PROBE = WRITABLE + '''print(json.dumps({"uid": os.getuid(), "gid": os.getgid(),
     "token": json.load(open("/activation/input.json"))["token"],
     "workspace_writable": writable("/workspace/out/probe.txt"),
     "session_writable": writable("/workspace/session/probe.txt")}))
