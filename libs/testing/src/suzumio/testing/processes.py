@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -10,14 +11,27 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.embedded.process import child_setup, free_port
-from suzumio.platform.service.probe import get_status
+from suzumio.platform.service.probe import get, get_status
 
 
 async def http_status(port: int, path: str, timeout: float = 2.0) -> int | None:
     return await get_status("127.0.0.1", port, path, timeout)
+
+
+async def readiness(port: int, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | None:
+    """`GET /readyz`'s status and report, or None when nothing answered."""
+    answer = await get("127.0.0.1", port, "/readyz", timeout)
+    if answer is None:
+        return None
+    try:
+        report = json.loads(answer[1])
+    except ValueError:
+        report = {}
+    return answer[0], report if isinstance(report, dict) else {}
 
 
 @dataclass
@@ -56,7 +70,17 @@ class ServiceProcess:
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while await http_status(self.port, "/readyz") != 200:
+        while True:
+            answer = await readiness(self.port)
+            if answer is not None and answer[0] == 200:
+                # Ready only if the answer is this service's: another server that took the
+                # port first would answer while this one failed to bind it.
+                if answer[1].get("service") != self.name:
+                    raise AssertionError(
+                        f"port {self.port} is served by {answer[1].get('service')!r}, "
+                        f"not {self.name}:\n{self.log_path.read_text()[-4000:]}"
+                    )
+                return
             assert self.process is not None
             if self.process.poll() is not None:
                 raise AssertionError(f"{self.name} exited early:\n{self.log_path.read_text()}")

@@ -72,11 +72,24 @@ def stop_process(process: subprocess.Popen[bytes], stop_signal: int, timeout: fl
     return process.wait()
 
 
+_handed_out: set[tuple[str, int]] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (callers retry if someone took it since)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that was free a moment ago and that this process has not handed out before.
+
+    The kernel may offer a just-closed port again (about one in fifteen thousand draws), so two
+    servers started side by side could otherwise be told the same port; the loser's bind then
+    fails while its probe is answered by the winner. Someone else may still take the port
+    before it is bound: callers retry then."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if (host, port) not in _handed_out:
+            _handed_out.add((host, port))
+            return port
+    raise OSError(f"no port on {host} that was not handed out already")
 
 
 def pid_alive(pid: int) -> bool:
