@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,16 @@ from tests.e2e.api import World, ok, problem, upload_artifact
 from tests.e2e.stack import MAX_ARTIFACT, Stack
 from tests.e2e.test_broker_access import broker, live
 from tests.support import eventually
+
+
+@asynccontextmanager
+async def runner_client(platform: Stack, token: str) -> AsyncIterator[BrokerClient]:
+    """The runner's own broker client, with the activation's token."""
+    client = BrokerClient(platform.url_of("toolbroker"), token, retries=1)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 async def artifacts(stack: Stack, world: World) -> list[dict[str, Any]]:
@@ -161,6 +172,28 @@ async def test_the_runner_brings_inputs_in_and_sends_outputs_without_following_l
     ]
 
 
+async def test_an_output_over_the_brokers_own_limit_stays_behind_and_the_rest_go(
+    platform: Stack, tmp_path: Path
+) -> None:
+    # The plan allows more than the broker does (two services, two settings): the broker
+    # refuses the large file before reading it, and the runner, which writes a whole body
+    # before it reads the answer, must still get that refusal, not a broken connection.
+    a = await live(platform, "over")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a-large.bin").write_bytes(os.urandom(MAX_ARTIFACT + (8 << 20)))
+    (out / "b.txt").write_text("small")
+    files = FileExchange(max_output_files=5, max_output_bytes=64 << 20)
+    async with runner_client(platform, a.token) as client:
+        assert await send_outputs(client, tmp_path, files) == 1
+    items = await eventually(
+        lambda: artifacts(platform, a.world),
+        lambda found: len(found) == 1,
+        what="the small output as an artifact",
+    )
+    assert [(i["path"], i["size"]) for i in items] == [("b.txt", 5)]
+
+
 async def test_a_cancelled_runner_is_fenced_when_it_sends_outputs(
     platform: Stack, tmp_path: Path
 ) -> None:
@@ -172,12 +205,9 @@ async def test_a_cancelled_runner_is_fenced_when_it_sends_outputs(
         [ActivationCancelRequested(activation_id=a.activation_id, reason="test")],
         EventMeta(actor="system:scheduler"),
     )
-    client = BrokerClient(platform.url_of("toolbroker"), a.token, retries=1)
-    try:
+    async with runner_client(platform, a.token) as client:
         with pytest.raises(FencedError):
             await send_outputs(
                 client, tmp_path, FileExchange(max_output_files=5, max_output_bytes=9)
             )
-    finally:
-        await client.aclose()
     assert await artifacts(platform, a.world) == []

@@ -15,6 +15,7 @@ from starlette.routing import Route
 from starlette.types import Message
 
 from suzumio.platform.service import BodyLimit, BodyLimits
+from suzumio.platform.service.bodylimit import DRAIN_BYTES
 
 LIMITS = BodyLimits(1_000, {"/small": 10, "/small/but/large": 5_000})
 
@@ -62,6 +63,12 @@ class Client:
         return int(start["status"])
 
     @property
+    def closes(self) -> bool:
+        """Whether the answer ends the connection (the rest of the body is not read)."""
+        [start] = [m for m in self.sent if m["type"] == "http.response.start"]
+        return (b"connection", b"close") in start["headers"]
+
+    @property
     def body(self) -> Any:
         return json.loads(b"".join(m.get("body", b"") for m in self.sent if "body" in m))
 
@@ -75,11 +82,28 @@ async def test_a_declared_length_over_the_limit_is_refused_unread() -> None:
     assert (b"content-type", b"application/problem+json") in client.sent[0]["headers"]
 
 
+@pytest.mark.parametrize(
+    ("declared", "closes"),
+    [(1_001, False), (1_000 + DRAIN_BYTES, False), (1_001 + DRAIN_BYTES, True)],
+)
+async def test_a_body_a_little_over_is_refused_on_a_connection_that_stays(
+    declared: int, closes: bool
+) -> None:
+    # Within DRAIN_BYTES of the limit the server reads the rest and drops it, so a client
+    # that writes its whole body first still reads the 413; beyond, the connection ends.
+    client = Client([b"x"])
+    await client.post("/anything", [(b"content-length", str(declared).encode())])
+    assert client.pulled == 0
+    assert client.status == 413
+    assert client.closes is closes
+
+
 async def test_a_streamed_body_is_refused_as_it_passes_the_limit() -> None:
     client = Client([b"x" * 400] * 10)  # 4 000 bytes, no length declared
     await client.post("/anything")
     assert client.pulled == 3  # 1 200 bytes: past the 1 000 allowed, and no further
     assert client.status == 413
+    assert client.closes  # a streamed body's length is not known: nothing more is read
     assert len([m for m in client.sent if m["type"] == "http.response.start"]) == 1
 
 

@@ -6,6 +6,13 @@ make a service hold as much as they send. `BodyLimit` answers 413 with a problem
 as the declared `Content-Length` is over the bound, without reading a byte of it, or as soon
 as a streamed body passes it; the application then sees the client gone and nothing it
 answers is sent.
+
+A client that writes its whole body before it reads the answer (httpx, the runner's own
+uploads) must still get that answer. Were the connection closed with the body unread, the
+kernel would reset it and drop the 413 on the way. So a declared body at most `DRAIN_BYTES`
+over the bound is refused on a connection that stays open: the HTTP server reads the rest and
+throws it away, no more work than a body the bound allows. A larger one, or a streamed one of
+unknown length, is refused with `Connection: close`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PROBLEM_JSON = b"application/problem+json"
+DRAIN_BYTES = 64 << 20  # what is read and thrown away past the bound so the 413 arrives
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class BodyLimit:
         limit = self.limits.for_path(scope["path"])
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await _too_large(send, limit)
+            await _too_large(send, limit, close=declared - limit > DRAIN_BYTES)
             return
         guard = _Guard(receive, send, limit)
         try:
@@ -84,7 +92,7 @@ class _Guard:
             if self._received > self._limit:
                 self.refused = True
                 if not self._started:
-                    await _too_large(self._send, self._limit)
+                    await _too_large(self._send, self._limit, close=True)
                 return {"type": "http.disconnect"}
         return message
 
@@ -104,7 +112,7 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _too_large(send: Send, limit: int) -> None:
+async def _too_large(send: Send, limit: int, *, close: bool) -> None:
     body = json.dumps(
         {
             "type": "about:blank",
@@ -114,16 +122,8 @@ async def _too_large(send: Send, limit: int) -> None:
             "detail": f"the request body is larger than {limit} bytes",
         }
     ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", PROBLEM_JSON),
-                (b"content-length", str(len(body)).encode()),
-                # The rest of the body is never read: the connection cannot carry another request.
-                (b"connection", b"close"),
-            ],
-        }
-    )
+    headers = [(b"content-type", PROBLEM_JSON), (b"content-length", str(len(body)).encode())]
+    if close:  # the rest of the body is never read: the connection cannot carry another request
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
