@@ -56,12 +56,13 @@ def make_plan(
     session_id: str = "s1",
     pool: str | None = None,
     deadline: datetime | None = None,
+    prompt: str = "be brief",
 ) -> LaunchPlan:
     activation_id = new_id()
     signal_spec = SignalSpec(id=new_id(), kind=SignalKind.TIMER, priority=Priority.P3)
     spec = RunnerActivationInput(
         project=ProjectRef(id="p1", name="project"),
-        agent=AgentSpec(id="a1", role="tester", prompt="be brief", model=ModelSpec(name="m")),
+        agent=AgentSpec(id="a1", role="tester", prompt=prompt, model=ModelSpec(name="m")),
         session=SessionRef(id=session_id),
         activation=ActivationSpec(id=activation_id, signals=(signal_spec,)),
         controller_url=broker_url,
@@ -619,6 +620,22 @@ async def test_a_warm_sessions_runner_stays_for_its_next_activations(
     await eventually(lambda: broker.open == 0, timeout=5)
     assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)
     assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, True)
+
+
+async def test_a_resident_runner_takes_an_input_of_megabytes(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str,
+) -> None:  # fmt: skip
+    """A session's input grows with its history: a resident runner reads one of any size its
+    worker can be sent (over the 64 KiB of a stream's default line), and stays for the next."""
+    workers("wb", "--resident-runs", "5", idle_ttl=30)
+    await wait_workers(backend, "wb")
+    prompt = "a long brief " * 200_000  # 2.6 MB, as JSON in one request line
+    for resident in (False, True, True):
+        handle = await backend.launch(make_plan(fenced_url, tmp_path, prompt=prompt))
+        result = await watch(backend, handle)
+        [started] = statuses.of(handle.sandbox_id, "started")
+        assert (result.code, started.resident) == (6, resident), result.detail
 
 
 async def test_a_resident_runs_input_is_on_no_disk_and_its_failure_reports_its_own_lines(

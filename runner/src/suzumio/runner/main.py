@@ -29,6 +29,9 @@ from suzumio.runner.tools.base import Mount, ToolContext
 from suzumio.runner.workfiles import ExchangeError
 
 BROKER_TIMEOUT_SECONDS = 30.0
+# A resident runner's request line: a dispatch (at most a bus message, 64 MiB) as a JSON string
+# inside JSON, escaped, with its environment.
+MAX_REQUEST_LINE = 256 << 20
 # What a shell command may see of the runner's environment: never the token or a key.
 SHELL_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 
@@ -215,7 +218,9 @@ def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path
 
 async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int, log_path: Path) -> None:
     loop = asyncio.get_running_loop()
-    requests = asyncio.StreamReader()
+    # An input grows with its session's history: a line as long as any its worker can be sent
+    # (a dispatch is one bus message), not a stream's default 64 KiB.
+    requests = asyncio.StreamReader(limit=MAX_REQUEST_LINE)
     # The transport owns the pipe from here: closing it closes the pipe (once — a second
     # close of the same descriptor could close one opened since).
     pipe = os.fdopen(requests_fd, "rb", buffering=0)
