@@ -18,7 +18,7 @@ import contextlib
 import shutil
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -74,8 +74,19 @@ KEEP_ENDED = 10_000  # ended activations remembered (timings, late duplicates)
 # A sandbox stopped at its timeout gets this long to report its end (a pool worker: its kill
 # grace, then storing what the activation left in out/).
 STOP_GRACE_SECONDS = 60.0
+# A store that fails (a timeout, a stream electing its leader) is asked again after these
+# waits, doubling, for as long as this replica leads: an activation's end is never given up.
+RETRY_FIRST_SECONDS = 0.2
+RETRY_MAX_SECONDS = 10.0
+# A cancel is sent again after these waits, doubling, until the activation's end is seen: one
+# that failed, or that its sandbox missed (a pool worker reconnecting), must not leave it to run
+# to its wall-clock limit.
+RECANCEL_FIRST_SECONDS = 2.0
+RECANCEL_MAX_SECONDS = 60.0
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
 PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
+
+Decide = Callable[[AggregateStream], DomainEvent]  # the terminal event, from the activation as read
 
 _outcomes = meter.create_counter("suzumio_activations", description="activations by outcome")
 _launch = meter.create_histogram(
@@ -127,6 +138,7 @@ class Orchestrator:
         self.activations: dict[str, Tracked] = {}
         self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancels: dict[str, asyncio.Task[None]] = {}  # cancels sent until the end is seen
         self.folded = self.replica.folded
         self.leading = False
 
@@ -200,10 +212,12 @@ class Orchestrator:
         finally:
             self.leading = False
             gc.cancel()
-            for task in list(self._tasks.values()):
+            running = [*self._tasks.values(), *self._cancels.values()]
+            for task in running:
                 task.cancel()  # a new leader takes over the watching; sandboxes live on
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
             self._tasks.clear()
+            self._cancels.clear()
 
     async def _reconcile(self, done: asyncio.Event) -> None:
         """Match the log's unfinished activations with what the backends have. A backend
@@ -231,10 +245,8 @@ class Orchestrator:
             if handle is not None:
                 tracked.handle = handle
                 self._tasks[activation_id] = asyncio.create_task(self._resume(tracked, handle))
-            elif tracked.started:
-                await self._end_gone(tracked)
-            else:
-                self._begin(activation_id)
+            else:  # each on its own: one whose log cannot be read holds up no other
+                self._tasks[activation_id] = asyncio.create_task(self._recover(tracked))
         for handle in live.values():  # sandboxes no live activation owns: orphans
             if handle.activation_id in self._tasks or handle.ended:
                 continue  # being launched, or over with nothing left of it
@@ -256,14 +268,29 @@ class Orchestrator:
         except PlanError:
             return None  # its plan fails at once: nothing of it can run anywhere
 
-    async def _end_gone(self, tracked: Tracked) -> None:
-        """A started activation whose sandbox is gone ends as its recorded output says (its
-        runner had finished), else as lost; what it left in out/ is still collected."""
-        stream = await self._store.load("activation", tracked.request.activation_id)
-        exit_ = exit_of_gone(stream)
-        if exit_.code is not None and tracked.backend is not None:
-            await self._collect(self._found_again(tracked, tracked.backend), exit_)
-        await self._end(tracked, self._terminal(tracked, exit_, stream), stream)
+    async def _recover(self, tracked: Tracked) -> None:
+        """An activation without a sandbox when this replica took the lead: launched if it
+        never was. One the log says started — or whose runner wrote to the log, though its
+        start was never appended (the leader crashed in between) — ran, and its sandbox is
+        gone: it ends as its recorded output says (its runner had finished), else as lost;
+        what it left in out/ is still collected. It is not launched a second time."""
+        activation_id = tracked.request.activation_id
+        try:
+            stream = await self._load(activation_id)
+            if not tracked.started and not stream.events:
+                await self._run(tracked)
+                return
+            exit_ = exit_of_gone(stream)
+            backend = tracked.backend or self._backend_of(tracked)
+            if exit_.code is not None and backend is not None:
+                await self._collect(self._found_again(tracked, backend), exit_)
+            await self._end(tracked, lambda s: self._terminal(tracked, exit_, s), stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("orchestrator.recover_error", activation=activation_id)
+        finally:
+            self._tasks.pop(activation_id, None)
 
     def _begin(self, activation_id: str) -> None:
         tracked = self.activations[activation_id]
@@ -281,8 +308,34 @@ class Orchestrator:
                 )
             )
         elif tracked.handle is not None:
-            backend = self.backends[tracked.handle.backend]
-            asyncio.create_task(backend.cancel(tracked.handle))  # noqa: RUF006 - watch() ends it
+            self._keep_cancelling(tracked, tracked.handle)
+
+    def _keep_cancelling(self, tracked: Tracked, handle: Handle) -> None:
+        """Stop its sandbox — and again, now and then, until its end is seen (watch() ends
+        it)."""
+        activation_id = tracked.request.activation_id
+        if activation_id in self._cancels:
+            return
+        task = asyncio.create_task(self._cancel_until_ended(tracked, handle))
+        self._cancels[activation_id] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._cancels.get(activation_id) is done:
+                del self._cancels[activation_id]
+
+        task.add_done_callback(forget)
+
+    async def _cancel_until_ended(self, tracked: Tracked, handle: Handle) -> None:
+        backend = self.backends[handle.backend]
+        delay = RECANCEL_FIRST_SECONDS
+        while not tracked.ended:
+            try:
+                await backend.cancel(handle)
+            except Exception as exc:
+                log.warning("orchestrator.cancel_failed", activation=handle.activation_id,
+                            error=repr(exc)[:500])  # fmt: skip
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECANCEL_MAX_SECONDS)
 
     # -- one activation ------------------------------------------------------------------------
     async def _run(self, tracked: Tracked) -> None:
@@ -329,28 +382,42 @@ class Orchestrator:
             )
             tracked.started = True
             if _cancelling(tracked):  # asked while it was being launched
-                await backend.cancel(handle)
+                self._keep_cancelling(tracked, handle)
             await self._watch(tracked, handle, plan)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("orchestrator.activation_error", activation=activation_id)
-            await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
+            await self._fail(tracked, exc)
         finally:
             self._tasks.pop(activation_id, None)
 
     async def _resume(self, tracked: Tracked, handle: Handle) -> None:
         try:
             if _cancelling(tracked):  # asked while no replica led, or while we listed
-                await self.backends[handle.backend].cancel(handle)
+                self._keep_cancelling(tracked, handle)
             await self._watch(tracked, handle, None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("orchestrator.resume_error", activation=handle.activation_id)
-            await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
+            await self._fail(tracked, exc)
         finally:
             self._tasks.pop(handle.activation_id, None)
+
+    async def _fail(self, tracked: Tracked, exc: Exception) -> None:
+        """An error of ours: its sandbox, if it has one, is stopped and removed (the failure
+        ends the attempt; a retry must not meet it still at work), and it ends as failed."""
+        handle = tracked.handle
+        if handle is not None:
+            backend = self.backends[handle.backend]
+            for step in (backend.cancel(handle), backend.cleanup(handle, succeeded=False)):
+                try:
+                    await step
+                except Exception as err:
+                    log.warning("orchestrator.stop_failed", activation=handle.activation_id,
+                                error=repr(err)[:500])  # fmt: skip
+        await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
 
     async def _watch(self, tracked: Tracked, handle: Handle, plan: LaunchPlan | None) -> None:
         backend = self.backends[handle.backend]
@@ -367,9 +434,7 @@ class Orchestrator:
                 exit_ = Exit(None, "timeout", detail)
         target = Collection.of(plan) if plan else self._found_again(tracked, handle.backend)
         await self._collect(target, exit_)
-        stream = await self._store.load("activation", tracked.request.activation_id)
-        terminal = self._terminal(tracked, exit_, stream)
-        await self._end(tracked, terminal, stream)
+        terminal = await self._end(tracked, lambda stream: self._terminal(tracked, exit_, stream))
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
 
     async def _collect(self, target: Collection | None, exit_: Exit) -> None:
@@ -402,7 +467,7 @@ class Orchestrator:
         tracked.timeout_seconds = limit or 0.0
         deadline = tracked.handle.data.get("deadline") if tracked.handle else None
         if not isinstance(deadline, (int, float)):
-            deadline = deadline_of(tracked.started_at, limit)
+            deadline = deadline_of(tracked.started_at, limit, time.time())
         if deadline is None:
             return None  # no limit on record: the broker's token expiry fences it
         return max(deadline - time.time(), 1.0)
@@ -422,13 +487,14 @@ class Orchestrator:
     ) -> DomainEvent:
         if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
             return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
-        if tracked.cancel_reason is not None:
-            return ActivationCancelled(reason=tracked.cancel_reason)
         output = next(
             (e.data for e in stream.events if isinstance(e.data, ActivationOutputRecorded)), None
         )
         if exit_.code in COMPLETING_EXITS and output is not None:
+            # Finished, even if a cancel came after: its work is done, not to be done again.
             return ActivationCompleted(text=output.text, usage=output.usage, reason=output.reason)
+        if tracked.cancel_reason is not None:
+            return ActivationCancelled(reason=tracked.cancel_reason)
         if exit_.code in PERMANENT_EXITS:
             return ActivationFailed(
                 reason=PERMANENT_EXITS[exit_.code], exit_code=exit_.code, retryable=False
@@ -443,26 +509,58 @@ class Orchestrator:
 
     # -- the log -------------------------------------------------------------------------------
     async def _end(
-        self, tracked: Tracked, event: DomainEvent, stream: AggregateStream | None = None
-    ) -> None:
-        """The activation's one terminal event: appended on the condition that none is there
-        (`stream`: the activation as just read, if it was)."""
+        self,
+        tracked: Tracked,
+        event: DomainEvent | Decide,
+        stream: AggregateStream | None = None,
+    ) -> DomainEvent:
+        """The activation's one terminal event, appended on the condition that none is there
+        (`event`, or what `event` makes of the activation as read; `stream`: the activation as
+        just read, if it was). Read and appended again, for as long as this replica leads,
+        when another write came first or the store fails. The terminal event it has."""
         activation_id = tracked.request.activation_id
-        for _ in range(10):
+        decide: Decide = event if callable(event) else (lambda _: event)
+        delay = RETRY_FIRST_SECONDS
+        while True:
             if stream is None:
-                stream = await self._store.load("activation", activation_id)
-            if any(e.envelope.type in TERMINAL_ACTIVATION_EVENTS for e in stream.events):
+                stream = await self._load(activation_id)
+            ended = next(
+                (e.data for e in stream.events if e.envelope.type in TERMINAL_ACTIVATION_EVENTS),
+                None,
+            )
+            if ended is not None:
                 break
+            ended = decide(stream)
             try:
                 await self._store.append(
-                    activation_id, [event], stream.version, EventMeta(actor=ACTOR)
+                    activation_id, [ended], stream.version, EventMeta(actor=ACTOR)
                 )
             except ConcurrencyConflictError:
                 stream = None
                 continue
-            _outcomes.add(1, {"outcome": event.event_type.rsplit(".", 1)[-1]})
+            except Exception as exc:  # it may be stored all the same: read before writing again
+                log.warning("orchestrator.end_failed", activation=activation_id,
+                            error=repr(exc)[:500], retry_in=delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                stream = None
+                continue
+            _outcomes.add(1, {"outcome": ended.event_type.rsplit(".", 1)[-1]})
             break
         tracked.ended = True
+        return ended
+
+    async def _load(self, activation_id: str) -> AggregateStream:
+        """The activation as the log has it, asked again while the store fails."""
+        delay = RETRY_FIRST_SECONDS
+        while True:
+            try:
+                return await self._store.load("activation", activation_id)
+            except Exception as exc:
+                log.warning("orchestrator.load_failed", activation=activation_id,
+                            error=repr(exc)[:500], retry_in=delay)  # fmt: skip
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     async def _end_and_forget(self, tracked: Tracked, event: DomainEvent) -> None:
         try:

@@ -57,10 +57,14 @@ def exit_of_gone(stream: AggregateStream) -> Exit:
     return Exit(EXIT_AFTER_OUTPUT[output.reason], "exited", f"{GONE}; its output was recorded")
 
 
-def deadline_of(started_at: datetime | None, wall_clock_seconds: float | None) -> float | None:
+def deadline_of(
+    started_at: datetime | None, wall_clock_seconds: float | None, found_at: float
+) -> float | None:
     """The wall-clock deadline (epoch seconds) of an activation found again after a restart:
     its limit counted from its start in the log. A launch counts it from its plan, moments
-    earlier, so this is at most that moment more lenient."""
-    if started_at is None or wall_clock_seconds is None:
+    earlier, so this is at most that moment more lenient. One launched whose start was never
+    appended (its leader crashed in between) has it counted from `found_at`: later than it
+    should be, never unbounded."""
+    if wall_clock_seconds is None:
         return None
-    return started_at.timestamp() + wall_clock_seconds
+    return (started_at.timestamp() if started_at else found_at) + wall_clock_seconds

@@ -1,0 +1,238 @@
+"""The orchestrator when its own parts fail (process backend, real services; the failures are
+injected into the orchestrator's store and backend): an activation still gets exactly one
+terminal event when reading or writing the log fails for a while at its end; a cancel that
+failed is sent again; a cancel that comes after the runner finished does not undo the work;
+and an activation launched by a leader that died before it appended the start keeps its
+wall-clock limit and is not launched a second time."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.events import ActivationCancelRequested, ActivationTimedOut
+from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchPlan
+from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.eventstore import AggregateStream, EventStore
+from suzumio.testing.model_server import Reply, ScriptedModelServer
+from tests.backend_suite import TERMINAL, Harness, harness
+from tests.e2e.stack import Stack
+from tests.support import eventually
+
+
+class FailingStore:
+    """The orchestrator's event store, failing its next `loads` reads and `appends` writes of
+    an activation once armed (a NATS timeout while a stream elects its leader)."""
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self.loads = 0
+        self.appends = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def load(self, aggregate: str, aggregate_id: str) -> AggregateStream:
+        if aggregate == "activation" and self.loads > 0:
+            self.loads -= 1
+            raise TimeoutError("the store did not answer")
+        return await self._store.load(aggregate, aggregate_id)
+
+    async def append(self, aggregate_id: str, *args: Any, **kwargs: Any) -> Any:
+        if self.appends > 0:
+            self.appends -= 1
+            raise TimeoutError("the store did not answer")
+        return await self._store.append(aggregate_id, *args, **kwargs)
+
+
+class CancelFailsFirst(ProcessBackend):
+    """The process backend, its first cancel failing (an engine briefly unreachable)."""
+
+    cancels = 0
+
+    async def cancel(self, handle: Handle) -> None:
+        type(self).cancels += 1
+        if type(self).cancels == 1:
+            raise ConnectionError("the engine is briefly unreachable")
+        await super().cancel(handle)
+
+
+class WatchBreaks(ProcessBackend):
+    """The process backend, its watch failing (an engine's event stream broken)."""
+
+    async def watch(self, handle: Handle) -> Exit:
+        raise RuntimeError("the engine's event stream broke")
+
+
+class LaunchesThenHangs(ProcessBackend):
+    """The process backend, its launch never returning once the sandbox runs: as a leader
+    that died between launching and appending the start."""
+
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        await super().launch(plan)
+        await asyncio.Event().wait()
+        raise AssertionError("never")
+
+
+class Forgetful(ProcessBackend):
+    """The process backend, listing no sandbox: as a backend whose record of a finished one
+    is gone (a pool worker that acked it long ago)."""
+
+    async def list_live(self) -> list[Handle]:
+        return []
+
+
+def backend_of(cls: type[ProcessBackend]) -> Any:
+    async def make(settings: OrchestratorSettings) -> Backend:
+        return cls(settings.sandboxes())
+
+    return make
+
+
+async def story(platform: Stack, activation_id: str) -> list[str]:
+    return [
+        e.envelope.type for e in (await platform.store.load("activation", activation_id)).events
+    ]
+
+
+def terminals(types: list[str]) -> list[str]:
+    return [t for t in types if t in TERMINAL]
+
+
+async def cancel(platform: Stack, session_id: str, activation_id: str) -> None:
+    await platform.store.append_next(
+        session_id,
+        [ActivationCancelRequested(activation_id=activation_id, reason="asked")],
+        EventMeta(actor="system:scheduler"),
+    )
+
+
+async def test_an_end_is_appended_though_the_log_fails_for_a_while(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner finished; reading the activation and writing its end then fail a few times.
+    It still ends once, as it did (completed), not failed and not left running."""
+    model.script([Reply.text("done despite the store", delay=2)])
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        failing = FailingStore(h.orchestrator._store)
+        monkeypatch.setattr(h.orchestrator, "_store", failing)
+        w = await h.world("flaky")
+        activation_id = await h.request(w)
+        await h.started(activation_id)
+        failing.loads, failing.appends = 3, 1  # the watch's read, the end's reads and write
+        ended = await h.ended(activation_id, timeout=45)
+    assert (failing.loads, failing.appends) == (0, 0)
+    assert terminals(ended) == ["activation.completed"], ended
+
+
+async def test_an_error_while_watching_stops_the_sandbox_before_the_failure(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """The activation fails (the scheduler may retry it): its sandbox must not go on at work
+    beside the retry."""
+    model.script([Reply.text("still at work", delay=120)])
+    async with harness(platform, model, tmp_path, backend_of(WatchBreaks), "process") as h:
+        w = await h.world("broken")
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=30)
+        assert terminals(ended) == ["activation.failed"], ended
+        await eventually(h.live_ids, lambda ids: activation_id not in ids, what="stopped")
+
+
+async def test_a_cancel_that_failed_is_sent_again(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    model.script([Reply.text("never in time", delay=120)])
+    async with harness(platform, model, tmp_path, backend_of(CancelFailsFirst), "process") as h:
+        w = await h.world("recancel")
+        activation_id = await h.request(w)
+        await h.started(activation_id)
+        await cancel(platform, w.session_id, activation_id)
+        ended = await h.ended(activation_id, timeout=30)  # its limit is 600 s
+        assert CancelFailsFirst.cancels >= 2
+        assert terminals(ended) == ["activation.cancelled"], ended
+
+
+async def test_a_cancel_after_the_runner_finished_leaves_it_completed(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """The cancel is folded after the runner recorded its output and exited, before the end
+    is decided: its work is done, and is not to be done again (the scheduler reads a
+    cancelled one as to be run again)."""
+    model.script([Reply.text("finished first")])
+    holder: list[Harness] = []
+    session: list[str] = []
+
+    class CancelledOnTheWayOut(ProcessBackend):
+        async def watch(self, handle: Handle) -> Exit:
+            exit_ = await super().watch(handle)
+            await cancel(platform, session[0], handle.activation_id)
+            orchestrator = holder[0].orchestrator
+            await eventually(
+                lambda: asyncio.sleep(0, orchestrator.activations[handle.activation_id]),
+                lambda tracked: tracked.cancel_reason is not None,
+                what="the cancel folded",
+            )
+            return exit_
+
+    async with harness(platform, model, tmp_path, backend_of(CancelledOnTheWayOut), "process") as h:
+        holder.append(h)
+        w = await h.world("late")
+        session.append(w.session_id)
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=45)
+    assert terminals(ended) == ["activation.completed"], ended
+
+
+async def test_a_sandbox_whose_start_was_never_appended_keeps_its_wall_clock_limit(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """Its leader died between launching it and appending its start: the replica that finds
+    it counts the limit from then (later than it should, never unbounded)."""
+    model.script([Reply.text("too late", delay=120)])
+    async with harness(platform, model, tmp_path, backend_of(LaunchesThenHangs), "process") as h:
+        w = await h.world("nostart", wall_clock=6)
+        activation_id = await h.request(w)
+        await eventually(
+            lambda: asyncio.sleep(0, model.completion_requests), bool, what="the runner at work"
+        )
+    assert await story(platform, activation_id) == []
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        ended = await h.ended(activation_id, timeout=40)
+        assert terminals(ended) == ["activation.timed_out"], ended
+        timed_out = (await platform.store.load("activation", activation_id)).events[-1].data
+        assert isinstance(timed_out, ActivationTimedOut)
+        assert timed_out.timeout_seconds == 6
+
+
+async def test_a_run_whose_start_was_never_appended_is_not_launched_again(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """Its leader died between launching it and appending its start; it finished, and its
+    sandbox is gone from the backend's list: it ends as its recorded output says, and no
+    second runner does the work again."""
+    model.script([Reply.text("done once")])
+    async with harness(platform, model, tmp_path, backend_of(LaunchesThenHangs), "process") as h:
+        w = await h.world("once")
+        activation_id = await h.request(w)
+        await eventually(
+            lambda: story(platform, activation_id),
+            lambda types: "activation.output_recorded" in types,
+            timeout=30,
+            what="the output",
+        )
+        host_dir = h.orchestrator._planner.settings.activation_dir(activation_id)
+        await eventually(
+            lambda: asyncio.sleep(0, (host_dir / "exit_code").exists()), bool, what="the exit"
+        )
+    (host_dir / RECORD).unlink(missing_ok=True)
+    async with harness(platform, model, tmp_path, backend_of(Forgetful), "process") as h:
+        ended = await h.ended(activation_id, timeout=30)
+    assert terminals(ended) == ["activation.completed"], ended
+    assert "activation.started" not in ended
+    assert len(model.completion_requests) == 1  # the work was done once
