@@ -20,6 +20,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -620,6 +621,35 @@ async def test_a_warm_sessions_runner_stays_for_its_next_activations(
     await eventually(lambda: broker.open == 0, timeout=5)
     assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, False)
     assert await run(make_plan(fenced_url, tmp_path, session_id="s1")) == (6, True)
+
+
+def fork_server_of(worker: subprocess.Popen[bytes]) -> int | None:
+    """The pid of the worker's running fork server, if it has one."""
+    for child in psutil.Process(worker.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE and "forkserver" in child.cmdline():
+                return int(child.pid)
+    return None
+
+
+@pytest.mark.parametrize("idle_ttl", [0, 30], ids=["forked_runner", "resident_runner"])
+async def test_a_worker_whose_fork_server_died_starts_another(
+    backend: PoolBackend, workers: StartWorker, tmp_path: Path, fenced_url: str, idle_ttl: float
+) -> None:
+    """Killed for memory, say: the worker goes on running its dispatches, not failing each."""
+    worker = workers("wf", idle_ttl=idle_ttl)
+    await wait_workers(backend, "wf")
+    first = await backend.launch(make_plan(fenced_url, tmp_path))
+    assert (await watch(backend, first)).code == 6
+    dead = fork_server_of(worker)
+    assert dead is not None
+    os.kill(dead, signal.SIGKILL)
+    await eventually(lambda: not psutil.pid_exists(dead))  # the worker reaped it
+    for _ in range(2):
+        handle = await backend.launch(make_plan(fenced_url, tmp_path))
+        result = await watch(backend, handle)
+        assert (result.code, result.reason) == (6, "exited"), result.detail
+    assert fork_server_of(worker) not in {None, dead}
 
 
 async def test_a_resident_runner_takes_an_input_of_megabytes(

@@ -416,6 +416,17 @@ class ForkServer:
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server runs and its answers are read (it may have been killed: for
+        memory, or by a process of the same user)."""
+        return (
+            self._proc is not None
+            and self._proc.returncode is None
+            and self._reader is not None
+            and not self._reader.done()
+        )
+
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "suzumio.runner", "forkserver",

@@ -231,6 +231,7 @@ class Worker:
         self._freed = asyncio.Event()
         self._nc: NATS | None = None
         self._forks: ForkServer | None = None
+        self._forks_lock = asyncio.Lock()
         self._residents: dict[str, _Resident] = {}  # by warm session key
         self._store: ObjectStore | None = None  # the artifacts' object store, once needed
 
@@ -517,12 +518,17 @@ class Worker:
             "HOME": str(run.workspace),
             **run.dispatch.env,
         }
-        if self._forks is not None and run.warm_key is not None and run.spec:
-            return await self._run_resident(self._forks, run, run.warm_key, env)
-        if self._forks is not None:  # a warm runner: forked from the fork server
-            return await self._forks.spawn(
-                run.root / "input.json", run.workspace, run.root / "runner.log", env
-            )
+        forks = await self._fork_server()
+        if forks is not None:
+            try:
+                return await self._fork(forks, run, env)
+            except OSError:
+                if forks.alive:
+                    raise
+            # It died under this start (before the worker saw it go): once more, on a new one.
+            forks = await self._fork_server()
+            assert forks is not None
+            return await self._fork(forks, run, env)
         with (run.root / "runner.log").open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -535,6 +541,28 @@ class Worker:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+
+    async def _fork(self, forks: ForkServer, run: _Run, env: dict[str, str]) -> ForkedProcess:
+        if run.warm_key is not None and run.spec:
+            return await self._run_resident(forks, run, run.warm_key, env)
+        return await forks.spawn(
+            run.root / "input.json", run.workspace, run.root / "runner.log", env
+        )
+
+    async def _fork_server(self) -> ForkServer | None:
+        """The fork server — started again if it died, else every run after would fail to
+        start while this worker went on taking the pool's work. Its resident runners died
+        with it (parent-death signal): their sessions start afresh."""
+        async with self._forks_lock:
+            if self._forks is None or self._forks.alive:
+                return self._forks
+            log("worker.forkserver_restarted", worker=self.cfg.worker_id)
+            await self._forks.close()
+            for key in list(self._residents):
+                self._retire(key)
+            self._forks = ForkServer()
+            await self._forks.start()
+            return self._forks
 
     async def _run_resident(
         self, forks: ForkServer, run: _Run, key: str, env: dict[str, str]
