@@ -68,6 +68,18 @@ async def test_a_missing_input_or_a_planted_link_is_an_error(
     ref = await stored(store, b"data", "docs/x.txt")
     with pytest.raises(ExchangeError, match="outside"):
         await bring_in(store, inbox, (ref,))
+    deeper = await stored(store, b"data", "docs/made/x.txt")  # no directory made through it
+    with pytest.raises(ExchangeError, match="outside"):
+        await bring_in(store, inbox, (deeper,))
+    assert list(outside.iterdir()) == []
+
+    # Or left `in` itself as a link out of the workspace.
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "in").symlink_to(outside)
+    for path in ("x.txt", "sub/x.txt"):
+        with pytest.raises(ExchangeError, match="outside"):
+            await bring_in(store, workspace / "in", (await stored(store, b"data", path),))
     assert list(outside.iterdir()) == []
 
 

@@ -29,21 +29,37 @@ def open_slot(inbox: Path, ref: FileRef) -> tuple[Path, Path, io.BufferedWriter]
     """Where `ref` goes and a fresh partial file to write it to.
 
     Raises:
-        ExchangeError: the file cannot be written, or its directory is a link out of `inbox`.
+        ExchangeError: the file cannot be written, or `inbox` or a directory on the way is a
+            link (out of `inbox`, maybe: nothing is made or written through it).
     """
     target = inbox / ref.path
     partial = target.with_name(f".{target.name}.part")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        inside = target.parent.resolve().is_relative_to(inbox.resolve())
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        if inside:
+        if _directory_in(inbox, Path(ref.path).parts[:-1]) is not None:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
             return target, partial, os.fdopen(os.open(partial, flags, 0o644), "wb")
     except OSError as exc:
         raise ExchangeError(f"input {ref.path}: {exc!r}"[:300]) from None
     raise ExchangeError(f"input {ref.path}: its directory leads outside the inputs")
+
+
+def _directory_in(inbox: Path, parts: tuple[str, ...]) -> Path | None:
+    """`inbox`/`parts`, each directory made if missing, one step at a time; None if `inbox` or
+    one on the way is a link. A sandbox of the same user may have planted one: a mkdir never
+    goes through it, and what it can redirect narrows to a race."""
+    inbox.mkdir(parents=True, exist_ok=True)
+    if inbox.is_symlink():
+        return None
+    path = inbox
+    for part in parts:
+        path = path / part
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()
+        if path.is_symlink():
+            return None
+    return path
 
 
 async def place(
@@ -74,7 +90,8 @@ def holds(inbox: Path, ref: FileRef) -> bool:
     """Whether `ref`'s place under `inbox` (in a directory inside it) is a regular file, not a
     link, with exactly `ref`'s bytes."""
     target = inbox / ref.path
-    if not target.parent.resolve().is_relative_to(inbox.resolve()):
+    parts = Path(ref.path).parts[:-1]
+    if any((inbox / Path(*parts[:i])).is_symlink() for i in range(len(parts) + 1)):
         return False
     try:
         opened = open_output(target)
