@@ -565,6 +565,37 @@ async def test_a_warm_session_keeps_its_workspace_for_the_idle_ttl(
     await eventually(lambda: not warm_dir.exists(), timeout=8)  # idle past its TTL
 
 
+async def test_a_warm_workspace_that_cannot_take_the_inputs_starts_afresh(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    """The session's last activation left a directory where an input file now goes: the next
+    activations start in a fresh workspace instead of failing, each of them, to start."""
+    workers("wa", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    warm_dir = tmp_path / "work" / "wa" / "sessions" / "s1"
+    store = await ensure_object_store(nc.jetstream(), topology.bucket(ARTIFACTS_BUCKET))
+    data = b"the report"
+    digest = hashlib.sha256(data).hexdigest()
+    await store.put(blob_name(digest), data)
+    inputs = (FileRef(path="report.csv", sha256=digest, size=len(data)),)
+
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert (await watch(backend, first)).code == 6
+    (warm_dir / "in" / "report.csv").mkdir(parents=True)  # as the agent left it
+    (warm_dir / "kept.txt").write_text("the agent's")
+    warm: list[bool] = []
+    for _ in range(2):
+        plan = replace(make_plan(fenced_url, tmp_path, session_id="s1"), inputs=inputs)
+        handle = await backend.launch(plan)
+        result = await watch(backend, handle)
+        assert (result.code, result.reason) == (6, "exited"), result.detail
+        warm += [s.warm for s in statuses.of(handle.sandbox_id, "started")]
+    assert warm == [False, True]  # started afresh, then warm again
+    assert (warm_dir / "in" / "report.csv").read_bytes() == data
+    assert not (warm_dir / "kept.txt").exists()  # a fresh workspace, not patched up
+
+
 async def test_a_worker_told_to_stop_drains_then_stops_its_runs_and_reports_them(
     backend: PoolBackend, workers: StartWorker, nc: NATS, topology: Topology, tmp_path: Path,
     hanging: tuple[str, Hanging],

@@ -456,9 +456,7 @@ class Worker:
         holding = asyncio.create_task(self._beat(run, heard=False))
         try:
             if dispatch.inputs:
-                await exchange.bring_in(
-                    await self._objects(), run.workspace / "in", dispatch.inputs
-                )
+                await self._bring_in(run)
             run.proc = await self._spawn(run)
         except (OSError, exchange.ExchangeError, JetStreamError) as exc:
             await self._finish(
@@ -489,6 +487,31 @@ class Worker:
         finally:
             beats.cancel()
         await self._finish(run, self._exit_status(run, code, outputs, detail))
+
+    async def _bring_in(self, run: _Run) -> None:
+        """The dispatch's inputs into the workspace. A session's warm workspace that cannot
+        take them (an earlier activation left a directory where a file goes, or a link on the
+        way) starts afresh, its runner too: else each of the session's next activations here
+        would fail the same way.
+
+        Raises:
+            ExchangeError: a fresh workspace cannot take them either.
+        """
+        store = await self._objects()
+        try:
+            await exchange.bring_in(store, run.workspace / "in", run.dispatch.inputs)
+        except exchange.ExchangeError as exc:
+            if run.warm_key is None:
+                raise
+            log("worker.warm_workspace_reset", dispatch=run.dispatch.dispatch_id,
+                error=str(exc)[:300])  # fmt: skip
+            self._retire(run.warm_key)
+            self._discard(run.workspace)
+            run.workspace.mkdir(parents=True)
+            if run.dispatch.max_output_files > 0:
+                (run.workspace / "out").mkdir()
+            run.warm_start = False
+            await exchange.bring_in(store, run.workspace / "in", run.dispatch.inputs)
 
     async def _bring_out(self, run: _Run) -> tuple[FileRef, ...]:
         """What the activation left in `/workspace/out`, stored (an exit is reported with
