@@ -565,6 +565,30 @@ async def test_a_warm_session_keeps_its_workspace_for_the_idle_ttl(
     await eventually(lambda: not warm_dir.exists(), timeout=8)  # idle past its TTL
 
 
+async def test_a_dispatch_that_ended_here_and_comes_again_is_not_run_again(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    """Its ack was lost (NATS unreachable as the worker acked it) and the queue hands it out
+    again: the worker answers with the end it had, and does not run the activation twice."""
+    workers("wa")
+    await wait_workers(backend, "wa")
+    plan = make_plan(fenced_url, tmp_path)
+    handle = await backend.launch(plan)
+    assert (await watch(backend, handle)).code == 6
+    await eventually(lambda: queue_is_empty(nc, topology))  # acked, and so gone
+    [first] = statuses.of(handle.sandbox_id, "exited")
+    again = backend._dispatch(plan)  # the same dispatch, as a redelivery would hand it over
+    assert again.dispatch_id == handle.sandbox_id
+    await nc.jetstream().publish(
+        topology.activation_subject("default"), again.model_dump_json().encode()
+    )
+    await eventually(lambda: len(statuses.of(handle.sandbox_id, "exited")) == 2)
+    await eventually(lambda: queue_is_empty(nc, topology))
+    assert len(statuses.of(handle.sandbox_id, "started")) == 1
+    assert statuses.of(handle.sandbox_id, "exited")[1].exit_code == first.exit_code
+
+
 async def test_a_warm_workspace_that_cannot_take_the_inputs_starts_afresh(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
     topology: Topology, tmp_path: Path, fenced_url: str,

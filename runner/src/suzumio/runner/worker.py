@@ -72,6 +72,7 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.runner import eventloop, exchange, heap
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
+from suzumio.runner.workfiles import remove_tree
 
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
@@ -356,14 +357,18 @@ class Worker:
         did = dispatch.dispatch_id
         if msg.metadata.num_delivered > 1:
             log("worker.redelivered", dispatch=did, deliveries=msg.metadata.num_delivered)
+        if did in self._runs:
+            return  # redelivered while this worker runs it: that run acks the message
+        if did in self._recent:  # it ran here and ended, but its ack was lost: never again
+            log("worker.ended_already", dispatch=did)
+            await self._report_end(msg, self._recent[did][1])
+            return
         refusal = self._refusal(dispatch)
         if refusal is not None:
             log("worker.refused", dispatch=did, reason=refusal)
             await self._publish(self._status(dispatch, "refused", reason=refusal), flush=True)
             await msg.term()
             return
-        if did in self._runs:
-            return  # redelivered while this worker runs it: that run acks the message
         try:
             run = self._prepare(dispatch, msg)
         except OSError as exc:  # a full disk, say: this attempt failed, the worker goes on
@@ -699,12 +704,20 @@ class Worker:
         self._discard(run.root)
 
     def _discard(self, path: Path) -> None:
-        """Move it aside at once (a new run may want the name), remove it in the background."""
+        """Move it aside at once (a new run may want the name), remove it in the background.
+        One that cannot be moved (an agent made it read-only) is removed where it is, now.
+        Never raises: what cannot go is left, and the worker goes on."""
         trash = self.root / "trash" / secrets.token_hex(8)
-        trash.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
+        try:
+            trash.parent.mkdir(parents=True, exist_ok=True)
             path.rename(trash)
-            self._background(asyncio.to_thread(shutil.rmtree, trash, ignore_errors=True))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log("worker.discard_in_place", path=str(path), error=repr(exc)[:300])
+            remove_tree(path)
+            return
+        self._background(asyncio.to_thread(remove_tree, trash))
 
     # -- control subjects -------------------------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
@@ -742,8 +755,9 @@ class Worker:
                     subject, self._info(with_exited=False).model_dump_json().encode()
                 )
             for key in self.warm.expired():
-                self._retire(key)
-                self._discard(self.warm.path(key))
+                with contextlib.suppress(Exception):  # presence goes on whatever a key does
+                    self._retire(key)
+                    self._discard(self.warm.path(key))
             horizon = time.monotonic() - self.cfg.recent_seconds
             self._recent = {k: v for k, v in self._recent.items() if v[0] > horizon}
             self._cancelled = {k: t for k, t in self._cancelled.items() if t > horizon}

@@ -128,6 +128,25 @@ def regular_files(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def remove_tree(root: Path) -> None:
+    """`root` and everything under it, as far as it can go, never raising: a directory an
+    agent made read-only (a Go module cache is) is made writable first, and no link is
+    followed — to chmod through one would change the mode of what it points to."""
+    if root.is_symlink() or not root.is_dir():
+        with contextlib.suppress(OSError):
+            root.unlink()
+        return
+    with contextlib.suppress(OSError):
+        root.chmod(stat.S_IRWXU)
+    for directory, dirs, _ in os.walk(root):  # top-down: each one writable before it is read
+        for name in dirs:
+            path = Path(directory, name)
+            if not path.is_symlink():
+                with contextlib.suppress(OSError):
+                    path.chmod(stat.S_IRWXU)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def empty(root: Path) -> None:
     if not root.is_dir() or root.is_symlink():
         return
