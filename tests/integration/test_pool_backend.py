@@ -565,6 +565,33 @@ async def test_a_warm_session_keeps_its_workspace_for_the_idle_ttl(
     await eventually(lambda: not warm_dir.exists(), timeout=8)  # idle past its TTL
 
 
+async def test_a_dispatch_whose_queueing_was_never_answered_is_not_run(
+    nc: NATS, topology: Topology, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """The queue's answers do not come in time (here: a timeout shorter than any answer), so
+    the launch fails — and the attempt with it — though the dispatch may be queued all the
+    same: no worker may run it then (or it must stop it at once)."""
+    url, broker = hanging
+    impatient = PoolBackend(
+        nc, topology, SETTINGS.model_copy(update={"request_timeout_seconds": 1e-6})
+    )
+    workers("wa")
+    try:
+        await wait_workers(impatient, "wa")
+        plan = make_plan(url, tmp_path)
+        with pytest.raises(LaunchError, match="could not queue"):
+            await impatient.launch(plan)
+        did = impatient._dispatch(plan).dispatch_id
+        await eventually(lambda: queue_is_empty(nc, topology), timeout=20)
+    finally:
+        await impatient.close()
+    # Refused unstarted, or stopped at once: either way as cancelled, and only once.
+    ends = [s.reason for s in statuses.of(did) if s.kind in {"refused", "exited"}]
+    assert ends == ["cancelled"], statuses.of(did)
+    assert broker.open == 0  # no runner of it is at work
+
+
 async def test_a_dispatch_that_ended_here_and_comes_again_is_not_run_again(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
     topology: Topology, tmp_path: Path, fenced_url: str,

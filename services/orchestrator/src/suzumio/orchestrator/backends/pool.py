@@ -58,6 +58,7 @@ log = get_logger(__name__)
 
 ERR_NO_MESSAGE = 10057
 CLEANED_SECONDS = 900.0  # longer than a worker names its recent exits (600 s)
+QUEUE_ATTEMPTS = 3  # a dispatch's publish, when its answer does not come
 
 
 class PoolSettings(BaseModel):
@@ -167,15 +168,12 @@ class PoolBackend:
         try:
             await self._ensure_consumer(dispatch.pool)
             await self._track(did, started=False)
-            reply = await Replies.of(self._nc).request(
-                self.topology.activation_subject(dispatch.pool),
-                body,
-                {"Nats-Msg-Id": did},
-                self.settings.request_timeout_seconds,
-            )
-            ack = json.loads(reply.data)
+            ack = await self._queue(dispatch.pool, did, body)
         except (NatsError, TimeoutError, ValueError) as exc:
             self._untrack(did)
+            # It may be queued all the same (only its answer was lost): no worker may start it
+            # now that this attempt fails — they refuse a dispatch they heard cancelled.
+            await self._withdraw(Handle(plan.activation_id, self.name, did, {}))
             raise LaunchError(f"could not queue dispatch {did}: {type(exc).__name__}") from None
         if "error" in ack:  # the stream refused it (full, say): a later attempt may fit
             self._untrack(did)
@@ -187,6 +185,27 @@ class PoolBackend:
         data = {"pool": dispatch.pool, "attempt": dispatch.attempt, "seq": seq,
                 "deadline": dispatch.deadline.timestamp(), "state": "queued"}  # fmt: skip
         return Handle(plan.activation_id, self.name, did, data)
+
+    async def _queue(self, pool: str, did: str, body: bytes) -> dict[str, Any]:
+        """The queue's answer to the dispatch, asked again when it does not come: the stream
+        keeps it once (`Nats-Msg-Id`, within its duplicate window) and says where it is,
+        whether the first answer was lost or the first publish was."""
+        for attempt in range(QUEUE_ATTEMPTS):
+            try:
+                reply = await Replies.of(self._nc).request(
+                    self.topology.activation_subject(pool),
+                    body,
+                    {"Nats-Msg-Id": did},
+                    self.settings.request_timeout_seconds,
+                )
+            except TimeoutError:
+                if attempt == QUEUE_ATTEMPTS - 1:
+                    raise
+                log.warning("pool.queue_timeout", dispatch=did, attempt=attempt + 1)
+                continue
+            ack: dict[str, Any] = json.loads(reply.data)
+            return ack
+        raise AssertionError("unreachable")
 
     def _dispatch(self, plan: LaunchPlan) -> ActivationDispatch:
         spec = plan.input
@@ -414,7 +433,9 @@ class PoolBackend:
             for info in await self._ask_workers():  # just subscribed: no beat seen yet
                 self._workers[info.worker_id] = (time.monotonic(), info)
         horizon = time.monotonic() - self.settings.worker_alive_seconds
-        alive = [info for seen, info in self._workers.values() if seen >= horizon]
+        # A worker's id is new with each of its processes: the gone ones are forgotten.
+        self._workers = {k: v for k, v in self._workers.items() if v[0] >= horizon}
+        alive = [info for _, info in self._workers.values()]
         pools: dict[str, dict[str, Any]] = {}
         try:
             for pool in sorted({*self.settings.pools, *(i.pool for i in alive)}):
