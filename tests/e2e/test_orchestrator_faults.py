@@ -8,13 +8,19 @@ wall-clock limit and is not launched a second time."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.events import ActivationCancelRequested, ActivationTimedOut
+from suzumio.contracts.errors import InvalidError
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationCompleted,
+    ActivationTimedOut,
+)
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchPlan
 from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
 from suzumio.orchestrator.settings import OrchestratorSettings
@@ -50,6 +56,16 @@ class FailingStore:
         return await self._store.append(aggregate_id, *args, **kwargs)
 
 
+class RefusesCompletions(FailingStore):
+    """The store refusing every `activation.completed` as invalid (too large for the bus,
+    say): a refusal, the same each time it is asked."""
+
+    async def append(self, aggregate_id: str, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(e, ActivationCompleted) for e in args[0]):
+            raise InvalidError("the event is too large for the bus")
+        return await super().append(aggregate_id, *args, **kwargs)
+
+
 class CancelFailsFirst(ProcessBackend):
     """The process backend, its first cancel failing (an engine briefly unreachable)."""
 
@@ -63,9 +79,13 @@ class CancelFailsFirst(ProcessBackend):
 
 
 class WatchBreaks(ProcessBackend):
-    """The process backend, its watch failing (an engine's event stream broken)."""
+    """The process backend, its watch failing (an engine's event stream broken); it says
+    which sandboxes it watched (their process group ids)."""
+
+    watched: list[int] = []  # noqa: RUF012 - one test's record
 
     async def watch(self, handle: Handle) -> Exit:
+        self.watched.append(int(handle.sandbox_id))
         raise RuntimeError("the engine's event stream broke")
 
 
@@ -141,7 +161,32 @@ async def test_an_error_while_watching_stops_the_sandbox_before_the_failure(
         activation_id = await h.request(w)
         ended = await h.ended(activation_id, timeout=30)
         assert terminals(ended) == ["activation.failed"], ended
-        await eventually(h.live_ids, lambda ids: activation_id not in ids, what="stopped")
+    [group] = WatchBreaks.watched
+    await eventually(lambda: asyncio.sleep(0, _gone(group)), bool, what="its processes stopped")
+
+
+def _gone(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_an_end_the_store_refuses_is_not_asked_again_but_ends_failed(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only trouble is waited out: a refusal would come every time, so the activation ends
+    failed (saying why) instead of being held for ever."""
+    model.script([Reply.text("an answer the store will not take")])
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        monkeypatch.setattr(h.orchestrator, "_store", RefusesCompletions(h.orchestrator._store))
+        w = await h.world("refused")
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=30)
+    assert terminals(ended) == ["activation.failed"], ended
+    failed = (await platform.store.load("activation", activation_id)).events[-1].data
+    assert "too large for the bus" in failed.reason  # type: ignore[attr-defined]
 
 
 async def test_a_cancel_that_failed_is_sent_again(

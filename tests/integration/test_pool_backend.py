@@ -647,6 +647,27 @@ async def test_a_warm_workspace_that_cannot_take_the_inputs_starts_afresh(
     assert not (warm_dir / "kept.txt").exists()  # a fresh workspace, not patched up
 
 
+async def test_a_warm_workspace_is_kept_when_the_store_cannot_give_an_input(
+    backend: PoolBackend, workers: StartWorker, nc: NATS, topology: Topology, tmp_path: Path,
+    fenced_url: str,
+) -> None:  # fmt: skip
+    """Not the workspace's fault (a blob missing, the store slow): the attempt fails to
+    start, the session's workspace stays as it was for its next activation."""
+    await ensure_object_store(nc.jetstream(), topology.bucket(ARTIFACTS_BUCKET))
+    workers("wa", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    warm_dir = tmp_path / "work" / "wa" / "sessions" / "s1"
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert (await watch(backend, first)).code == 6
+    (warm_dir / "kept.txt").write_text("the agent's")
+    missing = (FileRef(path="gone.csv", sha256="ab" * 32, size=3),)
+    plan = replace(make_plan(fenced_url, tmp_path, session_id="s1"), inputs=missing)
+    result = await watch(backend, await backend.launch(plan))
+    assert result.code is None
+    assert "gone.csv" in result.detail
+    assert (warm_dir / "kept.txt").read_text() == "the agent's"
+
+
 async def test_a_worker_told_to_stop_drains_then_stops_its_runs_and_reports_them(
     backend: PoolBackend, workers: StartWorker, nc: NATS, topology: Topology, tmp_path: Path,
     hanging: tuple[str, Hanging],

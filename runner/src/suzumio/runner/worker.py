@@ -39,6 +39,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -72,7 +73,7 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.runner import eventloop, exchange, heap
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
-from suzumio.runner.workfiles import remove_tree
+from suzumio.runner.workfiles import WorkspaceError, remove_tree
 
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
@@ -505,7 +506,7 @@ class Worker:
         store = await self._objects()
         try:
             await exchange.bring_in(store, run.workspace / "in", run.dispatch.inputs)
-        except exchange.ExchangeError as exc:
+        except WorkspaceError as exc:  # the store's failures are not the workspace's fault
             if run.warm_key is None:
                 raise
             log("worker.warm_workspace_reset", dispatch=run.dispatch.dispatch_id,
@@ -704,18 +705,23 @@ class Worker:
         self._discard(run.root)
 
     def _discard(self, path: Path) -> None:
-        """Move it aside at once (a new run may want the name), remove it in the background.
-        One that cannot be moved (an agent made it read-only) is removed where it is, now.
-        Never raises: what cannot go is left, and the worker goes on."""
+        """Move it aside at once (a new run may want the name), remove it in the background —
+        made writable first if an agent made it read-only. Never raises: what cannot go is
+        left, and the worker goes on."""
         trash = self.root / "trash" / secrets.token_hex(8)
         try:
             trash.parent.mkdir(parents=True, exist_ok=True)
-            path.rename(trash)
+            try:
+                path.rename(trash)
+            except PermissionError:  # moving a directory needs its own write permission
+                if path.is_symlink():
+                    raise
+                path.chmod(stat.S_IRWXU)
+                path.rename(trash)
         except FileNotFoundError:
             return
-        except OSError as exc:
-            log("worker.discard_in_place", path=str(path), error=repr(exc)[:300])
-            remove_tree(path)
+        except OSError as exc:  # left where it is: the worker goes on
+            log("worker.discard_failed", path=str(path), error=repr(exc)[:300])
             return
         self._background(asyncio.to_thread(remove_tree, trash))
 

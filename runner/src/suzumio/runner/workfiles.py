@@ -25,11 +25,16 @@ class ExchangeError(Exception):
     """An input could not be brought in: the activation cannot start as planned."""
 
 
+class WorkspaceError(ExchangeError):
+    """The workspace cannot take an input at its path (a directory or a link where it goes, or
+    on the way): not the store's doing, and the same next time in this workspace."""
+
+
 def open_slot(inbox: Path, ref: FileRef) -> tuple[Path, Path, io.BufferedWriter]:
     """Where `ref` goes and a fresh partial file to write it to.
 
     Raises:
-        ExchangeError: the file cannot be written, or `inbox` or a directory on the way is a
+        WorkspaceError: the file cannot be written, or `inbox` or a directory on the way is a
             link (out of `inbox`, maybe: nothing is made or written through it).
     """
     target = inbox / ref.path
@@ -41,8 +46,8 @@ def open_slot(inbox: Path, ref: FileRef) -> tuple[Path, Path, io.BufferedWriter]
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
             return target, partial, os.fdopen(os.open(partial, flags, 0o644), "wb")
     except OSError as exc:
-        raise ExchangeError(f"input {ref.path}: {exc!r}"[:300]) from None
-    raise ExchangeError(f"input {ref.path}: its directory leads outside the inputs")
+        raise WorkspaceError(f"input {ref.path}: {exc!r}"[:300]) from None
+    raise WorkspaceError(f"input {ref.path}: its directory leads outside the inputs")
 
 
 def _directory_in(inbox: Path, parts: tuple[str, ...]) -> Path | None:
@@ -71,7 +76,8 @@ async def place(
     `fill` leaves no partial file behind, and its exception goes on.
 
     Raises:
-        ExchangeError: the file cannot be written, or its directory is a link out of `inbox`.
+        WorkspaceError: the file cannot be written where it goes, or `inbox` or its directory
+            is a link.
     """
     if await asyncio.to_thread(holds, inbox, ref):
         return
@@ -79,7 +85,10 @@ async def place(
     try:
         with sink:
             await fill(sink)
-        partial.replace(target)
+        try:
+            partial.replace(target)
+        except OSError as exc:  # a directory where the file goes, say
+            raise WorkspaceError(f"input {ref.path}: {exc!r}"[:300]) from None
     except BaseException:
         with contextlib.suppress(OSError):
             partial.unlink()

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.envelope import DomainEvent, EventMeta, decode_data
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import CommandTimeoutError, ConflictError
 from suzumio.contracts.events import (
     ActivationCancelled,
     ActivationCancelRequested,
@@ -55,6 +55,8 @@ from suzumio.platform.bus.eventstore import (
     EventStore,
     envelopes_of,
 )
+from suzumio.platform.bus.trouble import NATS_TROUBLE
+from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import get_logger
 from suzumio.platform.replica import Replica
 from suzumio.platform.telemetry import meter
@@ -83,10 +85,20 @@ RETRY_MAX_SECONDS = 10.0
 # to its wall-clock limit.
 RECANCEL_FIRST_SECONDS = 2.0
 RECANCEL_MAX_SECONDS = 60.0
+CONFLICTS_BEFORE_WAITING = 5  # appends of the end that lost to another write, in a row
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
 PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
 
 Decide = Callable[[AggregateStream], DomainEvent]  # the terminal event, from the activation as read
+# The store in trouble — NATS slow, restarting or unreachable, a stream electing its leader —
+# passes; anything else (an event too large for the bus, a newer release's event on the
+# subject) would fail the same way every time, and is not asked again.
+_TROUBLE = (OSError, CommandTimeoutError, *NATS_TROUBLE)
+
+
+def _trouble(exc: BaseException) -> bool:
+    return isinstance(exc, _TROUBLE) or (isinstance(exc, JetStreamApiError) and exc.code >= 500)
+
 
 _outcomes = meter.create_counter("suzumio_activations", description="activations by outcome")
 _launch = meter.create_histogram(
@@ -388,7 +400,7 @@ class Orchestrator:
             raise
         except Exception as exc:
             log.exception("orchestrator.activation_error", activation=activation_id)
-            await self._fail(tracked, exc)
+            await self._fail_or_log(tracked, exc)
         finally:
             self._tasks.pop(activation_id, None)
 
@@ -401,22 +413,40 @@ class Orchestrator:
             raise
         except Exception as exc:
             log.exception("orchestrator.resume_error", activation=handle.activation_id)
-            await self._fail(tracked, exc)
+            await self._fail_or_log(tracked, exc)
         finally:
             self._tasks.pop(handle.activation_id, None)
 
+    async def _fail_or_log(self, tracked: Tracked, exc: Exception) -> None:
+        try:
+            await self._fail(tracked, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # its log cannot be read (a newer release's event): it waits for one
+            log.exception("orchestrator.end_failed", activation=tracked.request.activation_id)
+
     async def _fail(self, tracked: Tracked, exc: Exception) -> None:
-        """An error of ours: its sandbox, if it has one, is stopped and removed (the failure
-        ends the attempt; a retry must not meet it still at work), and it ends as failed."""
+        """An error of ours: its sandbox, if it has one, is stopped — asked again until the
+        backend says it is, for as long as this replica leads — and removed (the failure ends
+        the attempt; a retry must not meet it still at work), and it ends as failed."""
         handle = tracked.handle
         if handle is not None:
             backend = self.backends[handle.backend]
-            for step in (backend.cancel(handle), backend.cleanup(handle, succeeded=False)):
+            delay = RECANCEL_FIRST_SECONDS
+            while True:
                 try:
-                    await step
+                    await backend.cancel(handle)
+                    break
                 except Exception as err:
                     log.warning("orchestrator.stop_failed", activation=handle.activation_id,
-                                error=repr(err)[:500])  # fmt: skip
+                                error=repr(err)[:500], retry_in=delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECANCEL_MAX_SECONDS)
+            try:
+                await backend.cleanup(handle, succeeded=False)
+            except Exception as err:
+                log.warning("orchestrator.cleanup_failed", activation=handle.activation_id,
+                            error=repr(err)[:500])  # fmt: skip
         await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
 
     async def _watch(self, tracked: Tracked, handle: Handle, plan: LaunchPlan | None) -> None:
@@ -521,6 +551,7 @@ class Orchestrator:
         activation_id = tracked.request.activation_id
         decide: Decide = event if callable(event) else (lambda _: event)
         delay = RETRY_FIRST_SECONDS
+        conflicts = 0
         while True:
             if stream is None:
                 stream = await self._load(activation_id)
@@ -537,8 +568,14 @@ class Orchestrator:
                 )
             except ConcurrencyConflictError:
                 stream = None
+                conflicts += 1
+                if conflicts > CONFLICTS_BEFORE_WAITING:  # its runner still writes: let it
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_SECONDS)
                 continue
             except Exception as exc:  # it may be stored all the same: read before writing again
+                if not _trouble(exc):
+                    raise
                 log.warning("orchestrator.end_failed", activation=activation_id,
                             error=repr(exc)[:500], retry_in=delay)  # fmt: skip
                 await asyncio.sleep(delay)
@@ -557,6 +594,8 @@ class Orchestrator:
             try:
                 return await self._store.load("activation", activation_id)
             except Exception as exc:
+                if not _trouble(exc):
+                    raise
                 log.warning("orchestrator.load_failed", activation=activation_id,
                             error=repr(exc)[:500], retry_in=delay)  # fmt: skip
             await asyncio.sleep(delay)

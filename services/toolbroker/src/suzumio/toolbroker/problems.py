@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -14,6 +12,7 @@ from starlette.requests import ClientDisconnect
 
 from suzumio.contracts.errors import HTTP_STATUS, CommandError
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError
+from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.errors import JetStreamApiError, PlatformError
 from suzumio.platform.logging import get_logger
 from suzumio.platform.projections.apply import INFRASTRUCTURE_ERRORS
@@ -30,15 +29,7 @@ _CODE = {400: "invalid", 401: "unauthenticated", 403: "forbidden", 404: "not_fou
 # Postgres' troubles, covers TimeoutError, nats' TimeoutError included.)
 UNAVAILABLE: tuple[type[Exception], ...] = (
     *(e for e in INFRASTRUCTURE_ERRORS if issubclass(e, Exception)),
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionDrainingError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.NoServersError,
-    nats.js.errors.ServiceUnavailableError,
-    nats.js.errors.ServerError,
+    *NATS_TROUBLE,
     ConcurrencyConflictError,  # the broker's own writes kept losing races: try again
 )
 

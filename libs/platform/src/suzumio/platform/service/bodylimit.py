@@ -11,8 +11,9 @@ A client that writes its whole body before it reads the answer (httpx, the runne
 uploads) must still get that answer. Were the connection closed with the body unread, the
 kernel would reset it and drop the 413 on the way. So a declared body at most `DRAIN_BYTES`
 over the bound is refused on a connection that stays open: the HTTP server reads the rest and
-throws it away, no more work than a body the bound allows. A larger one, or a streamed one of
-unknown length, is refused with `Connection: close`.
+throws it away (reading, not holding: at most 64 MiB of a stranger's bytes, as a larger upload
+route allows anyway). A larger one, or a streamed one of unknown length, is refused with
+`Connection: close`.
 """
 
 from __future__ import annotations
