@@ -96,6 +96,17 @@ Decide = Callable[[AggregateStream], DomainEvent]  # the terminal event, from th
 _TROUBLE = (OSError, CommandTimeoutError, *NATS_TROUBLE)
 
 
+class _Doubling:
+    """Waits between tries: `first` seconds, doubling up to `most`."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.delay, self._most = first, most
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, self._most)
+
+
 def _trouble(exc: BaseException) -> bool:
     return isinstance(exc, _TROUBLE) or (isinstance(exc, JetStreamApiError) and exc.code >= 500)
 
@@ -339,15 +350,14 @@ class Orchestrator:
 
     async def _cancel_until_ended(self, tracked: Tracked, handle: Handle) -> None:
         backend = self.backends[handle.backend]
-        delay = RECANCEL_FIRST_SECONDS
+        pause = _Doubling(RECANCEL_FIRST_SECONDS, RECANCEL_MAX_SECONDS)
         while not tracked.ended:
             try:
                 await backend.cancel(handle)
             except Exception as exc:
                 log.warning("orchestrator.cancel_failed", activation=handle.activation_id,
                             error=repr(exc)[:500])  # fmt: skip
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECANCEL_MAX_SECONDS)
+            await pause.wait()
 
     # -- one activation ------------------------------------------------------------------------
     async def _run(self, tracked: Tracked) -> None:
@@ -432,16 +442,15 @@ class Orchestrator:
         handle = tracked.handle
         if handle is not None:
             backend = self.backends[handle.backend]
-            delay = RECANCEL_FIRST_SECONDS
+            pause = _Doubling(RECANCEL_FIRST_SECONDS, RECANCEL_MAX_SECONDS)
             while True:
                 try:
                     await backend.cancel(handle)
                     break
                 except Exception as err:
                     log.warning("orchestrator.stop_failed", activation=handle.activation_id,
-                                error=repr(err)[:500], retry_in=delay)  # fmt: skip
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECANCEL_MAX_SECONDS)
+                                error=repr(err)[:500], retry_in=pause.delay)  # fmt: skip
+                await pause.wait()
             try:
                 await backend.cleanup(handle, succeeded=False)
             except Exception as err:
@@ -550,7 +559,7 @@ class Orchestrator:
         when another write came first or the store fails. The terminal event it has."""
         activation_id = tracked.request.activation_id
         decide: Decide = event if callable(event) else (lambda _: event)
-        delay = RETRY_FIRST_SECONDS
+        pause = _Doubling(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         conflicts = 0
         while True:
             if stream is None:
@@ -570,16 +579,14 @@ class Orchestrator:
                 stream = None
                 conflicts += 1
                 if conflicts > CONFLICTS_BEFORE_WAITING:  # its runner still writes: let it
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_SECONDS)
+                    await pause.wait()
                 continue
             except Exception as exc:  # it may be stored all the same: read before writing again
                 if not _trouble(exc):
                     raise
                 log.warning("orchestrator.end_failed", activation=activation_id,
-                            error=repr(exc)[:500], retry_in=delay)  # fmt: skip
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                            error=repr(exc)[:500], retry_in=pause.delay)  # fmt: skip
+                await pause.wait()
                 stream = None
                 continue
             _outcomes.add(1, {"outcome": ended.event_type.rsplit(".", 1)[-1]})
@@ -589,7 +596,7 @@ class Orchestrator:
 
     async def _load(self, activation_id: str) -> AggregateStream:
         """The activation as the log has it, asked again while the store fails."""
-        delay = RETRY_FIRST_SECONDS
+        pause = _Doubling(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         while True:
             try:
                 return await self._store.load("activation", activation_id)
@@ -597,9 +604,8 @@ class Orchestrator:
                 if not _trouble(exc):
                     raise
                 log.warning("orchestrator.load_failed", activation=activation_id,
-                            error=repr(exc)[:500], retry_in=delay)  # fmt: skip
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_SECONDS)
+                            error=repr(exc)[:500], retry_in=pause.delay)  # fmt: skip
+            await pause.wait()
 
     async def _end_and_forget(self, tracked: Tracked, event: DomainEvent) -> None:
         try:
