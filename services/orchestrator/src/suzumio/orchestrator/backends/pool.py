@@ -190,22 +190,22 @@ class PoolBackend:
         """The queue's answer to the dispatch, asked again when it does not come: the stream
         keeps it once (`Nats-Msg-Id`, within its duplicate window) and says where it is,
         whether the first answer was lost or the first publish was."""
-        for attempt in range(QUEUE_ATTEMPTS):
+        for attempt in range(1, QUEUE_ATTEMPTS):
             try:
-                reply = await Replies.of(self._nc).request(
-                    self.topology.activation_subject(pool),
-                    body,
-                    {"Nats-Msg-Id": did},
-                    self.settings.request_timeout_seconds,
-                )
+                return await self._publish(pool, did, body)
             except TimeoutError:
-                if attempt == QUEUE_ATTEMPTS - 1:
-                    raise
-                log.warning("pool.queue_timeout", dispatch=did, attempt=attempt + 1)
-                continue
-            ack: dict[str, Any] = json.loads(reply.data)
-            return ack
-        raise AssertionError("unreachable")
+                log.warning("pool.queue_timeout", dispatch=did, attempt=attempt)
+        return await self._publish(pool, did, body)
+
+    async def _publish(self, pool: str, did: str, body: bytes) -> dict[str, Any]:
+        reply = await Replies.of(self._nc).request(
+            self.topology.activation_subject(pool),
+            body,
+            {"Nats-Msg-Id": did},
+            self.settings.request_timeout_seconds,
+        )
+        ack: dict[str, Any] = json.loads(reply.data)
+        return ack
 
     def _dispatch(self, plan: LaunchPlan) -> ActivationDispatch:
         spec = plan.input
