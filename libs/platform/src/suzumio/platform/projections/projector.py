@@ -44,7 +44,6 @@ from suzumio.platform.projections.apply import (
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import LogEntry, decode_entry
 from suzumio.platform.projections.parking import record_parked
-from suzumio.platform.projections.positions import notify
 from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
 
 log = get_logger(__name__)
@@ -67,6 +66,14 @@ class _ResetError(Exception):
     def __init__(self, seq: int, why: str) -> None:
         super().__init__(why)
         self.seq = seq
+
+
+# Failures of a batch that no savepoint would help with: the connection's, or the order's.
+_NOT_THE_EVENTS: tuple[type[BaseException], ...] = (
+    *INFRASTRUCTURE_ERRORS,
+    _ResetError,
+    RetryBatchError,
+)
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:
@@ -259,6 +266,19 @@ class Projector:
         )
 
     async def _apply(self, conn: Connection, entries: list[LogEntry]) -> list[Parked]:
+        try:
+            return await self._transaction(conn, entries, guarded=False)
+        except _NOT_THE_EVENTS:
+            raise
+        except Exception as exc:
+            # A projection failed on an event of the batch (rolled back whole): again, each
+            # projection in a savepoint of its own, to find the event and park it if spent.
+            log.info("projector.batch_guarded", error=repr(exc))
+            return await self._transaction(conn, entries, guarded=True)
+
+    async def _transaction(
+        self, conn: Connection, entries: list[LogEntry], *, guarded: bool
+    ) -> list[Parked]:
         first, last = entries[0].seq, entries[-1].seq
         parked: list[Parked] = []
         held: set[str] = set()
@@ -291,11 +311,10 @@ class Projector:
                     end = newer.seq - 1
                 if todo:
                     parked += await apply_entries(
-                        conn, p, f'"{live_schema(p.name)}"', todo, self._tracker
+                        conn, p, f'"{live_schema(p.name)}"', todo, self._tracker, guarded=guarded
                     )
                 if end > row.position:
                     moves[p.name] = end
-            await checkpoints.move(conn, moves)
-            await notify(conn, last)
+            await checkpoints.move(conn, moves, announce=last)
         self._held |= held  # only once committed: a batch rolled back holds nothing
         return parked
