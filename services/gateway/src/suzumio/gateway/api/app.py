@@ -53,6 +53,8 @@ def create_app(gateway: Gateway, extra_routes: Sequence[BaseRoute]) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         exception_handlers=HANDLERS,  # type: ignore[arg-type]
+        # As the tool-broker's: request spans and metrics, not a span per dependency.
+        telemetry={"operation_spans": False, "logs": False},
     )
     app.state.gateway = gateway
     for router in ROUTERS:
