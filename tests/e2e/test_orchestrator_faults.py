@@ -23,6 +23,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchPlan
 from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
+from suzumio.orchestrator.engine import Tracked, _Seen
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.platform.bus.eventstore import AggregateStream, EventStore
 from suzumio.testing.model_server import Reply, ScriptedModelServer
@@ -281,3 +282,58 @@ async def test_a_run_whose_start_was_never_appended_is_not_launched_again(
     assert terminals(ended) == ["activation.completed"], ended
     assert "activation.started" not in ended
     assert len(model.completion_requests) == 1  # the work was done once
+
+
+class CountingStore(FailingStore):
+    """The orchestrator's event store, counting its reads of activations' subjects."""
+
+    async def load(self, aggregate: str, aggregate_id: str) -> AggregateStream:
+        if aggregate == "activation":
+            self.reads = getattr(self, "reads", 0) + 1
+        return await super().load(aggregate, aggregate_id)
+
+
+async def test_an_end_goes_by_the_folded_log_without_reading_it(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's output was folded long before its sandbox exited: the end is decided and
+    appended from the fold, with the output's text, and the activation's subject is not
+    read (a round trip to the log per activation)."""
+    model.script([Reply.text("from the fold")])
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        counting = CountingStore(h.orchestrator._store)
+        monkeypatch.setattr(h.orchestrator, "_store", counting)
+        w = await h.world("folded")
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=30)
+    assert terminals(ended) == ["activation.completed"], ended
+    end = (await platform.store.load("activation", activation_id)).events[-1].data
+    assert isinstance(end, ActivationCompleted)
+    assert end.text == "from the fold"
+    assert getattr(counting, "reads", 0) == 0
+
+
+async def test_an_end_decided_from_a_fold_that_missed_the_output_is_decided_again(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fold lags: it has the start but not the output. The end appended on its version
+    loses to the output; the subject is read and the activation ends completed with the
+    output's text (not failed for want of one)."""
+    model.script([Reply.text("recorded after the fold")])
+    stale: list[int] = []
+
+    def lagging(tracked: Tracked) -> Any:
+        stale.append(tracked.version)
+        return _Seen(version=1, output=None, folded=True)
+
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        monkeypatch.setattr(h.orchestrator, "_as_folded", lagging)
+        w = await h.world("lagging")
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=30)
+    assert stale
+    assert stale[0] >= 2  # the real fold had the output on top of the start
+    assert terminals(ended) == ["activation.completed"], ended
+    end = (await platform.store.load("activation", activation_id)).events[-1].data
+    assert isinstance(end, ActivationCompleted)
+    assert end.text == "recorded after the fold"

@@ -24,7 +24,6 @@ from suzumio.orchestrator.backends.base import Backend, Exit, Handle
 from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
 from suzumio.orchestrator.engine import Orchestrator, Tracked
 from suzumio.orchestrator.settings import OrchestratorSettings
-from suzumio.platform.bus.eventstore import AggregateStream
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.backend_suite import TERMINAL, Harness, harness
 from tests.e2e.api import new_world
@@ -214,9 +213,8 @@ def test_an_exit_the_backend_timed_out_ends_timed_out() -> None:
     time) is a timeout, not a failure."""
     request = ActivationRequested(activation_id=new_id(), agent_id=new_id(), signal_ids=())
     tracked = Tracked(new_id(), request, timeout_seconds=30.0)
-    stream = AggregateStream("activation", request.activation_id, ())
     exit_ = Exit(None, "timeout", "DeadlineExceeded")
-    assert Orchestrator._terminal(tracked, exit_, stream) == ActivationTimedOut(timeout_seconds=30)
+    assert Orchestrator._terminal(tracked, exit_, None) == ActivationTimedOut(timeout_seconds=30)
 
 
 def test_a_backend_that_knows_another_attempt_is_vain_ends_it_not_retryable() -> None:
@@ -224,9 +222,8 @@ def test_a_backend_that_knows_another_attempt_is_vain_ends_it_not_retryable() ->
     may pass next time; an exit that says nothing is retried as before."""
     request = ActivationRequested(activation_id=new_id(), agent_id=new_id(), signal_ids=())
     tracked = Tracked(new_id(), request)
-    stream = AggregateStream("activation", request.activation_id, ())
     ends = [
-        Orchestrator._terminal(tracked, Exit(None, "lost", "x", retryable=r), stream)
+        Orchestrator._terminal(tracked, Exit(None, "lost", "x", retryable=r), None)
         for r in (False, True, None)
     ]
     assert [getattr(e, "retryable", None) for e in ends] == [False, True, True]

@@ -5,8 +5,9 @@ folds on from a kept fold, falls back for an older request, or starts afresh."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
@@ -19,7 +20,7 @@ from suzumio.contracts.events import (
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.values import Author, Priority, SignalKind
 from suzumio.orchestrator.sessions import SessionReader, SessionSnapshot, load_session
-from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.eventstore import AggregateStream, EventStore
 
 META = EventMeta(actor="system:test")
 
@@ -137,3 +138,105 @@ async def test_a_request_amid_its_message_leaves_the_next_snapshot_whole(
     assert snap3 == await load_session(store, session, r3)
     assert texts(snap3) == ["one", "stop that", "stopped", "go on"]
     assert [s.text for s in snap3.signals] == ["go on"]
+
+
+class CountingStore:
+    """The store, counting the session reads the reader makes."""
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self.reads = 0
+
+    async def load(self, aggregate: str, aggregate_id: str, **kwargs: Any) -> AggregateStream:
+        self.reads += 1
+        return await self._store.load(aggregate, aggregate_id, **kwargs)
+
+
+async def messages_after(
+    store: EventStore, session: str, seq: int
+) -> list[tuple[int, list[EventEnvelope]]]:
+    """The session's messages stored after `seq`, as the followed log delivers them."""
+    by_seq: dict[int, list[EventEnvelope]] = {}
+    for event in (await store.load("session", session)).events:
+        if event.seq > seq:
+            by_seq.setdefault(event.seq, []).append(event.envelope)
+    return sorted(by_seq.items())
+
+
+async def test_a_kept_fold_follows_the_log_and_its_requests_read_nothing(
+    store: EventStore,
+) -> None:
+    """The orchestrator's follower hands the reader each of the session's messages: the kept
+    fold goes on with them, and a request's snapshot, taken as it went by, is the full read's
+    — a request amid its message included — without a read."""
+    session, add = await opened(store)
+    r1 = await posted(add, "one")
+    await add(r1)
+    counting = CountingStore(store)
+    reader = SessionReader(counting)  # type: ignore[arg-type]
+    await reader.snapshot(session, r1)  # read, and kept
+    assert counting.reads == 1
+    position = (await store.head("session", session)).seq
+
+    await add(message("answer one", "assistant"))
+    r2 = await posted(add, "two")
+    await add(r2, message("after the request"))
+    for seq, envelopes in await messages_after(store, session, position):
+        assert reader.keeps(session)
+        reader.observe(session, seq, envelopes)
+
+    snap2 = await reader.snapshot(session, r2)
+    assert counting.reads == 1  # nothing read
+    assert snap2 == await load_session(store, session, r2)
+    assert texts(snap2) == ["one", "answer one", "two"]
+
+
+async def test_a_kept_fold_that_missed_a_message_reads_on_instead(store: EventStore) -> None:
+    """A message the follower delivered before the fold was kept is not there: the next one
+    does not continue it, and the plan reads what it lacks (the same snapshot)."""
+    session, add = await opened(store)
+    r1 = await posted(add, "one")
+    await add(r1)
+    counting = CountingStore(store)
+    reader = SessionReader(counting)  # type: ignore[arg-type]
+    await reader.snapshot(session, r1)
+    position = (await store.head("session", session)).seq
+    await add(message("missed", "assistant"))
+    r2 = await posted(add, "two")
+    await add(r2)
+    missed, *rest = await messages_after(store, session, position)
+    for seq, envelopes in rest:
+        reader.observe(session, seq, envelopes)
+
+    snap2 = await reader.snapshot(session, r2)
+    assert counting.reads == 2  # read on from the kept fold
+    assert snap2 == await load_session(store, session, r2)
+    assert texts(snap2) == ["one", "missed", "two"]
+    assert missed[0] < rest[0][0]
+
+
+async def test_a_message_the_fold_cannot_take_drops_it(store: EventStore) -> None:
+    """An event the reader cannot decode (a newer release's) drops the kept fold rather than
+    leave it half folded: the plan reads, and meets the same event there."""
+    session, add = await opened(store)
+    r1 = await posted(add, "one")
+    await add(r1)
+    reader = SessionReader(store)
+    await reader.snapshot(session, r1)
+    head = await store.head("session", session)
+    strange = EventEnvelope.model_validate(
+        {
+            "id": new_id(),
+            "type": "session.from_the_future",
+            "aggregate": "session",
+            "aggregate_id": session,
+            "version": head.version + 1,
+            "occurred_at": "2030-01-01T00:00:00Z",
+            "actor": "system:future",
+            "correlation_id": "c",
+            "schema": 1,
+            "data": {},
+        }  # fmt: skip
+    )
+    reader.observe(session, head.seq + 1, [strange])
+    assert not reader.keeps(session)

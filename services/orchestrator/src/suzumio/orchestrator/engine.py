@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
 
-from suzumio.contracts.envelope import DomainEvent, EventMeta, decode_data
+from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, decode_data
 from suzumio.contracts.errors import CommandTimeoutError, ConflictError
 from suzumio.contracts.events import (
     ActivationCancelled,
@@ -55,6 +55,7 @@ from suzumio.platform.bus.eventstore import (
     EventStore,
     envelopes_of,
 )
+from suzumio.platform.bus.follower import LogMessage
 from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import get_logger
@@ -68,6 +69,7 @@ ACTIVATION_EVENTS = frozenset(
         ActivationRequested.event_type,
         ActivationCancelRequested.event_type,
         ActivationStarted.event_type,
+        ActivationOutputRecorded.event_type,
         *TERMINAL_ACTIVATION_EVENTS,
     }
 )
@@ -89,7 +91,8 @@ CONFLICTS_BEFORE_WAITING = 5  # appends of the end that lost to another write, i
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
 PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
 
-Decide = Callable[[AggregateStream], DomainEvent]  # the terminal event, from the activation as read
+# The terminal event, from the output the activation recorded (if it did), as read or folded.
+Decide = Callable[[ActivationOutputRecorded | None], DomainEvent]
 # The store in trouble — NATS slow, restarting or unreachable, a stream electing its leader —
 # passes; anything else (an event too large for the bus, a newer release's event on the
 # subject) would fail the same way every time, and is not asked again.
@@ -135,6 +138,31 @@ class Tracked:
     timeout_seconds: float = 0.0
     launching_at: float = 0.0  # wall clock: the plan is ready and the backend is called
     launched_at: float = 0.0  # the backend says the sandbox is started
+    # Its own subject as folded: the version of the last message whose events were all read
+    # (-1: one could not be, and the subject must be read instead), and the output recorded.
+    version: int = 0
+    output: ActivationOutputRecorded | None = None
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """An activation's subject as far as its end is concerned: read, or as folded."""
+
+    version: int
+    output: ActivationOutputRecorded | None
+    ended: DomainEvent | None = None
+    folded: bool = False
+
+    @classmethod
+    def read(cls, stream: AggregateStream) -> _Seen:
+        output = next(
+            (e.data for e in stream.events if isinstance(e.data, ActivationOutputRecorded)), None
+        )
+        ended = next(
+            (e.data for e in stream.events if e.envelope.type in TERMINAL_ACTIVATION_EVENTS),
+            None,
+        )
+        return cls(stream.version, output, ended)
 
 
 class Orchestrator:
@@ -164,6 +192,8 @@ class Orchestrator:
         self._cancels: dict[str, asyncio.Task[None]] = {}  # cancels sent until the end is seen
         self.folded = self.replica.folded
         self.leading = False
+        self._activation_prefix = topology.event_subject("activation", "")
+        self._session_prefix = topology.event_subject("session", "")
 
     # -- following the log -------------------------------------------------------------------
     @property
@@ -178,25 +208,60 @@ class Orchestrator:
             msg = await self.replica.follower.next(timeout=0.5)
             position = self.folded.value
             while msg is not None:
+                envelopes: list[EventEnvelope] | None = None
+                if msg.subject.startswith(self._session_prefix):
+                    # First: a request's snapshot is taken before its plan can ask for it.
+                    envelopes = self._observe_session(msg)
+                whole = True
                 if WANTED.intersection(msg.types):
-                    self._fold(msg.seq, msg.data)
+                    whole = self._fold(msg.seq, envelopes or envelopes_of(msg.data))
+                if msg.subject.startswith(self._activation_prefix):
+                    self._fold_version(msg, whole)
                 position = msg.seq
                 msg = self.replica.follower.next_nowait()
             await self.folded.advance(position)
 
-    def _fold(self, seq: int, data: bytes) -> None:
-        for envelope in envelopes_of(data):
+    def _fold_version(self, msg: LogMessage, whole: bool) -> None:
+        """An activation's message folded: its version, for its end (and the store's head of
+        its subject, so appending the end needs no lookup)."""
+        activation_id = msg.subject[len(self._activation_prefix) :]
+        tracked = self.activations.get(activation_id)
+        if tracked is None or tracked.version < 0:
+            return
+        if not whole or msg.version <= 0:
+            tracked.version = -1  # the fold no longer stands for its subject: it is read
+            return
+        tracked.version = msg.version
+        self._store.observe("activation", activation_id, msg.version, msg.seq)
+
+    def _observe_session(self, msg: LogMessage) -> list[EventEnvelope] | None:
+        """The session's message to the planner's kept fold of it; its envelopes, if read."""
+        if not self._planner.keeps(msg.subject[len(self._session_prefix) :]):
+            return None
+        try:
+            envelopes = envelopes_of(msg.data)
+        except Exception:
+            return None  # `_fold` says what it cannot read
+        self._planner.observe(msg.subject[len(self._session_prefix) :], msg.seq, envelopes)
+        return envelopes
+
+    def _fold(self, seq: int, envelopes: list[EventEnvelope]) -> bool:
+        """Fold a message's events; whether every one it had for us could be read."""
+        whole = True
+        for envelope in envelopes:
             if envelope.type not in WANTED:
                 continue
             try:
                 event = decode_data(envelope)
             except Exception:  # a newer release's schema: not ours to guess
                 log.warning("orchestrator.undecodable", seq=seq, type=envelope.type)
+                whole = False
                 continue
             if envelope.type in ACTIVATION_EVENTS:
                 self._apply(envelope.aggregate_id, event, envelope.occurred_at)
             else:
                 self.directory.apply(envelope.aggregate_id, event)
+        return whole
 
     def _apply(self, aggregate_id: str, data: DomainEvent, at: datetime | None = None) -> None:
         match data:
@@ -212,15 +277,23 @@ class Orchestrator:
                     tracked.cancel_reason = data.reason or "cancel requested"
                     if self.leading:
                         self._spawn_cancel(data.activation_id)
+            case _:  # on the activation's own subject
+                if (t := self.activations.get(aggregate_id)) is not None:
+                    self._apply_own(aggregate_id, t, data, at)
+
+    def _apply_own(
+        self, activation_id: str, t: Tracked, data: DomainEvent, at: datetime | None
+    ) -> None:
+        match data:
             case ActivationStarted():
-                if (t := self.activations.get(aggregate_id)) is not None:
-                    t.started, t.backend, t.started_at = True, data.backend, at
+                t.started, t.backend, t.started_at = True, data.backend, at
+            case ActivationOutputRecorded():
+                t.output = t.output or data  # the first is the one (the broker records one)
             case _:  # a terminal event
-                if (t := self.activations.get(aggregate_id)) is not None:
-                    t.ended = True
-                    self._ended.append(aggregate_id)
-                    while len(self._ended) > KEEP_ENDED:  # memory stays bounded
-                        self.activations.pop(self._ended.popleft(), None)
+                t.ended, t.output = True, None
+                self._ended.append(activation_id)
+                while len(self._ended) > KEEP_ENDED:  # memory stays bounded
+                    self.activations.pop(self._ended.popleft(), None)
 
     # -- leading -----------------------------------------------------------------------------
     async def _lead(self, done: asyncio.Event) -> None:
@@ -307,7 +380,7 @@ class Orchestrator:
             backend = tracked.backend or self._backend_of(tracked)
             if exit_.code is not None and backend is not None:
                 await self._collect(self._found_again(tracked, backend), exit_)
-            await self._end(tracked, lambda s: self._terminal(tracked, exit_, s), stream)
+            await self._end(tracked, lambda o: self._terminal(tracked, exit_, o), stream)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -473,7 +546,7 @@ class Orchestrator:
                 exit_ = Exit(None, "timeout", detail)
         target = Collection.of(plan) if plan else self._found_again(tracked, handle.backend)
         await self._collect(target, exit_)
-        terminal = await self._end(tracked, lambda stream: self._terminal(tracked, exit_, stream))
+        terminal = await self._end(tracked, lambda output: self._terminal(tracked, exit_, output))
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
 
     async def _collect(self, target: Collection | None, exit_: Exit) -> None:
@@ -522,13 +595,10 @@ class Orchestrator:
 
     @staticmethod
     def _terminal(  # noqa: PLR0911
-        tracked: Tracked, exit_: Exit, stream: AggregateStream
+        tracked: Tracked, exit_: Exit, output: ActivationOutputRecorded | None
     ) -> DomainEvent:
         if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
             return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
-        output = next(
-            (e.data for e in stream.events if isinstance(e.data, ActivationOutputRecorded)), None
-        )
         if exit_.code in COMPLETING_EXITS and output is not None:
             # Finished, even if a cancel came after: its work is done, not to be done again.
             return ActivationCompleted(text=output.text, usage=output.usage, reason=output.reason)
@@ -554,32 +624,36 @@ class Orchestrator:
         stream: AggregateStream | None = None,
     ) -> DomainEvent:
         """The activation's one terminal event, appended on the condition that none is there
-        (`event`, or what `event` makes of the activation as read; `stream`: the activation as
-        just read, if it was). Read and appended again, for as long as this replica leads,
-        when another write came first or the store fails. The terminal event it has."""
+        (`event`, or what `event` makes of the output the activation recorded; `stream`: the
+        activation as just read, if it was). Read and appended again, for as long as this
+        replica leads, when another write came first or the store fails. The terminal event
+        it has.
+
+        The first try goes by the activation's subject as folded, not read: the condition is
+        its version, so a fold that missed a later event (its output, on its way) only loses
+        the append, and the subject is read then."""
         activation_id = tracked.request.activation_id
         decide: Decide = event if callable(event) else (lambda _: event)
         pause = _Doubling(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         conflicts = 0
+        seen = _Seen.read(stream) if stream is not None else self._as_folded(tracked)
         while True:
-            if stream is None:
-                stream = await self._load(activation_id)
-            ended = next(
-                (e.data for e in stream.events if e.envelope.type in TERMINAL_ACTIVATION_EVENTS),
-                None,
-            )
-            if ended is not None:
+            if seen is None:
+                seen = _Seen.read(await self._load(activation_id))
+            if seen.ended is not None:
+                ended = seen.ended
                 break
-            ended = decide(stream)
+            ended = decide(seen.output)
             try:
                 await self._store.append(
-                    activation_id, [ended], stream.version, EventMeta(actor=ACTOR)
+                    activation_id, [ended], seen.version, EventMeta(actor=ACTOR)
                 )
             except ConcurrencyConflictError:
-                stream = None
-                conflicts += 1
-                if conflicts > CONFLICTS_BEFORE_WAITING:  # its runner still writes: let it
-                    await pause.wait()
+                if not seen.folded:
+                    conflicts += 1
+                    if conflicts > CONFLICTS_BEFORE_WAITING:  # its runner still writes: let it
+                        await pause.wait()
+                seen = None
                 continue
             except Exception as exc:  # it may be stored all the same: read before writing again
                 if not _trouble(exc):
@@ -587,12 +661,20 @@ class Orchestrator:
                 log.warning("orchestrator.end_failed", activation=activation_id,
                             error=repr(exc)[:500], retry_in=pause.delay)  # fmt: skip
                 await pause.wait()
-                stream = None
+                seen = None
                 continue
             _outcomes.add(1, {"outcome": ended.event_type.rsplit(".", 1)[-1]})
             break
         tracked.ended = True
         return ended
+
+    @staticmethod
+    def _as_folded(tracked: Tracked) -> _Seen | None:
+        """The activation's subject as folded, if the fold can stand for a read: not when an
+        end was folded (which one is on the subject), nor when an event could not be read."""
+        if tracked.ended or tracked.version < 0:
+            return None
+        return _Seen(tracked.version, tracked.output, folded=True)
 
     async def _load(self, activation_id: str) -> AggregateStream:
         """The activation as the log has it, asked again while the store fails."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from suzumio.contracts.envelope import EventEnvelope
 from suzumio.contracts.events import ActivationRequested
 from suzumio.contracts.runner import (
     ActivationSpec,
@@ -93,6 +94,15 @@ class Planner:
 
     def __post_init__(self) -> None:
         self._sessions = SessionReader(self.store)
+
+    def keeps(self, session_id: str) -> bool:
+        """Whether a fold of the session is kept (only its messages are worth observing)."""
+        return self._sessions.keeps(session_id)
+
+    def observe(self, session_id: str, seq: int, envelopes: Sequence[EventEnvelope]) -> None:
+        """A message of a session's subject as the followed log delivers it (in order): the
+        plans of its requests then read nothing (`SessionReader.observe`)."""
+        self._sessions.observe(session_id, seq, envelopes)
 
     async def plan(
         self,

@@ -1,16 +1,18 @@
-"""The session as it was when an activation was requested, read from its subject of the log
-(never from projections, so a launch sees every fact stored before its request, whatever the
-projector's lag): the active history after the last compaction (its summary where the archived
-entries stood), the batch's signals in the scheduler's order, the latest checkpoint. (The
-session's artifacts are aggregates of their own: the directory folds them from the log, and
-where it cannot answer, they are read from their projection, `session_artifacts`.)"""
+"""The session as it was when an activation was requested, from its subject of the log —
+read, or folded as the orchestrator follows the log — never from projections, so a launch
+sees every fact stored before its request, whatever the projector's lag: the active history
+after the last compaction (its summary where the archived entries stood), the batch's signals
+in the scheduler's order, the latest checkpoint. (The session's artifacts are aggregates of
+their own: the directory folds them from the log, and where it cannot answer, they are read
+from their projection, `session_artifacts`.)"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from suzumio.contracts.envelope import DomainEvent, RecordedEvent
+from suzumio.contracts.envelope import DomainEvent, EventEnvelope, RecordedEvent, decode_data
 from suzumio.contracts.events import (
     ActivationRequested,
     CheckpointSaved,
@@ -44,9 +46,8 @@ class SessionSnapshot:
 
 @dataclass
 class _SessionFold:
-    """A session folded up to `head`, the last whole message folded (a message may hold
-    several events, and a request may stand amid them: what came before it in its message is
-    folded, and `version` says how far, so reading on from `head` folds none twice)."""
+    """A session folded up to `head`, the last message folded (always whole: a request amid
+    a message has its snapshot taken there, and the fold goes on)."""
 
     head: Head = field(default_factory=lambda: Head(0, 0))
     version: int = 0
@@ -63,7 +64,7 @@ class _SessionFold:
 
     def apply(self, event: RecordedEvent[DomainEvent]) -> None:
         if event.envelope.version <= self.version:
-            return  # folded already, from the same message read before
+            return  # folded already
         self.version = event.envelope.version
         data = event.data
         match data:
@@ -97,20 +98,25 @@ class _SessionFold:
         )
 
 
-async def _fold_until(
+async def _read_on(
     store: EventStore, session_id: str, fold: _SessionFold, request: ActivationRequested
-) -> bool:
-    """Fold the session's events after `fold.head` up to (not including) the request; false
-    when the request is not among them (it is older than `fold.head`, or not there)."""
+) -> SessionSnapshot | None:
+    """Fold every event of the session after `fold.head`; the snapshot as the request found
+    them (None when it is not among them: older than `fold.head`, or not there)."""
     events = (await store.load("session", session_id, after=fold.head)).events
+    taken: SessionSnapshot | None = None
     for i, event in enumerate(events):
         data = event.data
-        if isinstance(data, ActivationRequested) and data.activation_id == request.activation_id:
-            return True
+        if (
+            taken is None
+            and isinstance(data, ActivationRequested)
+            and data.activation_id == request.activation_id
+        ):
+            taken = fold.snapshot(request)
         fold.apply(event)
         if i + 1 == len(events) or events[i + 1].seq != event.seq:  # its message is whole
             fold.head = Head(event.envelope.version, event.seq)
-    return False
+    return taken
 
 
 async def load_session(
@@ -120,33 +126,70 @@ async def load_session(
     the last compaction, whose summary stands in for the archived range), the batch's signals
     in the scheduler's order and the latest checkpoint."""
     fold = _SessionFold()
-    await _fold_until(store, session_id, fold, request)
-    return fold.snapshot(request)
+    return await _read_on(store, session_id, fold, request) or fold.snapshot(request)
 
 
 class SessionReader:
     """`load_session` for a long-lived planner: the folds of the sessions planned most
     recently are kept, so the next request of a session reads only the events stored since
-    its last one, not the whole session again (which grows with every turn)."""
+    its last one, not the whole session again (which grows with every turn) — and, where
+    the log is followed (`observe`), nothing at all: a kept fold is folded on as the log
+    delivers the session's messages, and a request's snapshot is taken as it goes by."""
 
-    def __init__(self, store: EventStore, keep: int = 128) -> None:
+    def __init__(self, store: EventStore, keep: int = 128, taken: int = 1_024) -> None:
         self._store = store
         self._keep = keep
         self._folds: OrderedDict[str, _SessionFold] = OrderedDict()
+        # Snapshots taken as requests went by, until their plans ask (bounded: a request
+        # cancelled before its plan never asks).
+        self._taken: OrderedDict[str, tuple[ActivationRequested, SessionSnapshot]] = OrderedDict()
+        self._keep_taken = taken
+
+    def keeps(self, session_id: str) -> bool:
+        return session_id in self._folds
+
+    def observe(self, session_id: str, seq: int, envelopes: Sequence[EventEnvelope]) -> None:
+        """A message of the session's subject, as the followed log delivers it (in order):
+        folded into the session's kept fold if it comes right after it; a fold it cannot
+        continue is dropped (the next plan reads instead, and meets what failed here)."""
+        fold = self._folds.get(session_id)
+        if fold is None or not envelopes or envelopes[0].version != fold.head.version + 1:
+            return  # not kept, or a message it missed (it was read meanwhile): read on asking
+        try:
+            for envelope in envelopes:
+                event = RecordedEvent(envelope, decode_data(envelope), seq)
+                if isinstance(event.data, ActivationRequested):
+                    self._take(event.data, fold.snapshot(event.data))
+                fold.apply(event)
+        except Exception:
+            del self._folds[session_id]
+            return
+        fold.head = Head(envelopes[-1].version, seq)
+
+    def _take(self, request: ActivationRequested, snapshot: SessionSnapshot) -> None:
+        self._taken[request.activation_id] = (request, snapshot)
+        while len(self._taken) > self._keep_taken:
+            self._taken.popitem(last=False)
 
     async def snapshot(self, session_id: str, request: ActivationRequested) -> SessionSnapshot:
+        taken = self._taken.pop(request.activation_id, None)
+        if taken is not None and taken[0] == request:
+            return taken[1]
         cached = self._folds.get(session_id)
         fold = cached.copy() if cached is not None else _SessionFold()
-        found = await _fold_until(self._store, session_id, fold, request)
-        if not found and cached is not None:  # an older request than the one folded last
+        snapshot = await _read_on(self._store, session_id, fold, request)
+        if snapshot is None and cached is not None:  # an older request than the one kept
             fold = _SessionFold()
-            found = await _fold_until(self._store, session_id, fold, request)
-        if found and (cached is None or fold.head.seq >= cached.head.seq):
-            self._folds[session_id] = fold.copy()  # plans may fold on from it concurrently
+            snapshot = await _read_on(self._store, session_id, fold, request)
+        if snapshot is None:
+            return fold.snapshot(request)  # not in the log: the session as it stands
+        kept = self._folds.get(session_id)  # folded on by `observe` meanwhile, perhaps
+        if kept is None or fold.head.seq >= kept.head.seq:
+            self._folds[session_id] = fold  # a copy of its own: nothing else holds it
             self._folds.move_to_end(session_id)
             while len(self._folds) > self._keep:
                 self._folds.popitem(last=False)
-        return fold.snapshot(request)
+        return snapshot
 
 
 def _entry(data: SessionMessageAppended) -> AgentHistoryMessage:
