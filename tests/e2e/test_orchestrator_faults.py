@@ -337,3 +337,44 @@ async def test_an_end_decided_from_a_fold_that_missed_the_output_is_decided_agai
     end = (await platform.store.load("activation", activation_id)).events[-1].data
     assert isinstance(end, ActivationCompleted)
     assert end.text == "recorded after the fold"
+
+
+async def test_one_activation_whose_log_cannot_be_read_holds_up_no_other_at_reconciling(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs whose leader died before appending their starts; both finished and are gone
+    from the backend. The new leader cannot read the first one's subject (an event of a
+    newer release on it, say): the second still ends as its output says, and the leader
+    keeps leading."""
+    model.script([Reply.text("first"), Reply.text("second")])
+    async with harness(platform, model, tmp_path, backend_of(LaunchesThenHangs), "process") as h:
+        w = await h.world("isolated")
+        ids = [await h.request(w), await h.request(w)]
+        for activation_id in ids:
+            await eventually(
+                lambda a=activation_id: story(platform, a),  # type: ignore[misc]
+                lambda types: "activation.output_recorded" in types,
+                timeout=30,
+                what="the output",
+            )
+            exit_file = h.orchestrator._planner.settings.activation_dir(activation_id) / "exit_code"
+            await eventually(
+                lambda f=exit_file: asyncio.sleep(0, f.exists()),  # type: ignore[misc]
+                bool,
+                what="the exit",
+            )
+    unreadable, readable = ids
+    load = EventStore.load
+
+    async def refusing(self: EventStore, aggregate: str, aggregate_id: str, **kw: Any) -> Any:
+        if aggregate == "activation" and aggregate_id == unreadable:
+            raise ValueError("an event this release cannot read")
+        return await load(self, aggregate, aggregate_id, **kw)
+
+    monkeypatch.setattr(EventStore, "load", refusing)
+    async with harness(platform, model, tmp_path, backend_of(Forgetful), "process") as h:
+        ended = await h.ended(readable, timeout=30)
+        assert h.orchestrator.leading
+    monkeypatch.undo()
+    assert terminals(ended) == ["activation.completed"], ended
+    assert terminals(await story(platform, unreadable)) == []

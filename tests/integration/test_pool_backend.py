@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, ClassVar
 
 import psutil
 import pytest
@@ -538,6 +539,31 @@ async def test_list_live_and_health_show_workers_runs_and_queue_depth(
         await backend.close()
 
 
+async def test_a_worker_gone_from_presence_is_forgotten(
+    nc: NATS, topology: Topology, workers: StartWorker
+) -> None:
+    """Each worker process has an id of its own: one that died leaves the health report
+    once its presence is older than `worker_alive_seconds`, and the backend keeps nothing of
+    it (else a pool whose workers restart often would grow the record without end)."""
+    settings = PoolSettings(worker_alive_seconds=2.0, list_timeout_seconds=0.3)
+    backend = PoolBackend(nc, topology, settings)
+    try:
+        workers("wa")
+        gone = workers("wb")
+        await wait_workers(backend, "wa", "wb")
+        gone.kill()
+        gone.wait()
+
+        async def without_wb() -> bool:
+            health = await backend.health()
+            return bool(health.detail["pools"]["default"]["workers"] == ["wa"])
+
+        await eventually(without_wb, timeout=15)
+        assert set(backend._workers) == {"wa"}
+    finally:
+        await backend.close()
+
+
 async def test_a_warm_session_keeps_its_workspace_for_the_idle_ttl(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
     fenced_url: str,
@@ -590,6 +616,45 @@ async def test_a_dispatch_whose_queueing_was_never_answered_is_not_run(
     ends = [s.reason for s in statuses.of(did) if s.kind in {"refused", "exited"}]
     assert ends == ["cancelled"], statuses.of(did)
     assert broker.open == 0  # no runner of it is at work
+
+
+class LosesFirstAnswer(PoolBackend):
+    """The queue's first answer to each dispatch is lost: the dispatch was stored, but the
+    publish times out (as when the answer was dropped on the way back)."""
+
+    lost: ClassVar[list[str]] = []
+
+    async def _publish(self, pool: str, did: str, body: bytes) -> dict[str, Any]:
+        answer = await super()._publish(pool, did, body)
+        if did not in self.lost:
+            self.lost.append(did)
+            raise TimeoutError("the answer did not come")
+        return answer
+
+
+async def test_a_dispatch_whose_first_answer_was_lost_is_queued_once_and_runs_once(
+    nc: NATS, topology: Topology, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str,
+) -> None:  # fmt: skip
+    """Published again after the lost answer: the stream keeps it once (its id) and says
+    where, the launch succeeds, and one worker runs it once."""
+    lossy = LosesFirstAnswer(nc, topology, SETTINGS)
+    workers("wa")
+    try:
+        await wait_workers(lossy, "wa")
+        plan = make_plan(fenced_url, tmp_path)
+        handle = await lossy.launch(plan)
+        assert lossy.lost == [handle.sandbox_id]
+        assert (await watch(lossy, handle)).code == 6  # the fenced broker's exit
+    finally:
+        await lossy.close()
+    assert [s.kind for s in statuses.of(handle.sandbox_id) if s.kind != "heartbeat"] == [
+        "started",
+        "exited",
+    ]
+    stream = await nc.jetstream().stream_info(topology.activations_stream)
+    assert stream.state.last_seq == handle.data["seq"]  # stored once, where it said
+    assert await queue_is_empty(nc, topology)
 
 
 async def test_a_dispatch_that_ended_here_and_comes_again_is_not_run_again(
