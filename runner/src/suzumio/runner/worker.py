@@ -332,9 +332,13 @@ class Worker:
             await asyncio.sleep(1.0)
             return
         self._take(msgs)
-        if free > 1:  # and then whatever else is queued already, without lingering
+        # And then whatever else was queued behind it — only if something was: a fetch of a
+        # batch from an empty queue lingers (until its timeout, or a whole batch), and would
+        # hold back a dispatch that came meanwhile.
+        queued = msgs[-1].metadata.num_pending if msgs else 0
+        if free > 1 and queued > 0:
             with contextlib.suppress(TimeoutError, NatsTimeoutError):
-                self._take(await psub.fetch(free - 1, timeout=0.05))
+                self._take(await psub.fetch(min(free - 1, queued), timeout=0.05))
 
     def _take(self, msgs: list[Msg]) -> None:
         for msg in msgs:
