@@ -240,3 +240,26 @@ async def test_a_message_the_fold_cannot_take_drops_it(store: EventStore) -> Non
     )
     reader.observe(session, head.seq + 1, [strange])
     assert not reader.keeps(session)
+
+
+async def test_a_snapshot_no_plan_took_is_forgotten_when_its_activation_ends(
+    store: EventStore,
+) -> None:
+    """A request cancelled before it was planned never asks for its snapshot: its end lets
+    it go (each holds a session's history), and a later ask reads."""
+    session, add = await opened(store)
+    r1 = await posted(add, "one")
+    await add(r1)
+    counting = CountingStore(store)
+    reader = SessionReader(counting)  # type: ignore[arg-type]
+    await reader.snapshot(session, r1)
+    position = (await store.head("session", session)).seq
+    r2 = await posted(add, "two")
+    await add(r2)
+    for seq, envelopes in await messages_after(store, session, position):
+        reader.observe(session, seq, envelopes)
+
+    reader.forget(r2.activation_id)
+
+    assert await reader.snapshot(session, r2) == await load_session(store, session, r2)
+    assert counting.reads == 3  # not taken: read (afresh, as the kept fold is past it)

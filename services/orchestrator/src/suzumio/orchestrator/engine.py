@@ -291,6 +291,7 @@ class Orchestrator:
                 t.output = t.output or data  # the first is the one (the broker records one)
             case _:  # a terminal event
                 t.ended, t.output = True, None
+                self._planner.forget(activation_id)
                 self._ended.append(activation_id)
                 while len(self._ended) > KEEP_ENDED:  # memory stays bounded
                     self.activations.pop(self._ended.popleft(), None)

@@ -104,6 +104,10 @@ class Planner:
         plans of its requests then read nothing (`SessionReader.observe`)."""
         self._sessions.observe(session_id, seq, envelopes)
 
+    def forget(self, activation_id: str) -> None:
+        """The activation ended (planned or not)."""
+        self._sessions.forget(activation_id)
+
     async def plan(
         self,
         session_id: str,

@@ -136,12 +136,12 @@ class SessionReader:
     the log is followed (`observe`), nothing at all: a kept fold is folded on as the log
     delivers the session's messages, and a request's snapshot is taken as it goes by."""
 
-    def __init__(self, store: EventStore, keep: int = 128, taken: int = 1_024) -> None:
+    def __init__(self, store: EventStore, keep: int = 128, taken: int = 256) -> None:
         self._store = store
         self._keep = keep
         self._folds: OrderedDict[str, _SessionFold] = OrderedDict()
-        # Snapshots taken as requests went by, until their plans ask (bounded: a request
-        # cancelled before its plan never asks).
+        # Snapshots taken as requests went by, until their plans ask or they end unplanned
+        # (`forget`: cancelled first, say); bounded all the same, as each holds a history.
         self._taken: OrderedDict[str, tuple[ActivationRequested, SessionSnapshot]] = OrderedDict()
         self._keep_taken = taken
 
@@ -165,6 +165,10 @@ class SessionReader:
             del self._folds[session_id]
             return
         fold.head = Head(envelopes[-1].version, seq)
+
+    def forget(self, activation_id: str) -> None:
+        """The activation ended: its snapshot, if its plan never took it, is not needed."""
+        self._taken.pop(activation_id, None)
 
     def _take(self, request: ActivationRequested, snapshot: SessionSnapshot) -> None:
         self._taken[request.activation_id] = (request, snapshot)
