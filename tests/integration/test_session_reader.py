@@ -5,6 +5,7 @@ folds on from a kept fold, falls back for an older request, or starts afresh."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta
@@ -163,54 +164,64 @@ async def messages_after(
     return sorted(by_seq.items())
 
 
-async def test_a_kept_fold_follows_the_log_and_its_requests_read_nothing(
-    store: EventStore,
-) -> None:
-    """The orchestrator's follower hands the reader each of the session's messages: the kept
-    fold goes on with them, and a request's snapshot, taken as it went by, is the full read's
-    — a request amid its message included — without a read."""
+@dataclass
+class Kept:
+    """A session whose first request was planned: its fold kept by `reader`, up to
+    `position`; `reads` counts the reader's reads."""
+
+    session: str
+    add: Callable[..., Awaitable[None]]
+    reader: SessionReader
+    reads: CountingStore
+    position: int
+
+
+async def kept(store: EventStore) -> Kept:
     session, add = await opened(store)
     r1 = await posted(add, "one")
     await add(r1)
     counting = CountingStore(store)
     reader = SessionReader(counting)  # type: ignore[arg-type]
     await reader.snapshot(session, r1)  # read, and kept
-    assert counting.reads == 1
     position = (await store.head("session", session)).seq
+    return Kept(session, add, reader, counting, position)
 
-    await add(message("answer one", "assistant"))
-    r2 = await posted(add, "two")
-    await add(r2, message("after the request"))
-    for seq, envelopes in await messages_after(store, session, position):
-        assert reader.keeps(session)
-        reader.observe(session, seq, envelopes)
 
-    snap2 = await reader.snapshot(session, r2)
-    assert counting.reads == 1  # nothing read
-    assert snap2 == await load_session(store, session, r2)
+async def test_a_kept_fold_follows_the_log_and_its_requests_read_nothing(
+    store: EventStore,
+) -> None:
+    """The orchestrator's follower hands the reader each of the session's messages: the kept
+    fold goes on with them, and a request's snapshot, taken as it went by, is the full read's
+    — a request amid its message included — without a read."""
+    k = await kept(store)
+    assert k.reads.reads == 1
+    await k.add(message("answer one", "assistant"))
+    r2 = await posted(k.add, "two")
+    await k.add(r2, message("after the request"))
+    for seq, envelopes in await messages_after(store, k.session, k.position):
+        assert k.reader.keeps(k.session)
+        k.reader.observe(k.session, seq, envelopes)
+
+    snap2 = await k.reader.snapshot(k.session, r2)
+    assert k.reads.reads == 1  # nothing read
+    assert snap2 == await load_session(store, k.session, r2)
     assert texts(snap2) == ["one", "answer one", "two"]
 
 
 async def test_a_kept_fold_that_missed_a_message_reads_on_instead(store: EventStore) -> None:
     """A message the follower delivered before the fold was kept is not there: the next one
     does not continue it, and the plan reads what it lacks (the same snapshot)."""
-    session, add = await opened(store)
-    r1 = await posted(add, "one")
-    await add(r1)
-    counting = CountingStore(store)
-    reader = SessionReader(counting)  # type: ignore[arg-type]
-    await reader.snapshot(session, r1)
-    position = (await store.head("session", session)).seq
-    await add(message("missed", "assistant"))
-    r2 = await posted(add, "two")
-    await add(r2)
-    missed, *rest = await messages_after(store, session, position)
+    k = await kept(store)
+    await k.add(message("missed", "assistant"))
+    r2 = await posted(k.add, "two")
+    await k.add(r2)
+    missed, *rest = await messages_after(store, k.session, k.position)
     for seq, envelopes in rest:
-        reader.observe(session, seq, envelopes)
+        k.reader.observe(k.session, seq, envelopes)
 
-    snap2 = await reader.snapshot(session, r2)
-    assert counting.reads == 2  # read on from the kept fold
-    assert snap2 == await load_session(store, session, r2)
+    snap2 = await k.reader.snapshot(k.session, r2)
+    assert k.reads.reads == 2  # read on from the kept fold
+    assert snap2 == await load_session(store, k.session, r2)
     assert texts(snap2) == ["one", "missed", "two"]
     assert missed[0] < rest[0][0]
 
@@ -218,11 +229,8 @@ async def test_a_kept_fold_that_missed_a_message_reads_on_instead(store: EventSt
 async def test_a_message_the_fold_cannot_take_drops_it(store: EventStore) -> None:
     """An event the reader cannot decode (a newer release's) drops the kept fold rather than
     leave it half folded: the plan reads, and meets the same event there."""
-    session, add = await opened(store)
-    r1 = await posted(add, "one")
-    await add(r1)
-    reader = SessionReader(store)
-    await reader.snapshot(session, r1)
+    k = await kept(store)
+    session, reader = k.session, k.reader
     head = await store.head("session", session)
     strange = EventEnvelope.model_validate(
         {
@@ -247,19 +255,13 @@ async def test_a_snapshot_no_plan_took_is_forgotten_when_its_activation_ends(
 ) -> None:
     """A request cancelled before it was planned never asks for its snapshot: its end lets
     it go (each holds a session's history), and a later ask reads."""
-    session, add = await opened(store)
-    r1 = await posted(add, "one")
-    await add(r1)
-    counting = CountingStore(store)
-    reader = SessionReader(counting)  # type: ignore[arg-type]
-    await reader.snapshot(session, r1)
-    position = (await store.head("session", session)).seq
-    r2 = await posted(add, "two")
-    await add(r2)
-    for seq, envelopes in await messages_after(store, session, position):
-        reader.observe(session, seq, envelopes)
+    k = await kept(store)
+    r2 = await posted(k.add, "two")
+    await k.add(r2)
+    for seq, envelopes in await messages_after(store, k.session, k.position):
+        k.reader.observe(k.session, seq, envelopes)
 
-    reader.forget(r2.activation_id)
+    k.reader.forget(r2.activation_id)
 
-    assert await reader.snapshot(session, r2) == await load_session(store, session, r2)
-    assert counting.reads == 3  # not taken: read (afresh, as the kept fold is past it)
+    assert await k.reader.snapshot(k.session, r2) == await load_session(store, k.session, r2)
+    assert k.reads.reads == 3  # not taken: read (afresh, as the kept fold is past it)
