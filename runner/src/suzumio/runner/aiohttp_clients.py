@@ -76,7 +76,9 @@ class _Transport(AiohttpTransport):
 class KeptBrokerClient(httpx.AsyncClient):
     """An httpx client whose transports (the direct one and each proxy's) are aiohttp's."""
 
-    _direct: _Transport | None = None
+    _direct: _Transport | None = None  # the transport of calls no proxy takes
+    _plain = True  # no proxy in the environment: plain calls go straight to its session
+    _base_text = ""
 
     def _init_transport(  # type: ignore[override]
         self,
@@ -92,9 +94,6 @@ class KeptBrokerClient(httpx.AsyncClient):
         if trust_env and urllib.request.getproxies_environment():
             self._plain = False  # a proxy may apply: httpx chooses the transport
         return self._direct
-
-    _plain = True
-    _base_text = ""
 
     def _base(self) -> str:
         """The base URL as text, ending in `/`."""
