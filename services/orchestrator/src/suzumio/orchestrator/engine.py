@@ -24,7 +24,13 @@ from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
 
-from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, decode_data
+from suzumio.contracts.envelope import (
+    EVENT_TYPES,
+    DomainEvent,
+    EventEnvelope,
+    EventMeta,
+    decode_data,
+)
 from suzumio.contracts.errors import CommandTimeoutError, ConflictError
 from suzumio.contracts.events import (
     ActivationCancelled,
@@ -223,12 +229,15 @@ class Orchestrator:
 
     def _fold_version(self, msg: LogMessage, whole: bool) -> None:
         """An activation's message folded: its version, for its end (and the store's head of
-        its subject, so appending the end needs no lookup)."""
+        its subject, so appending the end needs no lookup). A message with an event this
+        release does not know (a newer release's, perhaps a new way to end) leaves the fold
+        unable to stand for the subject, as one it could not decode does."""
         activation_id = msg.subject[len(self._activation_prefix) :]
         tracked = self.activations.get(activation_id)
         if tracked is None or tracked.version < 0:
             return
-        if not whole or msg.version <= 0:
+        known = bool(msg.types) and all(t in EVENT_TYPES for t in msg.types)
+        if not whole or not known or msg.version <= 0:
             tracked.version = -1  # the fold no longer stands for its subject: it is read
             return
         tracked.version = msg.version
