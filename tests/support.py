@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +13,17 @@ from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def cpu_policies(pid: int) -> set[int]:
+    """The scheduling policies of a process's threads (`os.SCHED_*`); none for a process that
+    is gone."""
+    found: set[int] = set()
+    with contextlib.suppress(FileNotFoundError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                found.add(os.sched_getscheduler(int(task.name)))
+    return found
 
 
 async def eventually(

@@ -22,6 +22,8 @@ import uvloop
 
 from suzumio.platform.embedded import start_nats, start_postgres
 from suzumio.platform.logging import configure_logging
+from suzumio.platform.service import cpu
+from suzumio.platform.settings import PlatformSettings
 from tests.bench import broker, eventlog, gateway, orchestration, scheduler, services
 
 Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
@@ -50,6 +52,11 @@ def main() -> int:
     args.sections = args.sections or list(SECTIONS)
     with tempfile.TemporaryDirectory(prefix="suzumio-bench-") as tmp:
         root = Path(tmp)
+        # As `make up` runs the platform: its servers, and the parts of the services this
+        # process runs in it (the event store's appends, the projector, the orchestrator of
+        # the backends' figures), under the CPU policy of the platform's processes.
+        if why_not := cpu.apply(PlatformSettings().cpu_policy):
+            print(f"bench: cpu policy unchanged: {why_not}", file=sys.stderr)
         nats = start_nats(root / "nats")
         postgres = start_postgres(root / "pg", durable=True)
         try:

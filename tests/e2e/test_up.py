@@ -17,6 +17,7 @@ import psutil
 from suzumio.cli.admin import ADMIN_KEY_FILE
 from suzumio.platform.embedded.process import free_port
 from suzumio.testing.processes import http_status
+from tests.support import cpu_policies
 
 
 async def wait_for_line(
@@ -88,6 +89,12 @@ async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: 
             "suzumio.testing.model_server",
         ):
             assert expected in names
+        # Every process of the platform, the embedded servers too, every thread of each, runs
+        # under the platform's CPU policy (docs/operations.md).
+        policies = {" ".join(p.cmdline()[:3]): cpu_policies(p.pid) for p in descendants}
+        assert cpu_policies(up.pid) == {os.SCHED_BATCH}
+        assert all(found == {os.SCHED_BATCH} for found in policies.values() if found), policies
+        assert sum(1 for found in policies.values() if found) >= 8  # the servers and services
 
         assert "OFFLINE DEMO MODEL" in out.read_text()
         answer = await demo_answer(ports["api"], tmp_path / "data")

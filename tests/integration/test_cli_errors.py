@@ -63,6 +63,14 @@ async def test_a_wrong_log_level_names_the_variable() -> None:
     one_line_error(done, 2, "SUZUMIO_LOG_LEVEL", "'loud'")
 
 
+async def test_up_with_a_wrong_cpu_policy_names_the_variable_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    done = await suzumio("up", SUZUMIO_CPU_POLICY="fastest", SUZUMIO_DATA_DIR=str(tmp_path))
+    one_line_error(done, 2, "SUZUMIO_CPU_POLICY", "'fastest'")
+    assert list(tmp_path.iterdir()) == []  # no embedded server was started
+
+
 async def test_log_level_in_capitals_is_accepted(tmp_path: Path) -> None:
     # The command gets past the settings and stops where it should: at the missing key.
     done = await suzumio(

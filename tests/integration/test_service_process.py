@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform.service.runtime import resolve_endpoints
 from suzumio.platform.settings import ServiceSettings
 from suzumio.testing.processes import ServiceProcess, http_status
+from tests.support import cpu_policies
 
 SERVICES = ("session", "scheduler", "orchestrator", "toolbroker", "gateway")
 
@@ -33,6 +35,9 @@ async def test_each_service_becomes_ready_and_drains_on_sigterm(
         for proc in procs:
             assert await http_status(proc.port, "/healthz") == 200
             assert await http_status(proc.port, "/metrics") == 200
+            assert proc.process is not None
+            # The platform's CPU policy by default, on every thread (docs/operations.md).
+            assert cpu_policies(proc.process.pid) == {os.SCHED_BATCH}, proc.name
         results = await asyncio.gather(*(p.terminate() for p in procs))
     finally:
         for proc in procs:
@@ -65,6 +70,38 @@ async def test_sigterm_turns_readiness_off_then_exits_cleanly(
             proc.kill()
     assert code == 0
     assert time.monotonic() - started < 10
+
+
+async def test_a_service_told_to_inherit_its_cpu_policy_keeps_it(
+    nats_url: str, database_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    env = {"SUZUMIO_CPU_POLICY": "INHERIT"}  # any case, as the other choices
+    proc = ServiceProcess("session", nats_url, database_url, topology, tmp_path / "s.log", env)
+    proc.start()
+    try:
+        await proc.wait_ready()
+        assert proc.process is not None
+        assert cpu_policies(proc.process.pid) == {os.SCHED_OTHER}
+    finally:
+        await proc.terminate()
+
+
+async def test_an_unknown_cpu_policy_stops_the_service_at_start_naming_it(
+    nats_url: str, database_url: str, topology: Topology, tmp_path: Path
+) -> None:
+    env = {"SUZUMIO_CPU_POLICY": "fastest"}
+    log = tmp_path / "s.log"
+    proc = ServiceProcess("session", nats_url, database_url, topology, log, env).start()
+    assert proc.process is not None
+    try:
+        code = await asyncio.to_thread(proc.process.wait, 30)
+    finally:
+        if proc.process.poll() is None:  # it started after all: the test fails, leaving nothing
+            proc.kill()
+    assert code != 0
+    text = log.read_text()
+    assert "cpu_policy" in text, text[-2000:]
+    assert "'batch' or 'inherit'" in text, text[-2000:]
 
 
 async def http_status_after_term(port: int) -> int | None:

@@ -61,6 +61,14 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
         help="a warm session's runner stays for up to this many of its activations (0: one "
         "runner per activation)",
     )
+    cmd.add_argument(
+        "--cpu-policy",
+        default=os.environ.get("SUZUMIO_CPU_POLICY", "batch").strip().lower(),
+        choices=("batch", "inherit"),
+        help="batch (default): Linux's SCHED_BATCH for the worker and its runners, whose "
+        "wake-ups then do not preempt the process running; inherit: the policy it was "
+        "started with",
+    )
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -79,6 +87,7 @@ def worker(args: argparse.Namespace) -> int:
             drain_seconds=args.drain,
             warm_runners=not args.cold,
             resident_runs=max(args.resident_runs, 0),
+            cpu_policy=args.cpu_policy,
         )
         if args.workdir is not None:
             config = replace(config, workdir=args.workdir)

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import nats
 from nats.aio.client import Client as NATS
@@ -70,7 +70,8 @@ from suzumio.contracts.runner import (
     PoolWorkerInfo,
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
-from suzumio.runner import eventloop, exchange, heap
+from suzumio.runner import cpu, eventloop, exchange, heap
+from suzumio.runner.cpu import CpuPolicy
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
 from suzumio.runner.workfiles import WorkspaceError, remove_tree
@@ -108,12 +109,16 @@ class WorkerConfig:
     warm_runners: bool = True  # fork runners from a fork server instead of starting Python
     resident_runs: int = 100  # > 0 (with warm sessions and runners): a warm session's runner
     # stays, and runs up to this many of its activations
+    cpu_policy: CpuPolicy = "batch"  # the worker's, its fork server's and its runners'
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
             raise ValueError(f"worker id must match {_TOKEN.pattern}: {self.worker_id!r}")
         if not _POOL.fullmatch(self.pool):
             raise ValueError(f"pool must match {_POOL.pattern}: {self.pool!r}")
+        if self.cpu_policy not in get_args(CpuPolicy):
+            choices = ", ".join(get_args(CpuPolicy))
+            raise ValueError(f"cpu policy must be one of {choices}: {self.cpu_policy!r}")
 
 
 @dataclass
@@ -834,6 +839,9 @@ class Worker:
 
 def serve(config: WorkerConfig) -> int:
     """Run a worker until SIGTERM or SIGINT; returns the process's exit code."""
+    # Before the fork server starts: it and the runners it forks take the worker's policy.
+    if why_not := cpu.apply(config.cpu_policy):
+        log("worker.cpu_policy_unchanged", policy=config.cpu_policy, reason=why_not)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -31,6 +31,11 @@ class PlatformSettings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None, description="Fernet key(s), comma-separated, current first"
     )
+    cpu_policy: Literal["batch", "inherit"] = Field(
+        default="batch",
+        description="batch: Linux's SCHED_BATCH (a woken process does not preempt the one "
+        "running); inherit: the policy the process was started with",
+    )
 
     @field_validator("nats_url", "database_url", mode="before")
     @classmethod
@@ -40,7 +45,7 @@ class PlatformSettings(BaseSettings):
             return None
         return value
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "cpu_policy", mode="before")
     @classmethod
     def _any_case(cls, value: object) -> object:
         # People write DEBUG as often as debug; both mean the same.

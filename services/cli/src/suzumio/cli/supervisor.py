@@ -32,6 +32,7 @@ from suzumio.platform.embedded.credentials import redact
 from suzumio.platform.embedded.process import child_setup
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import secret_keys
+from suzumio.platform.service import cpu
 from suzumio.platform.service.probe import get_status
 from suzumio.platform.settings import PlatformSettings
 
@@ -120,6 +121,9 @@ class Supervisor:
                 flush=True,
             )
             return 1
+        # The embedded servers and the services take the platform's CPU policy from here.
+        if why_not := cpu.apply(self.settings.cpu_policy):
+            print(f"CPU policy {self.settings.cpu_policy} not applied: {why_not}", flush=True)
         servers: EmbeddedServers | None = None
         nats_url = self.settings.nats_url
         db_url = (

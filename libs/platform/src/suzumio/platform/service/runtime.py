@@ -35,7 +35,7 @@ from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.logging import configure_logging, get_logger
-from suzumio.platform.service import heap, heartbeat
+from suzumio.platform.service import cpu, heap, heartbeat
 from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 from suzumio.platform.service.health import Readiness
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
@@ -240,6 +240,9 @@ def resolve_endpoints(settings: PlatformSettings) -> tuple[str, str, EmbeddedSer
 def run_service(name: str, settings: S, setup: Setup) -> None:
     """The body of `python -m suzumio.<name>`."""
     configure_logging(name, level=settings.log_level, fmt=settings.log_format)
+    # Before the embedded servers this process may start: they take it from the process.
+    if why_not := cpu.apply(settings.cpu_policy):
+        log.warning("service.cpu_policy_unchanged", policy=settings.cpu_policy, reason=why_not)
     nats_url, database_url, servers = resolve_endpoints(settings)
     runtime = ServiceRuntime(name, settings, nats_url=nats_url, database_url=database_url)
     telemetry_handle = telemetry.setup_telemetry(name, runtime.instance)

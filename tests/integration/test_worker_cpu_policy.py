@@ -1,0 +1,67 @@
+"""A pool worker runs under the platform's CPU policy (SCHED_BATCH unless told to inherit),
+and its fork server — the parent of every runner it starts — takes it from the worker. A
+policy it does not know stops it at start with a message. Real NATS, the worker a process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from suzumio.contracts.subjects import Topology
+from tests.support import cpu_policies, eventually, start_pool_worker
+
+
+async def policies_of_worker_and_fork_server(proc: subprocess.Popen[bytes]) -> list[set[int]]:
+    async def fork_server() -> list[psutil.Process]:
+        return [
+            c for c in psutil.Process(proc.pid).children() if "forkserver" in " ".join(c.cmdline())
+        ]
+
+    try:
+        (server,) = await eventually(fork_server, bool, timeout=30, what="the fork server")
+        return [cpu_policies(proc.pid), cpu_policies(server.pid)]
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
+
+
+@pytest.mark.parametrize(
+    ("options", "policy"),
+    [((), os.SCHED_BATCH), (("--cpu-policy", "inherit"), os.SCHED_OTHER)],
+)
+async def test_the_worker_and_its_fork_server_run_under_the_cpu_policy(
+    nats_url: str, topology: Topology, tmp_path: Path, options: tuple[str, ...], policy: int
+) -> None:
+    proc = start_pool_worker(
+        nats_url, topology.namespace, tmp_path / "w", tmp_path / "worker.log", *options
+    )
+    assert await policies_of_worker_and_fork_server(proc) == [{policy}, {policy}]
+
+
+async def test_the_policy_comes_from_the_environment_as_the_services_take_it(
+    nats_url: str, topology: Topology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUZUMIO_CPU_POLICY", "Inherit")
+    proc = start_pool_worker(nats_url, topology.namespace, tmp_path / "w", tmp_path / "w.log")
+    assert await policies_of_worker_and_fork_server(proc) == [{os.SCHED_OTHER}] * 2
+
+
+async def test_an_unknown_policy_stops_the_worker_at_start(
+    nats_url: str, topology: Topology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUZUMIO_CPU_POLICY", "fastest")
+    log = tmp_path / "w.log"
+    proc = start_pool_worker(nats_url, topology.namespace, tmp_path / "w", log)
+    try:
+        code = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:  # it started after all: the test fails, leaving nothing
+            proc.kill()
+            proc.wait()
+    assert code == 2
+    assert "cpu policy must be one of batch, inherit: 'fastest'" in log.read_text()
