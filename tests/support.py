@@ -12,7 +12,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 T = TypeVar("T")
+
+
+# Tests of the platform's CPU policy start processes that take theirs from the test's process.
+started_under_default_policy = pytest.mark.skipif(
+    os.sched_getscheduler(0) != os.SCHED_OTHER,
+    reason="the tests run under another CPU policy than the default one (chrt)",
+)
 
 
 def cpu_policies(pid: int) -> set[int]:

@@ -56,7 +56,7 @@ def main() -> int:
         # process runs in it (the event store's appends, the projector, the orchestrator of
         # the backends' figures), under the CPU policy of the platform's processes.
         if why_not := cpu.apply(PlatformSettings().cpu_policy):
-            print(f"bench: cpu policy unchanged: {why_not}", file=sys.stderr)
+            print(f"bench: cpu_policy_unchanged: {why_not}", file=sys.stderr)
         nats = start_nats(root / "nats")
         postgres = start_postgres(root / "pg", durable=True)
         try:

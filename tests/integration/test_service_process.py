@@ -14,14 +14,20 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform.service.runtime import resolve_endpoints
 from suzumio.platform.settings import ServiceSettings
 from suzumio.testing.processes import ServiceProcess, http_status
-from tests.support import cpu_policies
+from tests.support import cpu_policies, started_under_default_policy
 
 SERVICES = ("session", "scheduler", "orchestrator", "toolbroker", "gateway")
 
 
+@started_under_default_policy
 async def test_each_service_becomes_ready_and_drains_on_sigterm(
-    nats_url: str, database_url: str, topology: Topology, tmp_path: Path
+    nats_url: str,
+    database_url: str,
+    topology: Topology,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("SUZUMIO_CPU_POLICY", raising=False)  # the default, whatever the shell
     data_dir = tmp_path / "data"
     env = {"SUZUMIO_DATA_DIR": str(data_dir)}
     procs = [
@@ -72,6 +78,7 @@ async def test_sigterm_turns_readiness_off_then_exits_cleanly(
     assert time.monotonic() - started < 10
 
 
+@started_under_default_policy
 async def test_a_service_told_to_inherit_its_cpu_policy_keeps_it(
     nats_url: str, database_url: str, topology: Topology, tmp_path: Path
 ) -> None:

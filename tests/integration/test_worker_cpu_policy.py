@@ -5,6 +5,7 @@ policy it does not know stops it at start with a message. Real NATS, the worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -13,14 +14,24 @@ import psutil
 import pytest
 
 from suzumio.contracts.subjects import Topology
-from tests.support import cpu_policies, eventually, start_pool_worker
+from tests.support import (
+    cpu_policies,
+    eventually,
+    start_pool_worker,
+    started_under_default_policy,
+)
+
+pytestmark = started_under_default_policy
 
 
 async def policies_of_worker_and_fork_server(proc: subprocess.Popen[bytes]) -> list[set[int]]:
     async def fork_server() -> list[psutil.Process]:
-        return [
-            c for c in psutil.Process(proc.pid).children() if "forkserver" in " ".join(c.cmdline())
-        ]
+        found = []
+        for child in psutil.Process(proc.pid).children():
+            with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+                if "forkserver" in " ".join(child.cmdline()):
+                    found.append(child)
+        return found
 
     try:
         (server,) = await eventually(fork_server, bool, timeout=30, what="the fork server")
@@ -32,11 +43,17 @@ async def policies_of_worker_and_fork_server(proc: subprocess.Popen[bytes]) -> l
 
 @pytest.mark.parametrize(
     ("options", "policy"),
-    [((), os.SCHED_BATCH), (("--cpu-policy", "inherit"), os.SCHED_OTHER)],
+    [((), os.SCHED_BATCH), (("--cpu-policy", "Inherit"), os.SCHED_OTHER)],
 )
 async def test_the_worker_and_its_fork_server_run_under_the_cpu_policy(
-    nats_url: str, topology: Topology, tmp_path: Path, options: tuple[str, ...], policy: int
+    nats_url: str,
+    topology: Topology,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: tuple[str, ...],
+    policy: int,
 ) -> None:
+    monkeypatch.delenv("SUZUMIO_CPU_POLICY", raising=False)  # the default, whatever the shell
     proc = start_pool_worker(
         nats_url, topology.namespace, tmp_path / "w", tmp_path / "worker.log", *options
     )
@@ -51,12 +68,25 @@ async def test_the_policy_comes_from_the_environment_as_the_services_take_it(
     assert await policies_of_worker_and_fork_server(proc) == [{os.SCHED_OTHER}] * 2
 
 
-async def test_an_unknown_policy_stops_the_worker_at_start(
-    nats_url: str, topology: Topology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("variable", "options", "said"),
+    [
+        ("fastest", (), "SUZUMIO_CPU_POLICY must be batch or inherit, not 'fastest'"),
+        ("batch", ("--cpu-policy", "fast"), "--cpu-policy must be batch or inherit, not 'fast'"),
+    ],
+)
+async def test_an_unknown_policy_stops_the_worker_at_start_naming_where_it_came_from(
+    nats_url: str,
+    topology: Topology,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    options: tuple[str, ...],
+    said: str,
 ) -> None:
-    monkeypatch.setenv("SUZUMIO_CPU_POLICY", "fastest")
+    monkeypatch.setenv("SUZUMIO_CPU_POLICY", variable)
     log = tmp_path / "w.log"
-    proc = start_pool_worker(nats_url, topology.namespace, tmp_path / "w", log)
+    proc = start_pool_worker(nats_url, topology.namespace, tmp_path / "w", log, *options)
     try:
         code = await asyncio.to_thread(proc.wait, 30)
     finally:
@@ -64,4 +94,4 @@ async def test_an_unknown_policy_stops_the_worker_at_start(
             proc.kill()
             proc.wait()
     assert code == 2
-    assert "cpu policy must be one of batch, inherit: 'fastest'" in log.read_text()
+    assert said in log.read_text()

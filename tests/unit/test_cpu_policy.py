@@ -12,6 +12,10 @@ import sys
 
 import pytest
 
+from tests.support import started_under_default_policy
+
+pytestmark = started_under_default_policy
+
 PROBE = """
 import importlib, json, os, subprocess, sys, threading
 {before}
@@ -28,7 +32,7 @@ child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getsche
 threads = sorted(os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task"))
 parked.set(); early.join()
 print(json.dumps({{"why_not": why_not, "threads": threads, "late": seen["late"],
-                  "child": int(child.stdout)}}))
+                  "child": int(child.stdout), "main": os.sched_getscheduler(0)}}))
 """
 
 MODULES = ["suzumio.platform.service.cpu", "suzumio.runner.cpu"]
@@ -71,3 +75,22 @@ def test_a_process_started_under_another_policy_keeps_it(module: str) -> None:
     seen = probe(module, "batch", before=IDLE)
     assert seen["threads"] == [os.SCHED_IDLE, os.SCHED_IDLE]
     assert seen["child"] == os.SCHED_IDLE
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_an_operators_reset_on_fork_flag_stays(module: str) -> None:
+    flag = os.SCHED_RESET_ON_FORK
+    seen = probe(module, "batch", before=f"os.sched_setscheduler(0, {flag}, os.sched_param(0))")
+    assert seen["why_not"] is None
+    assert seen["main"] == os.SCHED_BATCH | flag
+    assert seen["child"] == os.SCHED_BATCH
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_threads_it_cannot_list_are_reported_not_passed_over(module: str) -> None:
+    """Without /proc/self/task only the calling thread could be set: with another thread
+    running, that is said, and nothing is changed half-way."""
+    no_proc = "import pathlib; pathlib.Path.iterdir = lambda self: (_ for _ in ()).throw(OSError())"
+    seen = probe(module, "batch", before=no_proc)
+    assert seen["why_not"] == "its threads cannot be listed (/proc/self/task)"
+    assert seen["threads"] == [os.SCHED_OTHER, os.SCHED_OTHER]

@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from suzumio.contracts.runner import RunnerActivationInput
+from suzumio.runner.cpu import CpuPolicy
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -63,12 +64,25 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
     cmd.add_argument(
         "--cpu-policy",
-        default=os.environ.get("SUZUMIO_CPU_POLICY", "batch").strip().lower(),
-        choices=("batch", "inherit"),
-        help="batch (default): Linux's SCHED_BATCH for the worker and its runners, whose "
-        "wake-ups then do not preempt the process running; inherit: the policy it was "
-        "started with",
+        default=None,
+        help="batch: Linux's SCHED_BATCH for the worker and its runners, whose wake-ups then "
+        "do not preempt the process running; inherit: the policy it was started with "
+        "(default: SUZUMIO_CPU_POLICY, else batch)",
     )
+
+
+def _cpu_policy(flag: str | None) -> CpuPolicy:
+    """The flag's, else the variable's (in any case, as the services take it), else batch."""
+    if flag is not None:
+        given, where = flag, "--cpu-policy"
+    else:
+        given, where = os.environ.get("SUZUMIO_CPU_POLICY", "batch"), "SUZUMIO_CPU_POLICY"
+    match given.strip().lower():
+        case "batch":
+            return "batch"
+        case "inherit":
+            return "inherit"
+    raise ValueError(f"{where} must be batch or inherit, not {given!r}")
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -87,7 +101,7 @@ def worker(args: argparse.Namespace) -> int:
             drain_seconds=args.drain,
             warm_runners=not args.cold,
             resident_runs=max(args.resident_runs, 0),
-            cpu_policy=args.cpu_policy,
+            cpu_policy=_cpu_policy(args.cpu_policy),
         )
         if args.workdir is not None:
             config = replace(config, workdir=args.workdir)

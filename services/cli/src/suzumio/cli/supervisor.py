@@ -123,7 +123,7 @@ class Supervisor:
             return 1
         # The embedded servers and the services take the platform's CPU policy from here.
         if why_not := cpu.apply(self.settings.cpu_policy):
-            print(f"CPU policy {self.settings.cpu_policy} not applied: {why_not}", flush=True)
+            log.warning("up.cpu_policy_unchanged", policy=self.settings.cpu_policy, reason=why_not)
         servers: EmbeddedServers | None = None
         nats_url = self.settings.nats_url
         db_url = (

@@ -16,6 +16,7 @@ another policy than the default one (`chrt --idle`, a real-time policy) keeps it
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -31,14 +32,18 @@ def apply(policy: CpuPolicy) -> str | None:
     setter = getattr(os, "sched_setscheduler", None)
     if setter is None or not hasattr(os, "SCHED_BATCH"):
         return "this platform has no SCHED_BATCH"
+    keep = getattr(os, "SCHED_RESET_ON_FORK", 0)  # an operator's flag: it stays as it is
     try:
         threads = [int(t.name) for t in Path("/proc/self/task").iterdir()]
     except OSError:
-        threads = [0]  # the calling thread
+        if threading.active_count() > 1:
+            return "its threads cannot be listed (/proc/self/task)"
+        threads = [0]  # the only thread: the calling one
     for tid in threads:
         try:
-            if os.sched_getscheduler(tid) == os.SCHED_OTHER:
-                setter(tid, os.SCHED_BATCH, os.sched_param(0))
+            current = os.sched_getscheduler(tid)
+            if current & ~keep == os.SCHED_OTHER:
+                setter(tid, os.SCHED_BATCH | (current & keep), os.sched_param(0))
         except ProcessLookupError:
             continue  # a thread that ended meanwhile
         except OSError as exc:
