@@ -12,16 +12,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
-
 T = TypeVar("T")
 
 
-# Tests of the platform's CPU policy start processes that take theirs from the test's process.
-started_under_default_policy = pytest.mark.skipif(
-    os.sched_getscheduler(0) != os.SCHED_OTHER,
-    reason="the tests run under another CPU policy than the default one (chrt)",
-)
+def policy_for(chosen: str) -> int:
+    """The policy a process started from this one ends under when told `chosen` (batch or
+    inherit): this process's own (tests may run under `chrt`), batch in place of the default."""
+    started = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK  # children lose the flag
+    return os.SCHED_BATCH if chosen == "batch" and started == os.SCHED_OTHER else started
 
 
 def cpu_policies(pid: int) -> set[int]:

@@ -17,7 +17,7 @@ import psutil
 from suzumio.cli.admin import ADMIN_KEY_FILE
 from suzumio.platform.embedded.process import free_port
 from suzumio.testing.processes import http_status
-from tests.support import cpu_policies
+from tests.support import cpu_policies, policy_for
 
 
 async def wait_for_line(
@@ -91,13 +91,13 @@ async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: 
             assert expected in names
         # Every process of the platform, the embedded servers too, every thread of each, runs
         # under the platform's CPU policy (docs/operations.md).
-        if os.sched_getscheduler(0) == os.SCHED_OTHER:  # else the test's own choice (chrt)
-            policies = {p.pid: cpu_policies(p.pid) for p in descendants}  # none: it ended
-            assert cpu_policies(up.pid) == {os.SCHED_BATCH}
-            assert all(found == {os.SCHED_BATCH} for found in policies.values() if found), [
-                (p.pid, policies[p.pid]) for p in descendants
-            ]
-            assert sum(1 for found in policies.values() if found) >= 8  # servers and services
+        policies = {p.pid: cpu_policies(p.pid) for p in descendants}  # none: it ended
+        batch = policy_for("batch")
+        assert cpu_policies(up.pid) == {batch}
+        assert all(found == {batch} for found in policies.values() if found), [
+            (p.pid, policies[p.pid]) for p in descendants
+        ]
+        assert sum(1 for found in policies.values() if found) >= 8  # the servers and services
 
         assert "OFFLINE DEMO MODEL" in out.read_text()
         answer = await demo_answer(ports["api"], tmp_path / "data")

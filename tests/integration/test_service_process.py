@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from pathlib import Path
@@ -14,12 +13,11 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform.service.runtime import resolve_endpoints
 from suzumio.platform.settings import ServiceSettings
 from suzumio.testing.processes import ServiceProcess, http_status
-from tests.support import cpu_policies, started_under_default_policy
+from tests.support import cpu_policies, policy_for
 
 SERVICES = ("session", "scheduler", "orchestrator", "toolbroker", "gateway")
 
 
-@started_under_default_policy
 async def test_each_service_becomes_ready_and_drains_on_sigterm(
     nats_url: str,
     database_url: str,
@@ -43,7 +41,7 @@ async def test_each_service_becomes_ready_and_drains_on_sigterm(
             assert await http_status(proc.port, "/metrics") == 200
             assert proc.process is not None
             # The platform's CPU policy by default, on every thread (docs/operations.md).
-            assert cpu_policies(proc.process.pid) == {os.SCHED_BATCH}, proc.name
+            assert cpu_policies(proc.process.pid) == {policy_for("batch")}, proc.name
         results = await asyncio.gather(*(p.terminate() for p in procs))
     finally:
         for proc in procs:
@@ -78,7 +76,6 @@ async def test_sigterm_turns_readiness_off_then_exits_cleanly(
     assert time.monotonic() - started < 10
 
 
-@started_under_default_policy
 async def test_a_service_told_to_inherit_its_cpu_policy_keeps_it(
     nats_url: str, database_url: str, topology: Topology, tmp_path: Path
 ) -> None:
@@ -88,7 +85,7 @@ async def test_a_service_told_to_inherit_its_cpu_policy_keeps_it(
     try:
         await proc.wait_ready()
         assert proc.process is not None
-        assert cpu_policies(proc.process.pid) == {os.SCHED_OTHER}
+        assert cpu_policies(proc.process.pid) == {policy_for("inherit")}
     finally:
         await proc.terminate()
 

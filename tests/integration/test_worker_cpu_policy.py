@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 from pathlib import Path
 
@@ -14,14 +13,7 @@ import psutil
 import pytest
 
 from suzumio.contracts.subjects import Topology
-from tests.support import (
-    cpu_policies,
-    eventually,
-    start_pool_worker,
-    started_under_default_policy,
-)
-
-pytestmark = started_under_default_policy
+from tests.support import cpu_policies, eventually, policy_for, start_pool_worker
 
 
 async def policies_of_worker_and_fork_server(proc: subprocess.Popen[bytes]) -> list[set[int]]:
@@ -43,7 +35,7 @@ async def policies_of_worker_and_fork_server(proc: subprocess.Popen[bytes]) -> l
 
 @pytest.mark.parametrize(
     ("options", "policy"),
-    [((), os.SCHED_BATCH), (("--cpu-policy", "Inherit"), os.SCHED_OTHER)],
+    [((), "batch"), (("--cpu-policy", "Inherit"), "inherit")],
 )
 async def test_the_worker_and_its_fork_server_run_under_the_cpu_policy(
     nats_url: str,
@@ -51,13 +43,14 @@ async def test_the_worker_and_its_fork_server_run_under_the_cpu_policy(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     options: tuple[str, ...],
-    policy: int,
+    policy: str,
 ) -> None:
     monkeypatch.delenv("SUZUMIO_CPU_POLICY", raising=False)  # the default, whatever the shell
     proc = start_pool_worker(
         nats_url, topology.namespace, tmp_path / "w", tmp_path / "worker.log", *options
     )
-    assert await policies_of_worker_and_fork_server(proc) == [{policy}, {policy}]
+    expected = policy_for(policy)
+    assert await policies_of_worker_and_fork_server(proc) == [{expected}, {expected}]
 
 
 async def test_the_policy_comes_from_the_environment_as_the_services_take_it(
@@ -65,7 +58,7 @@ async def test_the_policy_comes_from_the_environment_as_the_services_take_it(
 ) -> None:
     monkeypatch.setenv("SUZUMIO_CPU_POLICY", "Inherit")
     proc = start_pool_worker(nats_url, topology.namespace, tmp_path / "w", tmp_path / "w.log")
-    assert await policies_of_worker_and_fork_server(proc) == [{os.SCHED_OTHER}] * 2
+    assert await policies_of_worker_and_fork_server(proc) == [{policy_for("inherit")}] * 2
 
 
 @pytest.mark.parametrize(
