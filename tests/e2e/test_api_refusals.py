@@ -186,3 +186,29 @@ async def test_a_request_head_over_16_kb_is_refused_before_the_app(stack: Stack)
         # Refused with a 4xx, or the connection closed, before any route answers.
         assert answer == b"" or answer.split(b" ")[1].startswith(b"4"), answer[:100]
         assert b" 401 " not in answer  # the auth of the route never saw it
+
+
+async def test_a_typo_inside_a_nested_body_is_refused_not_read_as_the_default(
+    stack: Stack,
+) -> None:
+    """Before, `limits` and `model` took unknown fields silently: a misspelt limit set the
+    project's to the default, a misspelt provider sent the agent's prompts to the default one."""
+    world = await new_world(stack, "wes")
+    async with stack.client(world.key) as c:
+        project = f"/v1/projects/{world.project_id}"
+        ok(await c.patch(project, json={"limits": {"max_concurrent_activations": 2}}))
+        typo = {"limits": {"max_concurent_activations": 5}}
+        body = problem(await c.patch(project, json=typo), 422, "invalid")
+        assert "max_concurent_activations" in str(body)
+        assert ok(await c.get(project))["limits"]["max_concurrent_activations"] == 2
+        agents = f"{project}/agents"
+        misspelt = {"name": "m2", "role": "r", "model": {"name": "m", "provder": "eu"}}
+        problem(await c.post(agents, json=misspelt), 422, "invalid")
+        agent = f"/v1/agents/{world.agent_id}"
+        before = ok(await c.get(agent))
+        problem(
+            await c.patch(agent, json={"model": {"name": "m", "provder": "eu"}}), 422, "invalid"
+        )
+        problem(await c.patch(agent, json={"fallbacks": [{"nam": "m"}]}), 422, "invalid")
+        assert ok(await c.get(agent)) == before
+        assert [a["name"] for a in ok(await c.get(agents))["items"]] == ["helper"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from suzumio.gateway.api.pagination import encode_cursor
@@ -22,6 +25,43 @@ async def test_admin_creates_users_whose_keys_work_until_revoked(stack: Stack) -
         assert ok(await c2.get("/v1/me"))["id"] == user_id
         ok(await c2.delete(f"/v1/me/api-keys/{extra['key_id']}"), 204)
         problem(await c2.get("/v1/me"), 401, "unauthenticated")
+
+
+@pytest.mark.parametrize(
+    "expires_at",
+    [
+        "0001-01-01T00:00:00+01:00",  # before the year 1 once in UTC: could not be projected
+        "9999-12-31T23:00:00-05:00",  # after the year 9999 once in UTC
+        "2099-01-01T00:00:00",  # no timezone: whose clock?
+        "2001-01-01T00:00:00Z",  # expired already
+    ],
+)
+async def test_a_key_expiry_out_of_range_or_past_is_refused_and_changes_nothing(
+    stack: Stack, expires_at: str
+) -> None:
+    key, _ = await new_user(stack, "eve")
+    async with stack.client(key) as c:
+        before = ok(await c.get("/v1/me/api-keys"))
+        body = problem(
+            await c.post("/v1/me/api-keys", json={"expires_at": expires_at}), 422, "invalid"
+        )
+        assert "expires_at" in str(body)
+        assert ok(await c.get("/v1/me/api-keys")) == before
+        # The projections still move: a valid key made after it is there to read.
+        later = ok(await c.post("/v1/me/api-keys", json={"name": "after"}), 201)
+        assert later["key_id"] in {k["key_id"] for k in ok(await c.get("/v1/me/api-keys"))}
+
+
+async def test_a_key_stops_working_once_it_expires(stack: Stack) -> None:
+    key, user_id = await new_user(stack, "fay")
+    soon = datetime.now(UTC) + timedelta(seconds=3)
+    async with stack.client(key) as c:
+        made = ok(await c.post("/v1/me/api-keys", json={"expires_at": soon.isoformat()}), 201)
+        assert datetime.fromisoformat(made["expires_at"]) == soon
+    async with stack.client(made["api_key"]) as short:
+        assert ok(await short.get("/v1/me"))["id"] == user_id
+        await asyncio.sleep(max((soon - datetime.now(UTC)).total_seconds(), 0) + 0.2)
+        problem(await short.get("/v1/me"), 401, "unauthenticated")
 
 
 async def test_authentication_errors(stack: Stack) -> None:

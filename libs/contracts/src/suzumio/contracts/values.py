@@ -122,7 +122,7 @@ class Author(BaseModel):
 class ModelSpec(BaseModel):
     """Which model an agent calls, through which OpenAI-compatible provider settings."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")  # a typo is an error
 
     name: Name = Field(description="model name as the provider knows it")
     provider: Name | None = Field(
@@ -133,7 +133,7 @@ class ModelSpec(BaseModel):
 class ProjectLimits(BaseModel):
     """Concurrency limits the scheduler enforces for a project."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")  # a typo is an error
 
     max_concurrent_activations: int = Field(default=8, ge=1, le=10_000)
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pydantic import Field
 
 from suzumio.contracts.commands.base import Command, command
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.values import Clean, Name
+from suzumio.contracts.values import Clean, Instant, Name
 
 KeyId = str
 Digest = str
@@ -40,7 +38,9 @@ class CreateApiKey(Command):
     key_id: KeyId = Field(pattern=r"^[a-z0-9]{8,32}$")
     digest: Digest = Field(pattern=r"^[0-9a-f]{64}$")
     name: Clean = Field(default="", max_length=200)
-    expires_at: datetime | None = None
+    # Bounded as every instant from outside is: one that leaves the years 1..9999 once in UTC
+    # could be appended but never projected, and would hold up every projection behind it.
+    expires_at: Instant | None = None
 
 
 @command("session", "revoke_api_key")

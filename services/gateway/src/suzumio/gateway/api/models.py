@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import (
@@ -66,7 +66,16 @@ class UserWithKey(UserOut):
 
 class ApiKeyIn(In):
     name: Clean = Field(default="", max_length=200)
-    expires_at: datetime | None = None
+    expires_at: Instant | None = Field(
+        default=None, description="when the key stops working; with a timezone, in the future"
+    )
+
+    @field_validator("expires_at")
+    @classmethod
+    def _in_the_future(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value <= datetime.now(UTC):
+            raise ValueError("the key would have expired already")
+        return value
 
 
 class ApiKeyOut(Out):
