@@ -123,3 +123,49 @@ async def test_slow_handler_keeps_its_message_with_heartbeats(
     await task
 
     assert deliveries == [1]  # never redelivered while the handler worked on it
+
+
+async def test_a_message_whose_parking_failed_on_its_last_delivery_comes_back_and_is_parked(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    """Before, the consumer's own `max_deliver` was the worker's: JetStream never delivered
+    the message again after a failed park on that last delivery, and it was lost unrecorded."""
+    parks: list[int] = []
+    park = event_parker(store, "worker")
+
+    async def handle(msg: Msg) -> None:
+        raise ValueError("cannot handle this one")
+
+    async def flaky_park(msg: Msg, error: BaseException, deliveries: int) -> None:
+        parks.append(deliveries)
+        if len(parks) == 1:
+            raise ConnectionError("NATS blinked")
+        await park(msg, error, deliveries)
+
+    worker = PullWorker(nc, spec(topology), handle, flaky_park)
+    stop, task = await run_worker(worker)
+    pid = new_id()
+    await store.append(pid, [ProjectCreated(name="x", owner_id="u")], 0)
+
+    parked = await eventually(
+        lambda: store.load("consumer", "worker"), lambda s: s.version == 1, what="parked event"
+    )
+    stop.set()
+    await task
+    assert parks == [3, 4]  # spent at the third delivery; the fourth is parked
+    record = parked.events[0].data
+    assert isinstance(record, MessageParked)
+    assert record.subject == topology.event_subject("project", pid)
+
+
+async def test_a_consumer_made_with_a_server_side_limit_loses_it(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    """A durable consumer an earlier version made keeps its name: its limit is lifted."""
+    old = spec(topology).config()
+    old.max_deliver = 3
+    await nc.jetstream().add_consumer(topology.events_stream, old)
+    worker = PullWorker(nc, spec(topology), lambda _: asyncio.sleep(0), event_parker(store, "w"))
+    await worker.ensure_consumer()
+    info = await nc.jetstream().consumer_info(topology.events_stream, "worker")
+    assert info.config.max_deliver == -1

@@ -4,6 +4,11 @@ Messages come in batches; a handler that runs long keeps its message alive with 
 heartbeats; a failure is retried with backoff up to `max_deliver` deliveries, after which the
 message is parked (an event records it) and terminated, so one poison message never blocks
 the ones behind it.
+
+`max_deliver` is this worker's count, not the server's: the consumer itself redelivers without
+limit. JetStream never redelivers a message past its consumer's `max_deliver`, so one whose
+parking failed on that last delivery (NATS briefly away for the handler and the parker alike)
+would be gone without a trace; here it comes back until it is handled or parked.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class ConsumerSpec:
             durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver,
+            max_deliver=-1,  # see the module's docstring
             max_ack_pending=self.max_ack_pending,
             filter_subjects=list(self.filter_subjects),
             deliver_policy=DeliverPolicy.NEW if self.deliver_new_only else DeliverPolicy.ALL,
