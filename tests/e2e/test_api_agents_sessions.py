@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import zipfile
 
+from suzumio.contracts.commands import CloseSession
 from suzumio.contracts.events import (
     ActivationCompleted,
     ActivationRequested,
@@ -15,6 +16,7 @@ from suzumio.contracts.events import (
 from suzumio.contracts.ids import new_id
 from suzumio.gateway.api.pagination import encode_cursor
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
+from suzumio.platform.bus.commands import CommandClient
 from tests.e2e.api import new_world, ok, problem, tar_gz
 from tests.e2e.stack import Stack
 
@@ -304,3 +306,18 @@ async def test_signals_recorded_through_the_api_cannot_pose_as_others(stack: Sta
             422,
             "invalid",
         )
+
+
+async def test_a_command_found_done_already_says_how_far_the_log_is(stack: Stack) -> None:
+    """A close that finds the session closed (a second client, a retry after a lost reply)
+    replies where the session stands, so its caller's read waits for the projection to show
+    it closed; before, it replied position 0 and the read could show it still active."""
+    world = await new_world(stack, "nia")
+    commands = CommandClient(stack.nc, stack.topology)
+    close = CloseSession(session_id=world.session_id, reason="done")
+    first = await commands.send(close, actor=f"user:{world.user_id}")
+    assert first.events
+    again = await commands.send(close, actor=f"user:{world.user_id}")
+    assert again.events == ()
+    head = await stack.store.head("session", world.session_id)
+    assert again.position == head.seq == first.position

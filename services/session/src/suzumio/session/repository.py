@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
+from suzumio.contracts.commands import EventRef
 from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.errors import CommandError
 from suzumio.platform.bus.eventstore import (
@@ -25,6 +27,18 @@ from suzumio.session.domain.state import AggregateState
 
 S = TypeVar("S", bound=AggregateState)
 Decide = Callable[[S], Sequence[DomainEvent]]
+
+
+@dataclass(frozen=True, slots=True)
+class Unchanged:
+    """A command that found nothing to do (done already): where the aggregate it decided on
+    stands, so its caller waits for the projections to show that, as after a write."""
+
+    seq: int
+    events: tuple[EventRef, ...] = ()
+
+
+Outcome = AppendResult | Unchanged
 
 
 class Repository:
@@ -66,19 +80,20 @@ class Repository:
         meta: EventMeta,
         *,
         attempts: int = 4,
-    ) -> tuple[S, AppendResult | None]:
+    ) -> tuple[S, Outcome]:
         """Decide on the state and append the result; retried on a concurrent write.
 
         Commands for one aggregate take turns within this process, so they never conflict
         with each other; only another process's write can make an append fail and retry.
-        Returns the state after the append and the append's result (None: nothing to do).
+        Returns the state after the append and the append's result (`Unchanged`: nothing to
+        do).
         """
         async with self._turns.take((cls.aggregate, aggregate_id)):
             return await self._execute(cls, aggregate_id, decide, meta, attempts)
 
     async def _execute(
         self, cls: type[S], aggregate_id: str, decide: Decide[S], meta: EventMeta, attempts: int
-    ) -> tuple[S, AppendResult | None]:
+    ) -> tuple[S, Outcome]:
         for attempt in range(attempts):
             fresh = attempt > 0
             state = await self.get(cls, aggregate_id, fresh=fresh)
@@ -90,7 +105,7 @@ class Repository:
                 continue  # refused on a cached state: decide again on the latest
             if not events:
                 if fresh:
-                    return state, None
+                    return state, Unchanged(state.seq)
                 continue  # nothing to do, says the cache: make sure with the latest
             try:
                 result = await self.store.append(aggregate_id, events, state.version, meta)

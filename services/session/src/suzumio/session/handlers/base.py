@@ -12,12 +12,11 @@ from suzumio.contracts.commands import CommandAccepted
 from suzumio.contracts.errors import ForbiddenError
 from suzumio.contracts.values import Role
 from suzumio.platform.bus.commands import CommandContext
-from suzumio.platform.bus.eventstore import AppendResult
 from suzumio.session.domain import access
 from suzumio.session.domain.access import Actor
 from suzumio.session.domain.project import ProjectState
 from suzumio.session.domain.user import UserState
-from suzumio.session.repository import Repository
+from suzumio.session.repository import Outcome, Repository
 
 
 def utcnow() -> datetime:
@@ -58,7 +57,5 @@ class HandlerGroup:
         return project, access.require(project, actor, needed, what)
 
 
-def accepted(result: AppendResult | None, **extra: Any) -> CommandAccepted:
-    if result is None:
-        return CommandAccepted(result=extra)
+def accepted(result: Outcome, **extra: Any) -> CommandAccepted:
     return CommandAccepted(events=result.events, position=result.seq, result=extra)

@@ -15,13 +15,15 @@ from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import ForbiddenError, InvalidError, NotFoundError
 from suzumio.contracts.values import Role
 from suzumio.platform.bus.commands import CommandContext
-from suzumio.platform.bus.eventstore import AppendResult
+from suzumio.platform.logging import get_logger
 from suzumio.session.domain import pending_action
 from suzumio.session.domain.artifact import ArtifactState
 from suzumio.session.domain.pending_action import PendingActionState
 from suzumio.session.domain.session import SessionState
 from suzumio.session.handlers.base import HandlerGroup, accepted
-from suzumio.session.repository import Repository
+from suzumio.session.repository import Outcome, Repository
+
+log = get_logger(__name__)
 
 
 class PendingActionHandlers(HandlerGroup):
@@ -86,23 +88,32 @@ class PendingActionHandlers(HandlerGroup):
                 raise InvalidError(f"artifact {artifact_id} is not an artifact of this project")
 
     async def _resumed(
-        self, state: PendingActionState, result: AppendResult | None, meta: EventMeta
+        self, state: PendingActionState, result: Outcome, meta: EventMeta
     ) -> CommandAccepted:
-        if result is None:
-            return accepted(None, pending_action_id=state.id, status=state.status)
-        signal = await record_resume_signal(self.repo, state, meta)
+        if not result.events:  # answered or expired already: nothing new to tell the agent
+            return accepted(result, pending_action_id=state.id, status=state.status)
+        try:
+            signal = await record_resume_signal(self.repo, state, meta)
+        except Exception:
+            # The outcome is in the log: refusing now would make the caller's retry a 409
+            # ("answered already") for a request that succeeded. The catch-up reaction on
+            # the outcome records the signal (its id is derived, so it is recorded once).
+            log.exception("pending_action.resume_signal_deferred", pending_action=state.id)
+            signal = None
         reply = accepted(
             result,
             pending_action_id=state.id,
             status=state.status,
-            signal_id=pending_action.resume_signal_id(state.id) if signal else None,
+            signal_id=pending_action.resume_signal_id(state.id)
+            if signal and signal.events
+            else None,
         )
         return reply.model_copy(update={"position": max(result.seq, signal.seq if signal else 0)})
 
 
 async def record_resume_signal(
     repo: Repository, state: PendingActionState, meta: EventMeta
-) -> AppendResult | None:
+) -> Outcome | None:
     """Tell the session's agent how its pending action ended: a P1 signal, recorded once
     (its id is derived) and not at all on a closed session. Called right after the outcome
     is appended, and again by the catch-up reaction in case this process died in between."""

@@ -28,13 +28,13 @@ from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.errors import ForbiddenError, InvalidError, NotFoundError
 from suzumio.contracts.values import Role
 from suzumio.platform.bus.commands import CommandContext
-from suzumio.platform.bus.eventstore import AppendResult
 from suzumio.session.domain import access, project
 from suzumio.session.domain.agent import AgentState
 from suzumio.session.domain.project import ProjectState
 from suzumio.session.domain.user import UserState
 from suzumio.session.handlers.base import HandlerGroup, accepted
 from suzumio.session.mounts import canonical_mount_path
+from suzumio.session.repository import Outcome
 
 Change = Callable[[ProjectState, Role], Sequence[DomainEvent]]
 
@@ -52,7 +52,7 @@ class ProjectHandlers(HandlerGroup):
 
     async def _change(
         self, ctx: CommandContext[Any], project_id: str, change: Change, needed: Role = Role.ADMIN
-    ) -> AppendResult | None:
+    ) -> Outcome:
         actor = await self.actor(ctx)
 
         def decide(state: ProjectState) -> Sequence[DomainEvent]:

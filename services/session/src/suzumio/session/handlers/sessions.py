@@ -107,7 +107,7 @@ class SessionHandlers(HandlerGroup):
         _, result = await self.repo.execute(
             SessionState, cmd.session_id, lambda s: session.append_history(s, cmd), ctx.meta()
         )
-        return accepted(result, appended=0 if result is None else len(result.events))
+        return accepted(result, appended=len(result.events))
 
     async def compact_history(self, ctx: CommandContext[CompactHistory]) -> CommandAccepted:
         cmd = ctx.command
