@@ -249,12 +249,10 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain: let runs end (or stop them) and ack them."""
-        self._nc = await nats.connect(
-            servers=[self.cfg.nats_url],
-            name=f"suzumio-worker-{self.cfg.worker_id}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-        )
+        self._nc = await self._connect(stop)
+        if self._nc is None:
+            log("worker.stopped", worker=self.cfg.worker_id, reason="NATS never answered")
+            return
         if self.cfg.warm_runners:
             self._forks = ForkServer()
             await self._forks.start()
@@ -279,6 +277,40 @@ class Worker:
                 await self.nc.close()  # what must reach the server was flushed already
             await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
             log("worker.stopped", worker=self.cfg.worker_id)
+
+    async def _connect(self, stop: asyncio.Event) -> NATS | None:
+        """NATS, waited for as long as it takes, but not past a stop: a worker started before
+        its NATS (or while it is away) still ends on SIGTERM. None: stopped first. Each failed
+        attempt is one line of the worker's log (nats-py's own would be a traceback)."""
+
+        async def on_error(exc: Exception) -> None:
+            log("worker.nats_error", error=str(exc) or type(exc).__name__)
+
+        async def on_disconnected() -> None:
+            log("worker.nats_disconnected")
+
+        async def on_reconnected() -> None:
+            log("worker.nats_reconnected")
+
+        connecting = asyncio.ensure_future(
+            nats.connect(
+                servers=[self.cfg.nats_url],
+                name=f"suzumio-worker-{self.cfg.worker_id}",
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+            )
+        )
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not connecting.done():
+            connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            return await connecting
+        return None
 
     async def _subscribe(self, stop: asyncio.Event) -> JetStreamContext.PullSubscription | None:
         js = self.nc.jetstream()
