@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from pathlib import Path
 from typing import Annotated
@@ -12,8 +11,8 @@ import httpx
 import typer
 from rich.console import Console
 
-from suzumio.cli.admin import ADMIN_KEY_FILE
-from suzumio.cli.failures import fail, first_line, load_settings
+from suzumio.cli.failures import fail, first_line
+from suzumio.cli.keys import api_key, authorization
 
 app = typer.Typer(help="Agents, through the REST API.", no_args_is_help=True)
 console = Console()
@@ -31,14 +30,6 @@ def pack(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
-def default_key() -> str | None:
-    key = os.environ.get("SUZUMIO_API_KEY")
-    if key:
-        return key
-    path = load_settings().data_dir / ADMIN_KEY_FILE
-    return path.read_text().strip() if path.exists() else None
-
-
 @app.command("import")
 def import_command(
     directory: Annotated[Path, typer.Argument(exists=True, file_okay=False, resolve_path=True)],
@@ -52,10 +43,11 @@ def import_command(
     ] = None,
 ) -> None:
     """Create an agent from a package directory (agent.yaml, prompt/system.md, ...)."""
-    api_key = key or default_key()
-    if not api_key:
+    found = api_key(key)
+    if found is None:
         console.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
         raise typer.Exit(2)
+    headers = authorization(*found)
     archive = pack(directory)
     url = f"{api.rstrip('/')}/v1/projects/{project}/agents/import"
     if not api.startswith(("http://", "https://")):
@@ -63,7 +55,7 @@ def import_command(
     try:
         response = httpx.post(
             url,
-            headers={"Authorization": f"Bearer {api_key}"},
+            headers=headers,
             files={"package": (f"{directory.name}.tar.gz", archive, "application/gzip")},
             timeout=60,
         )

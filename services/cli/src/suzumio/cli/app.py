@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import typer
 
 from suzumio.cli import agents, projections
-from suzumio.cli.admin import bootstrap_admin
+from suzumio.cli.admin import AdminUnconfirmedError, bootstrap_admin
 from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.failures import load_settings
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
@@ -29,14 +29,25 @@ def _configure() -> None:
     configure_logging("cli", level=settings.log_level, fmt=settings.log_format)
 
 
+MAX_PORT = 65535  # past it an option is a usage error, not a traceback from bind()
+
+
 @app.command()
 def up(
     host: Annotated[str, typer.Option(help="address the HTTP listeners bind to")] = "127.0.0.1",
-    api_port: Annotated[int, typer.Option(help="gateway: REST API and web page")] = 8080,
-    broker_port: Annotated[int, typer.Option(help="tool-broker: the runners' door")] = 8081,
+    api_port: Annotated[
+        int, typer.Option(help="gateway: REST API and web page", min=1, max=MAX_PORT)
+    ] = 8080,
+    broker_port: Annotated[
+        int, typer.Option(help="tool-broker: the runners' door", min=1, max=MAX_PORT)
+    ] = 8081,
     internal_ports_from: Annotated[
         int,
-        typer.Option(help="first of four ports: session, scheduler, orchestrator, demo model"),
+        typer.Option(
+            help="first of four ports: session, scheduler, orchestrator, demo model",
+            min=1,
+            max=MAX_PORT - 3,
+        ),
     ] = 8091,
 ) -> None:
     """Start the whole platform here: embedded NATS and Postgres unless SUZUMIO_NATS_URL and
@@ -107,7 +118,16 @@ def bootstrap_admin_command() -> None:
     by itself; use this where the services run elsewhere (Compose, Kubernetes)."""
 
     async def run(platform: Platform) -> str | None:
-        return await bootstrap_admin(platform.nc, platform.topology, None)
+        try:
+            return await bootstrap_admin(platform.nc, platform.topology, None)
+        except AdminUnconfirmedError as exc:
+            # It may still be applied, and this is the only place the key will ever be seen.
+            typer.echo(
+                f"error: {exc}; it may still be applied, and then this is the admin's API key:",
+                err=True,
+            )
+            print(exc.key)
+            raise typer.Exit(1) from None
 
     key = with_platform(run)
     if key is None:

@@ -11,6 +11,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 
 from suzumio.cli.failures import CONNECT_WITHIN, fail, first_line, load_settings, redact
+from suzumio.contracts.errors import CommandError, UnavailableError
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus import connection
 from suzumio.platform.bus.jsapi import ensure_streams
@@ -36,7 +37,8 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
     streams and tables exist, run `work`, and disconnect.
 
     Unlike a service, which waits for its servers as long as it takes, a command gives them
-    `CONNECT_WITHIN` seconds and then exits 1 with a line naming the URL.
+    `CONNECT_WITHIN` seconds and then exits 1 with a line naming the URL. A command `work`
+    sends that the platform refuses or leaves unanswered exits 1 the same way.
     """
     settings = load_settings()
     try:
@@ -64,6 +66,8 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
                 await ensure_streams(nc, settings.topology().streams())
                 await apply_migrations(pool, platform_migrations())
                 return await work(Platform(nc, pool, dsn, settings.topology()))
+            except CommandError as exc:
+                fail(_refused(exc))
             finally:
                 await pool.close()
         finally:
@@ -74,3 +78,10 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
     finally:
         if servers is not None:
             servers.stop()
+
+
+def _refused(exc: CommandError) -> str:
+    if isinstance(exc, UnavailableError):
+        # The servers answer but the services do not run against them (yet).
+        return f"{first_line(exc)}; are the platform's services running?"
+    return first_line(exc)

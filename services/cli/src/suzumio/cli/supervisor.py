@@ -25,7 +25,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from suzumio.cli.admin import ADMIN_KEY_FILE, bootstrap_admin
+from suzumio.cli.admin import (
+    ADMIN_KEY_FILE,
+    AdminUnconfirmedError,
+    KeyFileError,
+    bootstrap_admin,
+)
+from suzumio.cli.failures import first_line
+from suzumio.contracts.errors import CommandError
 from suzumio.platform.bus import connection
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.embedded.credentials import redact
@@ -168,6 +175,7 @@ class Supervisor:
             await self._start(child, env)
             watchers.append(asyncio.create_task(self._watch(child, env)))
         ready = asyncio.create_task(self._announce(nats_url))
+        ready.add_done_callback(_announce_failed)  # nobody awaits it: say what ended it
         await self._stop.wait()
         self._stopping.set()
         ready.cancel()
@@ -293,19 +301,28 @@ class Supervisor:
         return process.returncode is None and _listens(process.pid, spec.port)
 
     async def _bootstrap_admin(self, nats_url: str) -> str:
+        """The banner's line about the admin key; a failure is said there, never dropped."""
         data_dir = self.settings.data_dir.resolve()
+        path = data_dir / ADMIN_KEY_FILE
         nc = await connection.connect(nats_url, "suzumio-supervisor")
         try:
             key = await bootstrap_admin(nc, self.settings.topology(), data_dir)
+        except AdminUnconfirmedError as exc:
+            log.warning("up.admin_unconfirmed", reason=str(exc), key_file=str(path))
+            return (
+                f"  admin API key:    NOT CONFIRMED: {exc}. If the session service applies it"
+                f" late,\n                    the key in {path} is the admin's;"
+                " the next `suzumio up` sends it again.\n"
+            )
+        except (KeyFileError, CommandError) as exc:
+            log.warning("up.admin_failed", reason=str(exc))
+            return f"  admin API key:    NONE: {first_line(exc)}\n"
         finally:
             await nc.close()
         if key is not None:
-            return (
-                f"  admin API key:    {key}\n"
-                f"                    (shown once; also in {data_dir / ADMIN_KEY_FILE})\n"
-            )
-        if (data_dir / ADMIN_KEY_FILE).exists():
-            return f"  admin API key:    in {data_dir / ADMIN_KEY_FILE}\n"
+            return f"  admin API key:    {key}\n                    (shown once; also in {path})\n"
+        if path.exists():
+            return f"  admin API key:    in {path}\n"
         return "  admin API key:    the platform has an admin already\n"
 
     async def _stop_all(self) -> None:
@@ -331,6 +348,13 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 child.process.kill()
             await child.process.wait()
+
+
+def _announce_failed(task: asyncio.Task[None]) -> None:
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    log.error("up.announce_failed", exc_info=exc)
+    print(f"Suzumio could not finish starting: {first_line(exc)}", file=sys.stderr, flush=True)
 
 
 def _listens(pid: int, port: int) -> bool:
