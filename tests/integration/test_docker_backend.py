@@ -359,6 +359,7 @@ async def test_a_fresh_backend_finds_and_watches_what_runs(make_backend, engine,
     assert again.data == running.data  # status "running", the ids, the name
     assert again.data["session"] == running.data["session"]
     assert found[finished.activation_id].data["status"] == "exited"
+    assert (again.finished, found[finished.activation_id].finished) == (False, True)
     assert await watch(fresh, found[finished.activation_id]) == Exit(
         0, "exited", "status exited, exit code 0"
     )

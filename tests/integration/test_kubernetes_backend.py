@@ -361,7 +361,7 @@ async def test_cancel_deletes_the_job_and_everything_it_owns(server, backend, pl
     task = await watching(server, backend, handle)
     await backend.cancel(handle)
     assert await asyncio.wait_for(task, 5) == Exit(
-        None, "cancelled", "the Job was deleted by cancel"
+        None, "cancelled", "the Job was deleted by cancel", gone=True
     )
     for kind in (*KINDS, "Pod"):
         assert server.objects(kind, NS) == [], kind
@@ -406,8 +406,11 @@ async def test_a_fresh_backend_finds_and_follows_live_jobs(server, backend, plat
         assert sorted(h.sandbox_id for h in found) == sorted(h.sandbox_id for h in handles)
         assert {h.activation_id for h in found} == {p.activation_id for p in plans}
         assert all(h.data["attempt"] == 1 and h.backend == "kubernetes" for h in found)
+        assert not any(h.finished for h in found)
         server.finish_job(found[0].sandbox_id, 0)
         assert (await asyncio.wait_for(restarted.watch(found[0]), 5)).code == 0
+        finished = {h.sandbox_id: h.finished for h in await restarted.list_live()}
+        assert finished == {found[0].sandbox_id: True, found[1].sandbox_id: False}
     finally:
         await restarted.close()
 

@@ -6,9 +6,10 @@ lock): only the leader launches. When it starts leading it reconciles: each acti
 says is not over is matched with what the backends still run — watched again if its sandbox
 lives (stopped first if a cancel was asked meanwhile; under its wall-clock limit counted from
 its start in the log), ended as its recorded output says or failed as lost if it was started
-and its sandbox is gone, launched if it never was — and every sandbox of the platform no
-activation owns is stopped and removed. A backend that cannot list its sandboxes is asked again
-until it can; its activations are left as they are meanwhile.
+and its sandbox is gone, launched if it never was — and every sandbox of the platform no live
+activation owns is stopped if it still runs and left to its backend's cleanup policy, with how
+its activation ended. A backend that cannot list its sandboxes is asked again until it can; its
+activations are left as they are meanwhile.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from suzumio.orchestrator.resumption import (
     RELIST_FIRST_SECONDS,
     RELIST_MAX_SECONDS,
     deadline_of,
+    exit_after_output,
     exit_of_gone,
     list_live,
 )
@@ -139,6 +141,7 @@ class Tracked:
     started_at: datetime | None = None
     cancel_reason: str | None = None
     ended: bool = False
+    completed: bool = False  # it ended as completed (its sandbox's cleanup policy goes by it)
     handle: Handle | None = None
     timed_out: bool = False
     timeout_seconds: float = 0.0
@@ -300,6 +303,7 @@ class Orchestrator:
                 t.output = t.output or data  # the first is the one (the broker records one)
             case _:  # a terminal event
                 t.ended, t.output = True, None
+                t.completed = isinstance(data, ActivationCompleted)
                 self._planner.forget(activation_id)
                 self._ended.append(activation_id)
                 while len(self._ended) > KEEP_ENDED:  # memory stays bounded
@@ -356,13 +360,39 @@ class Orchestrator:
         for handle in live.values():  # sandboxes no live activation owns: orphans
             if handle.activation_id in self._tasks or handle.ended:
                 continue  # being launched, or over with nothing left of it
-            log.warning(
-                "orchestrator.orphan", activation=handle.activation_id, backend=handle.backend
-            )
-            backend = self.backends[handle.backend]
-            with contextlib.suppress(Exception):
+            await self._clear_orphan(handle)
+
+    async def _clear_orphan(self, handle: Handle) -> None:
+        """A sandbox whose activation is over (or unknown): stopped only if it still runs —
+        stopping a finished Kubernetes Job deletes it — then left to its backend's cleanup
+        policy with the activation's real outcome, so a sandbox kept for a person to look at
+        (`never`, or `on_success` after a failure) stays kept."""
+        backend = self.backends[handle.backend]
+        completed = await self._completed(handle.activation_id)
+        try:
+            if not handle.finished:
+                log.warning("orchestrator.orphan", activation=handle.activation_id,
+                            backend=handle.backend)  # fmt: skip
                 await backend.cancel(handle)
-                await backend.cleanup(handle, succeeded=False)
+            await backend.cleanup(handle, succeeded=completed)
+        except Exception as exc:  # the next leader finds it again
+            log.warning("orchestrator.orphan_cleanup_failed", activation=handle.activation_id,
+                        backend=handle.backend, error=repr(exc)[:500])  # fmt: skip
+
+    async def _completed(self, activation_id: str) -> bool:
+        """Whether the activation ended as completed: as folded, else (ended so long ago that
+        it is forgotten) as its subject says. Not known counts as not completed: a policy
+        that keeps failures keeps it, which is the mistake that loses nothing."""
+        tracked = self.activations.get(activation_id)
+        if tracked is not None:
+            return tracked.completed
+        try:
+            stream = await self._store.load("activation", activation_id)
+        except Exception as exc:
+            log.warning("orchestrator.load_failed", activation=activation_id,
+                        error=repr(exc)[:500])  # fmt: skip
+            return False
+        return isinstance(_Seen.read(stream).ended, ActivationCompleted)
 
     def _backend_of(self, tracked: Tracked) -> str | None:
         """Where its sandbox is, or would be: the backend it started on, else its profile's
@@ -548,7 +578,9 @@ class Orchestrator:
             exit_ = await asyncio.wait_for(backend.watch(handle), timeout)
         except TimeoutError:
             tracked.timed_out = True
-            await backend.cancel(handle)
+            # Stopped as a cancel is, asked again until its end is seen: a stop that fails (an
+            # engine briefly unreachable) leaves it a timeout, not an error of ours.
+            self._keep_cancelling(tracked, handle)
             try:
                 exit_ = await asyncio.wait_for(backend.watch(handle), STOP_GRACE_SECONDS)
             except TimeoutError:  # still a timeout, not an error of ours: it ends as one
@@ -609,6 +641,10 @@ class Orchestrator:
     ) -> DomainEvent:
         if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
             return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
+        if exit_.gone and exit_.code is None and output is not None:
+            # Its sandbox went with its exit code (a Job deleted by a cancel just after the
+            # runner finished): the runner exits as it does after the output it recorded.
+            exit_ = exit_after_output(output, exit_.detail)
         if exit_.code in COMPLETING_EXITS and output is not None:
             # Finished, even if a cancel came after: its work is done, not to be done again.
             return ActivationCompleted(text=output.text, usage=output.usage, reason=output.reason)
@@ -675,7 +711,7 @@ class Orchestrator:
                 continue
             _outcomes.add(1, {"outcome": ended.event_type.rsplit(".", 1)[-1]})
             break
-        tracked.ended = True
+        tracked.ended, tracked.completed = True, isinstance(ended, ActivationCompleted)
         return ended
 
     @staticmethod

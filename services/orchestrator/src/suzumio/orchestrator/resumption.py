@@ -54,7 +54,12 @@ def exit_of_gone(stream: AggregateStream) -> Exit:
     )
     if output is None:
         return Exit(None, "lost", GONE)
-    return Exit(EXIT_AFTER_OUTPUT[output.reason], "exited", f"{GONE}; its output was recorded")
+    return exit_after_output(output, f"{GONE}; its output was recorded")
+
+
+def exit_after_output(output: ActivationOutputRecorded, detail: str) -> Exit:
+    """The exit of a runner that recorded `output`, for one whose exit code is lost."""
+    return Exit(EXIT_AFTER_OUTPUT[output.reason], "exited", detail)
 
 
 def deadline_of(

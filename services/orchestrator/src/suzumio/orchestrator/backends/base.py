@@ -75,6 +75,10 @@ class Handle:
     # listed with its end already known and nothing left to stop or remove (a pool worker's
     # recent exit): `watch` returns that end; no orphan to clean up
     ended: bool = False
+    # listed with its sandbox no longer running but still there (an exited container, a
+    # finished Job): nothing to stop — stopping a Job deletes it, whatever the cleanup policy
+    # says — only what is left of it, for `cleanup` to keep or remove
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class Exit:
     # Whether another attempt could do better, when the backend knows (a pod whose image
     # name is invalid never will); None leaves it to the engine's rules.
     retryable: bool | None = None
+    # The sandbox vanished and its exit code with it (a Job deleted): if the activation's
+    # output is on record, its runner had finished and ends as it does after that output.
+    gone: bool = False
 
 
 @dataclass(frozen=True)

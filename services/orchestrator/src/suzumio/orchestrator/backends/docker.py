@@ -71,6 +71,7 @@ HASH_LABEL = f"{LABEL_PREFIX}.content-hash"  # set by tools/runner_image.py
 # Of `labels_for`'s labels, what a handle carries (a container also inherits its image's).
 HANDLE_LABELS = ("namespace", "project", "agent", "session", "activation", "attempt")
 WAIT_SLICE_SECONDS = 5
+_STOPPED = frozenset({"exited", "dead", "removing"})  # a container's states with nothing to stop
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 T = TypeVar("T")
 
@@ -301,7 +302,7 @@ class DockerBackend:
         ids of the project, agent, session and activation, the attempt, the namespace)."""
         ours = {k: labels[f"{LABEL_PREFIX}.{k}"] for k in HANDLE_LABELS}
         data = {**ours, "name": name, "status": status}
-        return Handle(ours["activation"], NAME, container_id, data)
+        return Handle(ours["activation"], NAME, container_id, data, finished=status in _STOPPED)
 
     # -- watch, cancel, cleanup -------------------------------------------------------------
     async def watch(self, handle: Handle) -> Exit:

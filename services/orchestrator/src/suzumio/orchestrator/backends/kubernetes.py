@@ -435,9 +435,11 @@ class KubernetesBackend:
         return candidates[-1] if candidates else None
 
     def _gone(self, name: str) -> Exit:
+        # Deleted, its pod with it: the exit code is gone too. A cancel that came just after
+        # the runner recorded its output must not undo the work: the engine ends it by that.
         if name in self._cancelled:
-            return Exit(None, "cancelled", "the Job was deleted by cancel")
-        return Exit(None, "lost", "the Job was deleted")
+            return Exit(None, "cancelled", "the Job was deleted by cancel", gone=True)
+        return Exit(None, "lost", "the Job was deleted", gone=True)
 
     # -- cancel, cleanup, reconciliation, health -----------------------------------------------
 
@@ -477,7 +479,8 @@ class KubernetesBackend:
                 continue
             attempt = annotations.get("suzumio.io/attempt", "0")
             data = {"namespace": self._ns, "uid": job.metadata.uid, "attempt": int(attempt)}
-            handles.append(Handle(activation, self.name, job.metadata.name, data))
+            ended = job_outcome(api.sanitize_for_serialization(job)) is not None
+            handles.append(Handle(activation, self.name, job.metadata.name, data, finished=ended))
         return handles
 
     async def health(self) -> Health:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from suzumio.contracts.runner import MountSpec
 from suzumio.orchestrator.backends.base import (
+    CleanupPolicy,
     Exit,
     Handle,
     Health,
@@ -54,7 +55,14 @@ class ProcessSettings(BaseModel):
     isolate: bool = Field(default=True, description="use bubblewrap when it is installed")
     stop_grace_seconds: float = Field(default=3.0, gt=0)
     max_open_files: int = Field(default=1_024, ge=64)
-    cleanup: str = Field(default="always", pattern="^(always|on_success|never)$")
+    cleanup: CleanupPolicy = Field(
+        # Not docker's `always`: the embedded default backend is where a person looks into a
+        # failed activation's workspace and `runner.log` first.
+        default="on_success",
+        description="the activation's directory once it ended: removed (always), kept when "
+        "it did not complete (on_success) or kept (never); kept ones go by the workspace "
+        "retention",
+    )
     hide: tuple[Path, ...] = Field(
         default=(),
         description="more host directories an isolated runner must not see (the data "
@@ -279,16 +287,24 @@ class ProcessBackend:
 
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:
         """The process is gone already; what its group still holds (its leader killed alone:
-        a sandbox's PID 1 and all under it) is killed, its directory goes by the retention
-        setting (the workspace may hold what a person wants to look at), its record now."""
-        del succeeded
+        a sandbox's PID 1 and all under it) is killed whatever the policy. Then the policy
+        says: the activation's directory (input, workspace, `runner.log`, record) is removed
+        now, or kept — as the docker backend keeps a container — for a person to look at, and
+        found again by `list_live` until the workspace retention removes it."""
         pid = int(handle.sandbox_id)
         # A group's id is not given to another while it has members, so a group left behind
         # by a leader that is gone is still this sandbox's.
         if _start_time(pid) is None and _group_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-        (Path(str(handle.data["dir"])) / RECORD).unlink(missing_ok=True)
+        host_dir = Path(str(handle.data["dir"]))
+        policy = self._settings.cleanup
+        if policy == "never" or (policy == "on_success" and not succeeded):
+            log.info("process.kept", activation=handle.activation_id, dir=str(host_dir))
+            return
+        # rmtree removes links the sandbox left there and never follows them (no writes
+        # through `workspace/session` or a planted one: the session's directory stays).
+        await asyncio.to_thread(shutil.rmtree, host_dir, ignore_errors=True)
 
     async def list_live(self) -> list[Handle]:
         found: list[Handle] = []
@@ -302,7 +318,8 @@ class ProcessBackend:
             data = {**record, "dir": str(record_path.parent)}
             alive = _start_time(int(record["pid"])) == record.get("start_time")
             data["status"] = "running" if alive else "exited"
-            found.append(Handle(str(record["activation_id"]), NAME, str(record["pid"]), data))
+            activation_id, pid = str(record["activation_id"]), str(record["pid"])
+            found.append(Handle(activation_id, NAME, pid, data, finished=not alive))
         return found
 
     async def health(self) -> Health:

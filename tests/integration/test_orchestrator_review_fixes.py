@@ -1,0 +1,378 @@
+"""Fixes from a review of the orchestrator, on real NATS and Postgres (the kubernetes backend
+against the FAKE API server, `suzumio.testing.fake_kubernetes`): a leader that takes over
+leaves a finished sandbox of an ended activation to its cleanup policy, with the activation's
+real outcome, and stops only one that still runs; a timeout whose stop fails at first still
+ends as a timeout; a cancel that deletes a Job just after its runner recorded its output does
+not undo the work; and the process backend's cleanup policy.
+
+The activations here were launched by a leader that is gone: the log says what became of them
+and the backend lists what is left of their sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.contracts.events import (
+    ActivationCancelled,
+    ActivationCancelRequested,
+    ActivationCompleted,
+    ActivationFailed,
+    ActivationOutputRecorded,
+    ActivationRequested,
+    ActivationStarted,
+    ActivationTimedOut,
+)
+from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
+from suzumio.orchestrator.artifacts import ArtifactCollector
+from suzumio.orchestrator.backends.base import Backend, Exit, Handle, Health, LaunchPlan
+from suzumio.orchestrator.backends.kubernetes import KubernetesBackend
+from suzumio.orchestrator.backends.process import RECORD, ProcessBackend, ProcessSettings
+from suzumio.orchestrator.engine import Orchestrator
+from suzumio.orchestrator.planning import Planner
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.platform.db.pool import Pool
+from suzumio.platform.secrets import SecretBox
+from suzumio.platform.tokens import TokenSigner
+from suzumio.testing.fake_kubernetes import FakeKubernetesServer
+from tests.integration.test_kubernetes_backend import NS, settings_for
+from tests.support import eventually
+from tests.unit.test_kubernetes_render import make_plan
+from tests.unit.test_process_isolation_probe import plan_in
+
+
+@contextlib.asynccontextmanager
+async def leading(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    pool: Pool,
+    tmp_path: Path,
+    backends: Mapping[str, Backend],
+) -> AsyncIterator[Orchestrator]:
+    """An orchestrator on `backends`, once it leads (it reconciles as it begins to)."""
+    settings = OrchestratorSettings(
+        work_dir=tmp_path / "sandboxes", data_dir=tmp_path, namespace=topology.namespace
+    )
+    js = nc.jetstream()
+    bucket = topology.bucket(ARTIFACTS_BUCKET)
+    key = SecretBox.generate_key()
+    orchestrator = Orchestrator(
+        nc,
+        topology,
+        store,
+        database_url,
+        Planner(store, TokenSigner([key]), SecretBox([key]), settings, topology.namespace),
+        backends,
+        ArtifactCollector(
+            js,
+            await ensure_object_store(js, bucket),
+            bucket,
+            pool,
+            CommandClient(nc, topology),
+            max_bytes=1 << 20,
+            max_files=10,
+        ),  # fmt: skip
+        retention_hours=1,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(orchestrator.run(stop))
+    try:
+        await eventually(
+            lambda: asyncio.sleep(0, orchestrator.leading), bool, timeout=30, what="leading"
+        )
+        yield orchestrator
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await orchestrator.close()
+
+
+async def launched_before(
+    store: EventStore,
+    backend: str,
+    *events: DomainEvent,
+    requested: bool = True,
+    activation_id: str | None = None,
+) -> tuple[str, str]:
+    """An activation a gone leader launched on `backend`, with `events` after its start on
+    its subject (its output, its end): (its session, its id). Not `requested`: its request
+    is not in the log (as one ended so long ago that the orchestrator forgot it)."""
+    session_id, activation_id = new_id(), activation_id or new_id()
+    agent_id, project_id = new_id(), new_id()
+    if requested:
+        request = ActivationRequested(activation_id=activation_id, agent_id=agent_id, signal_ids=())
+        await store.append(session_id, [request], 0)
+    start = ActivationStarted(
+        session_id=session_id, project_id=project_id, agent_id=agent_id, backend=backend
+    )
+    await store.append(activation_id, [start, *events], 0)
+    return session_id, activation_id
+
+
+async def terminals(store: EventStore, activation_id: str) -> list[DomainEvent]:
+    stream = await store.load("activation", activation_id)
+    return [e.data for e in stream.events if e.envelope.type in TERMINAL_ACTIVATION_EVENTS]
+
+
+class Sandboxes:
+    """A backend whose sandboxes are as the test lists them; it records what it is asked. A
+    watched sandbox ends once a stop reaches it; the first `failing_stops` stops fail (an
+    engine briefly unreachable)."""
+
+    name = "fake"
+
+    def __init__(self, live: list[Handle], failing_stops: int = 0) -> None:
+        self.live = live
+        self.failing_stops = failing_stops
+        self.calls: dict[str, list[tuple[str, bool | None]]] = defaultdict(list)
+        self._stopped: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+
+    async def launch(self, plan: LaunchPlan) -> Handle:
+        raise AssertionError("nothing is launched here")
+
+    async def watch(self, handle: Handle) -> Exit:
+        await self._stopped[handle.activation_id].wait()
+        return Exit(None, "cancelled", "stopped")
+
+    async def cancel(self, handle: Handle) -> None:
+        self.calls[handle.activation_id].append(("cancel", None))
+        if self.failing_stops > 0:
+            self.failing_stops -= 1
+            raise ConnectionError("the engine is briefly unreachable")
+        self._stopped[handle.activation_id].set()
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        self.calls[handle.activation_id].append(("cleanup", succeeded))
+
+    async def list_live(self) -> list[Handle]:
+        return list(self.live)
+
+    async def health(self) -> Health:
+        return Health(ok=True)
+
+    async def close(self) -> None:
+        return
+
+
+def cleaned_up(calls: list[tuple[str, bool | None]]) -> bool:
+    return bool(calls) and calls[-1][0] == "cleanup"
+
+
+# -- 1. what a takeover does with the sandboxes of ended activations -----------------------------
+
+
+async def test_a_takeover_stops_only_running_orphans_and_cleans_up_by_the_real_outcome(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    pool: Pool,
+    tmp_path: Path,
+) -> None:
+    """Its cleanup was missed (the leader died after the end): a finished sandbox is not
+    stopped, and the cleanup is told whether the activation completed — docker's `on_success`
+    must not remove a failure nor keep a success for the wrong reason."""
+    _, completed = await launched_before(store, "fake", ActivationCompleted(text="done"))
+    _, failed = await launched_before(store, "fake", ActivationFailed(reason="exit 1"))
+    _, cancelled = await launched_before(store, "fake", ActivationCancelled(reason="asked"))
+    _, forgotten = await launched_before(
+        store, "fake", ActivationCompleted(text="long ago"), requested=False
+    )
+    live = [
+        Handle(completed, "fake", "s1", finished=True),
+        Handle(failed, "fake", "s2", finished=True),
+        Handle(cancelled, "fake", "s3"),  # it still runs: stopped
+        Handle(forgotten, "fake", "s4", finished=True),
+    ]
+    sandboxes = Sandboxes(live)
+    async with leading(nc, topology, store, database_url, pool, tmp_path, {"fake": sandboxes}):
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls),
+            lambda calls: all(cleaned_up(calls.get(h.activation_id, [])) for h in live),
+            what="every orphan cleaned up",
+        )
+    assert sandboxes.calls == {
+        completed: [("cleanup", True)],
+        failed: [("cleanup", False)],
+        cancelled: [("cancel", None), ("cleanup", False)],
+        forgotten: [("cleanup", True)],  # its end read from its subject
+    }
+
+
+class CleanupsSeen(KubernetesBackend):
+    """The kubernetes backend, saying which activations it cleaned up after."""
+
+    cleaned: list[str]
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        await super().cleanup(handle, succeeded)
+        self.cleaned.append(handle.activation_id)
+
+
+@pytest_asyncio.fixture
+async def kube() -> AsyncIterator[FakeKubernetesServer]:
+    async with FakeKubernetesServer(namespaces=[NS]) as fake:
+        yield fake
+
+
+def job_names(server: FakeKubernetesServer) -> set[str]:
+    return {job["metadata"]["name"] for job in server.objects("Job", NS)}
+
+
+@pytest.mark.parametrize(
+    ("policy", "removed_if_completed"), [("never", False), ("on_success", True)]
+)
+async def test_a_takeover_keeps_the_jobs_the_cleanup_policy_keeps(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    pool: Pool,
+    tmp_path: Path,
+    kube: FakeKubernetesServer,
+    policy: str,
+    removed_if_completed: bool,
+) -> None:
+    backend = CleanupsSeen(settings_for(kube, cleanup=policy), topology.namespace)
+    backend.cleaned = []
+    jobs: dict[str, str] = {}
+    for name, end, exit_code in [
+        ("completed", ActivationCompleted(text="done"), 0),
+        ("failed", ActivationFailed(reason="runner exit 1"), 1),
+        ("cancelled", ActivationCancelled(reason="asked"), None),  # its Job still runs
+    ]:
+        _, activation_id = await launched_before(store, "kubernetes", end)
+        handle = await backend.launch(
+            make_plan(activation_id=activation_id, namespace=topology.namespace)
+        )
+        if exit_code is not None:
+            kube.finish_job(handle.sandbox_id, exit_code)
+        jobs[name] = handle.sandbox_id
+    async with leading(nc, topology, store, database_url, pool, tmp_path, {"kubernetes": backend}):
+        await eventually(
+            lambda: asyncio.sleep(0, backend.cleaned), lambda c: len(c) == 3, what="cleanups"
+        )
+    kept = {jobs["failed"]} | (set() if removed_if_completed else {jobs["completed"]})
+    assert job_names(kube) == kept  # the running one stopped (deleted) all the same
+
+
+# -- 2. a timeout whose stop fails at first -----------------------------------------------------
+
+
+async def test_a_timeout_whose_stop_fails_at_first_still_ends_timed_out(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    pool: Pool,
+    tmp_path: Path,
+) -> None:
+    _, activation_id = await launched_before(store, "fake")
+    handle = Handle(activation_id, "fake", "s1", {"deadline": time.time()})  # past its limit
+    sandboxes = Sandboxes([handle], failing_stops=1)
+    async with leading(nc, topology, store, database_url, pool, tmp_path, {"fake": sandboxes}):
+        ends = await eventually(
+            lambda: terminals(store, activation_id), bool, timeout=30, what="the end"
+        )
+    assert [type(e) for e in ends] == [ActivationTimedOut], ends
+    calls = sandboxes.calls[activation_id]
+    assert calls.count(("cancel", None)) >= 2  # asked again after the one that failed
+    assert calls[-1] == ("cleanup", False)
+
+
+# -- 3. a cancel that deletes a Job just after its runner finished -----------------------------
+
+
+async def test_a_job_deleted_by_a_cancel_after_the_output_was_recorded_ends_completed(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    pool: Pool,
+    tmp_path: Path,
+    kube: FakeKubernetesServer,
+) -> None:
+    """The runner recorded its output; the cancel deletes the Job before it is seen to finish
+    (its pod, and the exit code, go with it). The work is done: it ends completed, as on
+    docker, where the container keeps its exit code."""
+    output = ActivationOutputRecorded(text="finished before the cancel")
+    session_id, activation_id = await launched_before(store, "kubernetes", output)
+    backend = KubernetesBackend(settings_for(kube), topology.namespace)
+    handle = await backend.launch(
+        make_plan(activation_id=activation_id, namespace=topology.namespace)
+    )
+    async with leading(nc, topology, store, database_url, pool, tmp_path, {"kubernetes": backend}):
+        cancel = ActivationCancelRequested(activation_id=activation_id, reason="asked")
+        await store.append_next(session_id, [cancel], EventMeta(actor="system:scheduler"))
+        ends = await eventually(
+            lambda: terminals(store, activation_id), bool, timeout=30, what="the end"
+        )
+    assert handle.sandbox_id not in job_names(kube)  # the cancel did delete it
+    assert [type(e) for e in ends] == [ActivationCompleted], ends
+    assert ends[0].text == "finished before the cancel"  # type: ignore[attr-defined]
+
+
+# -- 4. the process backend's cleanup policy ---------------------------------------------------
+
+
+def exiting_interpreter(tmp_path: Path, code: int) -> str:
+    """Stands in for the runner's Python: exits at once with `code`."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nexit {code}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize(
+    ("policy", "succeeded", "removed"),
+    [
+        ("always", True, True),
+        ("always", False, True),
+        ("on_success", True, True),
+        ("on_success", False, False),
+        ("never", True, False),
+    ],
+)
+async def test_the_process_cleanup_follows_the_policy(
+    tmp_path: Path, policy: str, succeeded: bool, removed: bool
+) -> None:
+    python = exiting_interpreter(tmp_path, 0 if succeeded else 1)
+    settings = ProcessSettings.model_validate(
+        {"python": python, "isolate": False, "cleanup": policy}
+    )
+    backend = ProcessBackend(tmp_path / "sandboxes", settings)
+    plan = plan_in(tmp_path)
+    handle = await backend.launch(plan)
+    assert (await asyncio.wait_for(backend.watch(handle), 10)).code == (0 if succeeded else 1)
+    await backend.cleanup(handle, succeeded=succeeded)
+    assert plan.host_dir.exists() is not removed
+    assert plan.session_dir.exists()  # the session's, never the activation's to remove
+    listed = await backend.list_live()
+    if removed:
+        assert listed == []
+    else:  # kept as a container is: there to look at, found again, and nothing to stop
+        assert (plan.host_dir / "runner.log").exists()
+        assert (plan.host_dir / RECORD).exists()
+        assert [(h.activation_id, h.finished) for h in listed] == [(plan.activation_id, True)]
+
+
+def test_the_process_cleanup_policy_is_validated() -> None:
+    with pytest.raises(ValueError, match="cleanup"):
+        ProcessSettings.model_validate({"cleanup": "sometimes"})
+    assert ProcessSettings().cleanup == "always"
