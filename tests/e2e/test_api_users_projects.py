@@ -255,3 +255,20 @@ async def test_cluster_status_for_admins(stack: Stack) -> None:
     events = next(v for k, v in status["streams"].items() if k.endswith("EVENTS"))
     assert events["messages"] > 0
     assert status["backends"] == []
+
+
+async def test_an_agents_runtime_profile_can_be_set_back_to_none(stack: Stack) -> None:
+    """Before, `"runtime_profile": null` was read as "leave it": an agent whose profile was
+    deleted could never be given the default backend again."""
+    world = await new_world(stack, "hal")
+    spec = {"backend": "docker", "image": "suzumio/runner:1"}
+    agent = f"/v1/agents/{world.agent_id}"
+    async with stack.client(world.key) as c:
+        ok(await c.put(f"/v1/projects/{world.project_id}/runtime-profiles/small", json=spec))
+        assert ok(await c.patch(agent, json={"runtime_profile": "small"}))["runtime_profile"]
+        kept = ok(await c.patch(agent, json={"prompt": "still small"}))
+        assert (kept["runtime_profile"], kept["prompt"]) == ("small", "still small")
+        cleared = ok(await c.patch(agent, json={"runtime_profile": None}))
+        assert cleared["runtime_profile"] is None
+        assert ok(await c.get(agent))["runtime_profile"] is None
+        assert ok(await c.patch(agent, json={"runtime_profile": None}))["runtime_profile"] is None

@@ -181,6 +181,8 @@ def fold_agent(agent: Agent, data: AgentCreated | AgentUpdated) -> Agent:
             **{name: getattr(data, name) for name in AGENT_FIELDS},
         )
     changed = {n: v for n in AGENT_FIELDS if (v := getattr(data, n)) is not None}
+    if data.runtime_profile_cleared:
+        changed["runtime_profile"] = None
     return replace(agent, **changed)
 
 

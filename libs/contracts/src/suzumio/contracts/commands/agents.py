@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from suzumio.contracts.commands.base import Command, command
 from suzumio.contracts.ids import Identifier
@@ -59,6 +59,13 @@ class UpdateAgent(Command):
     env_facts: dict[FactText, FactText] | None = Field(default=None, max_length=MAX_ENV_FACTS)
     workspace_mode: WorkspaceMode | None = None
     assets: tuple[AssetRef, ...] | None = None
+    clear_runtime_profile: bool = False  # `None` above leaves it as it is
+
+    @model_validator(mode="after")
+    def _one_profile(self) -> UpdateAgent:
+        if self.clear_runtime_profile and self.runtime_profile is not None:
+            raise ValueError("either a runtime profile or clear_runtime_profile, not both")
+        return self
 
 
 @command("session", "disable_agent")

@@ -52,6 +52,7 @@ class AgentUpdated(DomainEvent):
     env_facts: dict[str, str] | None = None
     workspace_mode: WorkspaceMode | None = None
     assets: tuple[AssetRef, ...] | None = None
+    runtime_profile_cleared: bool = False  # back to none: the platform's default backend
 
 
 @event("agent.disabled")

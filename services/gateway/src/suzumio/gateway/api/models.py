@@ -191,7 +191,9 @@ class AgentPatch(In):
     fallbacks: list[ModelSpec] | None = Field(default=None, max_length=16)
     tools: list[ToolRef] | None = Field(default=None, max_length=200)
     toolpacks: list[ToolRef] | None = Field(default=None, max_length=100)
-    runtime_profile: Slug | None = None
+    runtime_profile: Slug | None = Field(
+        default=None, description="null sets it back to none: the platform's default backend"
+    )
     description: Clean | None = Field(default=None, max_length=10_000)
     permissions: dict[ToolRef, ToolPolicy] | None = Field(default=None, max_length=MAX_PERMISSIONS)
     env_facts: dict[FactText, FactText] | None = Field(default=None, max_length=MAX_ENV_FACTS)

@@ -339,6 +339,8 @@ class World:
                 self.agents[agent_id] = AgentInfo(data.project_id, data.runtime_profile)
             case AgentUpdated() if agent_id in self.agents and data.runtime_profile is not None:
                 self.agents[agent_id].runtime_profile = data.runtime_profile
+            case AgentUpdated() if agent_id in self.agents and data.runtime_profile_cleared:
+                self.agents[agent_id].runtime_profile = None
             case AgentDisabled() if agent_id in self.agents:
                 self.agents[agent_id].disabled = True
             case AgentEnabled() if agent_id in self.agents:

@@ -14,6 +14,10 @@ from suzumio.session.domain.state import AggregateState
 MAX_ENV_FACTS = 200
 
 
+# Flags of an update, not fields of the agent.
+CLEARED = {"runtime_profile_cleared"}
+
+
 class AgentState(AggregateState):
     aggregate: ClassVar[str] = "agent"
 
@@ -29,7 +33,9 @@ class AgentState(AggregateState):
                 self.project_id = data.project_id
                 self.config = data.model_dump(exclude={"project_id"})
             case AgentUpdated():
-                self.config.update(data.model_dump(exclude_none=True))
+                self.config.update(data.model_dump(exclude_none=True, exclude=CLEARED))
+                if data.runtime_profile_cleared:
+                    self.config["runtime_profile"] = None
             case AgentDisabled():
                 self.disabled = True
             case AgentEnabled():
@@ -60,14 +66,15 @@ def create(state: AgentState, project: ProjectState, cmd: CreateAgent) -> list[D
 
 
 def update(state: AgentState, project: ProjectState, cmd: UpdateAgent) -> list[DomainEvent]:
-    changes = cmd.model_dump(exclude={"agent_id"}, exclude_none=True)
+    changes = cmd.model_dump(exclude={"agent_id", "clear_runtime_profile"}, exclude_none=True)
     current = {k: state.config.get(k) for k in changes}
-    if changes == current:
+    clear = cmd.clear_runtime_profile and state.config.get("runtime_profile") is not None
+    if changes == current and not clear:
         return []
     model = cmd.model.provider if cmd.model else None
     providers = [model, *(m.provider for m in cmd.fallbacks or ())]
     _check_references(project, cmd.runtime_profile, providers, cmd.env_facts)
-    return [AgentUpdated(**changes)]
+    return [AgentUpdated(**changes, runtime_profile_cleared=clear)]
 
 
 def disable(state: AgentState, cmd: DisableAgent) -> list[DomainEvent]:

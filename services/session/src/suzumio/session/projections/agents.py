@@ -59,9 +59,12 @@ class AgentsProjection(Projection):
                         **stamp,
                     )
                 case AgentUpdated() as d:
-                    rows.set(
-                        e.aggregate_id, **d.model_dump(mode="json", exclude_none=True), **stamp
+                    changed = d.model_dump(
+                        mode="json", exclude_none=True, exclude={"runtime_profile_cleared"}
                     )
+                    if d.runtime_profile_cleared:
+                        changed["runtime_profile"] = None
+                    rows.set(e.aggregate_id, **changed, **stamp)
                 case AgentDisabled() as d:
                     rows.set(e.aggregate_id, disabled=True, disabled_reason=d.reason, **stamp)
                 case AgentEnabled():

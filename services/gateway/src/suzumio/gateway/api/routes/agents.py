@@ -170,7 +170,11 @@ async def update_agent(
     agent_id: Identifier, body: AgentPatch, gw: GatewayDep, who: PrincipalDep, response: Response
 ) -> AgentOut:
     await _visible(gw, who, agent_id, Role.ADMIN)
-    command = UpdateAgent(agent_id=agent_id, **body.model_dump(exclude_none=True))
+    # `"runtime_profile": null` sets it back to none; a field left out stays as it is.
+    clear = "runtime_profile" in body.model_fields_set and body.runtime_profile is None
+    command = UpdateAgent(
+        agent_id=agent_id, **body.model_dump(exclude_none=True), clear_runtime_profile=clear
+    )
     await settle(gw, await send(gw, who, command, response))
     return _agent(await _read(gw, agent_id))
 
