@@ -157,3 +157,28 @@ async def test_mount_grants_are_checked_against_the_allowed_roots(stack: Stack, 
         ok(await c.delete(f"{base}/{grant['id']}"), 204)
         problem(await c.get(f"{base}/{grant['id']}"), 404, "not_found")
         problem(await c.delete(f"{base}/{grant['id']}"), 404, "not_found")
+
+
+async def test_an_idempotency_key_tells_uploads_apart_by_their_files(stack: Stack) -> None:
+    """Before, an upload's fingerprint was its path and length: another file of the same size
+    under the same key got the first one's answer, and was never stored."""
+    world = await new_world(stack, "ivo")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    headers = {"Idempotency-Key": f"up-{os.urandom(6).hex()}"}
+    form = {"session_id": world.session_id}
+
+    def files(data: bytes) -> list[tuple[str, tuple[str, bytes, str]]]:
+        return [("file", ("notes.txt", data, "text/plain"))]
+
+    async with stack.client(world.key) as c:
+        first = await c.post(base, files=files(b"12345678"), data=form, headers=headers)
+        assert first.status_code == 201, first.text
+        other = await c.post(base, files=files(b"abcdefgh"), data=form, headers=headers)
+        problem(other, 422, "invalid")
+        # The same file again (a new multipart boundary, as every client draws): a replay.
+        again = await c.post(base, files=files(b"12345678"), data=form, headers=headers)
+        assert again.status_code == 201, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.json() == first.json()
+        listed = ok(await c.get(base))  # an upload answers once its artifacts are listed
+    assert [i["sha256"] for i in listed["items"]] == [hashlib.sha256(b"12345678").hexdigest()]

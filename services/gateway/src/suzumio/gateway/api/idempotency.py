@@ -7,12 +7,17 @@ The same key with a different body is refused (422); a retry while the first is 
 running gets 409. Every answer is kept, errors too (a 504 may follow a command that did run,
 and a retry must not run it twice), except 401 (nothing ran for an unknown caller) and 503
 (no service took the request). As ASGI middleware, no POST route can forget it.
+
+An upload (multipart) streams through unbuffered: its digest is taken as it passes and kept
+with the answer; a retry's is taken (its body read) before that answer is replayed. An upload
+that was not read to its end keeps no answer: it stored nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +35,7 @@ HEADER = b"idempotency-key"
 KEPT_HEADERS = {b"content-type", b"location", b"suzumio-position"}
 STALE_PENDING_SECONDS = 60.0
 MAX_BUFFERED_BODY = 16 * 1024 * 1024
+_BOUNDARY = re.compile(rb'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
 
 
 class IdempotencyMiddleware:
@@ -61,44 +67,48 @@ class IdempotencyMiddleware:
         # was lost (a crash before it was kept, a failed save) names the same aggregates, and
         # the session service refuses them as duplicates instead of creating them twice.
         scope.setdefault("state", {})["idempotency_slot"] = slot
-        try:
-            receive, fingerprint = await _fingerprint(headers, path, receive)
-        except _TooLargeError:
-            await problem_response(413, "too_large", "the request body is too large")(
-                scope, receive, send
-            )
-            return
-        await self._handle(slot, fingerprint, scope, receive, send)
+        body: _Body
+        if headers.get(b"content-type", b"").startswith(b"multipart/"):
+            body = _StreamedBody(path, headers[b"content-type"], receive)  # not buffered
+        else:
+            try:
+                body = await _BufferedBody.read(path, receive)
+            except _TooLargeError:
+                await problem_response(413, "too_large", "the request body is too large")(
+                    scope, receive, send
+                )
+                return
+        await self._handle(slot, body, scope, send)
 
-    async def _handle(
-        self, slot: str, fingerprint: str, scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _handle(self, slot: str, body: _Body, scope: Scope, send: Send) -> None:
         kv = self._kv()
-        pending = json.dumps({"state": "pending", "fp": fingerprint, "at": time.time()}).encode()
+        pending = json.dumps({"state": "pending", "fp": body.early, "at": time.time()}).encode()
         for _ in range(3):  # the first request may delete its slot (401, 503) while we look
             try:
                 await kv.create(slot, pending)
                 break
             except KeyWrongLastSequenceError:
                 try:
-                    answered = await self._existing(kv, slot, fingerprint, pending)
+                    answered = await self._existing(kv, slot, body, pending)
                 except KeyNotFoundError:
                     continue
                 if answered is not None:
-                    await answered(scope, receive, send)
+                    await answered(scope, body.receive, send)
                     return
                 break
         recorded = _Recorder(send)
         try:
-            await self.app(scope, receive, recorded.send)
+            await self.app(scope, body.receive, recorded.send)
         finally:
-            await self._keep(kv, slot, fingerprint, recorded)
+            await self._keep(kv, slot, body, recorded)
 
     async def _existing(
-        self, kv: KeyValue, slot: str, fingerprint: str, pending: bytes
+        self, kv: KeyValue, slot: str, body: _Body, pending: bytes
     ) -> ASGIApp | None:
         entry = await kv.get(slot)
         record = json.loads(entry.value or b"{}")
+        # A kept answer has the whole body's digest; an upload's is known once it was read.
+        fingerprint = await body.whole() if record.get("state") == "done" else body.early
         if record.get("fp") != fingerprint:
             return problem_response(
                 422, "invalid", "this Idempotency-Key was used with a different request"
@@ -117,9 +127,10 @@ class IdempotencyMiddleware:
             )
         return None
 
-    async def _keep(self, kv: KeyValue, slot: str, fingerprint: str, recorded: _Recorder) -> None:
+    async def _keep(self, kv: KeyValue, slot: str, body: _Body, recorded: _Recorder) -> None:
         try:
-            if recorded.status in (None, 401, 503) or recorded.too_big:
+            fingerprint = body.seen()
+            if recorded.status in (None, 401, 503) or recorded.too_big or fingerprint is None:
                 await kv.delete(slot)
                 return
             record = {
@@ -138,34 +149,90 @@ class _TooLargeError(Exception):
     pass
 
 
-async def _fingerprint(
-    headers: dict[bytes, bytes], path: bytes, receive: Receive
-) -> tuple[Receive, str]:
-    content_type = headers.get(b"content-type", b"")
-    if content_type.startswith(b"multipart/"):  # uploads stream through, unbuffered
-        return receive, hashlib.sha256(path + headers.get(b"content-length", b"")).hexdigest()
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BUFFERED_BODY:
-            raise _TooLargeError
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    body = b"".join(chunks)
-    sent = False
+class _BufferedBody:
+    """A body read whole before the request runs (at most MAX_BUFFERED_BODY)."""
 
-    async def replay_body() -> Message:
-        nonlocal sent
-        if sent:
+    def __init__(self, body: bytes, digest: str) -> None:
+        self._body, self.early = body, digest
+        self._sent = False
+
+    @classmethod
+    async def read(cls, path: bytes, receive: Receive) -> _BufferedBody:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BUFFERED_BODY:
+                raise _TooLargeError
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        return cls(body, hashlib.sha256(path + b"\n" + body).hexdigest())
+
+    async def receive(self) -> Message:
+        if self._sent:
             return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        self._sent = True
+        return {"type": "http.request", "body": self._body, "more_body": False}
 
-    return replay_body, hashlib.sha256(path + b"\n" + body).hexdigest()
+    async def whole(self) -> str:
+        return self.early
+
+    def seen(self) -> str | None:
+        return self.early
+
+
+class _StreamedBody:
+    """An upload, digested as it passes through to the route. Until it has, `early` (its
+    path alone) is what a pending slot is compared by.
+
+    The digest leaves out the multipart boundary, which a client draws anew for each request:
+    the same files sent again are the same request."""
+
+    def __init__(self, path: bytes, content_type: bytes, receive: Receive) -> None:
+        self._receive = receive
+        self._digest = hashlib.sha256(path + b"\n")
+        found = _BOUNDARY.search(content_type)
+        self._boundary = (found.group(1) or found.group(2)) if found else b""
+        self._held = b""  # the end of what came, if it may be the start of a boundary
+        self._ended = False
+        self.early = "upload:" + hashlib.sha256(path).hexdigest()
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request" and not self._ended:
+            self._ended = not message.get("more_body")
+            self._feed(message.get("body", b""))
+        return message
+
+    def _feed(self, chunk: bytes) -> None:
+        data, boundary = self._held + chunk, self._boundary
+        keep = 0
+        if boundary and not self._ended:  # a boundary may go on in the next chunk
+            keep = next(
+                (n for n in range(min(len(boundary) - 1, len(data)), 0, -1)
+                 if data.endswith(boundary[:n])),
+                0,
+            )  # fmt: skip
+        ready, self._held = data[: len(data) - keep], data[len(data) - keep :]
+        self._digest.update(ready.replace(boundary, b"<boundary>") if boundary else ready)
+
+    async def whole(self) -> str:
+        """Its digest, read to its end first (a retry whose answer is replayed, not run)."""
+        while not self._ended:
+            if (await self.receive())["type"] == "http.disconnect":
+                return "upload:cut short"
+        return self._digest.hexdigest()
+
+    def seen(self) -> str | None:
+        """Its digest if the route read it to its end, else None."""
+        return self._digest.hexdigest() if self._ended else None
+
+
+_Body = _BufferedBody | _StreamedBody
 
 
 class _Recorder:
