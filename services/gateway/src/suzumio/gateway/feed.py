@@ -19,6 +19,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.direct_get import iter_subject
+from suzumio.platform.bus.jsapi import stream_last_seq
 
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
@@ -100,9 +101,13 @@ class SessionFeed:
         self._joined = True
         if self.cursor.live is None:
             self.cursor.live = self._joined_at  # from now on
-        elif self.cursor.live > self._joined_at:
+        elif self.cursor.live > self._joined_at and self.cursor.live > await stream_last_seq(
+            self._gw.nc, topology.live_stream
+        ):
             # LIVE is kept in memory and numbers from 1 again after a server restart: a cursor
-            # past its end names nothing still there, so start from what LIVE holds.
+            # past its end names nothing still there, so start from what LIVE holds. (Past the
+            # hub's start only, it may come from another gateway, whose channel for the
+            # session opened later: everything up to it was sent already.)
             self.cursor.live = 0
 
         async def on_event(msg: Msg) -> None:
