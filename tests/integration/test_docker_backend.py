@@ -297,6 +297,21 @@ async def test_cancel_kills_it_and_watch_returns(make_backend, engine, tmp_path)
         engine.inspect_container(handle.sandbox_id)
 
 
+async def test_a_container_removed_while_watched_is_gone_with_its_exit_code(
+    make_backend, engine, tmp_path
+):
+    """Removed behind our back (an operator, a daemon's cleanup): its exit code went with it,
+    and the engine ends the activation by the output it recorded, if it did."""
+    backend = make_backend()
+    handle = await backend.launch(make_plan(tmp_path, entry=SLEEP))
+    await until_running(engine, handle)
+    watching = asyncio.create_task(backend.watch(handle))
+    await asyncio.sleep(0.2)
+    engine.remove_container(handle.sandbox_id, force=True)
+    ended = await asyncio.wait_for(watching, STEP)
+    assert (ended.code, ended.reason, ended.gone) == (None, "lost", True), ended
+
+
 async def test_crash_is_reported_with_its_exit_code(make_backend, tmp_path):
     backend = make_backend()
     handle = await backend.launch(

@@ -101,8 +101,10 @@ def _state_exit(state: dict[str, Any], cancelled: bool) -> Exit:
     detail = f"status {status}, exit code {code}" + (
         f": {state['Error']}" if state.get("Error") else ""
     )
-    if status in {"created", "dead", "removing"}:
+    if status == "created":  # never started
         return Exit(None, "lost", detail)
+    if status in {"dead", "removing"}:  # removed under it: the code is the removal's kill
+        return Exit(None, "lost", detail, gone=True)
     if state.get("OOMKilled"):
         return Exit(None if code is None or code >= 128 else code, "oom", detail)
     signalled = code is None or code >= 128
@@ -311,8 +313,8 @@ class DockerBackend:
         while True:
             try:
                 state = await self._call(self._wait_slice, handle.sandbox_id)
-            except NotFound:
-                return Exit(None, "lost", "the container is gone")
+            except NotFound:  # its exit code with it: a recorded output says how it ended
+                return Exit(None, "lost", "the container is gone", gone=True)
             except (DockerException, requests.ConnectionError) as exc:
                 unreachable_since = unreachable_since or loop.time()
                 if loop.time() - unreachable_since > self._settings.lost_after_seconds:
