@@ -48,10 +48,16 @@ from suzumio.runner.loop.failures import (
     classify,
     sleep_in_slices,
 )
-from suzumio.runner.loop.segments import CallFailure, PlannedCall, run_segments, segment
+from suzumio.runner.loop.segments import (
+    CallFailure,
+    FailureReason,
+    PlannedCall,
+    run_segments,
+    segment,
+)
 from suzumio.runner.model import ModelClient, ModelTurn, WireCall
 from suzumio.runner.toolbox import Toolbox
-from suzumio.runner.tools.base import ToolResult, printable
+from suzumio.runner.tools.base import Status, ToolResult, printable
 from suzumio.runner.tools.core import CoreOutcome
 
 Message = dict[str, Any]
@@ -60,6 +66,14 @@ MAX_RESULT_CHARS = 200_000  # a history entry holds 1 M; a tool result rarely ne
 MAX_OUTPUT_CHARS = 900_000
 MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
 MAX_ARGUMENT_DEPTH = 64
+MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
+# How a call that gave no result of its own ends, in its audit record.
+_FAILED: dict[FailureReason, Status] = {
+    "error": "error",
+    "timeout": "timeout",
+    "not_started": "timeout",
+    "cancelled": "cancelled",
+}
 """No tool takes arguments nested deeper; deeper ones would only reach recursive code
 (JSON encoding, compaction) near Python's recursion limit."""
 GRACE_PROMPT = (
@@ -126,6 +140,7 @@ class AgentLoop:
         self._received: list[str] = []
         # Ids of calls in the history count too: the provider and compaction pair a result
         # with its call by id across the whole conversation, not one activation.
+        self._open_calls: dict[str, float] = {}  # started in the audit, not finished: since
         self._call_ids: set[str] = {c.id for e in spec.history for c in e.tool_calls} | {
             e.tool_call_id for e in spec.history if e.tool_call_id
         }
@@ -148,12 +163,18 @@ class AgentLoop:
                 await self._compact("threshold")
             turn = await self._call_model(self._toolbox.wire_definitions())
             turn.text = printable(turn.text)
+            dropped = len(turn.tool_calls) - MAX_CALLS_PER_TURN
+            if dropped > 0:
+                # The reply and its results could not be recorded at all: run what fits, and
+                # say in the last result what was left out.
+                log("model.too_many_tool_calls", calls=len(turn.tool_calls))
+                turn.tool_calls = turn.tool_calls[:MAX_CALLS_PER_TURN]
             calls = self._parse(turn.tool_calls)
             turn.tool_calls = [c.wire for c in calls]
             if not calls:
                 return self._ending("completed", turn.text, self._assistant_entry(turn))
             await self._broker.append_history([self._assistant_entry(turn)])
-            outcomes = await self._tool_round(calls)
+            outcomes = await self._tool_round(calls, dropped=max(dropped, 0))
             complete = next((o.complete for o in outcomes if o.complete is not None), None)
             if complete is not None:
                 return self._ending("completed", complete)
@@ -325,7 +346,7 @@ class AgentLoop:
             calls.append(_Call(i, wire, tool, args, problem))
         return calls
 
-    async def _tool_round(self, calls: list[_Call]) -> list[CoreOutcome]:
+    async def _tool_round(self, calls: list[_Call], *, dropped: int = 0) -> list[CoreOutcome]:
         planned = [
             PlannedCall(
                 c.index,
@@ -347,14 +368,20 @@ class AgentLoop:
         outcomes: list[CoreOutcome] = []
         entries: list[HistoryEntryIn] = []
         for call, result in zip(calls, results, strict=True):
-            outcome = (
-                CoreOutcome(ToolResult(result.describe(), "error"))
-                if isinstance(result, CallFailure)
-                else result
-            )
+            if isinstance(result, CallFailure):
+                outcome = CoreOutcome(ToolResult(result.describe(), _FAILED[result.reason]))
+                if call.wire.id in self._open_calls:  # started, never finished: say how
+                    await self._finish_failed(call, outcome)
+            else:
+                outcome = result
             outcomes.append(outcome)
             entry_id = new_id()
             text = self._clean(outcome.result.text)
+            if dropped and call is calls[-1]:
+                text += (
+                    f"\n[{dropped} more tool calls of this reply were not run: at most"
+                    f" {MAX_CALLS_PER_TURN} in one reply]"
+                )
             self._push({"role": "tool", "tool_call_id": call.wire.id, "content": text}, entry_id)
             entries.append(
                 HistoryEntryIn(
@@ -380,8 +407,10 @@ class AgentLoop:
             )
         )
         started = time.monotonic()
+        self._open_calls[call.wire.id] = started
         self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
         outcome = await self._execute(call, digest)
+        self._open_calls.pop(call.wire.id, None)
         duration_ms = int((time.monotonic() - started) * 1000)
         # A tool's text may hold lone surrogates (a file name that is not UTF-8): the digest
         # must not fail on them, or the finish record would never be sent.
@@ -403,6 +432,21 @@ class AgentLoop:
             duration_ms=duration_ms,
         )
         return outcome
+
+    async def _finish_failed(self, call: _Call, outcome: CoreOutcome) -> None:
+        """The audit's end of a call its round stopped (its time limit) or that raised: its
+        start is on record, and without an end it would show as running for ever."""
+        started = self._open_calls.pop(call.wire.id)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        body = outcome.result.text.encode("utf-8", "surrogatepass")
+        try:
+            await self._finish_call(call, outcome, body, duration_ms)
+        except BrokerError as exc:
+            if isinstance(exc, FencedError):
+                raise
+            log("audit.finish_failed", call_id=call.wire.id, error=str(exc))
+        except BrokerUnavailableError as exc:
+            log("audit.finish_failed", call_id=call.wire.id, error=str(exc))
 
     async def _finish_call(
         self, call: _Call, outcome: CoreOutcome, body: bytes, duration_ms: int

@@ -126,15 +126,25 @@ def open_output(path: Path) -> tuple[io.BufferedReader, int] | None:
 
 
 def regular_files(root: Path) -> list[Path]:
-    """The files under `root`, sorted, without descending into a linked directory."""
-    if not root.is_dir() or root.is_symlink():
+    """The files under `root`, sorted, without descending into a linked directory. What
+    cannot be looked at (a directory the agent made unreadable: `chmod -R 644 out`) is left
+    out, never an error: the rest of the activation's output still goes."""
+    if _mode(root) is None or not stat.S_ISDIR(_mode(root) or 0):
         return []
     found: list[Path] = []
     for directory, dirs, files in os.walk(root, followlinks=False):
         base = Path(directory)
-        found.extend(p for p in (base / f for f in files) if p.is_file() and not p.is_symlink())
-        dirs[:] = [d for d in dirs if not (base / d).is_symlink()]
+        found.extend(p for p in (base / f for f in files) if stat.S_ISREG(_mode(p) or 0))
+        dirs[:] = [d for d in dirs if stat.S_ISDIR(_mode(base / d) or 0)]
     return sorted(found)
+
+
+def _mode(path: Path) -> int | None:
+    """The mode of `path` itself (a link is a link), or None if it cannot be looked at."""
+    try:
+        return path.lstat().st_mode
+    except OSError:
+        return None
 
 
 def remove_tree(root: Path) -> None:

@@ -1,0 +1,118 @@
+"""The runner's answers to a review: a call its round stopped still ends in the audit; a reply
+with more tool calls than a history entry holds runs what fits instead of crashing; an
+output directory the agent made unreadable still lets the rest go. The model is the scripted
+model server (the one allowed fake); the broker an `httpx.MockTransport` recording what the
+runner sends (its own decisions)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from suzumio.contracts.runner import RunnerToolpackSpec, ToolDefinition
+from suzumio.contracts.toolpacks import ToolpackManifest
+from suzumio.contracts.values import ModelSpec
+from suzumio.runner.agent import AgentLoop, Ending
+from suzumio.runner.broker import BrokerClient
+from suzumio.runner.live import LiveStream
+from suzumio.runner.model import Endpoint, ModelClient
+from suzumio.runner.toolbox import Toolbox
+from suzumio.runner.tools.base import ToolContext, ToolResult
+from suzumio.runner.workfiles import regular_files
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
+from tests.unit.loop_support import TOKEN, Broker, spec
+
+HISTORY_ENTRY_CALLS = 128  # what `HistoryEntryIn.tool_calls` holds
+
+
+async def slow(_: dict[str, Any], __: ToolContext) -> ToolResult:
+    await asyncio.sleep(30)
+    return ToolResult("never")
+
+
+def quick(_: dict[str, Any], __: ToolContext) -> ToolResult:
+    return ToolResult("ok")
+
+
+async def run_loop(tmp_path: Path, replies: list[Reply], **runner: Any) -> tuple[Ending, Broker]:
+    broker = Broker()
+    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(broker.answer))
+    client = BrokerClient("http://broker", TOKEN, http=http)
+    activation = spec(
+        tmp_path, toolpacks=(RunnerToolpackSpec(name="t", tools=("t.slow", "t.quick")),)
+    )
+    activation = activation.model_copy(
+        update={"runner": activation.runner.model_copy(update=runner)}
+    )
+    manifest = ToolpackManifest(
+        name="t",
+        tools=(ToolDefinition(name="t.slow"), ToolDefinition(name="t.quick")),
+        runner_handlers={"t.slow": f"{__name__}:slow", "t.quick": f"{__name__}:quick"},
+    )
+    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path), {"t": manifest})
+    async with ScriptedModelServer() as server:
+        server.script(replies)
+        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
+        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
+        try:
+            ending = await loop.run()
+        finally:
+            await model.close()
+            await http.aclose()
+    return ending, broker
+
+
+async def test_a_call_its_round_stopped_ends_in_the_audit_as_timed_out(tmp_path: Path) -> None:
+    """Before, only its start was recorded: the call showed as running for ever. (The call
+    after it in the round never starts: the round's time is spent.)"""
+    calls = [ToolCall("t_slow", {}), ToolCall("t_quick", {})]
+    replies = [Reply.tool_calls(calls), Reply.text("ok")]
+    ending, broker = await run_loop(tmp_path, replies, tool_timeout_seconds=0.5)
+    assert ending.reason == "completed"
+    (started,) = broker.bodies["/runner/tool-calls/start"]
+    (finished,) = broker.bodies["/runner/tool-calls/finish"]
+    assert started["tool"] == "t.slow"
+    assert (finished["call_id"], finished["status"]) == (started["call_id"], "timeout")
+    assert "time limit" in finished["error"]
+
+
+async def test_a_reply_with_more_calls_than_an_entry_holds_runs_what_fits(tmp_path: Path) -> None:
+    """Before, the history entry refused it and the activation crashed with no output."""
+    calls = [ToolCall("t_quick", {}) for _ in range(HISTORY_ENTRY_CALLS + 3)]
+    ending, broker = await run_loop(tmp_path, [Reply.tool_calls(calls), Reply.text("done")])
+    assert (ending.reason, ending.text) == ("completed", "done")
+    results = broker.tool_results()
+    assert len(results) == HISTORY_ENTRY_CALLS
+    assert "3 more tool calls of this reply were not run" in results[-1]["text"]
+    assistant = [
+        e
+        for b in broker.bodies["/runner/history"]
+        for e in b["entries"]
+        if e["role"] == "assistant"
+    ]
+    assert len(assistant[0]["tool_calls"]) == HISTORY_ENTRY_CALLS
+
+
+def test_an_output_directory_that_cannot_be_looked_into_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`chmod -R 644 out` by the agent: its files cannot be stat'ed (as a user other than
+    root). Before, that raised and the activation's whole output was lost."""
+    out = tmp_path / "out"
+    (out / "d").mkdir(parents=True)
+    (out / "d" / "f").write_text("x")
+    (out / "kept.txt").write_text("y")
+    real_stat = os.stat
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if "/out/d/" in os.fspath(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    assert regular_files(out) == [out / "kept.txt"]
