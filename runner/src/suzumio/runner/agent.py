@@ -551,15 +551,18 @@ class AgentLoop:
         if entries:
             await self._broker.append_history(entries)
 
-    def _ending(self, reason: Reason, text: str, *unsent: HistoryEntryIn) -> Ending:
-        usage: dict[str, Any] = {
+    def usage(self) -> dict[str, Any]:
+        """What the activation spent so far (also for an ending the loop did not reach)."""
+        return {
             **self._usage,
             "model_calls": self.model_calls,
             "compactions": self.compactions,
             "prompt_hash": self.prompt.hash,
             "model": self._models[self._model_index].spec.name,
         }
-        return Ending(reason, text, usage, history=unsent)
+
+    def _ending(self, reason: Reason, text: str, *unsent: HistoryEntryIn) -> Ending:
+        return Ending(reason, text, self.usage(), history=unsent)
 
 
 # Where the built-in tools cut their output (shell.exec's omitted middle, web.fetch's cap,

@@ -133,17 +133,19 @@ async def _run_loop(
             ending = await loop.run()
         return ending, exits.BY_REASON[ending.reason]
     except ExchangeError as exc:
-        ending = Ending("failed", f"the session's files could not be brought in: {exc}")
-        return ending, exits.INPUTS_UNAVAILABLE
+        why = f"the session's files could not be brought in: {exc}"
+        return Ending("failed", why, loop.usage()), exits.INPUTS_UNAVAILABLE
     except ModelFailedError as exc:
-        ending = Ending("failed", f"the model failed: {exc}", detail=exc.failure_class)
-        return ending, exits.MODEL_FAILED
+        why = f"the model failed: {exc}"
+        return Ending("failed", why, loop.usage(), exc.failure_class), exits.MODEL_FAILED
     except TimeoutError:
-        return Ending("failed", "the activation ran out of time"), exits.TIMED_OUT
+        why = "the activation ran out of time"
+        return Ending("failed", why, loop.usage()), exits.TIMED_OUT
     except BrokerError as exc:
         if isinstance(exc, FencedError):
             raise
-        return Ending("failed", f"the tool-broker refused a request: {exc}"), exits.CRASHED
+        why = f"the tool-broker refused a request: {exc}"
+        return Ending("failed", why, loop.usage()), exits.CRASHED
 
 
 def run(path: Path) -> int:
