@@ -220,7 +220,11 @@ def test_useful_effects_are_noticed_for_the_nudge_rule() -> None:
         (
             "x3",
             SessionMessageAppended(
-                message_id="r", author=Author(kind="agent", id="a"), role="assistant", text="hi"
+                message_id="r",
+                author=Author(kind="agent", id="a"),
+                role="assistant",
+                text="hi",
+                activation_id="x3",  # its own entry (the session service names the writer)
             ),
         ),
     ):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client as NATS
+from pydantic import ValidationError
 
 from suzumio.contracts.commands import PostMessage, RecordSignal
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, decode_data
@@ -41,7 +42,6 @@ from suzumio.contracts.scheduling import (
     AgentSchedulingState,
     EndedActivationView,
     HookAction,
-    HookSignal,
     PendingSignalView,
 )
 from suzumio.contracts.subjects import Topology
@@ -59,7 +59,8 @@ from suzumio.scheduler.domain.model import Ended, SessionSchedule, Signal
 from suzumio.scheduler.domain.policy import Plan
 from suzumio.scheduler.domain.world import WANTED, Changes, RetryPolicy, World
 from suzumio.scheduler.handlers import build_router
-from suzumio.scheduler.hooks import Hooks
+from suzumio.scheduler.holds import Hold, Holds
+from suzumio.scheduler.hooks import Hooks, action_command
 from suzumio.scheduler.settings import SchedulerSettings
 from suzumio.scheduler.timers import Timers
 
@@ -67,6 +68,7 @@ log = get_logger(__name__)
 ACTOR = "system:scheduler"
 FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
 REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
+HANDOVER_WAIT_SECONDS = 5.0  # a handover waits this long for a decision of ours to land
 
 _decisions = meter.create_counter(
     "suzumio_scheduler_decisions", description="decisions appended, by kind and outcome"
@@ -121,9 +123,7 @@ class Scheduler:
         self._timers = Timers()
         self._timer_changed = asyncio.Event()
         self._dirty: set[str] = set()
-        self._inflight: dict[str, int] = {}  # session -> the version its own append reaches
-        self._reserved: dict[str, tuple[str, str]] = {}  # session -> (project, pool) held
-        self._landing: dict[str, asyncio.Event] = {}  # set when a session's append is folded
+        self._holds = Holds()  # decisions of ours in flight, one per session at most
         self._reviewing: set[str] = set()
         self._review_retry: dict[str, _ReviewRetry] = {}  # session -> a review to do again
         self._tasks: set[asyncio.Task[None]] = set()
@@ -199,9 +199,7 @@ class Scheduler:
             if s is not None and msg.version > s.version:
                 s.version, s.seq = msg.version, msg.seq
             self._store.observe("session", session_id, msg.version, msg.seq)
-            target = self._inflight.get(session_id)
-            if target is not None and msg.version >= target:
-                self._release(session_id)  # our decision (or a newer fact) is in
+            if self._holds.reached(session_id, msg.version):  # our decision (or a newer fact)
                 changes.sessions.add(session_id)  # even if none of its events is folded
 
     # -- deciding ------------------------------------------------------------------------
@@ -221,7 +219,7 @@ class Scheduler:
 
     def _evaluate(self, session_id: str, now: datetime) -> None:
         s = self.world.sessions.get(session_id)
-        if s is None or session_id in self._inflight:
+        if s is None or session_id in self._holds:
             return  # an append of ours is on its way: look again when it is folded
         self._maybe_review(s, now)
         plan = self._plan(s, now)
@@ -236,13 +234,12 @@ class Scheduler:
 
     def _fits(self, project_id: str, session_id: str) -> bool:
         s = self.world.sessions[session_id]
-        if session_id in self._inflight:
+        if session_id in self._holds:
             return False
         pool = self.world.pool_of(s.agent_id)
-        held = self._reserved.values()
-        in_project = self.world.running_by_project[project_id]
-        in_project += sum(1 for p, _ in held if p == project_id)
-        in_pool = self.world.running_by_pool[pool] + sum(1 for _, q in held if q == pool)
+        held_in_project, held_in_pool = self._holds.taken(project_id, pool)
+        in_project = self.world.running_by_project[project_id] + held_in_project
+        in_pool = self.world.running_by_pool[pool] + held_in_pool
         pool_limit = self._settings.pool_limits.get(pool)
         return in_project < self.world.limit_of(project_id) and (
             pool_limit is None or in_pool < pool_limit
@@ -253,11 +250,13 @@ class Scheduler:
         plan = self._plan(s, now)  # again: the state may have moved since it asked
         if plan.start is None:
             return
-        if plan.cancel is None:
-            self._reserved[session_id] = (s.project_id, self.world.pool_of(s.agent_id))
-        self._execute(s, plan)
+        # A P0 takes the replaced activation's place; a start holds capacity until folded.
+        capacity = (s.project_id, self.world.pool_of(s.agent_id)) if plan.cancel is None else None
+        self._execute(s, plan, capacity)
 
-    def _execute(self, s: SessionSchedule, plan: Plan) -> None:
+    def _execute(
+        self, s: SessionSchedule, plan: Plan, capacity: tuple[str, str] | None = None
+    ) -> None:
         events: list[DomainEvent] = [
             SignalClosed(signal_id=signal_id, outcome=SignalOutcome.FAILED, reason=reason[:2_000])
             for signal_id, reason in plan.close_failed
@@ -290,12 +289,13 @@ class Scheduler:
         chosen = set(plan.start.signal_ids) if plan.start else set()
         stamps = [s.pending[i].recorded_at for i in chosen if i in s.pending]
         youngest = max((t for t in stamps if t is not None), default=None)
-        self._inflight[s.id] = s.version + len(events)
-        self._spawn(self._append(s.id, s.version, events, kind, youngest))
+        hold = self._holds.take(s.id, s.version + len(events), capacity)
+        self._spawn(self._append(s.id, hold, s.version, events, kind, youngest))
 
     async def _append(
         self,
         session_id: str,
+        hold: Hold,
         version: int,
         events: Sequence[DomainEvent],
         kind: str,
@@ -305,41 +305,37 @@ class Scheduler:
             await self._store.append(session_id, events, version, EventMeta(actor=ACTOR))
         except ConcurrencyConflictError as exc:
             _decisions.add(1, {"kind": kind, "outcome": "conflict"})
-            self._after_conflict(session_id, exc.actual_version)
+            self._after_conflict(session_id, hold, exc.actual_version)
         except Exception as exc:
             _decisions.add(1, {"kind": kind, "outcome": "error"})
             log.warning("scheduler.append_failed", session=session_id, error=repr(exc))
             await asyncio.sleep(0.5)
-            self._again(session_id)
+            self._again(session_id, hold)
         else:
             _decisions.add(1, {"kind": kind, "outcome": "ok"})
             if youngest is not None:
                 _latency.record(max((self._clock() - youngest).total_seconds(), 0.0))
 
-    def _release(self, session_id: str) -> None:
-        self._inflight.pop(session_id, None)
-        self._reserved.pop(session_id, None)
-        landed = self._landing.pop(session_id, None)
-        if landed is not None:
-            landed.set()
-
-    def _again(self, session_id: str) -> None:
-        self._release(session_id)
+    def _again(self, session_id: str, hold: Hold) -> None:
+        if not self._holds.release(session_id, hold):
+            return  # the fold released it already, and looked again then
         self._dirty.add(session_id)
         if self.leading:
             self._decide()
 
-    def _after_conflict(self, session_id: str, actual: int) -> None:
+    def _after_conflict(self, session_id: str, hold: Hold, actual: int) -> None:
         """Someone wrote first: decide on what they wrote, once it is folded. Deciding before
         would be on the same stale version, refused again at once, as fast as the store
         answers, for as long as the fold lags. The session stays held (as for an append of
         ours) until the fold reaches `actual`; `_fold` then releases it and looks again."""
+        if not self._holds.owns(session_id, hold):
+            return  # a late answer: the fold released it, and a newer decision may hold it
         s = self.world.sessions.get(session_id)
         if s is None or s.version >= actual:
-            self._again(session_id)
+            self._again(session_id, hold)
             return
-        self._reserved.pop(session_id, None)  # no capacity is taken while it waits
-        self._inflight[session_id] = actual
+        hold.capacity = None  # no capacity is taken while it waits
+        hold.target = actual
 
     # -- timers --------------------------------------------------------------------------
     async def _timer_loop(self, done: asyncio.Event) -> None:
@@ -367,20 +363,20 @@ class Scheduler:
             s = self.world.sessions.get(session_id)
             if s is None or not s.opened:
                 raise NotFoundError("session not found")
-            if session_id in self._inflight:  # a decision of ours is landing: see it first
-                landed = self._landing.setdefault(session_id, asyncio.Event())
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(landed.wait(), 5.0)
+            # A decision of ours is landing: see it first.
+            settled = await self._holds.settled(session_id, HANDOVER_WAIT_SECONDS)
             live = s.live
             due = policy.handover(s, activation_id, self._clock())
             if live is None or due is None:
                 raise ConflictError("the activation is not live (it ended or was replaced)")
             known = set(received)
             again = [x for x in live.signals if x.id in live.handed and x.id not in known]
-            if not due:
+            if not due or not settled:
+                # Still held, by a decision slow to land: a handover appended beside it would
+                # race it, and take over its hold. The due ones go at the next tool boundary.
                 return [_spec(x) for x in again]
             ids = tuple(x.id for x in due)
-            self._inflight[session_id] = s.version + 1
+            hold = self._holds.take(session_id, s.version + 1)
             try:
                 await self._store.append(
                     session_id,
@@ -389,12 +385,12 @@ class Scheduler:
                     EventMeta(actor=ACTOR),
                 )
             except ConcurrencyConflictError:
-                self._release(session_id)
+                self._holds.release(session_id, hold)  # unless the fold did, for a newer one
                 end = await stream_last_seq(self._nc, self._topology.events_stream)
                 await self.folded.reached(end, 5.0)
                 continue
             except BaseException:
-                self._again(session_id)
+                self._again(session_id, hold)
                 raise
             _decisions.add(1, {"kind": "handover", "outcome": "ok"})
             return [_spec(x) for x in again + due]
@@ -435,9 +431,8 @@ class Scheduler:
         try:
             state = self._hook_state(s, ended)
             actions = await self._hooks.run(state) if self._hooks.hooks else []
-            for hook_name, action in actions:
-                await self._perform(s, ended, hook_name, action)
-            if not actions and policy.needs_nudge(ended):
+            performed = [await self._perform(s, ended, name, action) for name, action in actions]
+            if not any(performed) and policy.needs_nudge(ended):
                 await self._nudge(s, ended)
         except _UnreachableError as exc:
             retry = self._retry_review_later(s, ended, exc)
@@ -496,29 +491,28 @@ class Scheduler:
 
     async def _perform(
         self, s: SessionSchedule, ended: Ended, hook_name: str, action: HookAction
-    ) -> None:
-        """A hook's action as a command to the session service, with ids derived from the
-        ended activation, the hook and the action's key: repeated, it is recorded once."""
-        signal_id = derived_id("hook.signal", ended.activation_id, hook_name, action.key)
-        command: RecordSignal | PostMessage
-        if isinstance(action, HookSignal):
-            command = RecordSignal(
-                session_id=s.id,
-                signal_id=signal_id,
-                kind=action.kind,
-                priority=action.priority,
-                payload={**action.payload, "hook": hook_name},
-                not_before=action.not_before,
+    ) -> bool:
+        """Sends one hook action; False if it was skipped. One the commands refuse (a payload
+        too large, a time out of range) or that fails here is logged and skipped alone: the
+        other actions of the review, other hooks' too, are still sent. An unreachable session
+        service still cuts the whole review short, to be done again (see _review)."""
+        try:
+            await self._send(action_command(s.id, ended.activation_id, hook_name, action))
+        except _UnreachableError:
+            raise
+        except ValidationError as exc:
+            log.warning(
+                "scheduler.hook_action_invalid",
+                session=s.id,
+                hook=hook_name,
+                key=action.key,
+                error=str(exc)[:500],
             )
-        else:
-            command = PostMessage(
-                session_id=s.id,
-                message_id=derived_id("hook.message", ended.activation_id, hook_name, action.key),
-                signal_id=signal_id,
-                text=action.text,
-                priority=action.priority,
-            )
-        await self._send(command)
+            return False
+        except Exception:
+            log.exception("scheduler.hook_action_failed", session=s.id, hook=hook_name)
+            return False
+        return True
 
     async def _nudge(self, s: SessionSchedule, ended: Ended) -> None:
         await self._send(

@@ -11,15 +11,19 @@ import inspect
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC
 from importlib.metadata import entry_points
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from suzumio.contracts.commands import PostMessage, RecordSignal
+from suzumio.contracts.ids import derived_id
 from suzumio.contracts.scheduling import (
     HOOKS_ENTRY_POINT_GROUP,
     AgentSchedulingState,
     HookAction,
+    HookSignal,
     SchedulerHook,
 )
 from suzumio.platform.logging import get_logger
@@ -88,6 +92,36 @@ class Hooks:
         # A plain function may block; it must not block the scheduler's loop.
         answer = await self._threads.run(hook.name, hook.call, state)
         return await answer if inspect.isawaitable(answer) else answer
+
+
+def action_command(
+    session_id: str, ended_activation_id: str, hook_name: str, action: HookAction
+) -> RecordSignal | PostMessage:
+    """A hook's action as a command to the session service, with ids derived from the ended
+    activation, the hook and the action's key: repeated, it is recorded once. Raises
+    ValidationError when the command refuses it (a payload too large, a time out of range)."""
+    signal_id = derived_id("hook.signal", ended_activation_id, hook_name, action.key)
+    if isinstance(action, HookSignal):
+        not_before = action.not_before
+        if not_before is not None and not_before.tzinfo is None:
+            # A hook's time may be naive (its contract takes any datetime), the command's
+            # must not be: read as UTC, as the fold reads one from the log (model.Signal).
+            not_before = not_before.replace(tzinfo=UTC)
+        return RecordSignal(
+            session_id=session_id,
+            signal_id=signal_id,
+            kind=action.kind,
+            priority=action.priority,
+            payload={**action.payload, "hook": hook_name},
+            not_before=not_before,
+        )
+    return PostMessage(
+        session_id=session_id,
+        message_id=derived_id("hook.message", ended_activation_id, hook_name, action.key),
+        signal_id=signal_id,
+        text=action.text,
+        priority=action.priority,
+    )
 
 
 THREADS_PER_HOOK = 4

@@ -187,8 +187,12 @@ class World:
                 s.closed = False
             case SessionMessageAppended():
                 texts[data.message_id] = data.text
-                if data.author.kind == "agent" and s.live is not None:
-                    s.live.useful = True
+                # The live activation's own entry only: another agent's message posted here
+                # (through the tool-broker) is authored by an agent too, but names no
+                # activation of this session, and is no effect of the live one.
+                live = s.live
+                if data.author.kind == "agent" and live and data.activation_id == live.id:
+                    live.useful = True
             case SignalRecorded():
                 s.pending[data.signal_id] = Signal(
                     id=data.signal_id,

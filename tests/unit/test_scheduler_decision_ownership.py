@@ -1,0 +1,292 @@
+"""A decision in flight holds its session (and, for a start, a slot of the project's capacity)
+until the fold sees it; only that decision's own answer may free it. The fold may release a
+hold early (a newer commit reached the session first), the session is decided on again, and
+the older decision's late conflict must not free the newer one's slot: else a second session
+starts beyond the project's limit. The leader runs on a store whose appends the test answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import pytest
+from nats.aio.client import Client as NATS
+from pydantic import TypeAdapter
+
+from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, envelope_for
+from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.events import (
+    ActivationCompleted,
+    ActivationRequested,
+    AgentCreated,
+    ProjectCreated,
+    SessionMessageAppended,
+    SessionOpened,
+    SignalRecorded,
+)
+from suzumio.contracts.subjects import DEFAULT_TOPOLOGY
+from suzumio.contracts.values import Author, ModelSpec, Priority, ProjectLimits, SignalKind
+from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore
+from suzumio.platform.bus.follower import LogMessage
+from suzumio.scheduler import engine
+from suzumio.scheduler.domain.world import Changes
+from suzumio.scheduler.engine import Scheduler
+from suzumio.scheduler.hooks import Hooks
+from suzumio.scheduler.settings import SchedulerSettings
+from tests.unit.test_scheduling_state import T0
+
+_COMMIT: TypeAdapter[list[EventEnvelope]] = TypeAdapter(list[EventEnvelope])
+
+
+@dataclass
+class Append:
+    session_id: str
+    events: tuple[DomainEvent, ...]
+    version: int
+    answer: asyncio.Future[None]
+
+    @property
+    def starts(self) -> bool:
+        return any(isinstance(e, ActivationRequested) for e in self.events)
+
+
+class HeldStore:
+    """The store's conditional appends, each waiting until the test answers it."""
+
+    def __init__(self) -> None:
+        self.appends: list[Append] = []
+
+    async def append(
+        self,
+        aggregate_id: str,
+        events: Sequence[DomainEvent],
+        expected_version: int,
+        meta: EventMeta | None = None,
+    ) -> None:
+        answer = asyncio.get_running_loop().create_future()
+        self.appends.append(Append(aggregate_id, tuple(events), expected_version, answer))
+        await answer
+
+    def observe(self, aggregate: str, aggregate_id: str, version: int, seq: int) -> None:
+        pass
+
+    def of(self, session_id: str) -> list[Append]:
+        return [a for a in self.appends if a.session_id == session_id]
+
+
+class Leader:
+    """A leading scheduler fed the log one commit at a time, as its fold loop would: fold,
+    advance the position, decide; then its appends' tasks run."""
+
+    def __init__(self, limit: int = 1) -> None:
+        self.store = HeldStore()
+        self.scheduler = Scheduler(
+            cast("NATS", object()),  # never used here: the log comes from `commit`
+            DEFAULT_TOPOLOGY,
+            cast("EventStore", self.store),
+            cast("CommandClient", object()),
+            "postgresql://unused/db",
+            SchedulerSettings(),
+            Hooks([]),
+            clock=lambda: T0,
+        )
+        self.scheduler.leading = True
+        self.limit = ProjectLimits(max_concurrent_activations=limit)
+        self.seq = 0
+        self.versions: defaultdict[str, int] = defaultdict(int)
+        self.signals = 0
+
+    async def open(self) -> None:
+        """Project p (the limit) with agents a and b, and their sessions x and y."""
+        await self.commit("project", "p", ProjectCreated(name="p", owner_id="u", limits=self.limit))
+        for agent, session_id in (("a", "x"), ("b", "y")):
+            model = ModelSpec(name="m")
+            created = AgentCreated(project_id="p", name=agent, role=agent, prompt="", model=model)
+            await self.commit("agent", agent, created)
+            await self.commit("session", session_id, SessionOpened(project_id="p", agent_id=agent))
+
+    async def commit(self, aggregate: str, aggregate_id: str, *events: DomainEvent) -> None:
+        self.seq += 1
+        envelopes = []
+        for event in events:
+            self.versions[aggregate_id] += 1
+            envelope = envelope_for(
+                event,
+                aggregate_id=aggregate_id,
+                version=self.versions[aggregate_id],
+                meta=EventMeta(),
+                occurred_at=T0,
+            )
+            envelopes.append(envelope)
+        message = LogMessage(
+            self.seq,
+            DEFAULT_TOPOLOGY.event_subject(aggregate, aggregate_id),
+            tuple(e.type for e in envelopes),
+            self.versions[aggregate_id],
+            _COMMIT.dump_json(envelopes, by_alias=True),
+            0,
+            T0,
+        )
+        changes = Changes()
+        self.scheduler._fold(message, changes)
+        await self.scheduler.folded.advance(self.scheduler.world.position)
+        self.scheduler._dirty |= changes.sessions
+        self.scheduler._decide()
+        await settle()
+
+    async def signal(self, session_id: str, priority: Priority = Priority.P3) -> None:
+        self.signals += 1
+        agent = {"x": "a", "y": "b"}[session_id]
+        await self.commit(
+            "session",
+            session_id,
+            SignalRecorded(
+                signal_id=f"sig{self.signals}",
+                agent_id=agent,
+                kind=SignalKind.CUSTOM,
+                priority=priority,
+            ),
+        )
+
+    async def user_message(self) -> None:
+        """A user's message to x and its P1 signal, one commit of the session service."""
+        self.signals += 1
+        await self.commit(
+            "session",
+            "x",
+            SessionMessageAppended(
+                message_id=f"msg{self.signals}",
+                author=Author(kind="user", id="u"),
+                role="user",
+                text="hi",
+            ),
+            SignalRecorded(
+                signal_id=f"sig{self.signals}",
+                agent_id="a",
+                kind=SignalKind.USER_MESSAGE,
+                priority=Priority.P1,
+                message_id=f"msg{self.signals}",
+            ),
+        )
+
+    async def land(self, append: Append) -> None:
+        """The append wins: its commit is in the log, then its caller hears so."""
+        assert self.versions[append.session_id] == append.version
+        await self.commit("session", append.session_id, *append.events)
+        append.answer.set_result(None)
+        await settle()
+
+    async def refuse(self, append: Append) -> None:
+        """Someone else wrote first: the store reports the session's version in the log."""
+        actual = self.versions[append.session_id]
+        error = ConcurrencyConflictError("session", append.session_id, append.version, actual)
+        append.answer.set_exception(error)
+        await settle()
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.world.running_by_project["p"]
+
+
+async def settle() -> None:
+    """Lets the tasks the scheduler spawned (its appends, their answers) run."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def activation_of(append: Append) -> str:
+    return next(e.activation_id for e in append.events if isinstance(e, ActivationRequested))
+
+
+async def test_a_late_conflict_does_not_free_the_slot_a_newer_decision_holds() -> None:
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [first] = leader.store.of("x")  # decision #1, on x at v2
+    await leader.user_message()  # ... but a user's message reached x first, at v3-v4
+    [_, second] = leader.store.of("x")  # the fold saw v4: x is decided on again, at v4
+    assert (first.version, second.version) == (2, 4)
+    await leader.signal("y")
+    assert leader.store.of("y") == []  # x's start holds the project's one slot
+
+    await leader.refuse(first)  # decision #1's answer comes late
+    await leader.signal("y")  # another pass of admission: y still waits
+    assert leader.store.of("y") == []
+
+    await leader.land(second)
+    assert leader.running == 1
+    assert leader.store.of("y") == []
+
+    await leader.commit("activation", activation_of(second), ActivationCompleted(text="done"))
+    assert leader.running == 0
+    [y_start] = leader.store.of("y")  # the slot is free: now y starts
+    assert y_start.starts
+    await leader.land(y_start)
+    assert leader.running == 1
+
+
+async def test_a_handover_refused_late_does_not_free_a_newer_decisions_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """take_signals' append conflicts after the fold released its hold and the session was
+    decided on again (its activation ended meanwhile): the newer start keeps its slot."""
+    leader = Leader(limit=1)
+
+    async def log_end(*_: object) -> int:
+        return leader.seq
+
+    monkeypatch.setattr(engine, "stream_last_seq", log_end)
+    monkeypatch.setattr(engine, "HANDOVER_WAIT_SECONDS", 0.05)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    await leader.land(start)
+    live = activation_of(start)
+    await leader.user_message()  # a P1 for the live activation's next tool boundary
+
+    handover = asyncio.create_task(leader.scheduler.take_signals("x", live, ()))
+    await settle()
+    [_, handing] = leader.store.of("x")
+    assert not handing.starts
+    await leader.user_message()  # reaches x first: the fold releases the handover's hold
+    await leader.commit("activation", live, ActivationCompleted(text="done"))
+    [_, _, restart] = leader.store.of("x")  # x starts again, and holds the slot
+    assert restart.starts
+
+    await leader.refuse(handing)
+    with pytest.raises(ConflictError):  # its activation ended: not live any more
+        await handover
+    await leader.signal("y")
+    assert leader.store.of("y") == []  # the restart still holds the one slot
+    await leader.land(restart)
+    assert leader.running == 1
+
+
+async def test_a_handover_does_not_append_beside_a_decision_still_landing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """take_signals waits for the session's decision in flight; if it has not landed by then,
+    it hands over nothing new (the due P1 goes at the next tool boundary) rather than append
+    on the same version and take over the other decision's hold."""
+    monkeypatch.setattr(engine, "HANDOVER_WAIT_SECONDS", 0.05)
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    await leader.land(start)
+    live = activation_of(start)
+    await leader.user_message()  # a P1 due at the next tool boundary
+    await leader.signal("x", Priority.P0)  # ... and a P0 that replaces the live activation
+    [_, preempt] = leader.store.of("x")
+    assert preempt.starts
+
+    async with asyncio.timeout(10):  # (an append beside it would wait for an answer forever)
+        assert await leader.scheduler.take_signals("x", live, ()) == []
+    assert leader.store.of("x") == [start, preempt]  # no handover appended beside it
+    await leader.land(preempt)
+    with pytest.raises(ConflictError):  # replaced: fenced
+        await leader.scheduler.take_signals("x", live, ())
