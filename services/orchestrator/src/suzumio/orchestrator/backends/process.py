@@ -56,9 +56,7 @@ class ProcessSettings(BaseModel):
     stop_grace_seconds: float = Field(default=3.0, gt=0)
     max_open_files: int = Field(default=1_024, ge=64)
     cleanup: CleanupPolicy = Field(
-        # Not docker's `always`: the embedded default backend is where a person looks into a
-        # failed activation's workspace and `runner.log` first.
-        default="on_success",
+        default="always",
         description="the activation's directory once it ended: removed (always), kept when "
         "it did not complete (on_success) or kept (never); kept ones go by the workspace "
         "retention",
