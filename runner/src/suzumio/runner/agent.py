@@ -177,7 +177,7 @@ class AgentLoop:
             outcomes = await self._tool_round(calls, dropped=max(dropped, 0))
             complete = next((o.complete for o in outcomes if o.complete is not None), None)
             if complete is not None:
-                return self._ending("completed", complete)
+                return self._ending("completed", printable(complete))
             waiting = [o.waiting_for for o in outcomes if o.waiting_for]
             if waiting:
                 return self._ending("waiting", f"waiting for {', '.join(waiting)}")
@@ -297,6 +297,7 @@ class AgentLoop:
             log("compaction.failed", error=repr(exc))
             self._governor.record_failure(now)
             return False
+        summary.text = printable(summary.text)  # stored as the marker's text: no NUL
         if not summary.text.strip():
             self._governor.record_failure(now)
             return False
@@ -333,7 +334,7 @@ class AgentLoop:
         calls = []
         for i, given in enumerate(wire_calls):
             # The history, the audit log and JSON take only text that encodes as UTF-8.
-            wire = WireCall(given.id, printable(given.name), printable(given.arguments))
+            wire = WireCall(printable(given.id), printable(given.name), printable(given.arguments))
             if not given.id or given.id in self._call_ids or len(given.id) > 200:
                 # Every id of what a call creates derives from its id: it must be unique.
                 unique = f"call_{self.model_calls}_{i}_{new_id()[-12:]}"

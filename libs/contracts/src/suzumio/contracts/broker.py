@@ -3,6 +3,10 @@
 Every request carries the activation's token (`Authorization: Bearer …`). Requests are
 idempotent where a runner may retry them: a tool call is keyed by its call id, a history entry
 by its message id, a pending action and a checkpoint by theirs.
+
+Text that ends up in the log refuses NUL characters here, as the commands and events it becomes
+do (`Clean`): a call carrying one is a 422 before it has any effect, not a failure halfway.
+Live chunks are never stored, so they take any text.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.runner import RunnerActivationOutput, SignalSpec
-from suzumio.contracts.values import Payload, PendingKind, Priority
+from suzumio.contracts.values import Clean, CleanJson, Payload, PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
 
@@ -32,19 +36,19 @@ class _Body(BaseModel):
 
 
 class ToolCallStart(_Body):
-    call_id: str = Field(min_length=1, max_length=200)
-    tool: str = Field(min_length=1, max_length=200)
+    call_id: Clean = Field(min_length=1, max_length=200)
+    tool: Clean = Field(min_length=1, max_length=200)
     arguments_digest: Digest = Field(pattern=r"^[0-9a-f]{64}$")
     arguments_size: int = Field(ge=0)
 
 
 class ToolCallFinish(_Body):
-    call_id: str = Field(min_length=1, max_length=200)
+    call_id: Clean = Field(min_length=1, max_length=200)
     status: Literal["ok", "error", "denied", "timeout", "cancelled"]
     result_digest: Digest | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     result_size: int = Field(default=0, ge=0)
     duration_ms: int = Field(ge=0)
-    error: str = Field(default="", max_length=2_000)
+    error: Clean = Field(default="", max_length=2_000)
 
 
 class Recorded(_Body):
@@ -52,18 +56,18 @@ class Recorded(_Body):
 
 
 class HistoryToolCallIn(_Body):
-    id: str = Field(max_length=200)
-    name: str = Field(max_length=200)
-    arguments: str = Field(max_length=1_000_000)
+    id: Clean = Field(max_length=200)
+    name: Clean = Field(max_length=200)
+    arguments: Clean = Field(max_length=1_000_000)
 
 
 class HistoryEntryIn(_Body):
     message_id: Identifier
     role: Literal["assistant", "tool", "user"]
-    text: str = Field(default="", max_length=1_000_000)
+    text: Clean = Field(default="", max_length=1_000_000)
     tool_calls: tuple[HistoryToolCallIn, ...] = Field(default=(), max_length=128)
-    tool_call_id: str | None = Field(default=None, max_length=200)
-    name: str | None = Field(default=None, max_length=200)
+    tool_call_id: Clean | None = Field(default=None, max_length=200)
+    name: Clean | None = Field(default=None, max_length=200)
 
 
 class HistoryAppend(_Body):
@@ -72,7 +76,7 @@ class HistoryAppend(_Body):
 
 class CompactionMarker(_Body):
     marker_id: Identifier
-    summary: str = Field(min_length=1, max_length=1_000_000)
+    summary: Clean = Field(min_length=1, max_length=1_000_000)
     archived_from: Identifier = Field(description="first archived history entry (message id)")
     archived_through: Identifier = Field(description="last archived history entry")
     archived_ids: tuple[Identifier, ...] = Field(
@@ -101,10 +105,13 @@ class StreamBatch(_Body):
 class FinalCall(RunnerActivationOutput):
     """`POST /activation-output` with what the runner still had to send: the last turn's
     history entries and the last live batch, so an activation that needs no tool ends in one
-    call. The broker handles them as the separate calls would, in their order: the batch is
-    published, the entries appended, then the output recorded."""
+    call. The broker handles them as the separate calls would, the entries first: they are
+    appended, the batch published, then the output recorded; a call refused for its entries
+    (too large, the session closed) has published nothing."""
 
     schema_version: Literal[1, 2] = 2
+    text: Clean = Field(max_length=1_000_000, description="as the output's event holds it")
+    usage: CleanJson = Field(default_factory=dict)
     history: tuple[HistoryEntryIn, ...] = Field(default=(), max_length=256)
     live: StreamBatch | None = None
 
@@ -116,9 +123,9 @@ class SignalsTaken(_Body):
 class AskRequest(_Body):
     pending_action_id: Identifier
     kind: PendingKind = PendingKind.QUESTION
-    prompt: str = Field(min_length=1, max_length=20_000)
-    options: tuple[str, ...] = Field(default=(), max_length=50)
-    paths: tuple[str, ...] = Field(default=(), max_length=100)
+    prompt: Clean = Field(min_length=1, max_length=20_000)
+    options: tuple[Clean, ...] = Field(default=(), max_length=50)
+    paths: tuple[Clean, ...] = Field(default=(), max_length=100)
     timeout_seconds: int = Field(default=3_600, ge=1, le=30 * 86_400)
     wait_seconds: float = Field(
         default=0,
@@ -139,7 +146,7 @@ class AskOutcome(_Body):
 
 class CheckpointPut(_Body):
     checkpoint_id: Identifier
-    data: dict[str, Any]
+    data: CleanJson
 
 
 class SupportCall(_Body):
@@ -161,14 +168,14 @@ class MessageSend(_Body):
     """`core` support operation `message.send`: a message to another session of the project."""
 
     session_id: Identifier
-    text: str = Field(min_length=1, max_length=1_000_000)
+    text: Clean = Field(min_length=1, max_length=1_000_000)
     priority: AgentPriority = Priority.P2
 
 
 class SignalRecord(_Body):
     """`core` support operation `signal.record`: pending work for this session's agent."""
 
-    kind: str = Field(default="custom", max_length=100)
+    kind: Clean = Field(default="custom", max_length=100)
     payload: Payload = Field(default_factory=dict)
     priority: AgentPriority = Priority.P3
     delay_seconds: float = Field(default=0, ge=0, le=365 * 86_400)

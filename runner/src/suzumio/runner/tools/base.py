@@ -24,11 +24,15 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def printable(text: str) -> str:
-    """`text` made encodable as UTF-8, which the history, the audit log and JSON need.
+    """`text` made fit for the history, the audit log and JSON: encodable as UTF-8 and free of
+    NUL characters.
 
     Python keeps the bytes of a file name that are not UTF-8 as lone surrogates (U+DC80 to
     U+DCFF, from `os.fsdecode`); they are shown as `\\xNN` escapes, as `ls -b` shows them. Any
-    other lone surrogate (a JSON `\\ud800` escape, say) is shown as `\\uXXXX`."""
+    other lone surrogate (a JSON `\\ud800` escape, say) is shown as `\\uXXXX`. A NUL (from
+    `find -print0`, or a binary's output) is shown as `\\0`: the log's read models cannot hold
+    it, so the tool-broker refuses text that has one."""
+    text = text.replace("\x00", "\\0")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

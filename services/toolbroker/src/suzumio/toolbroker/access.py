@@ -44,9 +44,7 @@ class Gate:
             claims = self._signer.verify(token.strip())
         except TokenError as exc:
             raise BrokerError(401, "unauthenticated", f"invalid token: {exc}") from None
-        # A cancel stored before this call must be seen: fold up to now first.
-        if not await self._registry.fresh(self._store, claims.session_id):
-            raise BrokerError(503, "unavailable", "the broker is catching up with the log")
+        await self._fold(claims.session_id)
         activation = self._registry.get(claims.activation_id)
         if activation is None:
             await self._registry.recall(self._store, claims.activation_id, claims.session_id)
@@ -59,6 +57,21 @@ class Gate:
             or (activation.project_id not in {None, claims.project_id})
         ):
             raise BrokerError(403, "forbidden", "the token does not match its activation")
-        if activation.fenced:
-            raise BrokerError(403, "fenced", f"the activation is {activation.fenced}")
+        _unfenced(activation)
         return Caller(claims, activation)
+
+    async def still_live(self, caller: Caller) -> None:
+        """Check the fence again for a call that took long after it was let in (an upload
+        whose body is still arriving): a cancel stored meanwhile must stop its effect."""
+        await self._fold(caller.claims.session_id)
+        _unfenced(caller.activation)
+
+    async def _fold(self, session_id: str) -> None:
+        # A cancel stored before this moment must be seen: fold up to now first.
+        if not await self._registry.fresh(self._store, session_id):
+            raise BrokerError(503, "unavailable", "the broker is catching up with the log")
+
+
+def _unfenced(activation: LiveActivation) -> None:
+    if activation.fenced:
+        raise BrokerError(403, "fenced", f"the activation is {activation.fenced}")

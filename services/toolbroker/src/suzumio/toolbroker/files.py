@@ -94,8 +94,12 @@ async def store_output(
         raise BrokerError(413, "too_large", f"output files are at most {limits.max_bytes} bytes")
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
         sha256, size = await _receive(request, spool, limits.max_bytes)
+        # The token was checked before the body came; a cancel may have come while it did
+        # (up to max_bytes takes a while), and a fenced activation records nothing.
+        await broker.gate.still_live(caller)
         spool.seek(0)
         await put_blob(limits.store, sha256, spool)  # type: ignore[arg-type]
+    await broker.gate.still_live(caller)  # storing a large blob takes a while too
     return await _record(broker, caller, index, path, sha256, size)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from nats.errors import MaxPayloadError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -91,6 +92,12 @@ async def _platform(request: Request, exc: Exception) -> JSONResponse:
     return await _unavailable(request, exc)
 
 
+async def _too_large(_: Request, __: Exception) -> JSONResponse:
+    # nats-py refuses a message over the server's max_payload before publishing it: nothing
+    # was sent, and the same request would be refused again — the caller must send less.
+    return problem(413, "too_large", "the request is too large to pass on; send less")
+
+
 async def _disconnected(request: Request, _: Exception) -> JSONResponse:
     # Nobody reads this answer; it keeps a client gone mid-body out of the error log.
     log.info("broker.client_disconnected", path=request.url.path)
@@ -106,6 +113,7 @@ HANDLERS: dict[type[Exception], Any] = {
     BrokerError: _broker,
     **dict.fromkeys(UNAVAILABLE, _unavailable),  # before CommandError: a conflict of ours is one
     PlatformError: _platform,
+    MaxPayloadError: _too_large,
     ClientDisconnect: _disconnected,
     CommandError: _command,
     StarletteHTTPException: _http,

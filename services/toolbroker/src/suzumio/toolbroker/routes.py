@@ -45,6 +45,7 @@ from suzumio.contracts.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
+from suzumio.contracts.ids import Identifier
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
 from suzumio.platform.logging import get_logger
@@ -223,7 +224,7 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> No
 async def signals(
     caller: Auth,
     broker: Shared,
-    received: Annotated[list[str] | None, Query(max_length=10_000)] = None,
+    received: Annotated[list[Identifier] | None, Query(max_length=10_000)] = None,
 ) -> SignalsTaken:
     c = caller.claims
     reply = await broker.commands.send(
@@ -328,14 +329,17 @@ async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
             return Recorded(recorded=False)  # sent again: what came with it was handled then
         if a.fenced:  # while this call waited for the lock
             raise BrokerError(403, "fenced", f"the activation is {a.fenced}")
-        # As the separate calls would have been (each idempotent: a retry repeats nothing).
+        # Each part idempotent, so a retry repeats nothing. The history first: it is the part
+        # that can still be refused (too large for the bus or the log, the session closed), and
+        # a refused call must have published nothing. (Live chunks and log events are not
+        # ordered with each other on the session's timeline anyway.)
+        if body.history:
+            await _append_history(broker, caller, body.history)
         if body.live is not None:
             try:
                 await _publish_live(broker, caller, body.live)
             except Exception as exc:  # live output is best-effort: the history is the record
                 log.warning("broker.live_unpublished", activation=a.id, error=repr(exc))
-        if body.history:
-            await _append_history(broker, caller, body.history)
         await append_own(broker, a, [recorded], caller.actor)
         a.output = True
     return Recorded(recorded=True)
