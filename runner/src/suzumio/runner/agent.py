@@ -372,7 +372,7 @@ class AgentLoop:
             if isinstance(result, CallFailure):
                 outcome = CoreOutcome(ToolResult(result.describe(), _FAILED[result.reason]))
                 if call.wire.id in self._open_calls:  # started, never finished: say how
-                    await self._finish_failed(call, outcome)
+                    await self._audit_end(call, outcome)
             else:
                 outcome = result
             outcomes.append(outcome)
@@ -407,23 +407,10 @@ class AgentLoop:
                 arguments_size=len(call.wire.arguments.encode()),
             )
         )
-        started = time.monotonic()
-        self._open_calls[call.wire.id] = started
+        self._open_calls[call.wire.id] = time.monotonic()
         self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
         outcome = await self._execute(call, digest)
-        self._open_calls.pop(call.wire.id, None)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        # A tool's text may hold lone surrogates (a file name that is not UTF-8): the digest
-        # must not fail on them, or the finish record would never be sent.
-        body = outcome.result.text.encode("utf-8", "surrogatepass")
-        try:
-            await self._finish_call(call, outcome, body, duration_ms)
-        except BrokerError as exc:
-            if isinstance(exc, FencedError):
-                raise
-            log("audit.finish_failed", call_id=call.wire.id, error=str(exc))  # keep the result
-        except BrokerUnavailableError as exc:
-            log("audit.finish_failed", call_id=call.wire.id, error=str(exc))
+        duration_ms = await self._audit_end(call, outcome)
         self._live.event(
             "tool_progress",
             tool,
@@ -434,11 +421,13 @@ class AgentLoop:
         )
         return outcome
 
-    async def _finish_failed(self, call: _Call, outcome: CoreOutcome) -> None:
-        """The audit's end of a call its round stopped (its time limit) or that raised: its
-        start is on record, and without an end it would show as running for ever."""
-        started = self._open_calls.pop(call.wire.id)
-        duration_ms = int((time.monotonic() - started) * 1000)
+    async def _audit_end(self, call: _Call, outcome: CoreOutcome) -> int:
+        """The audit's end of a started call (also of one its round stopped, or that raised:
+        without an end it would show as running for ever); its duration in ms. A failure to
+        record it keeps the result (a fence still ends the activation)."""
+        duration_ms = int((time.monotonic() - self._open_calls.pop(call.wire.id)) * 1000)
+        # A tool's text may hold lone surrogates (a file name that is not UTF-8): the digest
+        # must not fail on them, or the finish record would never be sent.
         body = outcome.result.text.encode("utf-8", "surrogatepass")
         try:
             await self._finish_call(call, outcome, body, duration_ms)
@@ -448,6 +437,7 @@ class AgentLoop:
             log("audit.finish_failed", call_id=call.wire.id, error=str(exc))
         except BrokerUnavailableError as exc:
             log("audit.finish_failed", call_id=call.wire.id, error=str(exc))
+        return duration_ms
 
     async def _finish_call(
         self, call: _Call, outcome: CoreOutcome, body: bytes, duration_ms: int
