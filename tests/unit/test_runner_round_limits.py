@@ -116,3 +116,37 @@ def test_an_output_directory_that_cannot_be_looked_into_is_left_out(
 
     monkeypatch.setattr(os, "stat", stat)
     assert regular_files(out) == [out / "kept.txt"]
+
+
+async def test_a_call_cut_off_by_the_output_cap_is_asked_for_again_with_room(
+    tmp_path: Path,
+) -> None:
+    """Before, only a text cut off got a larger cap: a call cut off mid-arguments (a large
+    file.write) was answered "not valid JSON" under the same cap, every time."""
+    cut = ToolCall("file_write", '{"path": "a.txt", "content": "the first ha', id="c1")
+    whole = ToolCall("file_write", {"path": "a.txt", "content": "the whole text"}, id="c1")
+    broker = Broker()
+    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(broker.answer))
+    client = BrokerClient("http://broker", TOKEN, http=http)
+    activation = spec(tmp_path)
+    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
+    async with ScriptedModelServer() as server:
+        server.script(
+            [
+                Reply(calls=(cut,), finish_reason="length"),
+                Reply.tool_calls([whole]),
+                Reply.text("done"),
+            ]
+        )
+        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
+        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
+        try:
+            ending = await loop.run()
+        finally:
+            await model.close()
+            await http.aclose()
+        caps = [r.body["max_tokens"] for r in server.completion_requests]
+    assert ending.text == "done"
+    assert (tmp_path / "a.txt").read_text() == "the whole text"
+    assert caps[1] == 2 * caps[0]
+    assert ending.usage["model_calls"] == 2  # the retry with room is not a counted call

@@ -210,10 +210,11 @@ class AgentLoop:
                 continue
             if (
                 turn.finish_reason == "length"
-                and not turn.tool_calls
                 and self._max_tokens < self._config.max_output_tokens_cap
+                and (not turn.tool_calls or _cut_off(turn.tool_calls[-1]))
             ):
-                # Cut off by the output cap: ask again with room (not a new counted call).
+                # Cut off by the output cap, in its text or in a call's arguments (a large
+                # file.write): ask again with room (not a new counted call).
                 self._max_tokens = min(self._max_tokens * 2, self._config.max_output_tokens_cap)
                 self._live.event("state", "retrying with a larger output cap")
                 continue
@@ -559,6 +560,13 @@ class AgentLoop:
 # Where the built-in tools cut their output (shell.exec's omitted middle, web.fetch's cap,
 # file.read's over-long line, file.search's clipped line). A cut can halve a secret, and the
 # halves no longer match it.
+
+
+def _cut_off(call: WireCall) -> bool:
+    """Whether the output cap cut `call`'s arguments short (they do not parse)."""
+    return decode_arguments(call.arguments)[1] is not None
+
+
 _CUT = re.compile(
     r"(\n\[\.\.\. \d+ bytes omitted \.\.\.\]\n|\n\[truncated at \d+ bytes\]|\n\[line \d+ cut\]"
     r"| \[\.\.\.\](?=\n|$))"  # file.search's clipped line
