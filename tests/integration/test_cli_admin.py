@@ -1,7 +1,7 @@
-"""The first admin's key is never lost: `suzumio up` saves it before BootstrapAdmin goes out,
-so an answer that never comes (a timeout, Ctrl-C, SIGKILL) leaves the key that may yet be
-applied, and the next run sends that key again. `suzumio bootstrap-admin` says what happened
-when the session service does not answer."""
+"""The first admin's key is never lost: `suzumio up` and `suzumio bootstrap-admin` save it
+before BootstrapAdmin goes out, so an answer that never comes (a timeout, Ctrl-C, SIGKILL)
+leaves the key that may yet be applied, and the next run sends that key again.
+`suzumio bootstrap-admin` also says what happened when the session service does not answer."""
 
 from __future__ import annotations
 
@@ -146,17 +146,20 @@ async def test_up_says_when_the_admin_is_not_confirmed(
     assert_saved(tmp_path / ADMIN_KEY_FILE, session.applied[0])
 
 
-async def bootstrap_admin_command(nats_url: str, database_url: str, topology: Topology) -> Result:
+async def bootstrap_admin_command(
+    nats_url: str, database_url: str, topology: Topology, data_dir: Path
+) -> Result:
     env = {"SUZUMIO_NATS_URL": nats_url, "SUZUMIO_DATABASE_URL": database_url,
-           "SUZUMIO_NAMESPACE": topology.namespace, "COLUMNS": "200"}  # fmt: skip
+           "SUZUMIO_NAMESPACE": topology.namespace, "SUZUMIO_DATA_DIR": str(data_dir),
+           "COLUMNS": "200"}  # fmt: skip
     # In a thread: the command runs its own event loop, and the fake session needs ours.
     return await asyncio.to_thread(lambda: CliRunner().invoke(app, ["bootstrap-admin"], env=env))
 
 
 async def test_bootstrap_admin_command_without_a_session_service(
-    nats_url: str, database_url: str, topology: Topology
+    nats_url: str, database_url: str, topology: Topology, tmp_path: Path
 ) -> None:
-    done = await bootstrap_admin_command(nats_url, database_url, topology)
+    done = await bootstrap_admin_command(nats_url, database_url, topology, tmp_path)
     assert isinstance(done.exception, SystemExit), done.exception
     assert done.exit_code == 1, done.output
     assert "no session service is answering" in done.output
@@ -164,10 +167,10 @@ async def test_bootstrap_admin_command_without_a_session_service(
 
 async def test_bootstrap_admin_command_without_answer_shows_the_key_it_sent(
     nats_url: str, database_url: str, topology: Topology, session: FakeSession,
-    quick_timeout: None,
+    quick_timeout: None, tmp_path: Path,
 ) -> None:  # fmt: skip
     session.answer = "never"
-    done = await bootstrap_admin_command(nats_url, database_url, topology)
+    done = await bootstrap_admin_command(nats_url, database_url, topology, tmp_path)
     assert isinstance(done.exception, SystemExit), done.exception
     assert done.exit_code == 1, done.output
     assert "no reply in time" in done.output
@@ -176,3 +179,33 @@ async def test_bootstrap_admin_command_without_answer_shows_the_key_it_sent(
     [key] = [line for line in done.stdout.splitlines() if line.startswith("szm_")]
     key_id, secret = apikeys.parse(key) or ("", "")
     assert (key_id, apikeys.digest(secret)) == (applied.key_id, applied.digest)
+    assert_saved(tmp_path / ADMIN_KEY_FILE, applied)
+
+
+async def test_bootstrap_admin_command_keeps_the_key_before_sending_and_sends_it_again(
+    nats_url: str, database_url: str, topology: Topology, session: FakeSession,
+    quick_timeout: None, tmp_path: Path,
+) -> None:  # fmt: skip
+    # An interrupted run (here: no answer) leaves the key it sent in the data directory, so
+    # the admin it may have made is never one whose key nobody has; the next run resends it.
+    session.answer = "never"
+    first = await bootstrap_admin_command(nats_url, database_url, topology, tmp_path)
+    assert first.exit_code == 1, first.output
+    saved = assert_saved(tmp_path / ADMIN_KEY_FILE, session.applied[0])
+    session.answer = "ok"
+    again = await bootstrap_admin_command(nats_url, database_url, topology, tmp_path)
+    assert again.exit_code == 0, again.output
+    assert saved in again.stdout.splitlines()
+    assert session.applied[1] == session.applied[0]
+    assert str((tmp_path / ADMIN_KEY_FILE).resolve()) in again.stderr
+
+
+async def test_bootstrap_admin_command_with_an_unusable_key_file_sends_nothing(
+    nats_url: str, database_url: str, topology: Topology, session: FakeSession, tmp_path: Path
+) -> None:
+    (tmp_path / ADMIN_KEY_FILE).write_text("my notes\n")
+    done = await bootstrap_admin_command(nats_url, database_url, topology, tmp_path)
+    assert done.exit_code == 2, done.output
+    assert "holds no API key" in done.stderr
+    assert session.applied == []
+    assert (tmp_path / ADMIN_KEY_FILE).read_text() == "my notes\n"

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 import typer
 
 from suzumio.cli import agents, projections
-from suzumio.cli.admin import AdminUnconfirmedError, bootstrap_admin
+from suzumio.cli.admin import ADMIN_KEY_FILE, AdminUnconfirmedError, KeyFileError, bootstrap_admin
 from suzumio.cli.connected import Platform, with_platform
-from suzumio.cli.failures import load_settings
+from suzumio.cli.failures import fail, load_settings
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
 from suzumio.platform.logging import configure_logging
 
@@ -115,15 +115,21 @@ NETWORK_SETTING = "SUZUMIO_DOCKER__NETWORK_MODE_EGRESS"
 @app.command("bootstrap-admin")
 def bootstrap_admin_command() -> None:
     """Create the platform's first admin and print its API key (once). `suzumio up` does this
-    by itself; use this where the services run elsewhere (Compose, Kubernetes)."""
+    by itself; use this where the services run elsewhere (Compose, Kubernetes). The key is
+    also kept in `<data dir>/admin.key` (mode 0600), saved before the command goes out, so an
+    interrupted run loses nothing: running it again sends the same key."""
+    data_dir = load_settings().data_dir
 
     async def run(platform: Platform) -> str | None:
         try:
-            return await bootstrap_admin(platform.nc, platform.topology, None)
+            return await bootstrap_admin(platform.nc, platform.topology, data_dir)
+        except KeyFileError as exc:
+            fail(str(exc), code=2)
         except AdminUnconfirmedError as exc:
-            # It may still be applied, and this is the only place the key will ever be seen.
+            # It may still be applied: the key is shown as well as kept.
             typer.echo(
-                f"error: {exc}; it may still be applied, and then this is the admin's API key:",
+                f"error: {exc}; it may still be applied, and then this is the admin's API key"
+                f" (kept in {(data_dir / ADMIN_KEY_FILE).resolve()}; run this again to resend it):",
                 err=True,
             )
             print(exc.key)
@@ -134,3 +140,4 @@ def bootstrap_admin_command() -> None:
         print("The platform has an admin already.")
         raise typer.Exit(1)
     print(key)
+    typer.echo(f"(also saved in {(data_dir / ADMIN_KEY_FILE).resolve()})", err=True)
