@@ -189,3 +189,34 @@ async def test_replicas_share_commands_in_a_queue_group(
 
     assert len(handled) == 40  # each command handled once, not once per replica
     assert set(handled) == {"a", "b"}
+
+
+async def test_drain_also_finishes_commands_waiting_for_a_slot(
+    nc: NATS, topology: Topology, commands: CommandClient
+) -> None:
+    # One slot: the second command is delivered but waits, and a drain must not drop it.
+    started = asyncio.Event()
+
+    async def create(ctx: CommandContext[CreateProject]) -> CommandAccepted:
+        started.set()
+        await asyncio.sleep(0.3)
+        return CommandAccepted(result={"name": ctx.command.name})
+
+    router = CommandRouter("session")
+    router.register(CreateProject, create)
+    server = CommandServer(nc, topology, router, max_in_flight=1)
+    await server.start()
+    await nc.flush()
+    first = asyncio.create_task(
+        commands.send(CreateProject(project_id="p1", name="a"), actor="user:u1")
+    )
+    await started.wait()
+    second = asyncio.create_task(
+        commands.send(CreateProject(project_id="p2", name="b"), actor="user:u1")
+    )
+    await asyncio.sleep(0.1)  # delivered, queued behind the one slot
+
+    await server.drain(5.0)
+
+    assert (await first).result == {"name": "a"}
+    assert (await second).result == {"name": "b"}

@@ -9,7 +9,6 @@ from the log's start, the fold loop for as long as it runs, leadership contended
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -36,13 +35,22 @@ class Replica:
         return self._started and self.folded.value >= self.follower.replay_end
 
     async def run(self, stop: asyncio.Event, fold_loop: FoldLoop, lead: Lead) -> None:
+        """Follow, fold and contend until `stop`; if the fold loop fails, stop contending (a
+        leader whose state no longer moves would hold the lock while deciding nothing, and
+        no standby could take over) and raise its error, so the service restarts."""
         await self.follower.start()
         self._started = True
         folding = asyncio.create_task(fold_loop(stop))
+        ended = asyncio.Event()  # `stop`, or the fold loop over
+        stopping = asyncio.create_task(stop.wait())
+        for task in (folding, stopping):
+            task.add_done_callback(lambda _: ended.set())
         try:
-            await self.leadership.run(stop, lead)
+            await self.leadership.run(ended, lead)
         finally:
+            stopping.cancel()
             folding.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await folding
+            await asyncio.wait({folding})
             await self.follower.close()
+        if not folding.cancelled() and (error := folding.exception()) is not None:
+            raise error

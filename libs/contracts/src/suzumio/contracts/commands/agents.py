@@ -58,7 +58,7 @@ class UpdateAgent(Command):
     permissions: dict[ToolRef, ToolPolicy] | None = Field(default=None, max_length=MAX_PERMISSIONS)
     env_facts: dict[FactText, FactText] | None = Field(default=None, max_length=MAX_ENV_FACTS)
     workspace_mode: WorkspaceMode | None = None
-    assets: tuple[AssetRef, ...] | None = None
+    assets: tuple[AssetRef, ...] | None = Field(default=None, max_length=10_000)
     clear_runtime_profile: bool = False  # `None` above leaves it as it is
 
     @model_validator(mode="after")

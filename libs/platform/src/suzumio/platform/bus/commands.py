@@ -11,7 +11,8 @@ from typing import Any, Generic, TypeVar
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import NoRespondersError
+from nats.errors import Error as NatsError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
@@ -27,6 +28,7 @@ from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import (
     CommandError,
     CommandTimeoutError,
+    ErrorBody,
     ErrorCode,
     InternalError,
     InvalidError,
@@ -69,6 +71,23 @@ class CommandContext(Generic[C]):
 
 Handler = Callable[[CommandContext[C]], Awaitable[CommandAccepted]]
 
+_REPLY_HEADROOM = 4_096  # for the request's headers, which a reply carries back
+_ERRORS_KEPT = 100  # validation errors a reply too large for the bus keeps
+
+
+class CommandTooLargeError(MaxPayloadError, InvalidError):
+    """A command larger than the NATS server carries: refused before anything was sent.
+
+    Still a `MaxPayloadError` (what callers that answer 413 catch, and the first match an
+    exception handler finds), and an `InvalidError` for everyone who handles typed errors.
+    """
+
+    def __init__(self, message: str) -> None:
+        InvalidError.__init__(self, message)
+
+    def __str__(self) -> str:
+        return self.message
+
 
 class CommandClient:
     """Sends commands to their owning service and waits for the reply."""
@@ -92,6 +111,7 @@ class CommandClient:
         Raises:
             UnavailableError: no instance of the owning service is subscribed.
             CommandTimeoutError: no reply in time (the command may still have been applied).
+            CommandTooLargeError: the command is larger than NATS carries (nothing was sent).
         """
         extra: dict[str, Any] = {}
         if idempotency_key:
@@ -115,6 +135,11 @@ class CommandClient:
             )
         except NoRespondersError:
             raise UnavailableError(f"no {command.service} service is answering") from None
+        except MaxPayloadError:
+            raise CommandTooLargeError(
+                f"the {command.service}.{command.verb} command is larger than the bus carries"
+                f" ({self._nc.max_payload} bytes): send less"
+            ) from None
         except NatsTimeoutError:
             raise CommandTimeoutError(
                 f"{command.service}.{command.verb} got no reply in time",
@@ -226,12 +251,53 @@ class CommandServer:
                 span.set_status(Status(StatusCode.ERROR))
         _commands.add(1, {"service": self._router.service, "verb": verb, "outcome": outcome})
         if msg.reply:
-            await msg.respond(REPLY_ADAPTER.dump_json(reply))
+            await msg.respond(self._fitting(reply, verb))
+
+    def _fitting(self, reply: CommandReplyModel, verb: str) -> bytes:
+        """The reply, cut to what the bus carries: one that does not fit would never leave,
+        and the client would wait out its timeout for an answer the service had (thousands of
+        validation errors of a large list, say)."""
+        limit = self._nc.max_payload - _REPLY_HEADROOM
+        body = REPLY_ADAPTER.dump_json(reply)
+        if len(body) <= limit:
+            return body
+        log.warning("command.reply_too_large", verb=verb, size=len(body))
+        if isinstance(reply, CommandAccepted):
+            # Applied: the position (what to wait for) and the result say so; the event list
+            # is what grows with the command.
+            body = REPLY_ADAPTER.dump_json(reply.model_copy(update={"events": ()}))
+            if len(body) <= limit:
+                return body
+            reply = _rejected(InternalError("the command was applied; its reply was too large"))
+            return REPLY_ADAPTER.dump_json(reply)
+        error = reply.error
+        details: dict[str, Any] = {}
+        errors = error.details.get("errors")
+        if isinstance(errors, list):
+            omitted = len(errors) - _ERRORS_KEPT
+            details = {"errors": errors[:_ERRORS_KEPT], "errors_omitted": omitted}
+        cut = CommandRejected(
+            error=ErrorBody(code=error.code, message=error.message[:2_000], details=details)
+        )
+        body = REPLY_ADAPTER.dump_json(cut)
+        if len(body) <= limit:
+            return body
+        cut = CommandRejected(error=ErrorBody(code=error.code, message=error.message[:2_000]))
+        return REPLY_ADAPTER.dump_json(cut)
 
     async def drain(self, timeout: float) -> None:
-        """Stop taking commands and let the ones in hand finish (up to `timeout` seconds)."""
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
-        if self._in_flight:
-            await asyncio.wait(set(self._in_flight), timeout=timeout)
+        """Stop taking commands and let the ones in hand finish (up to `timeout` seconds).
+
+        In hand are also the commands delivered here but not started yet (waiting for a slot):
+        the subscription is drained, not dropped, or their clients would wait out a timeout
+        and be told the command may or may not have been applied."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await asyncio.wait_for(sub.drain(), timeout)  # type: ignore[no-untyped-call]
+            except (TimeoutError, NatsError):
+                log.warning("command.drain_incomplete", service=self._router.service)
+        left = deadline - asyncio.get_running_loop().time()
+        if self._in_flight and left > 0:
+            await asyncio.wait(set(self._in_flight), timeout=left)

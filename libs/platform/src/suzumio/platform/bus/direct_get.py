@@ -7,6 +7,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -52,6 +53,16 @@ async def first_after(
 ) -> StoredMessage | None:
     """The first message on `subject` with a stream sequence above `seq`."""
     body = json.dumps({"seq": seq + 1, "next_by_subj": subject}).encode()
+    return _stored(
+        await Replies.of(nc).request(f"{API_PREFIX}.DIRECT.GET.{stream}", body, None, timeout)
+    )
+
+
+async def first_since(
+    nc: NATS, stream: str, when: datetime, *, timeout: float = 5.0
+) -> StoredMessage | None:
+    """The first message of the stream stored at or after `when`, or None when there is none."""
+    body = json.dumps({"start_time": when.astimezone(UTC).isoformat()}).encode()
     return _stored(
         await Replies.of(nc).request(f"{API_PREFIX}.DIRECT.GET.{stream}", body, None, timeout)
     )

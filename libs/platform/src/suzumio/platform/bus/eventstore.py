@@ -288,7 +288,16 @@ class EventStore:
                 return int(reply["seq"])  # also for `"duplicate": true`: the first copy's seq
             err_code = int(error.get("err_code", 0))
             if err_code in ERR_WRONG_LAST_SEQUENCE:
-                stored = await self._find_own(p)
+                try:
+                    stored = await self._find_own(p)
+                except (TimeoutError, NatsTimeoutError, NoRespondersError, PlatformError):
+                    # Refused, perhaps because an earlier attempt of this very append was
+                    # stored (its ack lost): unknown, not failed, until the log can be read.
+                    raise CommandTimeoutError(
+                        f"event store refused the append to {p.subject} and could not tell"
+                        " whether an earlier attempt of it was stored",
+                        subject=p.subject,
+                    ) from None
                 if stored is not None:
                     return stored
                 raise await self._conflict(p)

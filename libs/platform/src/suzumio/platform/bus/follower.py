@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -19,6 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.direct_get import first_since
 from suzumio.platform.bus.eventstore import HDR_VERSION, types_of
 from suzumio.platform.bus.jsapi import stream_last_seq
 
@@ -73,15 +74,15 @@ class LogFollower:
                 )
             )
 
+        start = self._start
         if self._start_time is not None:
-            config = ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_TIME,
-                opt_start_time=self._start_time.astimezone(UTC),
-            )
-        else:
-            config = ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self._start
-            )
+            # Resolved to a sequence here, never left to the consumer as a start time: the
+            # ordered consumer recreates itself after a gap or a lost heartbeat (a NATS restart)
+            # by start sequence, keeping the rest of its first config, and the server refuses a
+            # start sequence beside a start time (10094) — the follower would go silent.
+            first = await first_since(self._nc, self._topology.events_stream, self._start_time)
+            start = first.seq if first is not None else self.replay_end + 1
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
         self._sub = await self._nc.jetstream().subscribe(
             self._topology.events_filter(),
             ordered_consumer=True,
