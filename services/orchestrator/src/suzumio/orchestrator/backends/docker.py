@@ -23,6 +23,7 @@ short slices so a cancelled watch frees its thread soon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import os
@@ -208,8 +209,11 @@ class DockerBackend:
             container_id = self._create(api, plan, image, name, network)
         try:
             api.start(container_id)
-        except DockerException:
-            api.remove_container(container_id, force=True)
+        except (DockerException, requests.RequestException):
+            # Whatever went wrong: a start whose answer was lost (a read timeout) may have
+            # started it, and a failed launch must leave nothing running that nobody watches.
+            with contextlib.suppress(DockerException, requests.RequestException):
+                api.remove_container(container_id, force=True)
             raise
         return container_id
 

@@ -43,8 +43,9 @@ class DockerSettings(BaseModel):
     image: str = Field(default="suzumio-runner:latest", description="for profiles without one")
     user: str = Field(
         default=NOBODY,
-        pattern=r"^\d+:\d+$",
-        description="uid:gid, when the orchestrator is root; else its own uid:gid",
+        # never root (uid or gid 0): sandboxes always run as a non-root user (DESIGN.md §10)
+        pattern=r"^0*[1-9]\d*:0*[1-9]\d*$",
+        description="uid:gid (neither 0), when the orchestrator is root; else its own uid:gid",
     )
     cleanup: CleanupPolicy = "always"
     network_mode_egress: str | None = Field(

@@ -38,6 +38,7 @@ from suzumio.orchestrator.backends.kubernetes_pods import StartCheck, Stuck
 from suzumio.orchestrator.backends.kubernetes_render import (
     ACTIVATION_ANNOTATION,
     CONTAINER,
+    JOB_LABEL,
     KubernetesSettings,
     Manifest,
     egress_warning,
@@ -53,7 +54,10 @@ __all__ = ["KubernetesBackend", "KubernetesSettings", "job_outcome"]
 log = get_logger(__name__)
 
 _UNREACHABLE = (aiohttp.ClientError, OSError, TimeoutError)
-_JOB_POD_LABEL = "batch.kubernetes.io/job-name"
+# The Job's pods, by the label of our own its pod template carries: the Job controller's
+# `batch.kubernetes.io/job-name` exists only since Kubernetes 1.27 (before, `job-name`), and
+# without its pod the watch would see neither a pod that cannot start nor the exit code.
+_JOB_POD_LABEL = JOB_LABEL
 STOPPED_ANNOTATION = "suzumio.io/stopped"
 """On a Job the watch stopped because its pod could not start: the activation's detail."""
 FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way

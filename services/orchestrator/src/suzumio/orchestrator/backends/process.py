@@ -48,6 +48,7 @@ NAME = "process"
 RECORD = "process.json"
 EXIT_FILE = "exit_code"
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+GONE = -1  # the recorded start time of a runner that ended before it could be read
 
 
 class ProcessSettings(BaseModel):
@@ -187,6 +188,11 @@ class ProcessBackend:
         except OSError as exc:
             raise LaunchError(f"cannot start the runner: {exc}") from exc
         started = _start_time(proc.pid)
+        if started is None and not _exists(proc.pid):
+            # It ended and was reaped already (asyncio's child watcher, a runner failing at
+            # once): a start time no process has, or `None == None` would take whoever
+            # reuses its pid for it, to list as running and to signal.
+            started = GONE
         record = {"pid": proc.pid, "start_time": started, "activation_id": plan.activation_id}
         try:
             _write_own(plan.host_dir / RECORD, json.dumps(record).encode(), 0o600)
@@ -310,8 +316,15 @@ class ProcessBackend:
             return found
         for record_path in self._root.glob(f"*/{RECORD}"):
             try:
-                record = json.loads(record_path.read_text())
+                record = json.loads(_read_own(record_path))
             except (OSError, ValueError):
+                continue
+            # The sandbox may rewrite its record: one that is not as launch wrote it (a pid
+            # that is no number would fail every listing, so the reconciliation) or that names
+            # another activation than its directory (named by the activation, out of the
+            # sandbox's reach) is refused.
+            if not _well_formed(record, record_path.parent.name):
+                log.warning("process.record_refused", dir=str(record_path.parent))
                 continue
             data = {**record, "dir": str(record_path.parent)}
             alive = _start_time(int(record["pid"])) == record.get("start_time")
@@ -350,6 +363,24 @@ def _write_own(path: Path, data: bytes, mode: int) -> None:
         sink.write(data)
 
 
+def _well_formed(record: object, activation_id: str) -> bool:
+    if not isinstance(record, dict) or record.get("activation_id") != activation_id:
+        return False
+    pid, started = record.get("pid"), record.get("start_time")
+    number = isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31
+    return number and (started is None or type(started) is int)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _group_alive(group: int) -> bool:
     """Whether a live process is left in the process group: a zombie counts as a member for
     `killpg(…, 0)`, so /proc is read — only when that says the group has members at all."""
@@ -371,8 +402,21 @@ def _group_alive(group: int) -> bool:
     return False
 
 
+def _read_own(path: Path, limit: int = 65_536) -> bytes:
+    """At most `limit` bytes of a file of the activation's directory, read without following
+    a link and only if it is a regular file: the sandbox may have put a FIFO there (a read
+    would block the event loop forever) or a link to anything (`/dev/zero`: an endless one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def _read_exit(host_dir: Path) -> int | None:
     try:
-        return int((host_dir / EXIT_FILE).read_text().strip())
+        return int(_read_own(host_dir / EXIT_FILE, 64).strip())
     except (OSError, ValueError):
         return None

@@ -1,0 +1,107 @@
+"""Review fixes of the docker and kubernetes backends (AREA=backends).
+
+The docker tests run against the machine's real engine and runner image (the fixtures of
+tests/integration/test_docker_backend.py); the kubernetes tests run against a FAKE Kubernetes
+API server (`suzumio.testing.fake_kubernetes`; no cluster exists here)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import requests
+
+from suzumio.orchestrator.backends.base import LaunchError
+from suzumio.orchestrator.backends.kubernetes import KubernetesBackend, KubernetesSettings
+from suzumio.testing import fake_kubernetes
+from suzumio.testing.fake_kubernetes import FakeKubernetesServer
+from tests.integration import test_docker_backend as docker_suite
+from tests.integration.test_docker_backend import SLEEP, make_plan
+from tests.unit.test_kubernetes_render import make_plan as k8s_plan
+
+# The docker suite's fixtures: the real engine, the runner image, backends cleaned up after.
+image = docker_suite.image
+engine = docker_suite.engine
+make_backend = docker_suite.make_backend
+
+pytestmark = pytest.mark.timeout(300)
+K8S_NS = "sandboxes"
+
+
+async def test_docker_a_start_whose_answer_is_lost_leaves_no_container(
+    make_backend, engine, tmp_path, monkeypatch
+):
+    """The engine started the container but its answer never came (a read timeout): the
+    launch fails (retryable) and must not leave a sandbox running that nobody watches — the
+    activation ends as failed and is retried as another one, while this one would run on with
+    its token until a new leader happened to reconcile."""
+    backend = make_backend()
+    plan = make_plan(tmp_path, entry=SLEEP)
+    real_client = backend._client
+
+    def client() -> Any:
+        api = real_client()
+        start = api.start
+
+        def start_then_lose_the_answer(container: str) -> None:
+            start(container)
+            raise requests.exceptions.ReadTimeout("read timed out (a test)")
+
+        monkeypatch.setattr(api, "start", start_then_lose_the_answer)
+        return api
+
+    monkeypatch.setattr(backend, "_client", client)
+    with pytest.raises(LaunchError) as failed:
+        await backend.launch(plan)
+    assert failed.value.retryable
+    label = f"io.suzumio.activation={plan.activation_id}"
+    assert engine.containers(all=True, filters={"label": label}) == []
+
+
+# -- kubernetes, against a FAKE Kubernetes API server ------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def k8s_1_26(monkeypatch) -> AsyncIterator[FakeKubernetesServer]:
+    """A FAKE Kubernetes API server labelling a Job's pods as 1.26 did: `job-name` and
+    `controller-uid` only (`batch.kubernetes.io/job-name` came with 1.27)."""
+    monkeypatch.setattr(fake_kubernetes, "_JOB_NAME_LABELS", ("job-name",))
+    monkeypatch.setattr(fake_kubernetes, "_UID_LABELS", ("controller-uid",))
+    async with FakeKubernetesServer(namespaces=[K8S_NS], git_version="v1.26.15") as fake:
+        yield fake
+
+
+def k8s_backend(server: FakeKubernetesServer) -> KubernetesBackend:
+    settings = KubernetesSettings(
+        namespace=K8S_NS, image="suzumio/runner:test", api_url=server.url, watch_timeout_seconds=5
+    )
+    return KubernetesBackend(settings, "review")
+
+
+async def test_fake_api_the_pod_is_found_without_the_1_27_job_label(k8s_1_26):
+    """Against a FAKE Kubernetes API server (1.26 pod labels): the watch finds the Job's pod
+    by a label of the backend's own, so the container's real end is read (OOM, not lost)."""
+    backend = k8s_backend(k8s_1_26)
+    try:
+        handle = await backend.launch(k8s_plan(namespace="review"))
+        k8s_1_26.finish_job(handle.sandbox_id, 137, reason="OOMKilled")
+        result = await asyncio.wait_for(backend.watch(handle), 10)
+    finally:
+        await backend.close()
+    assert (result.code, result.reason) == (137, "oom")
+
+
+async def test_fake_api_a_pod_that_cannot_start_is_seen_without_the_1_27_job_label(k8s_1_26):
+    """Against a FAKE Kubernetes API server (1.26 pod labels): an invalid image ends the
+    activation at once, not after the Job's deadline (an hour, as a retryable timeout)."""
+    backend = k8s_backend(k8s_1_26)
+    try:
+        handle = await backend.launch(k8s_plan(namespace="review"))
+        k8s_1_26.stall_pod(handle.sandbox_id, "InvalidImageName", "bad name")
+        result = await asyncio.wait_for(backend.watch(handle), 10)
+    finally:
+        await backend.close()
+    assert (result.code, result.reason, result.retryable) == (None, "lost", False)
