@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from suzumio.runner import eventloop, strays
+from suzumio.runner.log import log
 
 _PR_SET_PDEATHSIG = 1
 
@@ -204,6 +205,37 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _is_done(answer: Any) -> bool:
+    """Whether a resident runner's line is an activation's end: `{"id", "done", "tail"?}`."""
+    return (
+        isinstance(answer, dict)
+        and type(answer.get("id")) is int
+        and type(answer.get("done")) is int
+        and isinstance(answer.get("tail", ""), str)
+    )
+
+
+class _Lines:
+    """Whole lines out of the chunks read. A resident runner's request is one line as long as
+    its dispatch (megabytes: the session's history): each chunk is looked through once, and
+    kept in a buffer that grows in place — not joined to all that came before and searched
+    again from its start, which took this single-threaded server a second for 8 MB and half
+    a minute for 64, every start and end of the worker's other runners waiting meanwhile."""
+
+    def __init__(self) -> None:
+        self._partial = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self._partial += chunk
+            return []
+        self._partial += chunk[:end]
+        lines = self._partial.split(b"\n")
+        self._partial = bytearray(chunk[end + 1 :])
+        return [bytes(line) for line in lines]
+
+
 class _Residents:
     """The server's side of its resident runners: the pipe to each, the one from it."""
 
@@ -249,7 +281,11 @@ class _Residents:
         *lines, self._partial[pid] = (self._partial[pid] + chunk).split(b"\n")
         for line in lines:
             with contextlib.suppress(ValueError):
-                self._reply(json.loads(line))
+                answer = json.loads(line)
+                # Only what an activation's end says goes on: anything else (a runner that
+                # wrote garbage) would read to the worker as another runner's start or end.
+                if _is_done(answer):
+                    self._reply({k: answer[k] for k in ("id", "done", "tail") if k in answer})
         return True
 
     def ended(self, pid: int) -> None:
@@ -266,8 +302,18 @@ class _Residents:
                 os.close(fd)
 
 
+def _outlive_stop_signals() -> None:
+    """The server ends with its worker (its requests' end, or the parent-death signal),
+    never before: a Ctrl-C reaches the worker's whole process group, and the worker drains
+    its runs on it — had the server died of it, its runners would have died with it. (Its
+    children take the default handlers back in `_child`.)"""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def serve() -> int:
     """The server's loop (`python -m suzumio.runner forkserver`)."""
+    _outlive_stop_signals()
     import suzumio.runner.main  # noqa: F401, PLC0415 - the point: import it all once, here
 
     eventloop.run(_warm_up())  # and what the HTTP stacks import on their first request
@@ -289,7 +335,7 @@ def serve() -> int:
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
-    buffer = b""
+    lines = _Lines()
     inherited = [sys.stdin.fileno(), sys.stdout.fileno(), wake_r, wake_w]
 
     def reply(body: dict[str, Any]) -> None:
@@ -308,12 +354,10 @@ def serve() -> int:
                     os.read(wake_r, 4096)
                 _reap(reply, residents, forked)
                 continue
-            chunk = requests.read(65536)
+            chunk = requests.read(1 << 20)
             if not chunk:
                 return 0  # the worker is gone
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
+            for line in lines.feed(chunk):
                 request = json.loads(line)
                 if "to" in request:
                     residents.send(request)
@@ -492,29 +536,39 @@ class ForkServer:
     async def _read(self) -> None:
         assert self._proc is not None
         assert self._proc.stdout is not None
-        while line := await self._proc.stdout.readline():
-            message = json.loads(line)
-            if "code" in message:
-                self._exited(int(message["pid"]), int(message["code"]))
-                continue
-            run = self._runs.pop(message["id"], None)
-            if run is not None:
-                run.tail = str(message.get("tail", ""))
-                run.ended(int(message["done"]) if "done" in message else -int(signal.SIGKILL))
-                continue
-            answer = self._pending.pop(message["id"], None)
-            if answer is not None and not answer.done():
-                if "error" in message:
-                    answer.set_exception(OSError(message["error"]))
-                else:
-                    answer.set_result(int(message["pid"]))
-        for answer in self._pending.values():  # the server died: nobody answers any more
-            if not answer.done():
-                answer.set_exception(OSError("the fork server stopped"))
-        for child in self._children.values():
-            child.ended(-int(signal.SIGKILL))
-        for run in self._runs.values():
-            run.ended(-int(signal.SIGKILL))
+        try:
+            while line := await self._proc.stdout.readline():
+                try:
+                    self._on_message(json.loads(line))
+                except (ValueError, TypeError, KeyError) as exc:  # one line, not the rest
+                    log("forkserver.bad_message", error=repr(exc)[:300])
+        finally:
+            # The server died (or its answers cannot be read): nobody answers any more, and
+            # its runners died with it (parent-death signal) — every wait for one ends, else
+            # a run would hold its dispatch, heartbeat on, forever.
+            for answer in self._pending.values():
+                if not answer.done():
+                    answer.set_exception(OSError("the fork server stopped"))
+            for child in self._children.values():
+                child.ended(-int(signal.SIGKILL))
+            for run in self._runs.values():
+                run.ended(-int(signal.SIGKILL))
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if "code" in message:
+            self._exited(int(message["pid"]), int(message["code"]))
+            return
+        run = self._runs.pop(message["id"], None)
+        if run is not None:
+            run.tail = str(message.get("tail", ""))
+            run.ended(int(message["done"]) if "done" in message else -int(signal.SIGKILL))
+            return
+        answer = self._pending.pop(message["id"], None)
+        if answer is not None and not answer.done():
+            if "error" in message:
+                answer.set_exception(OSError(message["error"]))
+            else:
+                answer.set_result(int(message["pid"]))
 
     def _exited(self, pid: int, code: int) -> None:
         child = self._children.pop(pid, None)

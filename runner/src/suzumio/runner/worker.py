@@ -36,7 +36,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import stat
@@ -264,7 +263,7 @@ class Worker:
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
             try:
                 while not stop.is_set():
-                    await self._pull_once(psub)
+                    await self._pull_once(psub, stop)
             finally:
                 await self._drain()
                 presence.cancel()
@@ -275,7 +274,9 @@ class Worker:
                 await self._forks.close()
             with contextlib.suppress(Exception):
                 await self.nc.close()  # what must reach the server was flushed already
-            await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
+            # All of it, though an agent made directories read-only (`go build` does): the
+            # next worker has another id, and nobody would remove what is left here.
+            await asyncio.to_thread(remove_tree, self.root)
             log("worker.stopped", worker=self.cfg.worker_id)
 
     async def _connect(self, stop: asyncio.Event) -> NATS | None:
@@ -351,7 +352,9 @@ class Worker:
         except JetStreamError:
             await js.consumer_info(stream, durable)  # created by someone else meanwhile
 
-    async def _pull_once(self, psub: JetStreamContext.PullSubscription) -> None:
+    async def _pull_once(
+        self, psub: JetStreamContext.PullSubscription, stop: asyncio.Event
+    ) -> None:
         free = self.cfg.concurrency - len(self._tasks)
         if free <= 0:
             self._freed.clear()
@@ -360,28 +363,46 @@ class Worker:
             return
         # One at a time while waiting: nats-py's fetch of a batch waits for the whole batch
         # (or the timeout) once its first message came, which would hold that message back.
-        try:
-            msgs = await psub.fetch(1, timeout=1.0)
-        except (TimeoutError, NatsTimeoutError):
+        msgs = await self._fetch(psub, 1, 1.0)
+        if not await self._take(msgs, stop):
             return
-        except Exception as exc:
-            log("worker.fetch_failed", error=repr(exc))
-            await asyncio.sleep(1.0)
-            return
-        self._take(msgs)
         # And then whatever else was queued behind it — only if something was: a fetch of a
         # batch from an empty queue lingers (until its timeout, or a whole batch), and would
         # hold back a dispatch that came meanwhile.
-        queued = msgs[-1].metadata.num_pending if msgs else 0
+        queued = msgs[-1].metadata.num_pending
         if free > 1 and queued > 0:
-            with contextlib.suppress(TimeoutError, NatsTimeoutError):
-                self._take(await psub.fetch(min(free - 1, queued), timeout=0.05))
+            await self._take(await self._fetch(psub, min(free - 1, queued), 0.05), stop)
 
-    def _take(self, msgs: list[Msg]) -> None:
+    @staticmethod
+    async def _fetch(
+        psub: JetStreamContext.PullSubscription, batch: int, timeout: float
+    ) -> list[Msg]:
+        """What the queue hands out; nothing on a timeout or an error (NATS away, a 503 or
+        a leader's change in a cluster: nats-py raises those), which must not end the
+        worker's loop — the next round asks again."""
+        try:
+            return await psub.fetch(batch, timeout=timeout)
+        except (TimeoutError, NatsTimeoutError):
+            return []
+        except Exception as exc:
+            log("worker.fetch_failed", error=repr(exc))
+            await asyncio.sleep(1.0)
+            return []
+
+    async def _take(self, msgs: list[Msg], stop: asyncio.Event) -> bool:
+        """Run each dispatch (whether any came) — unless the worker was told to stop while
+        the fetch waited: then each goes back to the queue at once, for another worker, not
+        started here only to be stopped by the drain (nor held until its ack wait passes)."""
+        if stop.is_set():
+            for msg in msgs:
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+            return False
         for msg in msgs:
             task = asyncio.create_task(self._handle(msg))
             self._tasks.add(task)
             task.add_done_callback(self._done)
+        return bool(msgs)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -454,7 +475,7 @@ class Worker:
         """The run's directories and input. A run for a resident runner needs no directory of
         its own: its input goes in the request, its log is the runner's."""
         root = self.root / "runs" / dispatch.dispatch_id
-        shutil.rmtree(root, ignore_errors=True)  # left by an earlier delivery
+        remove_tree(root)  # left by an earlier delivery
         taken = self.warm.take(dispatch.affinity_key) if dispatch.affinity_key else None
         if taken is None:
             workspace, warm_start, key = root / "workspace", False, None
@@ -505,7 +526,9 @@ class Worker:
             if dispatch.inputs:
                 await self._bring_in(run)
             run.proc = await self._spawn(run)
-        except (OSError, exchange.ExchangeError, JetStreamError) as exc:
+        # Any NATS failure too (closed, draining, a full buffer: no JetStream API errors),
+        # or the run's task would die with neither an end reported nor an ack.
+        except (OSError, exchange.ExchangeError, NatsError, TimeoutError) as exc:
             await self._finish(
                 run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             )
@@ -568,12 +591,12 @@ class Worker:
             return ()
         try:
             store = await self._objects()
-        except (JetStreamError, NatsError) as exc:
-            log("worker.outputs_unstored", dispatch=dispatch.dispatch_id, error=repr(exc))
+            return await exchange.bring_out(
+                store, run.workspace / "out", dispatch.max_output_files, dispatch.max_output_bytes
+            )
+        except Exception as exc:  # whatever the agent did to `out/`, the run's end is reported
+            log("worker.outputs_unstored", dispatch=dispatch.dispatch_id, error=repr(exc)[:300])
             return ()
-        return await exchange.bring_out(
-            store, run.workspace / "out", dispatch.max_output_files, dispatch.max_output_bytes
-        )
 
     async def _objects(self) -> ObjectStore:
         if self._store is None:

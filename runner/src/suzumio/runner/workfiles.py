@@ -167,13 +167,26 @@ def remove_tree(root: Path) -> None:
 
 
 def empty(root: Path) -> None:
-    if not root.is_dir() or root.is_symlink():
+    """Everything under `root` removed, `root` kept; never raising. The agent may have made
+    `root` unreadable (`chmod 000 out`) or a directory in it read-only: `root` becomes its
+    owner's to list and change again, and a directory goes as `remove_tree` removes one —
+    else what it holds would stay, and a warm workspace would hand it in again as the next
+    activation's output (and an unreadable `root` would fail the end of every run)."""
+    mode = _mode(root)
+    if mode is None or not stat.S_ISDIR(mode):  # missing, a file, or a link: nothing to do
         return
-    for child in root.iterdir():
+    if mode & stat.S_IRWXU != stat.S_IRWXU:
         with contextlib.suppress(OSError):
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
+            root.chmod(stat.S_IMODE(mode) | stat.S_IRWXU)
+    try:
+        children = list(root.iterdir())
+    except OSError:  # not ours to list: left as it is
+        return
+    for child in children:
+        if stat.S_ISDIR(_mode(child) or 0):
+            remove_tree(child)
+        else:
+            with contextlib.suppress(OSError):
                 child.unlink()
 
 

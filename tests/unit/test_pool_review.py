@@ -1,0 +1,108 @@
+"""The pool worker's pulling and its fork server's relaying, without NATS: a dispatch handed
+out as the worker is told to stop, a queue that answers a batch fetch with an error, and a
+resident runner that writes lines that are not an activation's end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import selectors
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from nats.js.errors import APIError
+
+from suzumio.runner.forkserver import _Residents
+from suzumio.runner.worker import Worker, WorkerConfig
+
+
+class FakeMsg:
+    def __init__(self, pending: int = 0) -> None:
+        self.metadata = SimpleNamespace(num_pending=pending)
+        self.naked = False
+
+    async def nak(self) -> None:
+        self.naked = True
+
+
+class FakeSub:
+    """Hands out what each fetch is given to hand out, or raises it; `during` runs while a
+    fetch waits (the worker told to stop, say)."""
+
+    def __init__(self, *answers: list[FakeMsg] | Exception, during: Any = None) -> None:
+        self.answers = list(answers)
+        self.during = during
+
+    async def fetch(self, batch: int, timeout: float) -> list[FakeMsg]:  # noqa: ARG002
+        if self.during is not None:
+            self.during()
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def worker(tmp_path: Path, taken: list[object], concurrency: int = 4) -> Worker:
+    created = Worker(WorkerConfig(concurrency=concurrency, workdir=tmp_path, worker_id="wa"))
+
+    async def handle(msg: object) -> None:
+        taken.append(msg)
+
+    created._handle = handle  # type: ignore[method-assign]
+    return created
+
+
+async def test_a_dispatch_fetched_as_the_worker_stops_goes_back_to_the_queue(
+    tmp_path: Path,
+) -> None:
+    """Not started here to be stopped by the drain (a failed attempt), nor held until its
+    ack wait passes: handed back at once, for another worker."""
+    taken: list[object] = []
+    stop = asyncio.Event()
+    msg = FakeMsg()
+    await worker(tmp_path, taken)._pull_once(FakeSub([msg], during=stop.set), stop)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert taken == []
+    assert msg.naked
+
+
+async def test_an_error_of_the_queue_on_a_batch_fetch_does_not_end_the_worker(
+    tmp_path: Path,
+) -> None:
+    """nats-py raises a 503 (JetStream away) or a leader's change from a fetch: the worker's
+    loop must go on (an exception out of `_pull_once` ended it: the worker drained and quit)."""
+    taken: list[object] = []
+    first = FakeMsg(pending=3)
+    sub = FakeSub([first], APIError(code=503, description="no responders"))
+    await worker(tmp_path, taken)._pull_once(sub, asyncio.Event())  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert taken == [first]
+
+
+def test_a_resident_runners_lines_go_on_only_as_an_activations_end() -> None:
+    """Anything else it wrote would read to the worker as some runner's start or end — or,
+    not being an object, stop the worker reading its fork server's answers at all."""
+    relayed: list[dict[str, Any]] = []
+    selector = selectors.DefaultSelector()
+    residents = _Residents(selector, relayed.append)
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
+    os.set_blocking(from_child_r, False)
+    try:
+        residents.add(4242, to_child_w, from_child_r)
+        lines = [
+            "not json", "[1]", '"text"', "7", '{"pid": 77, "code": 0}', '{"id": 3}',
+            '{"id": "3", "done": 0}', '{"id": 3, "done": 0, "tail": 5}',
+            json.dumps({"id": 4, "done": 1, "tail": "the end", "pid": 77}),
+            json.dumps({"id": 5, "done": 0}),
+        ]  # fmt: skip
+        os.write(from_child_w, ("\n".join(lines) + "\n").encode())
+        assert residents.relay(4242)
+        assert relayed == [{"id": 4, "done": 1, "tail": "the end"}, {"id": 5, "done": 0}]
+    finally:
+        for fd in (to_child_r, from_child_w):
+            os.close(fd)
+        residents.ended(4242)  # at its end of file: its pipes are closed
+        selector.close()
