@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import string
 from dataclasses import dataclass
 
 PREFIX = "szm"
 _ALPHABET = string.ascii_lowercase + string.digits
+# What a key id can be (the commands' own pattern): anything else names no key, and must not
+# reach a lookup (a NUL, say, which a database text parameter cannot even hold: a 500).
+_KEY_ID = re.compile(r"[a-z0-9]{8,32}")
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,9 @@ def mint() -> MintedKey:
 def parse(text: str) -> tuple[str, str] | None:
     """(key id, secret) of a well-formed key, else None."""
     parts = text.strip().split("_", 2)
-    if len(parts) != 3 or parts[0] != PREFIX or not parts[1] or len(parts[2]) < 16:
+    if len(parts) != 3 or parts[0] != PREFIX or len(parts[2]) < 16:
+        return None
+    if _KEY_ID.fullmatch(parts[1]) is None:
         return None
     return parts[1], parts[2]
 

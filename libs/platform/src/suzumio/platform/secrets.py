@@ -8,8 +8,10 @@ re-sealed. Without the variable, a key is generated once into `<data_dir>/secret
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -79,16 +81,27 @@ def secret_keys(settings: PlatformSettings) -> list[str]:
     path = Path(settings.data_dir) / KEY_FILE
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{KEY_FILE}.{os.getpid()}")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(SecretBox.generate_key() + "\n")
-        try:  # whoever links first wins; a racing process reads the winner's key
-            os.link(temporary, path)
-        except FileExistsError:
-            pass
+        # A name of its own (not the pid: processes of two containers sharing the directory
+        # may both be pid 1, and would write, link and unlink one another's file).
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{KEY_FILE}.")  # mode 0600
+        temporary = Path(name)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(SecretBox.generate_key() + "\n")
+                # On disk before it is linked: after a power cut, an empty key file would
+                # stop every service, and a new key would make every sealed secret unreadable.
+                handle.flush()
+                os.fsync(handle.fileno())
+            # whoever links first wins; a racing process reads the winner's key
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)
         finally:
-            temporary.unlink()
+            temporary.unlink(missing_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # and so is the link
+        finally:
+            os.close(directory)
     return [path.read_text().strip()]
 
 

@@ -97,6 +97,13 @@ class SessionFeed:
 
     async def _subscribe(self) -> None:
         topology = self._gw.topology
+        if self.cursor.events and self.cursor.events > await stream_last_seq(
+            self._gw.nc, topology.events_stream
+        ):
+            # EVENTS is durable and never numbers again: a cursor past its end was never given
+            # out, and the consumer would wait there for ever, silently skipping every event
+            # the session gets meanwhile.
+            raise ApiError(422, "Last-Event-ID names a log position beyond the end of the log")
         self._joined_at = await self._gw.live.join(self._session_id, self)
         self._joined = True
         if self.cursor.live is None:

@@ -17,7 +17,7 @@ from suzumio.gateway.api.problems import ApiError
 if TYPE_CHECKING:  # defined for type checkers only
     from python_multipart.multipart import MultipartCallbacks
 
-MAX_FIELD_BYTES = 64 * 1024
+MAX_FIELD_BYTES = 64 * 1024  # all text fields of a form together, names included
 _MEDIA_PART = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
 _MEDIA_TYPE = re.compile(rf"{_MEDIA_PART}/{_MEDIA_PART}")
 OCTET_STREAM = "application/octet-stream"
@@ -68,6 +68,7 @@ class _FormParser:
         self._name = ""
         self._digest = hashlib.sha256()
         self._text = bytearray()
+        self._field_bytes = 0  # kept in memory for the text fields so far (bounded as a whole)
 
     def callbacks(self) -> MultipartCallbacks:
         return {
@@ -103,6 +104,7 @@ class _FormParser:
         self._name = disposition.get(b"name", b"").decode("utf-8", "replace")
         filename = disposition.get(b"filename")
         if filename is None:
+            self._keep_text(len(self._name))
             return
         if len(self.form.files) >= self._max_files:
             raise ApiError(413, f"at most {self._max_files} files per upload")
@@ -113,9 +115,8 @@ class _FormParser:
     def part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
         if self._file is None:
+            self._keep_text(len(chunk))
             self._text += chunk
-            if len(self._text) > MAX_FIELD_BYTES:
-                raise ApiError(413, "a form field is too large")
             return
         self._file.size += len(chunk)
         if self._file.size > self._max_file_bytes:
@@ -125,6 +126,13 @@ class _FormParser:
             )
         self._digest.update(chunk)
         self._file.file.write(chunk)
+
+    def _keep_text(self, size: int) -> None:
+        # Each field small is not enough: a form of many distinct small fields would still be
+        # held whole in memory.
+        self._field_bytes += size
+        if self._field_bytes > MAX_FIELD_BYTES:
+            raise ApiError(413, f"a form's text fields hold at most {MAX_FIELD_BYTES} bytes")
 
     def part_end(self) -> None:
         if self._file is not None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from suzumio.gateway.api.idempotency import IdempotencyMiddleware
+from suzumio.gateway.api.idempotency import MAX_BUFFERED_BODY, IdempotencyMiddleware
 from suzumio.gateway.api.problems import HANDLERS
 from suzumio.gateway.api.routes import (
     agents,
@@ -21,6 +23,7 @@ from suzumio.gateway.api.routes import (
     users,
 )
 from suzumio.gateway.state import Gateway
+from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 
 ROUTERS = (
     users.router,
@@ -47,6 +50,28 @@ The public API of Suzumio, a control plane for LLM agents.
 """
 
 
+# Uploads stream: their parts are spooled and bounded one by one as they arrive (uploads.py).
+_STREAMED = re.compile(r"/v1/projects/[^/]+/(?:artifacts|agents/import)")
+MAX_BODY_BYTES = MAX_BUFFERED_BODY  # far more than the bus carries in one command anyway
+
+
+class BoundedBodies:
+    """Every other body is read whole by FastAPI before any dependency runs, the key check
+    among them: without a bound, anyone who reaches the port makes the gateway hold as much
+    as they send. Such bodies past `MAX_BODY_BYTES` are refused (413) as they arrive."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+        self._bounded = BodyLimit(app, BodyLimits(MAX_BODY_BYTES))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streamed = scope["type"] == "http" and scope["method"] == "POST"
+        if streamed and _STREAMED.fullmatch(scope["path"]):
+            await self._app(scope, receive, send)
+        else:
+            await self._bounded(scope, receive, send)
+
+
 def create_app(gateway: Gateway, extra_routes: Sequence[BaseRoute]) -> FastAPI:
     app = FastAPI(
         title="Suzumio API",
@@ -65,4 +90,5 @@ def create_app(gateway: Gateway, extra_routes: Sequence[BaseRoute]) -> FastAPI:
         kv=lambda: app.state.gateway.idempotency,
         box=lambda: app.state.gateway.secrets,
     )
+    app.add_middleware(BoundedBodies)  # added last: outermost, before the idempotency buffer
     return app

@@ -24,8 +24,10 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from suzumio.gateway.api.deps import presented_key
 from suzumio.gateway.api.problems import problem_response
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretBox
@@ -60,7 +62,10 @@ class IdempotencyMiddleware:
                 422, "invalid", "Idempotency-Key must be 1-255 visible ASCII characters"
             )(scope, receive, send)
             return
-        credentials = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+        # The key the request authenticates with, found as the routes find it: another
+        # `Authorization` (a proxy's Basic one, say) beside an X-API-Key is not the caller,
+        # and slots keyed on it would hand one caller's answers (a new key) to another.
+        credentials = (presented_key(Headers(scope=scope)) or "").encode("latin-1")
         path = scope["path"].encode() + b"?" + scope.get("query_string", b"")
         slot = hashlib.sha256(b"\n".join([credentials, path, key])).hexdigest()
         # The routes name what they create after the slot (`Mint`): a retry whose first answer
@@ -78,6 +83,8 @@ class IdempotencyMiddleware:
                     scope, receive, send
                 )
                 return
+            except _GoneError:
+                return  # what came is not the request: nothing runs, nobody to answer
         await self._handle(slot, body, scope, send)
 
     async def _handle(self, slot: str, body: _Body, scope: Scope, send: Send) -> None:
@@ -149,6 +156,10 @@ class _TooLargeError(Exception):
     pass
 
 
+class _GoneError(Exception):
+    """The client went away (or a body limit cut it off) before its body ended."""
+
+
 class _BufferedBody:
     """A body read whole before the request runs (at most MAX_BUFFERED_BODY)."""
 
@@ -162,6 +173,10 @@ class _BufferedBody:
         size = 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                # Not the body's end: never run on the part that came. A request cut short
+                # (by a body limit too, which says so with a disconnect) may be valid JSON.
+                raise _GoneError
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BUFFERED_BODY:

@@ -103,15 +103,15 @@ async def stream_ws(
         who = await authenticate(gw, key)
         await visible_session(gw, who, session_id, Role.VIEWER)
         cursor = Cursor.parse(last_event_id)
+        recheck = _rechecker(gw, key, session_id)
+        feed = SessionFeed(gw, session_id, cursor, recheck, gw.settings.stream_recheck_seconds)
+        await feed.open()  # refuses a cursor past the log's end (and closes itself then)
     except ApiError as exc:  # accepted first, so the client learns why (4401, 4404, 4422)
         await websocket.accept()
         await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
         return
-    recheck = _rechecker(gw, key, session_id)
-    feed = SessionFeed(gw, session_id, cursor, recheck, gw.settings.stream_recheck_seconds)
-    await feed.open()
-    await websocket.accept()
     try:
+        await websocket.accept()  # in here: a client gone by now leaves no feed open
         async for item in feed.items():
             if item is None:
                 await websocket.send_json({"event": "keepalive"})
