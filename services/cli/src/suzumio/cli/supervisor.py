@@ -9,6 +9,10 @@ A child counts as ready only when its own process listens on its port and answer
 the address it binds), so another program on that port is never mistaken for it.
 SIGINT/SIGTERM stops every child with SIGTERM (each drains within 10 s), then the servers.
 Children also get a parent-death signal, so even a SIGKILLed supervisor leaves no orphans.
+One `up` at a time holds a data directory (a lock the kernel drops however it ends): a second
+one would borrow the first one's embedded servers and lose them when the first one stops.
+An embedded server that dies is started again on its port (the services reconnect by
+themselves); one that cannot be stops everything, exit code 1.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import os
 import signal
 import socket
@@ -24,6 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from suzumio.cli.admin import (
     ADMIN_KEY_FILE,
@@ -37,6 +43,7 @@ from suzumio.platform.bus import connection
 from suzumio.platform.embedded import EmbeddedServers
 from suzumio.platform.embedded.credentials import redact
 from suzumio.platform.embedded.process import child_setup
+from suzumio.platform.errors import EmbeddedServerError
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import secret_keys
 from suzumio.platform.service import cpu
@@ -49,6 +56,13 @@ STOP_TIMEOUT = 10.0
 MAX_BACKOFF = 30.0
 HEALTHY_AFTER = 60.0  # a child up this long has its restart backoff reset
 TAIL_LINES = 15  # a child's last stderr lines, shown when it keeps failing to start
+UP_LOCK = "up.lock"  # in the data directory: held by the `up` that runs there
+SERVER_POLL = 0.5  # seconds between looks at the embedded servers
+SERVER_RESTART_LIMIT = 3  # failed restarts in a row of an embedded server that stop everything
+
+
+class CannotStartError(Exception):
+    """`up` cannot start here; the message says why, in words a person can act on."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,7 @@ class Supervisor:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _failed: _Child | None = None
+    _fatal: str | None = None  # why everything stopped, when it was not a child
 
     def bind_host(self, spec: ServiceSpec) -> str:
         return spec.host or self.host
@@ -116,8 +131,49 @@ class Supervisor:
                     problems.append(f"port {spec.port} ({spec.name}) on {host} {reason}".strip())
         return problems
 
+    def claim_data_dir(self) -> TextIO:
+        """The data directory, locked for this `up` until the returned file is closed (or the
+        process ends, however it ends: the kernel drops the lock, so none is ever stale)."""
+        data_dir = self.settings.data_dir.resolve()
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            handle = (data_dir / UP_LOCK).open("a+")
+        except OSError as exc:
+            raise CannotStartError(
+                f"the data directory {data_dir} cannot be used: {exc.strerror or exc}"
+            ) from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if not isinstance(exc, BlockingIOError):
+                handle.close()
+                raise CannotStartError(
+                    f"the data directory {data_dir} cannot be locked: {exc.strerror or exc}"
+                ) from exc
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            handle.close()
+            raise CannotStartError(
+                f"another `suzumio up` (pid {holder}) runs with the data directory {data_dir}."
+                " Stop it, or give this one its own SUZUMIO_DATA_DIR"
+            ) from exc
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        return handle
+
     def run(self) -> int:
         """Start everything and block until stopped; the process exit code."""
+        try:
+            claim = self.claim_data_dir()
+        except CannotStartError as exc:
+            print(f"Cannot start Suzumio: {exc}.", file=sys.stderr, flush=True)
+            return 1
+        with claim:
+            return self._run()
+
+    def _run(self) -> int:
         busy = self.busy_ports()
         if busy:
             print(
@@ -136,18 +192,24 @@ class Supervisor:
         db_url = (
             self.settings.database_url.get_secret_value() if self.settings.database_url else None
         )
-        if not (nats_url and db_url):
-            print(
-                f"Starting embedded servers in {self.settings.data_dir.resolve()} ...", flush=True
-            )
-            servers = EmbeddedServers(self.settings.data_dir).ensure(
-                need_nats=not nats_url, need_postgres=not db_url
-            )
+        try:
+            secret_keys(self.settings)  # made once here, before the children race to make it
+            if not (nats_url and db_url):
+                print(
+                    f"Starting embedded servers in {self.settings.data_dir.resolve()} ...",
+                    flush=True,
+                )
+                servers = EmbeddedServers(self.settings.data_dir).ensure(
+                    need_nats=not nats_url, need_postgres=not db_url
+                )
+        except (OSError, EmbeddedServerError) as exc:  # TimeoutError is an OSError
+            print(f"Cannot start Suzumio: {first_line(exc)}", file=sys.stderr, flush=True)
+            return 1
+        if servers is not None:
             nats_url = nats_url or (servers.nats.url if servers.nats else None)
             db_url = db_url or (servers.postgres.url if servers.postgres else None)
         assert nats_url
         assert db_url
-        secret_keys(self.settings)  # made once here, before the children race to make it
         env = {
             **os.environ,
             "SUZUMIO_NATS_URL": nats_url,
@@ -156,13 +218,15 @@ class Supervisor:
             **self.extra_env,
         }
         try:
-            return asyncio.run(self._supervise(env, nats_url))
+            return asyncio.run(self._supervise(env, nats_url, servers))
         finally:
             if servers is not None:
                 servers.stop()
                 print("Embedded servers stopped.", flush=True)
 
-    async def _supervise(self, env: dict[str, str], nats_url: str) -> int:
+    async def _supervise(
+        self, env: dict[str, str], nats_url: str, servers: EmbeddedServers | None = None
+    ) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
@@ -174,6 +238,8 @@ class Supervisor:
             child = self._children[spec.name] = _Child(spec, backoff=self.first_backoff)
             await self._start(child, env)
             watchers.append(asyncio.create_task(self._watch(child, env)))
+        if servers is not None:
+            watchers.append(asyncio.create_task(self._keep_servers(servers)))
         ready = asyncio.create_task(self._announce(nats_url))
         ready.add_done_callback(_announce_failed)  # nobody awaits it: say what ended it
         await self._stop.wait()
@@ -181,11 +247,54 @@ class Supervisor:
         ready.cancel()
         if self._failed is not None:
             self._report(self._failed)
+        if self._fatal is not None:
+            print(f"\n{self._fatal}", file=sys.stderr, flush=True)
         print("\nStopping Suzumio ...", flush=True)
         await self._stop_all()
         for watcher in watchers:
             watcher.cancel()
-        return 0 if self._failed is None else 1
+        return 0 if self._failed is None and self._fatal is None else 1
+
+    async def _keep_servers(self, servers: EmbeddedServers) -> None:
+        """Start again an embedded server that died: the services wait for it (they reconnect
+        forever), so without this the platform would stay down with nothing said."""
+        failures = 0
+        while not self._stopping.is_set():
+            await asyncio.sleep(SERVER_POLL)
+            for server in servers.gone():
+                if self._stopping.is_set():
+                    return
+                code = server.process.returncode if server.process is not None else None
+                log.error("up.server_exited", server=server.name, pid=server.pid, code=code)
+                print(
+                    f"The embedded {server.name} server (pid {server.pid}) exited (code {code});"
+                    " starting it again ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                try:
+                    # Here, in the main thread, which the server's parent-death signal is
+                    # bound to (a worker thread's end would stop it). It blocks the loop
+                    # while the server starts; the services wait for it meanwhile anyway.
+                    again = servers.restart(server)
+                except (OSError, EmbeddedServerError) as exc:
+                    failures += 1
+                    log.warning("up.server_restart_failed", server=server.name, error=str(exc))
+                    if failures >= SERVER_RESTART_LIMIT:
+                        self._fatal = (
+                            f"The embedded {server.name} server could not be started again"
+                            f" ({failures} tries): {first_line(exc)}; giving up."
+                        )
+                        self._stop.set()
+                        return
+                    await asyncio.sleep(failures)
+                    break
+                failures = 0
+                print(
+                    f"The embedded {server.name} server runs again (pid {again.pid}).",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _report(self, child: _Child) -> None:
         code = child.process.returncode if child.process else None

@@ -167,8 +167,9 @@ def _lock(bin_dir: Path, pgdata: Path, user: str | None) -> str:
     Single-user mode sets it: no listener is up meanwhile, so an old `trust` directory is never
     served while it still trusts. Redone until pg_hba.conf is written, so an interruption heals.
     """
+    locking = postgres_auth.needs_locking(pgdata)  # before a lost password is made anew
     secret = postgres_auth.password(pgdata)
-    if postgres_auth.needs_locking(pgdata):
+    if locking:
         argv = [str(bin_dir / "postgres"), "--single", "-D", str(pgdata), "postgres"]
         _run(argv, user, stdin=postgres_auth.alter_password_sql(SUPERUSER, secret))
         postgres_auth.write_hba(pgdata)

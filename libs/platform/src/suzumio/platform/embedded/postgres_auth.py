@@ -39,8 +39,12 @@ def password(pgdata: Path) -> str:
 
 def needs_locking(pgdata: Path) -> bool:
     """Whether `pgdata` still lets someone in without the password (an earlier version used
-    `--auth=trust`), or its password was never made."""
-    if not (pgdata / PASSWORD_FILE).exists():
+    `--auth=trust`), or its password was never made or is lost. Ask before `password` makes
+    one: a file lost, or left empty by a crash, gets a new password the server must be told."""
+    try:
+        if not (pgdata / PASSWORD_FILE).read_text().strip():
+            return True
+    except FileNotFoundError:
         return True
     for line in (pgdata / "pg_hba.conf").read_text().splitlines():
         fields = line.split("#", 1)[0].split()

@@ -127,6 +127,12 @@ class RunningServer:
     def owned(self) -> bool:
         return self.process is not None
 
+    def alive(self) -> bool:
+        """Whether it still runs (ours: not exited, and reaped if it did; borrowed: its pid)."""
+        if self.process is not None:
+            return self.process.poll() is None
+        return pid_alive(self.pid)
+
     def stop(self, timeout: float = 15.0) -> None:
         if self.process is not None:
             stop_process(self.process, self.stop_signal, timeout)

@@ -25,6 +25,7 @@ from suzumio.platform.embedded.credentials import redact, write_private
 from suzumio.platform.embedded.nats import start_nats
 from suzumio.platform.embedded.postgres import start_postgres
 from suzumio.platform.embedded.process import RunningServer, pid_alive
+from suzumio.platform.errors import EmbeddedServerError
 
 
 @contextmanager
@@ -57,19 +58,63 @@ class EmbeddedServers:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with _locked(self.data_dir / "embedded.lock"):
             state = self._read_state()
-            if need_nats:
-                self.nats = self._borrow_nats(state.get("nats")) or self._own(
-                    # No monitoring listener: nothing here reads it, and it answers anyone.
-                    start_nats(self.data_dir / "nats", monitoring=False)
-                )
-                state["nats"] = {"url": redact(self.nats.url), "pid": self.nats.pid}
-            if need_postgres:
-                self.postgres = self._own(
-                    start_postgres(self.data_dir / "postgres", durable=self.durable)
-                )
-                state["postgres"] = {"url": redact(self.postgres.url), "pid": self.postgres.pid}
-            write_private(self._state_file, json.dumps(state, indent=2))
+            try:
+                if need_nats:
+                    self.nats = self._borrow_nats(state.get("nats")) or self._own(
+                        # No monitoring listener: nothing here reads it, and it answers anyone.
+                        start_nats(self.data_dir / "nats", monitoring=False)
+                    )
+                    state["nats"] = {"url": redact(self.nats.url), "pid": self.nats.pid}
+                if need_postgres:
+                    self.postgres = self._own(
+                        start_postgres(self.data_dir / "postgres", durable=self.durable)
+                    )
+                    state["postgres"] = {
+                        "url": redact(self.postgres.url),
+                        "pid": self.postgres.pid,
+                    }
+                write_private(self._state_file, json.dumps(state, indent=2))
+            except BaseException:
+                # Half a pair serves nobody: what this call started stops with its failure
+                # (not through `stop`, whose lock this very call holds).
+                for server in self._started:
+                    server.stop()
+                self._started.clear()
+                raise
         return self
+
+    def gone(self) -> list[RunningServer]:
+        """The servers in use whose process has ended (killed, crashed, stopped by someone)."""
+        return [s for s in (self.nats, self.postgres) if s is not None and not s.alive()]
+
+    def restart(self, server: RunningServer) -> RunningServer:
+        """Start `server` (one that is gone) again on its port, so that the URL everyone was
+        given stays right and their clients reconnect by themselves. Call from the main
+        thread (see `child_setup`). Raises EmbeddedServerError (or OSError) when it cannot."""
+        port = urlsplit(server.url).port
+        with _locked(self.data_dir / "embedded.lock"):
+            if server is self.nats:
+                again = start_nats(self.data_dir / "nats", port=port or -1, monitoring=False)
+            elif server is self.postgres:
+                again = start_postgres(self.data_dir / "postgres", port=port, durable=self.durable)
+            else:
+                raise ValueError(f"{server.name} is not one of these servers")
+            if again.url != server.url:  # its secret changed, or another server holds the port
+                again.stop()
+                raise EmbeddedServerError(
+                    f"the {server.name} server came back at another address than"
+                    f" {redact(server.url)}"
+                )
+            self._started = [s for s in self._started if s is not server]
+            self._own(again)
+            if server is self.nats:
+                self.nats = again
+            else:
+                self.postgres = again
+            state = self._read_state()
+            state[server.name] = {"url": redact(again.url), "pid": again.pid}
+            write_private(self._state_file, json.dumps(state, indent=2))
+        return again
 
     def _read_state(self) -> dict[str, dict[str, object]]:
         try:

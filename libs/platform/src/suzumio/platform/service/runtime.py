@@ -23,17 +23,23 @@ from nats.aio.client import Client as NATS
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from suzumio.contracts.subjects import Topology
+from suzumio.contracts.subjects import Storage, Topology
 from suzumio.platform import telemetry
 from suzumio.platform.bus import connection
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
-from suzumio.platform.bus.jsapi import ensure_streams
+from suzumio.platform.bus.jsapi import (
+    ERR_STREAM_NOT_FOUND,
+    ensure_stream,
+    ensure_streams,
+    stream_state,
+)
 from suzumio.platform.bus.kv import ensure_kv
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.embedded import EmbeddedServers
+from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import configure_logging, get_logger
 from suzumio.platform.service import cpu, heap, heartbeat
 from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
@@ -46,6 +52,8 @@ S = TypeVar("S", bound=ServiceSettings)
 Task = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 Drainer = Callable[[float], Awaitable[None]]
 Setup = Callable[["ServiceRuntime"], Awaitable[ASGIApp | None]]
+
+STREAMS_RECHECK_SECONDS = 5.0  # how soon a stream lost with a NATS restart is made again
 
 
 class _Server(uvicorn.Server):
@@ -133,11 +141,43 @@ class ServiceRuntime:
         )
         beat = heartbeat.Heartbeat(services, self.name, self.instance, self._describe)
         self.background("heartbeat", beat.run)
+        self.background("streams", self._keep_streams)
         telemetry.meter.create_observable_gauge(
             "suzumio_projection_lag",
             callbacks=[self._readiness.observe_lag],
             description="events in the log not yet applied, per projection",
         )
+
+    async def _keep_streams(self, stop: asyncio.Event) -> None:
+        """Make again a memory stream that is gone: a restarted NATS server has lost them
+        (LIVE), and nothing else makes them after start-up, so without this every `/readyz`
+        would say not ready, and live output have nowhere to go, until a restart. A file
+        stream is never made again here: one that is gone lost the data it held (or is not
+        recovered yet), and an empty one in its place would pass for the log."""
+        memory = [s for s in self.topology.streams() if s.storage is Storage.MEMORY]
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), STREAMS_RECHECK_SECONDS)
+            if stop.is_set() or not self.nc.is_connected:
+                continue
+            for spec in memory:
+                if not await self._stream_gone(spec.name):
+                    continue
+                try:
+                    await ensure_stream(self.nc, spec, timeout=2)
+                except Exception as exc:
+                    log.warning("stream.recreate_failed", stream=spec.name, error=repr(exc))
+                else:
+                    log.warning("stream.recreated", stream=spec.name)
+
+    async def _stream_gone(self, name: str) -> bool:
+        try:
+            await stream_state(self.nc, name, timeout=2)
+        except JetStreamApiError as exc:
+            return exc.err_code == ERR_STREAM_NOT_FOUND
+        except Exception:  # NATS away for now: the next round looks again
+            return False
+        return False
 
     def _describe(self) -> dict[str, Any]:
         return {
@@ -253,8 +293,20 @@ def run_service(name: str, settings: S, setup: Setup) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):  # from the start: a stop during start-up
             loop.add_signal_handler(sig, stop.set)  # is a clean exit too
         try:
-            await runtime.open()
-            app = await setup(runtime)
+            # Start-up waits for NATS as long as it takes, so a stop must be able to end the
+            # wait: else a service told to stop while NATS is away (a SIGKILLed `suzumio up`
+            # takes the embedded server with it) would wait for it forever, an orphan.
+            starting = asyncio.create_task(_start(runtime, setup))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not starting.done():
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+                log.info("service.stopped", while_starting=True)
+                return
+            app = starting.result()
             heap.settle()
             if not stop.is_set():
                 await runtime.serve(app, stop)
@@ -267,6 +319,11 @@ def run_service(name: str, settings: S, setup: Setup) -> None:
         telemetry_handle.shutdown()
         if servers is not None:
             servers.stop()
+
+
+async def _start(runtime: ServiceRuntime, setup: Setup) -> ASGIApp | None:
+    await runtime.open()
+    return await setup(runtime)
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:
