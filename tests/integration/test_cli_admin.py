@@ -209,3 +209,14 @@ async def test_bootstrap_admin_command_with_an_unusable_key_file_sends_nothing(
     assert "holds no API key" in done.stderr
     assert session.applied == []
     assert (tmp_path / ADMIN_KEY_FILE).read_text() == "my notes\n"
+
+
+async def test_bootstrap_admin_command_where_the_key_cannot_be_kept_sends_nothing(
+    nats_url: str, database_url: str, topology: Topology, session: FakeSession, tmp_path: Path
+) -> None:
+    (tmp_path / "file").write_text("")
+    done = await bootstrap_admin_command(nats_url, database_url, topology, tmp_path / "file" / "d")
+    assert done.exit_code == 2, done.output
+    assert str(tmp_path / "file" / "d" / ADMIN_KEY_FILE) in done.stderr
+    assert "SUZUMIO_DATA_DIR" in done.stderr
+    assert session.applied == []

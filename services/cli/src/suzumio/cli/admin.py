@@ -23,6 +23,7 @@ from suzumio.platform.apikeys import MintedKey
 from suzumio.platform.bus.commands import CommandClient
 
 ADMIN_KEY_FILE = "admin.key"
+_WHERE = " (SUZUMIO_DATA_DIR names the data directory, which must be writable)"
 BOOTSTRAP_TIMEOUT = 30.0  # seconds; a session service still migrating may be slow to answer
 
 
@@ -80,7 +81,7 @@ def _saved(path: Path) -> MintedKey | None:
     except UnicodeDecodeError as exc:
         raise KeyFileError(f"{path} holds no API key (it is not text); move it away") from exc
     except OSError as exc:
-        raise KeyFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        raise KeyFileError(f"cannot read {path}: {exc.strerror or exc}{_WHERE}") from exc
     key = _as_key(text)
     if key is None:
         # Never overwritten: it may be the only copy of something someone needs.
@@ -120,4 +121,6 @@ def _save(path: Path, text: str) -> None:
         finally:
             os.close(directory)
     except OSError as exc:
-        raise KeyFileError(f"cannot save the admin key in {path}: {exc.strerror or exc}") from exc
+        raise KeyFileError(
+            f"cannot save the admin key in {path}: {exc.strerror or exc}{_WHERE}"
+        ) from exc
