@@ -20,26 +20,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import io
+import itertools
 import mimetypes
 import os
 import stat
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import IO
 
 from nats.js.client import JetStreamContext
 from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.commands import RecordArtifact
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import CommandTimeoutError, ConflictError, UnavailableError
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.runner import FileExchange, FileRef, InputFile, placeable
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
 from suzumio.orchestrator.sessions import Artifact, session_artifacts
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
+from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.logging import get_logger
 
@@ -48,6 +54,19 @@ LOCAL_BACKENDS = frozenset({"process", "docker"})
 REMOTE_BACKENDS = frozenset({"pool"})  # the worker exchanges through the object store
 BROKER_BACKENDS = frozenset({"kubernetes"})  # the runner exchanges through the broker
 ACTOR = "system:orchestrator"
+MAX_PATH = 1_000  # the longest path an artifact may have (`FileRef`, `RecordArtifact`)
+SPOOL_BYTES = 1 << 20  # a file collected is copied aside: in memory up to this, then on disk
+# Storing a collected file while the store is in trouble (NATS slow or reconnecting, the
+# session service restarting) is tried again after these waits, doubling, for as long as
+# the activation is watched: its directory goes once it ended, and its files with it.
+RETRY_FIRST_SECONDS = 0.2
+RETRY_MAX_SECONDS = 10.0
+_TROUBLE: tuple[type[Exception], ...] = (
+    OSError,
+    CommandTimeoutError,
+    UnavailableError,
+    *NATS_TROUBLE,
+)
 
 
 @dataclass(frozen=True)
@@ -142,7 +161,10 @@ class ArtifactCollector:
         except OSError as exc:  # not a name a workspace holds, or a link on the way
             log.warning("artifacts.unplaceable", activation=activation, path=path, error=str(exc))
             return
-        partial = f".{name}.part"
+        # Of a fixed length: a name the file system holds may be too long with a suffix.
+        partial = (
+            f".{hashlib.sha256(name.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}.part"
+        )
         try:
             sink = _open_partial(at, name, partial, artifact.size)
             if sink is None:
@@ -158,7 +180,13 @@ class ArtifactCollector:
                 with contextlib.suppress(OSError):
                     os.unlink(partial, dir_fd=at)
                 raise
-        except (IsADirectoryError, FileExistsError) as exc:  # a directory in the file's place
+        except OSError as exc:
+            # A directory in the file's place, or a name longer than the file system holds
+            # (100 CJK characters are): that file is not placed. Failing the launch instead
+            # would fail every later activation of the session the same way.
+            unplaceable = isinstance(exc, (IsADirectoryError, FileExistsError))
+            if not unplaceable and exc.errno != errno.ENAMETOOLONG:
+                raise
             log.warning("artifacts.unplaceable", activation=activation, path=path, error=str(exc))
         finally:
             os.close(at)
@@ -215,27 +243,57 @@ class ArtifactCollector:
             log.warning("artifacts.too_many", activation=target.activation_id)
         recorded: list[str] = []
         for parts in found[: self._max_files]:
-            opened = await asyncio.to_thread(_open_hashed, out, parts, self._max_bytes)
-            if opened is None:  # changed since the walk: no longer a small regular file
+            copied = await asyncio.to_thread(_copy_aside, out, parts, self._max_bytes)
+            if copied is None:  # changed since the walk: no longer a small regular file
                 log.warning("artifacts.changed", activation=target.activation_id)
                 continue
-            source, ref = opened
+            source, ref = copied
             with source:
-                await put_blob(self._store, ref.sha256, source)
-            await self._record(target, ref)
-            recorded.append(ref.path)
+                if await self._stored(target, partial(self._store_copy, target, ref, source)):
+                    recorded.append(ref.path)
         return recorded
+
+    async def _store_copy(self, target: Collection, ref: FileRef, source: IO[bytes]) -> None:
+        source.seek(0)
+        await put_blob(self._store, ref.sha256, source)  # type: ignore[arg-type]
+        await self._record(target, ref)
+
+    async def _record_held(self, target: Collection, ref: FileRef) -> None:
+        if not await has_blob(self._store, ref.sha256):
+            raise LookupError("its bytes are not in the object store")
+        await self._record(target, ref)
+
+    @staticmethod
+    async def _stored(target: Collection, store: Callable[[], Awaitable[None]]) -> bool:
+        """Whether `store` stored a file (asked again while the store is in trouble: the
+        files are lost if given up); a file refused is that file's loss alone, not the rest's
+        (storing and recording again is harmless: the blob is named by its digest, the
+        artifact's id is derived from the activation and the path)."""
+        delay = RETRY_FIRST_SECONDS
+        while True:
+            try:
+                await store()
+            except _TROUBLE as exc:
+                log.warning("artifacts.store_failed", activation=target.activation_id,
+                            error=repr(exc)[:500], retry_in=delay)  # fmt: skip
+            except Exception as exc:
+                log.warning("artifacts.refused", activation=target.activation_id,
+                            error=repr(exc)[:500])  # fmt: skip
+                return False
+            else:
+                return True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     async def _record_remote(self, target: Collection, outputs: tuple[FileRef, ...]) -> list[str]:
         """The files a worker says it stored, within this collector's limits, and only if
         their bytes are really in the object store."""
         recorded: list[str] = []
         for ref in outputs[: self._max_files]:
-            if ref.size > self._max_bytes or not await has_blob(self._store, ref.sha256):
+            if ref.size > self._max_bytes:
                 log.warning("artifacts.refused", activation=target.activation_id, path=ref.path)
-                continue
-            await self._record(target, ref)
-            recorded.append(ref.path)
+            elif await self._stored(target, partial(self._record_held, target, ref)):
+                recorded.append(ref.path)
         return recorded
 
     async def _record(self, target: Collection, ref: FileRef) -> None:
@@ -263,6 +321,9 @@ class ArtifactCollector:
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MAX_DEPTH = 32  # below it, `out` is not walked: open directories stay few
+# Entries of `out` looked at, at most, however many it holds (millions of empty files or
+# links are cheap to make): what the walk holds in memory stays bounded.
+MAX_ENTRIES = 100_000
 
 
 def _open_dir(name: str, at: int, *, create: bool = False) -> int:
@@ -329,13 +390,16 @@ class _Walk:
     """The regular files under an opened `out`, as path parts in path order, each within
     the size limit and with a name a workspace can hold — one more than `max_files` at most,
     to tell there were too many. What is not a directory or a regular file (links, devices,
-    FIFOs, sockets) is skipped, never followed, and logged once."""
+    FIFOs, sockets) is skipped, never followed, and logged once. At most `MAX_ENTRIES`
+    entries are looked at; a directory cut short is walked in the file system's order."""
 
     def __init__(self, activation: str, max_files: int, max_bytes: int) -> None:
         self._activation = activation
         self._max_files, self._max_bytes = max_files, max_bytes
+        self._left = MAX_ENTRIES
         self.found: list[tuple[str, ...]] = []
-        self.skipped: list[str] = []
+        self.skipped = 0
+        self.examples: list[str] = []
 
     def run(self, out: int) -> list[tuple[str, ...]]:
         self._dir(out, ())
@@ -343,33 +407,48 @@ class _Walk:
             log.warning(
                 "artifacts.skipped",
                 activation=self._activation,
-                count=len(self.skipped),
-                examples=self.skipped[:5],
+                count=self.skipped,
+                examples=self.examples,
             )
+        if self._left < 0:
+            log.warning("artifacts.too_many_entries", activation=self._activation)
         return self.found
 
+    def _skip(self, parts: tuple[str, ...]) -> None:
+        self.skipped += 1
+        if len(self.examples) < 5:
+            self.examples.append("/".join(parts))
+
     def _dir(self, fd: int, prefix: tuple[str, ...]) -> bool:
-        """Whether to go on (the limit is not reached)."""
+        """Whether to go on (the limits are not reached)."""
         with os.scandir(fd) as listing:
-            entries = sorted(listing, key=lambda e: e.name)
+            entries = list(itertools.islice(listing, max(self._left, 0) + 1))
+        cut = len(entries) > self._left
+        entries = sorted(entries[: max(self._left, 0)], key=lambda e: e.name)
+        self._left = -1 if cut else self._left - len(entries)  # -1: cut short
         for entry in entries:
             parts = (*prefix, entry.name)
             if entry.is_dir(follow_symlinks=False) and len(parts) < MAX_DEPTH:
                 if not self._subdir(fd, parts):
                     return False
             elif entry.is_file(follow_symlinks=False):
-                self._file(parts, entry.stat(follow_symlinks=False).st_size)
+                try:
+                    size = entry.stat(follow_symlinks=False).st_size
+                except OSError:  # gone since it was listed
+                    self._skip(parts)
+                    continue
+                self._file(parts, size)
                 if len(self.found) > self._max_files:
                     return False
             else:
-                self.skipped.append("/".join(parts))
-        return True
+                self._skip(parts)
+        return self._left >= 0
 
     def _subdir(self, fd: int, parts: tuple[str, ...]) -> bool:
         try:
             sub = _open_dir(parts[-1], fd)
         except OSError:  # swapped for a link (or gone) since it was listed
-            self.skipped.append("/".join(parts))
+            self._skip(parts)
             return True
         try:
             return self._dir(sub, parts)
@@ -379,17 +458,31 @@ class _Walk:
     def _file(self, parts: tuple[str, ...], size: int) -> None:
         if size > self._max_bytes:
             log.warning("artifacts.too_large", activation=self._activation, size=size)
-        elif not placeable("/".join(parts)):  # a name no workspace could hold again (a `\`)
+        elif not _collectable("/".join(parts)):
             log.warning("artifacts.unplaceable", activation=self._activation)
         else:
             self.found.append(parts)
 
 
-def _open_hashed(
+def _collectable(path: str) -> bool:
+    """Whether a file of `out` at `path` can be an artifact: a name a workspace could hold
+    again (no `\\`), of at most `MAX_PATH` characters, in UTF-8 (a name of other bytes is
+    not text an artifact's path can be: it would fail the record)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return len(path) <= MAX_PATH and placeable(path)
+
+
+def _copy_aside(
     out: int, parts: tuple[str, ...], max_bytes: int
-) -> tuple[io.BufferedReader, FileRef] | None:
-    """The file at `parts` under `out`, opened at its start, and its reference — if it is
-    still a regular file within `max_bytes`, reached without a link."""
+) -> tuple[IO[bytes], FileRef] | None:
+    """A copy of the file at `parts` under `out`, and its reference — if it is a regular
+    file, reached without a link, and holds at most `max_bytes` as it is read. The copy is
+    what is stored, so the bytes stored under a digest are those that were hashed, whatever
+    the file does meanwhile (the store is content-addressed: other bytes under a digest would
+    be served for every file with that digest)."""
     try:
         at = _descend(out, parts[:-1])
     except OSError:
@@ -400,13 +493,21 @@ def _open_hashed(
         return None
     finally:
         os.close(at)
-    source = os.fdopen(fd, "rb")
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-        source.close()
-        return None
-    digest = hashlib.sha256()
-    for block in iter(lambda: source.read(1 << 20), b""):
-        digest.update(block)
-    source.seek(0)
-    return source, FileRef(path="/".join(parts), sha256=digest.hexdigest(), size=info.st_size)
+    with os.fdopen(fd, "rb") as source:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return None
+        copy: IO[bytes] = tempfile.SpooledTemporaryFile(SPOOL_BYTES)  # noqa: SIM115
+        try:
+            digest, size = hashlib.sha256(), 0
+            while block := source.read(min(1 << 20, max_bytes + 1 - size)):
+                digest.update(block)
+                copy.write(block)
+                size += len(block)
+                if size > max_bytes:  # grew past the limit while it was read
+                    copy.close()
+                    return None
+        except OSError:
+            copy.close()
+            return None
+    return copy, FileRef(path="/".join(parts), sha256=digest.hexdigest(), size=size)

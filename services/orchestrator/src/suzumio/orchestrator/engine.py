@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import time
 from collections import deque
@@ -753,16 +754,34 @@ class Orchestrator:
 
     # -- housekeeping ----------------------------------------------------------------------------
     async def _gc_loop(self, done: asyncio.Event) -> None:
-        root = self._planner.settings.sandboxes() / "activations"
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 600)
-            horizon = time.time() - self._retention
-            for path in root.glob("*") if root.exists() else ():
-                tracked = self.activations.get(path.name)
-                over = tracked is None or tracked.ended
-                if over and path.stat().st_mtime < horizon:
-                    await asyncio.to_thread(shutil.rmtree, path, ignore_errors=True)
+            try:
+                await self._collect_garbage(time.time() - self._retention)
+            except Exception:  # the next pass tries again: the sweep never stops for good
+                log.exception("orchestrator.gc_failed")
+
+    async def _collect_garbage(self, horizon: float) -> None:
+        """Remove the directories of ended activations not changed since `horizon`. One
+        gone since it was listed (its backend's cleanup at its end, while another was being
+        removed here) is passed over."""
+        root = self._planner.settings.sandboxes() / "activations"
+        try:
+            with os.scandir(root) as listing:
+                names = sorted(entry.name for entry in listing)
+        except FileNotFoundError:
+            return
+        for name in names:
+            tracked = self.activations.get(name)
+            if tracked is not None and not tracked.ended:
+                continue
+            try:
+                changed = (root / name).lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if changed < horizon:
+                await asyncio.to_thread(shutil.rmtree, root / name, ignore_errors=True)
 
     async def backend_health(self) -> list[dict[str, object]]:
         report: list[dict[str, object]] = []
