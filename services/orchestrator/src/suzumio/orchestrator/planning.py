@@ -196,12 +196,16 @@ class Planner:
     def _model_env(self, agent: Agent, project: Project) -> tuple[dict[str, str], set[str]]:
         env: dict[str, str] = {}
         secrets: set[str] = set()
-        if self.settings.model_base_url:
-            env["SUZUMIO_MODEL_BASE_URL"] = self.settings.model_base_url
-        if self.settings.model_api_key is not None:
-            env["SUZUMIO_MODEL_API_KEY"] = self.settings.model_api_key.get_secret_value()
-            secrets.add("SUZUMIO_MODEL_API_KEY")
-        for model in (agent.model, *agent.fallbacks):
+        models = (agent.model, *agent.fallbacks)
+        # The server's default endpoint only for an agent with a model that names no provider:
+        # a sandbox gets the keys its agent's models use, nothing else (DESIGN.md §7).
+        if any(model.provider is None for model in models):
+            if self.settings.model_base_url:
+                env["SUZUMIO_MODEL_BASE_URL"] = self.settings.model_base_url
+            if self.settings.model_api_key is not None:
+                env["SUZUMIO_MODEL_API_KEY"] = self.settings.model_api_key.get_secret_value()
+                secrets.add("SUZUMIO_MODEL_API_KEY")
+        for model in models:
             if model.provider is None:
                 continue
             provider = project.providers.get(model.provider)
