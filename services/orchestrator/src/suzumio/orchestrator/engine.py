@@ -590,7 +590,16 @@ class Orchestrator:
         target = Collection.of(plan) if plan else self._found_again(tracked, handle.backend)
         await self._collect(target, exit_)
         terminal = await self._end(tracked, lambda output: self._terminal(tracked, exit_, output))
+        self._mark_ended(handle.activation_id)
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
+
+    def _mark_ended(self, activation_id: str) -> None:
+        """Retention counts from an activation's end, and the sweep reads it off its
+        directory's time, which is its launch's until now: a kept directory of a long
+        activation would otherwise go as soon as it ended."""
+        path = self._planner.settings.activation_dir(activation_id)
+        with contextlib.suppress(OSError):
+            os.utime(path, follow_symlinks=False)
 
     async def _collect(self, target: Collection | None, exit_: Exit) -> None:
         if target is None:
