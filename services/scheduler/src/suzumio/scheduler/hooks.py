@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import itertools
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -65,18 +66,19 @@ class Hooks:
         self.hooks = tuple(hooks)
         self._timeout = timeout
         self._threads = _HookThreads()
+        self._lingering: dict[str, int] = {}  # calls past their time, still going, by hook
 
     async def run(self, state: AgentSchedulingState) -> list[tuple[str, HookAction]]:
         """Every hook's actions, in hook order; failing hooks contribute none."""
         actions: list[tuple[str, HookAction]] = []
         for hook in self.hooks:
             try:
-                answer = await asyncio.wait_for(self._call(hook, state), self._timeout)
-                actions += [(hook.name, a) for a in _ACTIONS.validate_python(list(answer or ()))]
+                answer = _validated(await self._bounded(hook, state))
+                actions += [(hook.name, a) for a in answer]
             except TimeoutError:
                 log.warning("hooks.timed_out", hook=hook.name, seconds=self._timeout)
                 _calls.add(1, {"hook": hook.name, "outcome": "timeout"})
-            except ValidationError as exc:
+            except (ValidationError, _TooManyActionsError) as exc:
                 log.warning("hooks.invalid_answer", hook=hook.name, error=str(exc)[:500])
                 _calls.add(1, {"hook": hook.name, "outcome": "invalid"})
             except Exception as exc:
@@ -86,12 +88,67 @@ class Hooks:
                 _calls.add(1, {"hook": hook.name, "outcome": "ok"})
         return actions
 
-    async def _call(self, hook: NamedHook, state: AgentSchedulingState) -> Any:
+    async def _bounded(self, hook: NamedHook, state: AgentSchedulingState) -> list[Any]:
+        """The hook's answer within the timeout. A call past it is cancelled and not waited
+        for: `wait_for` would wait for the cancel to take effect, and a hook that takes its
+        time cleaning up (or swallows the cancel) would hold the review — and every later
+        review of the session — as long as it likes. Such calls are counted, and a hook with
+        `THREADS_PER_HOOK` of them still going is not called again until one ends."""
+        if self._lingering.get(hook.name, 0) >= THREADS_PER_HOOK:
+            raise TimeoutError  # its earlier calls still run past their time
+        task = asyncio.ensure_future(self._call(hook, state))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self._timeout)
+        except BaseException:  # the review itself is cancelled (shutdown): so is the call
+            task.cancel()
+            raise
+        if task in done:
+            if task.cancelled():  # by the hook itself: its failure, not the review's to die of
+                raise RuntimeError("the hook's call was cancelled")
+            return task.result()
+        task.cancel()
+        self._lingering[hook.name] = self._lingering.get(hook.name, 0) + 1
+
+        def ended(t: asyncio.Task[list[Any]]) -> None:
+            self._lingering[hook.name] -= 1
+            if not t.cancelled():
+                t.exception()  # retrieved: nobody waits for it any more
+
+        task.add_done_callback(ended)
+        raise TimeoutError
+
+    async def _call(self, hook: NamedHook, state: AgentSchedulingState) -> list[Any]:
         if inspect.iscoroutinefunction(hook.call):
-            return await hook.call(state)
-        # A plain function may block; it must not block the scheduler's loop.
+            return _listed(await hook.call(state))
+        # A plain function may block; it must not block the scheduler's loop. Nor may the
+        # generator it may return, whose body runs only as it is read: read in the thread.
         answer = await self._threads.run(hook.name, hook.call, state)
-        return await answer if inspect.isawaitable(answer) else answer
+        return _listed(await answer) if inspect.isawaitable(answer) else _listed(answer)
+
+
+MAX_ACTIONS = 100
+"""Actions one hook call may ask for: each is a command the review sends, one after the other,
+while the session waits for its review; an answer with more (or an endless generator) is
+nonsense and skipped whole."""
+
+
+class _TooManyActionsError(ValueError):
+    pass
+
+
+def _validated(answer: list[Any]) -> list[HookAction]:
+    if len(answer) > MAX_ACTIONS:
+        raise _TooManyActionsError(f"more than {MAX_ACTIONS} actions")
+    return _ACTIONS.validate_python(answer)
+
+
+def _listed(answer: Any) -> list[Any]:
+    """An answer as a list, reading no more than one item past `MAX_ACTIONS`."""
+    if answer is None:
+        return []
+    if isinstance(answer, list):
+        return answer
+    return list(itertools.islice(answer, MAX_ACTIONS + 1))
 
 
 def action_command(
@@ -163,6 +220,8 @@ class _HookThreads:
             error: BaseException | None = None
             try:
                 result = call(state)
+                if not inspect.isawaitable(result):
+                    result = _listed(result)  # a generator's body is the hook's code too
             except BaseException as exc:  # handed to the caller, which logs it
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop closed while it ran

@@ -5,6 +5,7 @@ scheduler) or live chunks. Routes are idempotent where a runner retries."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -313,7 +314,13 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
             403, "forbidden", f"{body.operation!r} is not an allowed operation of {toolpack!r}"
         )
     ctx = SupportContext(
-        c, toolpack, body.operation, body.request_id, broker.commands, broker.store
+        c,
+        toolpack,
+        body.operation,
+        body.request_id,
+        broker.commands,
+        broker.store,
+        fence=functools.partial(broker.gate.still_live, caller),
     )
     return SupportResult(result=await operation(ctx, body.arguments))
 

@@ -19,7 +19,7 @@ from suzumio.contracts.broker import MessageSend, SignalRecord
 from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
 from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError
 from suzumio.contracts.events import SessionOpened
-from suzumio.contracts.ids import derived_id
+from suzumio.contracts.ids import derived_id, is_valid_id
 from suzumio.contracts.toolpacks import ToolpackManifest, resolve
 from suzumio.contracts.values import SignalKind
 from suzumio.platform.bus.commands import CommandClient
@@ -39,6 +39,10 @@ class SupportContext:
     request_id: str
     commands: CommandClient
     store: EventStore
+    # Raises when the activation may no longer act (BrokerError 403 `fenced`). The call was
+    # let in live, but an operation may work a while (a toolpack's own requests) before its
+    # effects: a cancel or a P0 stored meanwhile must stop them, as it stops every later call.
+    fence: Callable[[], Awaitable[None]] | None = None
 
     def derived(self, *what: str) -> str:
         return derived_id(
@@ -54,6 +58,10 @@ class SupportContext:
 
     async def post_message(self, session_id: str, text: str, priority: Any) -> CommandAccepted:
         """A message to a session of the same project (another agent's, or this one)."""
+        # Checked before it names a subject: a toolpack's code may pass on what the model
+        # wrote, and `*` or `>` there would read every session's events.
+        if not is_valid_id(session_id):
+            raise NotFoundError("session not found")
         if await self.session_project(session_id) != self.claims.project_id:
             raise NotFoundError("session not found")  # another project's looks like none
         # The target is part of the ids: one call id naming two sessions must not give both
@@ -61,7 +69,8 @@ class SupportContext:
         message_id = self.derived("message", session_id)
         signal_id = self.derived("message.signal", session_id)
         return await self._once(
-            PostMessage(
+            _built(
+                PostMessage,
                 session_id=session_id,
                 message_id=message_id,
                 signal_id=signal_id,
@@ -80,7 +89,8 @@ class SupportContext:
         clean = {k: v for k, v in payload.items() if k != "pending_action_id"}
         signal_id = self.derived("signal")
         return await self._once(
-            RecordSignal(
+            _built(
+                RecordSignal,
                 session_id=self.claims.session_id,
                 signal_id=signal_id,
                 kind=SignalKind.CUSTOM,
@@ -97,12 +107,28 @@ class SupportContext:
     ) -> CommandAccepted:
         """Send a command whose ids derive from this call: a retried call finds them recorded
         already and answers as the first one did."""
+        if self.fence is not None:
+            await self.fence()
         try:
             return await self.commands.send(command, actor=actor)
         except ConflictError as exc:
             if "exists already" not in exc.message:
                 raise
             return CommandAccepted(result=result)
+
+
+C = TypeVar("C", PostMessage, RecordSignal)
+
+
+def _built(command: type[C], **fields: Any) -> C:
+    """The command, or 422: what passed an operation's own checks may still not fit it — a
+    payload at its limit plus the labels added here, a NUL or a bad priority from a
+    toolpack's code — and that is the call's fault, not the broker's (a 500)."""
+    try:
+        return command(**fields)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        raise InvalidError(f"invalid arguments: {errors}") from None
 
 
 Operation = Callable[[SupportContext, dict[str, Any]], Awaitable[dict[str, Any]]]
