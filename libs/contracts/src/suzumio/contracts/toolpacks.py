@@ -50,18 +50,29 @@ class ToolpackManifest(BaseModel):
     scheduler_hooks: tuple[CodeRef, ...] = ()
 
 
+BUILTIN_PACK_NAMES = frozenset({"core", "files", "shell", "web"})
+"""The runner's own packs: no installed package may take their names, or the broker would
+serve its support operations to every token that lists the built-in pack."""
+
+
 def discover() -> dict[str, ToolpackManifest]:
     """The manifests of the installed toolpacks, by name. A broken one is skipped (and the
-    error kept in `discover_errors`) so one bad package cannot take every toolpack down."""
+    error kept in `discover_errors`) so one bad package cannot take every toolpack down; so
+    is one that takes a built-in pack's name, or the name of a toolpack found before it
+    (entry points in name order: which one wins does not depend on install order)."""
     found: dict[str, ToolpackManifest] = {}
     discover_errors.clear()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name, e.value)):
         try:
             value: Any = ep.load()
             manifest = value() if callable(value) else value
             manifest = ToolpackManifest.model_validate(manifest)
         except Exception as exc:
             discover_errors[ep.name] = repr(exc)
+            continue
+        if manifest.name in BUILTIN_PACK_NAMES or manifest.name in found:
+            taken = "a built-in pack's" if manifest.name in BUILTIN_PACK_NAMES else "another's"
+            discover_errors[ep.name] = f"the name {manifest.name!r} is {taken}"
             continue
         found[manifest.name] = manifest
     return found
