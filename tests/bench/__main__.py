@@ -24,7 +24,7 @@ from suzumio.platform.embedded import start_nats, start_postgres
 from suzumio.platform.logging import configure_logging
 from suzumio.platform.service import cpu
 from suzumio.platform.settings import PlatformSettings
-from tests.bench import broker, eventlog, gateway, orchestration, scheduler, services
+from tests.bench import broker, eventlog, gateway, orchestration, runner_tools, scheduler, services
 
 Section = Callable[[str, str, Path], Awaitable[dict[str, Any]]]
 SECTIONS: dict[str, Section] = {
@@ -36,6 +36,7 @@ SECTIONS: dict[str, Section] = {
     "scheduling": scheduler.scheduling,
     "broker_audit": broker.audit,
     "runner_stream": broker.runner_stream,
+    "runner_tools": runner_tools.html_conversion,
     "backends": orchestration.backends,
     "idle_rss": services.idle_rss,
 }

@@ -37,7 +37,7 @@ from suzumio.runner.broker import (
     BrokerUnavailableError,
     FencedError,
 )
-from suzumio.runner.context import build_prompt, render_history, render_signal
+from suzumio.runner.context import build_prompt, render_history, render_signal, wire_name
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import log
 from suzumio.runner.loop import compaction
@@ -460,7 +460,7 @@ class AgentLoop:
     async def _execute(self, call: _Call, digest: str) -> CoreOutcome:
         if call.problem or call.tool is None or call.args is None:
             return CoreOutcome(ToolResult(call.problem or "cannot run", "error"))
-        policy = self.spec.permissions.get(call.tool, self.spec.default_permission)
+        policy = tool_policy(self.spec, call.tool)
         if policy is ToolPolicy.DENY:
             return CoreOutcome(
                 ToolResult(f"{call.tool} is denied by this agent's policy", "denied")
@@ -628,6 +628,21 @@ def _deeper_than(value: object, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False
+
+
+_STRICTNESS = (ToolPolicy.ALLOW, ToolPolicy.ASK, ToolPolicy.DENY)
+
+
+def tool_policy(spec: RunnerActivationInput, tool: str) -> ToolPolicy:
+    """The agent's policy for `tool` (canonical name). A policy may name the tool as the model
+    sees it too (`shell_exec`, from a transcript): that is still the tool, and a `deny` under
+    that name must not leave it allowed. Named both ways, the stricter policy holds."""
+    named = [
+        spec.permissions[n] for n in dict.fromkeys((tool, wire_name(tool))) if n in spec.permissions
+    ]
+    if not named:
+        return spec.default_permission
+    return max(named, key=_STRICTNESS.index)
 
 
 def workspace_path(spec: RunnerActivationInput) -> Path:

@@ -109,7 +109,9 @@ class Toolbox:
         if tool in self._sandbox:
             try:
                 return self._sandbox[tool].paths(args, self.ctx)
-            except ToolInputError:
+            except (ToolInputError, OSError, ValueError):
+                # The call will fail on its own, as its result; planning must not raise (the
+                # round would end the activation), and a write reserving nothing runs alone.
                 return ()
         return ()
 

@@ -290,6 +290,15 @@ def _path_text(raw: object, name: str) -> str:
         raise ToolInputError(f"{name} contains a NUL byte")
     if len(raw) > _MAX_PATH_CHARS:
         raise ToolInputError(f"{name} is longer than {_MAX_PATH_CHARS} characters")
+    try:
+        # A JSON `\ud800` escape decodes to a lone surrogate no file name can hold: every
+        # system call on it raises UnicodeEncodeError, which is neither bad input nor OSError
+        # to the callers (the segment planner among them).
+        os.fsencode(raw)
+    except UnicodeEncodeError:
+        raise ToolInputError(
+            f"{name} {printable(raw)!r} holds a character no file name can (a lone surrogate)"
+        ) from None
     return raw
 
 

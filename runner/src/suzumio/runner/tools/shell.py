@@ -145,7 +145,7 @@ class ShellExec:
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             check_keys(args, self._keys)
-            command = required_str(args, "command")
+            command = _command(args)
             timeout, note = _timeout(optional_number(args, "timeout_seconds"), ctx)
             cwd = _cwd(args, ctx)
         except ToolInputError as exc:
@@ -172,6 +172,8 @@ class ShellExec:
             )
         except OSError as exc:
             return ToolResult(f"cannot start {self._shell}: {exc.strerror}", "error")
+        except ValueError as exc:  # a NUL or a lone surrogate cannot be passed to exec
+            return ToolResult(f"the command cannot be run: {exc}", "error")
         strays.started_command()  # what it leaves running ends with the activation
         group = transport.get_pid()
         try:
@@ -193,6 +195,15 @@ class ShellExec:
             raise
         finally:
             transport.close()
+
+
+def _command(args: dict[str, Any]) -> str:
+    command = required_str(args, "command")
+    if "\x00" in command:
+        # exec takes C strings: asyncio refuses a NUL, uvloop silently runs the part before
+        # it, which is not the command the model sent, the audit recorded or a person approved.
+        raise ToolInputError("command contains a NUL character")
+    return command
 
 
 def _cwd(args: dict[str, Any], ctx: ToolContext) -> Path:

@@ -21,17 +21,18 @@ from __future__ import annotations
 import asyncio
 import codecs
 import ipaddress
+import re
 import socket
 import ssl
 import zlib
 from collections.abc import Awaitable, Callable
-from html.parser import HTMLParser
+from html import unescape
 from typing import Any
 
 import httpx
 
 from suzumio.contracts.runner import ToolDefinition
-from suzumio.runner.tools.base import ToolContext, ToolInputError, ToolResult
+from suzumio.runner.tools.base import ToolContext, ToolInputError, ToolResult, printable
 from suzumio.runner.tools.paths import Reads, check_keys, object_schema, optional_int, required_str
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -206,8 +207,8 @@ def _redirect_target(current: httpx.URL, location: str) -> httpx.URL:
 def _parse_url(text: str, *, what: str = "url") -> httpx.URL:
     try:
         url = httpx.URL(text)
-    except httpx.InvalidURL as exc:
-        raise ToolInputError(f"{what} {text!r} is not a valid URL: {exc}") from None
+    except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a lone surrogate (JSON \ud800)
+        raise ToolInputError(f"{what} {printable(text)!r} is not a valid URL: {exc}") from None
     if url.scheme not in {"http", "https"}:
         raise ToolInputError(f"{what} {text!r}: only http and https URLs can be fetched")
     if not url.host:
@@ -344,53 +345,118 @@ def _charset(response: httpx.Response) -> str:
         return "utf-8"  # an unknown declared charset: UTF-8 with replacement still reads
 
 
-class _HtmlText(HTMLParser):
-    _HIDDEN = frozenset({"script", "style", "noscript", "template", "svg", "iframe"})
-    _BLOCKS = frozenset(
-        {
-            "p",
-            "div",
-            "br",
-            "li",
-            "tr",
-            "h1",
-            "h2",
-            "h3",
-            "h4",
-            "h5",
-            "h6",
-            "title",
-            "pre",
-            "section",
-            "article",
-            "header",
-            "footer",
-            "ul",
-            "ol",
-            "table",
-            "blockquote",
-            "hr",
-        }
-    )
+_HIDDEN = frozenset({"script", "style", "noscript", "template", "svg", "iframe"})
+_RAW_TEXT = frozenset({"script", "style"})
+"""Elements whose content is not markup: it runs to their end tag, whatever it holds."""
+_BLOCKS = frozenset(
+    {
+        "p",
+        "div",
+        "br",
+        "li",
+        "tr",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "title",
+        "pre",
+        "section",
+        "article",
+        "header",
+        "footer",
+        "ul",
+        "ol",
+        "table",
+        "blockquote",
+        "hr",
+    }
+)
+_MARKUP = re.compile(r"<[a-zA-Z/!?]")
+"""Where markup may begin; any other `<` is text."""
+_TAG_OPEN = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)")
+# The rest of a tag up to its `>`, quoted values included. Possessive: a tag that never ends
+# fails in one pass instead of backtracking.
+_TAG_REST = re.compile(r"""(?:[^>"']++|"[^"]*+"|'[^']*+')*+>""")
+_ATTR = re.compile(r"""([^\s=/>"']+)\s*(?:=\s*("[^"]*"|'[^']*'|[^\s"'=<>`]+))?""")
+_RAW_END = {name: re.compile(rf"</{name}(?=[\s/>])", re.IGNORECASE) for name in _RAW_TEXT}
+
+
+class _HtmlText:
+    """Text of an HTML document in one forward pass. Not `html.parser`: it rescans the rest
+    of the document at every construct that does not end (`<a <a <a ...`, `<!--x>` repeated),
+    so a hostile page of a few hundred kilobytes held the event loop for minutes, and some
+    malformed declarations (`<![x>`) made it raise. Here every position is read a bounded
+    number of times: a construct that never ends runs to the end of the document, as it does
+    in a browser."""
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self._hidden = 0
         self._links: list[str | None] = []
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in self._HIDDEN:
-            self._hidden += 1
-        elif tag in self._BLOCKS:
+    def feed(self, html: str) -> None:
+        pos, size = 0, len(html)
+        while pos < size:
+            markup = _MARKUP.search(html, pos)
+            lt = size if markup is None else markup.start()
+            if lt > pos:
+                self._data(unescape(html[pos:lt]))
+            if lt == size:
+                return
+            tag = _TAG_OPEN.match(html, lt)
+            if tag is None:
+                pos = self._other(html, lt)
+                continue
+            rest = _TAG_REST.match(html, tag.end())
+            # An unbalanced quote: the tag ends at the next `>` after all.
+            end = rest.end() if rest else html.find(">", tag.end()) + 1
+            if end == 0:
+                return  # a tag that never ends takes the rest of the document
+            name, body = tag.group(2).lower(), html[tag.end() : end - 1]
+            pos = end
+            if tag.group(1):
+                self._end(name)
+                continue
+            self._start(name, body)
+            if body.endswith("/"):
+                self._end(name)
+            elif name in _RAW_TEXT:
+                close = _RAW_END[name].search(html, pos)
+                pos = size if close is None else self._past(html, close.end())
+
+    def _other(self, html: str, lt: int) -> int:
+        """Past a comment, declaration, processing instruction or bogus end tag at `lt`."""
+        for opening, closing in (("<!--", "-->"), ("<![CDATA[", "]]>")):
+            if html.startswith(opening, lt):
+                end = html.find(closing, lt + len(opening))
+                return len(html) if end < 0 else end + len(closing)
+        return self._past(html, lt + 2)
+
+    @staticmethod
+    def _past(html: str, start: int) -> int:
+        end = html.find(">", start)
+        return len(html) if end < 0 else end + 1
+
+    def _data(self, text: str) -> None:
+        if not self._hidden:
+            self.parts.append(text)
+
+    def _start(self, tag: str, body: str) -> None:
+        if tag in _HIDDEN:
+            self._hidden += tag not in _RAW_TEXT  # raw text is skipped whole, in `feed`
+        elif tag in _BLOCKS:
             self.parts.append("\n")
         elif tag == "a":
-            self._links.append(dict(attrs).get("href"))
+            self._links.append(_href(body))
 
-    def handle_endtag(self, tag: str) -> None:
-        if tag in self._HIDDEN:
-            self._hidden = max(0, self._hidden - 1)
-        elif tag in self._BLOCKS:
+    def _end(self, tag: str) -> None:
+        if tag in _HIDDEN:
+            if tag not in _RAW_TEXT:
+                self._hidden = max(0, self._hidden - 1)
+        elif tag in _BLOCKS:
             self.parts.append("\n")
         elif tag == "a" and self._links:
             href = self._links.pop()
@@ -398,9 +464,17 @@ class _HtmlText(HTMLParser):
             if href and not href.startswith(("#", "javascript:")) and not self._hidden:
                 self.parts.append(f" ({href})")
 
-    def handle_data(self, data: str) -> None:
-        if not self._hidden:
-            self.parts.append(data)
+
+def _href(body: str) -> str | None:
+    href = None
+    for attr in _ATTR.finditer(body):
+        if attr.group(1).lower() == "href":
+            value = attr.group(2)
+            if value is None:
+                href = None
+            else:
+                href = unescape(value[1:-1] if value[:1] in {'"', "'"} else value)
+    return href
 
 
 def html_to_text(html: str) -> str:
@@ -408,7 +482,6 @@ def html_to_text(html: str) -> str:
     link targets kept in parentheses, runs of blank lines collapsed."""
     parser = _HtmlText()
     parser.feed(html)
-    parser.close()
     lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
     out: list[str] = []
     for line in lines:
