@@ -29,6 +29,7 @@ BUILTIN_PACKS: dict[str, tuple[str, ...]] = {
     "web": ("web.fetch",),
 }
 DEFAULT_PACKS = ("files", "shell")
+_BUILTIN_TOOLS = frozenset(t for tools in BUILTIN_PACKS.values() for t in tools)
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult | str] | ToolResult | str]
 
 
@@ -69,9 +70,16 @@ class Toolbox:
         self._by_wire = {wire_name(name): name for name in self._definitions}
 
     def _add_pack(self, manifest: ToolpackManifest) -> None:
+        # Names the model could not tell apart: a built-in's or core's (whose definition it
+        # would replace while another handler runs) or another tool's on the wire (`todo.add`
+        # and `todo_add` both go out as `todo_add`).
+        taken = {wire_name(n) for n in (*self._definitions, *_BUILTIN_TOOLS)}
         for definition in manifest.tools:
             ref = manifest.runner_handlers.get(definition.name)
             if ref is None:
+                continue
+            if wire_name(definition.name) in taken:
+                log("toolpack.tool_name_taken", toolpack=manifest.name, tool=definition.name)
                 continue
             try:
                 self._handlers[definition.name] = resolve(ref)
@@ -79,6 +87,7 @@ class Toolbox:
                 log("toolpack.handler_unloadable", toolpack=manifest.name, error=repr(exc))
                 continue
             self._definitions[definition.name] = definition
+            taken.add(wire_name(definition.name))
 
     # -- what the model sees ---------------------------------------------------------------
     def wire_definitions(self) -> list[dict[str, Any]]:
