@@ -197,7 +197,7 @@ def _complete_models() -> None:
                 cls.model_rebuild()
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     """All of `data` to a blocking pipe: a write larger than the pipe's buffer may return
     short (a signal came while it waited for the reader), and the rest must follow."""
     view = memoryview(data)
@@ -261,7 +261,7 @@ class _Residents:
             return
         body = {k: request[k] for k in ("id", "spec", "cwd", "env")}
         try:
-            _write_all(pipes[0], (json.dumps(body) + "\n").encode())
+            write_all(pipes[0], (json.dumps(body) + "\n").encode())
         except OSError as exc:  # it is ending: its exit is on its way
             self._reply({"id": request["id"], "error": str(exc)})
 

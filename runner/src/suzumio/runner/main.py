@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from suzumio.contracts.broker import StreamBatch
 from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
-from suzumio.runner import eventloop, exits, strays
+from suzumio.runner import eventloop, exits, forkserver, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
 from suzumio.runner.connections import Connections
@@ -249,8 +249,10 @@ async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int, log_
                 answer: dict[str, object] = {"id": request["id"], "done": code}
                 if code != exits.COMPLETED:
                     answer["tail"] = tail(log_path, since)
-                # A line, far under a pipe's buffer: never blocks.
-                os.write(replies_fd, json.dumps(answer).encode() + b"\n")
+                # A line, far under a pipe's buffer: never blocks; but a write of more than
+                # PIPE_BUF (an escaped tail) may come back short if a signal comes meanwhile,
+                # and a line cut short would leave the run waiting for its deadline.
+                forkserver.write_all(replies_fd, json.dumps(answer).encode() + b"\n")
         finally:
             await kept.aclose()
             os.close(replies_fd)
