@@ -17,7 +17,7 @@ def test_a_short_write_is_followed_by_the_rest(monkeypatch: pytest.MonkeyPatch) 
     def short(fd: int, data: bytes | memoryview) -> int:
         return real_write(fd, bytes(data[:3]))  # as if a signal cut each write short
 
-    monkeypatch.setattr(forkserver.os, "write", short)
+    monkeypatch.setattr(os, "write", short)
     line = b'{"id": 1, "done": 0, "tail": "' + b"x" * 100 + b'"}\n'
     forkserver.write_all(write, line)
     os.close(write)
