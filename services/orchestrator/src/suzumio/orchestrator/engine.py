@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -43,9 +42,11 @@ from suzumio.contracts.events import (
     ActivationRequested,
     ActivationStarted,
     ActivationTimedOut,
+    SessionClosed,
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
+from suzumio.orchestrator import retention
 from suzumio.orchestrator.artifacts import ArtifactCollector, Collection
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.directory import Agent, Directory, Project
@@ -58,6 +59,7 @@ from suzumio.orchestrator.resumption import (
     exit_of_gone,
     list_live,
 )
+from suzumio.platform.bus.direct_get import last_for_subject
 from suzumio.platform.bus.eventstore import (
     AggregateStream,
     ConcurrencyConflictError,
@@ -772,25 +774,22 @@ class Orchestrator:
                 log.exception("orchestrator.gc_failed")
 
     async def _collect_garbage(self, horizon: float) -> None:
-        """Remove the directories of ended activations not changed since `horizon`. One
-        gone since it was listed (its backend's cleanup at its end, while another was being
-        removed here) is passed over."""
-        root = self._planner.settings.sandboxes() / "activations"
-        try:
-            with os.scandir(root) as listing:
-                names = sorted(entry.name for entry in listing)
-        except FileNotFoundError:
-            return
-        for name in names:
-            tracked = self.activations.get(name)
-            if tracked is not None and not tracked.ended:
-                continue
-            try:
-                changed = (root / name).lstat().st_mtime
-            except FileNotFoundError:
-                continue
-            if changed < horizon:
-                await asyncio.to_thread(shutil.rmtree, root / name, ignore_errors=True)
+        """Remove what retention lets go of: ended activations' directories, and closed
+        sessions' own (`retention`)."""
+        root = self._planner.settings.sandboxes()
+        live = {name for name, t in self.activations.items() if not t.ended}
+        await retention.sweep_activations(root / "activations", horizon, live)
+        sessions = {t.session_id for t in self.activations.values() if not t.ended}
+        await retention.sweep_sessions(root / "sessions", horizon, sessions, self._closed_at)
+
+    async def _closed_at(self, session_id: str) -> float | None:
+        """When the session was closed, if the last event of its log is its closing."""
+        subject = self._topology.event_subject("session", session_id)
+        stored = await last_for_subject(self._nc, self._topology.events_stream, subject)
+        if stored is None:
+            return None
+        last = envelopes_of(stored.data)[-1]
+        return last.occurred_at.timestamp() if last.type == SessionClosed.event_type else None
 
     async def backend_health(self) -> list[dict[str, object]]:
         report: list[dict[str, object]] = []
