@@ -8,18 +8,23 @@ headers (`traceparent`), injected and extracted at the bus boundary, not in hand
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.trace import Link, Status
+from opentelemetry.util.types import Attributes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from suzumio.platform.logging import REDACTED, redact_text, secret_name
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -44,6 +49,74 @@ class Telemetry:
 _installed: Telemetry | None = None
 
 
+def _attribute(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, Sequence) and not isinstance(value, bytes):
+        return tuple(redact_text(v) if isinstance(v, str) else v for v in value)
+    return value
+
+
+def _attributes(attributes: Attributes) -> Attributes:
+    if not attributes:
+        return attributes
+    return {k: REDACTED if secret_name(k) else _attribute(v) for k, v in attributes.items()}
+
+
+class _RedactedSpan(ReadableSpan):
+    """A finished span as it may leave the process: its texts redacted like a log line's."""
+
+    def __init__(self, span: ReadableSpan) -> None:
+        super().__init__(
+            name=redact_text(span.name),
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=_attributes(span.attributes),
+            events=[Event(e.name, _attributes(e.attributes), e.timestamp) for e in span.events],
+            links=[Link(link.context, _attributes(link.attributes)) for link in span.links],
+            kind=span.kind,
+            status=Status(
+                span.status.status_code,
+                redact_text(span.status.description) if span.status.description else None,
+            ),
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+        self._dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped[0]
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped[1]
+
+    @property
+    def dropped_links(self) -> int:
+        return self._dropped[2]
+
+
+class RedactingSpanExporter(SpanExporter):
+    """`inner`, fed spans with secrets redacted. A span records the exception that ended it
+    (`exception.message`, `exception.stacktrace`) as it was raised; the log's redaction never
+    sees those, so without this a secret the log hides would still reach the collector."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self._inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._inner.export([_RedactedSpan(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
 def setup_telemetry(service: str, instance: str) -> Telemetry:
     """Install the process-wide tracer and meter providers (once; later calls reuse them)."""
     global _installed  # noqa: PLW0603 - OpenTelemetry providers are process-global by design
@@ -66,7 +139,9 @@ def setup_telemetry(service: str, instance: str) -> Telemetry:
             OTLPSpanExporter,
         )
 
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        tracer_provider.add_span_processor(
+            BatchSpanProcessor(RedactingSpanExporter(OTLPSpanExporter()))
+        )
     readers: list[MetricReader] = [PrometheusMetricReader()]
     if _otlp_configured("METRICS"):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
