@@ -273,7 +273,10 @@ def read_package(data: bytes) -> Package:
     try:
         manifest = Manifest.model_validate(_yaml(files, "agent.yaml"))
     except ValidationError as exc:
-        raise PackageError(f"agent.yaml: {exc.errors(include_url=False)}") from exc
+        # Where and why, not the values: a prompt of megabytes, or a secret pasted in the
+        # wrong field, would come back in the answer (and any log of it).
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        raise PackageError(f"agent.yaml: {errors}") from exc
     prompt = manifest.prompt or ""
     if "prompt/system.md" in files:
         prompt = files["prompt/system.md"].decode("utf-8", "replace")
