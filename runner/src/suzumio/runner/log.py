@@ -15,11 +15,24 @@ from typing import Any
 TAIL_BYTES = 2_000  # of a log, in an exit's report
 
 context: dict[str, str] = {}
+secrets: list[str] = []
+"""The activation's secrets (its token, the provider keys of its environment): never written
+here, whatever a line carries (a provider's error text, say). A log's tail goes into the
+activation's events when it fails."""
+MIN_SECRET_CHARS = 8  # shorter values ("none") are placeholders, and common words
+
+
+def keep_secret(*values: str) -> None:
+    secrets.extend(v for v in values if len(v) >= MIN_SECRET_CHARS)
 
 
 def log(event: str, **fields: Any) -> None:
     record = {"ts": round(time.time(), 3), "event": event, **context, **fields}
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
+    line = json.dumps(record, default=str)
+    for secret in secrets:
+        if secret in line:
+            line = line.replace(secret, "[redacted]")
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 

@@ -22,7 +22,8 @@ from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableEr
 from suzumio.runner.connections import Connections
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
-from suzumio.runner.log import context, log, tail
+from suzumio.runner.log import context, keep_secret, log, tail
+from suzumio.runner.log import secrets as log_secrets
 from suzumio.runner.model import ModelClient, endpoint_for
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import Mount, ToolContext
@@ -48,6 +49,9 @@ async def run_activation(
     """One activation, from its input to its output; the exit code. `kept`: the clients a
     resident runner keeps across its activations (else each is made here and closed)."""
     context.update(activation=spec.activation.id, session=spec.session.id, agent=spec.agent.id)
+    secrets = [v for k, v in env.items() if k.endswith(("API_KEY", "_TOKEN", "_SECRET"))]
+    log_secrets.clear()  # a resident runner's earlier activation's are not this one's
+    keep_secret(spec.token, *secrets)
     workspace = Path(spec.workspace)
     (workspace / ".tmp").mkdir(parents=True, exist_ok=True)
     tool_ctx = ToolContext(
@@ -65,7 +69,6 @@ async def run_activation(
     ]
     live = LiveStream(broker)
     live.start()
-    secrets = [v for k, v in env.items() if k.endswith(("API_KEY", "_TOKEN", "_SECRET"))]
     loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live, secrets)
     code = exits.CRASHED
     try:
