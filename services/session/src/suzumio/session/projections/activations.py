@@ -20,7 +20,9 @@ from suzumio.platform.projections.writes import RowChanges
 
 class ActivationsProjection(Projection):
     name: ClassVar[str] = "activations"
-    version: ClassVar[int] = 2  # 2: the project is known from the request on
+    # 2: the project is known from the request on. 3: a start stored after the end (the
+    # orchestrator appends it at whatever head the subject has) leaves the end standing.
+    version: ClassVar[int] = 3
     handles: ClassVar[frozenset[str]] = frozenset(
         cls.event_type
         for cls in (
@@ -66,6 +68,7 @@ class ActivationsProjection(Projection):
 
     async def apply(self, conn: Connection, schema: str, events: Events) -> None:
         rows = RowChanges(f"{schema}.activations", "id")
+        started: list[str] = []
         for e in events:
             stamp = {"updated_at": e.occurred_at, "position": e.seq}
             ended = {"ended_at": e.occurred_at, **stamp}
@@ -87,9 +90,10 @@ class ActivationsProjection(Projection):
                 case ActivationCancelRequested() as d:
                     rows.set(d.activation_id, cancel_requested=True, **stamp)
                 case ActivationStarted() as d:
+                    # Where it runs, always; `running` only if nothing ended it yet (below).
+                    started.append(e.aggregate_id)
                     rows.set(
                         e.aggregate_id,
-                        status="running",
                         project_id=d.project_id,
                         backend=d.backend,
                         sandbox_id=d.sandbox_id,
@@ -123,3 +127,11 @@ class ActivationsProjection(Projection):
                         **ended,
                     )
         await rows.flush(conn)
+        if started:
+            # After the batch's other changes, so it sees an end of this batch too: a late
+            # start never turns a terminal status back into `running` (for ever).
+            await conn.execute(
+                f"UPDATE {schema}.activations SET status = 'running'"
+                " WHERE id = ANY($1::text[]) AND status = 'requested'",
+                started,
+            )

@@ -13,11 +13,12 @@ from suzumio.contracts.events import (
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Events, Projection
 from suzumio.platform.projections.writes import RowChanges
+from suzumio.session.projections.instants import instant
 
 
 class PendingActionsProjection(Projection):
     name: ClassVar[str] = "pending_actions"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # 2: `expires_at` as instants.py reads it
     handles: ClassVar[frozenset[str]] = frozenset(
         c.event_type
         for c in (
@@ -63,7 +64,8 @@ class PendingActionsProjection(Projection):
                 case PendingActionCreated() as d:
                     rows.insert(
                         e.aggregate_id,
-                        **d.model_dump(mode="python"),
+                        **d.model_dump(mode="python", exclude={"expires_at"}),
+                        expires_at=instant(d.expires_at),
                         status="open",
                         answer=None,
                         approved=None,

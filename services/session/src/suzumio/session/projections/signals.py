@@ -8,12 +8,14 @@ from suzumio.contracts.events import SignalClosed, SignalRecorded, SignalsDelive
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Events, Projection
 from suzumio.platform.projections.writes import RowChanges
+from suzumio.session.projections.instants import instant
 
 
 class SignalsProjection(Projection):
     name: ClassVar[str] = "signals"
     # 2: keyed by session and signal (a signal's id is unique within its session only).
-    version: ClassVar[int] = 2
+    # 3: `not_before` without a timezone is UTC (see instants.py).
+    version: ClassVar[int] = 3
     handles: ClassVar[frozenset[str]] = frozenset(
         {SignalRecorded.event_type, SignalsDelivered.event_type, SignalClosed.event_type}
     )
@@ -56,7 +58,7 @@ class SignalsProjection(Projection):
                         status="pending",
                         payload=d.payload,
                         message_id=d.message_id,
-                        not_before=d.not_before,
+                        not_before=instant(d.not_before),
                         activation_id=None,
                         reason="",
                         created_at=e.occurred_at,

@@ -7,11 +7,12 @@ from typing import Any, ClassVar
 from suzumio.contracts.events import ToolCallFinished, ToolCallStarted
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Events, Projection
+from suzumio.platform.projections.writes import clean
 
 
 class ToolCallsProjection(Projection):
     name: ClassVar[str] = "tool_calls"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # 2: NUL in a record's text no longer parks it
     handles: ClassVar[frozenset[str]] = frozenset(
         c.event_type for c in (ToolCallStarted, ToolCallFinished)
     )
@@ -44,7 +45,7 @@ class ToolCallsProjection(Projection):
             match e.data:
                 case ToolCallStarted() as d:
                     started.append(
-                        (
+                        _row(
                             e.aggregate_id,
                             d.call_id,
                             d.tool,
@@ -56,7 +57,7 @@ class ToolCallsProjection(Projection):
                     )
                 case ToolCallFinished() as d:
                     finished.append(
-                        (
+                        _row(
                             e.aggregate_id,
                             d.call_id,
                             d.status,
@@ -82,3 +83,9 @@ class ToolCallsProjection(Projection):
                 " position = $9 WHERE activation_id = $1 AND call_id = $2",
                 finished,
             )
+
+
+def _row(*values: Any) -> tuple[Any, ...]:
+    # NUL replaced as in every other read model: Postgres text refuses it, and a call the
+    # event's plain `str` fields let it into must not go missing from the audit (parked).
+    return tuple(clean(v) for v in values)

@@ -8,11 +8,12 @@ from suzumio.contracts.events import ApiKeyCreated, ApiKeyRevoked, UserCreated
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.projections.base import Events, Projection
 from suzumio.platform.projections.writes import RowChanges
+from suzumio.session.projections.instants import instant
 
 
 class UsersProjection(Projection):
     name: ClassVar[str] = "users"
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2  # 2: `expires_at` as instants.py reads it
     handles: ClassVar[frozenset[str]] = frozenset(
         c.event_type for c in (UserCreated, ApiKeyCreated, ApiKeyRevoked)
     )
@@ -62,7 +63,7 @@ class UsersProjection(Projection):
                         name=d.name,
                         digest=d.digest,
                         created_at=e.occurred_at,
-                        expires_at=d.expires_at,
+                        expires_at=instant(d.expires_at),
                         revoked_at=None,
                         position=e.seq,
                     )
