@@ -56,3 +56,22 @@ async def test_catching_up_through_a_long_log_while_live_output_comes_is_not_fal
     assert "end" not in kinds
     assert feed.cursor.events == QUEUE_SIZE - 1
     assert feed.cursor.live == 100
+
+
+async def test_a_feed_told_live_was_made_again_sends_what_it_has_then_ends() -> None:
+    """Its cursor is in LIVE's old numbering: the stream ends, and the client's reconnect
+    reads the new LIVE from its start (what it got before the hub noticed included)."""
+    gateway = cast("Gateway", cast("Any", object()))  # this path never touches the gateway
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
+    feed.deliver(1, b'{"text": "before"}')
+    feed.restarted()
+    feed.deliver(1, b'{"text": "after"}')  # the new numbering: never sent under the old
+    items = [item async for item in feed.items()]
+    assert [i.event for i in items if i is not None] == ["live", "end"]
+    end = items[-1]
+    assert end is not None
+    assert json.loads(end.data) == {
+        "status": 503,
+        "detail": "live output was restarted; reconnect with Last-Event-ID",
+    }
+    assert feed.cursor.live == 1

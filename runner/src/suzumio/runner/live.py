@@ -47,12 +47,14 @@ class LiveStream:
 
     def event(self, kind: str, text: str = "", **data: Any) -> None:
         self._take_text()
+        # A tool's name is the model's to choose: any length, any characters.
+        text = _whole(text)[:MAX_TEXT_PER_CHUNK]
         self._others.append(StreamChunk(kind=kind, text=text, data=data))  # type: ignore[arg-type]
         self._wake.set()
 
     def _take_text(self) -> None:
         if self._text:
-            text = "".join(self._text)
+            text = _whole("".join(self._text))
             self._text.clear()
             started = self._started or time.time()
             for i in range(0, len(text), MAX_TEXT_PER_CHUNK):
@@ -87,6 +89,8 @@ class LiveStream:
             self._sending = True
             try:
                 await self.flush()
+            except Exception as exc:  # the timer must outlive any batch: else all after it waits
+                log("live.flush_failed", error=repr(exc))
             finally:
                 self._sending = False
 
@@ -126,6 +130,17 @@ class LiveStream:
             task.cancel()
             await asyncio.wait({task})
         self._task = None  # only now: a stop cancelled meanwhile is waited for again
+
+
+def _whole(text: str) -> str:
+    """`text` as valid Unicode, which a chunk must be: a provider may stream an emoji's UTF-16
+    halves apart (JSON escapes, each decoding to a lone surrogate), and a chunk holding one is
+    refused, so the pair is joined when both are here and a lone half becomes U+FFFD."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _batches(chunks: list[StreamChunk]) -> list[list[StreamChunk]]:

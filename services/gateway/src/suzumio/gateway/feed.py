@@ -143,6 +143,12 @@ class SessionFeed:
         self._live_queued += 1
         self._queue.put_nowait(("live", seq, data))
 
+    def restarted(self) -> None:
+        """From the hub: LIVE was made again and numbers from 1. This client's cursor is in
+        the old numbering, and what the new LIVE got before the hub noticed is not handed
+        over: the stream ends, and a reconnect reads the new LIVE from its start."""
+        self._queue.put_nowait(("restart", 0, b""))  # in order: what came before still goes
+
     async def close(self) -> None:
         if self._joined:
             self._joined = False
@@ -177,6 +183,9 @@ class SessionFeed:
         last_out = time.monotonic()
         while not self._overflowed:
             entry = await self._next(min(last_out + KEEPALIVE_SECONDS, next_check))
+            if entry is not None and entry[0] == "restart":  # after what came before it
+                yield _end(503, "live output was restarted; reconnect with Last-Event-ID")
+                return
             if time.monotonic() >= next_check:
                 refused = await self._refused()
                 if refused is not None:
@@ -200,7 +209,7 @@ class SessionFeed:
             return None
         if entry[0] == "live":
             self._live_queued -= 1
-        else:
+        elif entry[0] == "events":
             self._event_room.release()
         return entry
 

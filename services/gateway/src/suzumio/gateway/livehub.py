@@ -3,6 +3,11 @@
 A session watched by a hundred browsers costs one ordered consumer, not a hundred: each
 message is received, sequenced and handed to every listener once. A listener that cannot keep
 up is told so (and its stream ends, to be resumed from its cursor) instead of slowing the rest.
+
+LIVE is a memory stream: a restarted NATS server loses it, a service makes it again, and it
+numbers from 1 again. The ordered consumer would go on waiting after the old numbering's end,
+for ever as far as the session's watchers go, so the hub looks at LIVE every `CHECK_SECONDS`:
+a session's channel from before is opened again on the new stream and its listeners told.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -18,7 +23,13 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.jsapi import API_PREFIX, request
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
+
+CHECK_SECONDS = 5.0  # how soon LIVE made again is noticed (services remake it as often)
+INFO_TIMEOUT = 5.0
 
 
 class LiveListener(Protocol):
@@ -26,11 +37,21 @@ class LiveListener(Protocol):
         """Take one LIVE message; must not block."""
 
 
+@runtime_checkable
+class RestartListener(Protocol):
+    def restarted(self) -> None:
+        """LIVE was made again and numbers from 1: the sequences handed out so far name
+        nothing now. Must not block. The listener stays joined; what follows is numbered
+        anew, from after the stream's end when this is called."""
+
+
 @dataclass(eq=False)
 class _Channel:
     last_seq: int  # the LIVE sequence handed out last (the stream's end when opened)
+    created: str  # LIVE's creation time when opened: another one means LIVE was made again
     listeners: set[LiveListener] = field(default_factory=set)
     sub: Subscription | None = None
+    closed: bool = False  # left or opened again: what its subscription still brings is void
 
 
 class LiveHub:
@@ -39,6 +60,7 @@ class LiveHub:
         self._topology = topology
         self._channels: dict[str, _Channel] = {}
         self._lock = asyncio.Lock()  # joins and leaves are rare next to messages
+        self._watch: asyncio.Task[None] | None = None
 
     async def join(self, session_id: str, listener: LiveListener) -> int:
         """Start handing the session's LIVE messages to `listener`: every one after the
@@ -46,8 +68,10 @@ class LiveHub:
         async with self._lock:
             channel = self._channels.get(session_id)
             if channel is None:
-                channel = await self._open(session_id)
+                channel = await self._open(session_id, set())
                 self._channels[session_id] = channel
+            if self._watch is None:
+                self._watch = asyncio.create_task(self._watch_live())
             # No await between reading the position and joining: nothing slips in between.
             channel.listeners.add(listener)
             return channel.last_seq
@@ -61,22 +85,68 @@ class LiveHub:
             if channel.listeners:
                 return
             del self._channels[session_id]
-            if channel.sub is not None:
-                with contextlib.suppress(Exception):
-                    await channel.sub.unsubscribe()
+            await _unsubscribe(channel)
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.wait({self._watch})
+            self._watch = None
         for channel in list(self._channels.values()):
-            if channel.sub is not None:
-                with contextlib.suppress(Exception):
-                    await channel.sub.unsubscribe()
+            await _unsubscribe(channel)
         self._channels.clear()
 
-    async def _open(self, session_id: str) -> _Channel:
-        end = await stream_last_seq(self._nc, self._topology.live_stream)
-        channel = _Channel(end)
+    async def _watch_live(self) -> None:
+        while True:
+            await asyncio.sleep(CHECK_SECONDS)
+            try:
+                await self._follow_live()
+            except Exception as exc:  # NATS away, LIVE not made again yet: the next round
+                log.info("live.check_failed", error=repr(exc))
+
+    async def _follow_live(self) -> None:
+        """Open again each channel opened on a LIVE that is gone (another creation time, or
+        its end before what the channel handed out already), and tell its listeners."""
+        # Positions taken before the stream's: a message handed out after the request would
+        # be past the end it names without anything being wrong.
+        seen = [(session_id, c, c.last_seq) for session_id, c in self._channels.items()]
+        if not seen:
+            return
+        created, end = await self._live_info()
+        stale = [(s, c) for s, c, last in seen if c.created != created or end < last]
+        if not stale:
+            return
+        async with self._lock:
+            for session_id, old in stale:
+                if self._channels.get(session_id) is not old:
+                    continue  # left meanwhile
+                old.closed = True  # the old numbering's messages must not follow the new's
+                try:
+                    fresh = await self._open(session_id, old.listeners)
+                except BaseException:
+                    old.closed = False  # as it was; the next round tries again
+                    raise
+                self._channels[session_id] = fresh
+                await _unsubscribe(old)
+                log.warning("live.renumbered", session=session_id, position=fresh.last_seq)
+                for listener in list(fresh.listeners):
+                    if isinstance(listener, RestartListener):
+                        listener.restarted()
+
+    async def _live_info(self) -> tuple[str, int]:
+        """LIVE's creation time and end."""
+        info = await request(
+            self._nc, f"{API_PREFIX}.STREAM.INFO.{self._topology.live_stream}", None, INFO_TIMEOUT
+        )
+        return str(info.get("created", "")), int(info["state"]["last_seq"])
+
+    async def _open(self, session_id: str, listeners: set[LiveListener]) -> _Channel:
+        created, end = await self._live_info()
+        channel = _Channel(end, created, listeners)
 
         async def on_message(msg: Msg) -> None:
+            if channel.closed:
+                return
             seq = msg.metadata.sequence.stream
             channel.last_seq = seq
             for listener in list(channel.listeners):
@@ -92,3 +162,10 @@ class LiveHub:
             cb=on_message,
         )
         return channel
+
+
+async def _unsubscribe(channel: _Channel) -> None:
+    channel.closed = True
+    if channel.sub is not None:
+        with contextlib.suppress(Exception):
+            await channel.sub.unsubscribe()

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from suzumio.contracts.broker import (
     AskOutcome,
@@ -60,6 +60,7 @@ log = get_logger(__name__)
 
 MAX_CHECKPOINT_BYTES = 256 * 1024
 MAX_STREAM_BATCH_CHARS = 2_000_000  # text and data (as JSON): the runner sends ≤ 1 M of text
+HEADER_ROOM = 64  # a live message's header block, but for its `Nats-Msg-Id` value
 
 
 async def _caller(request: Request) -> Caller:
@@ -184,39 +185,43 @@ async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
 async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> None:
     c = caller.claims
     now = datetime.now(UTC)
-    payloads = [
-        LiveChunk(
-            session_id=c.session_id,
-            activation_id=c.activation_id,
-            kind=chunk.kind,
-            text=chunk.text,
-            data=chunk.data,
-            at=now,
-        )
-        .model_dump_json()
-        .encode()
-        for chunk in body.chunks
-    ]
+    try:
+        payloads = [
+            LiveChunk(
+                session_id=c.session_id,
+                activation_id=c.activation_id,
+                kind=chunk.kind,
+                text=chunk.text,
+                data=chunk.data,
+                at=now,
+            )
+            .model_dump_json()
+            .encode()
+            for chunk in body.chunks
+        ]
+    except PydanticSerializationError as exc:  # a lone surrogate JSON let into `data`
+        raise BrokerError(422, "invalid", f"a live chunk is not valid Unicode: {exc}") from None
     # Checked whole before the first publish: a batch is published entirely or not at all.
     size = sum(len(chunk.text) + len(to_json(chunk.data)) for chunk in body.chunks)
     if size > MAX_STREAM_BATCH_CHARS:
         raise BrokerError(
             413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters of text and data"
         )
-    if max(len(p) for p in payloads) > broker.nc.max_payload:
+    ids = [
+        None if body.batch is None else f"{c.activation_id}.{body.batch}.{i}"
+        for i in range(len(payloads))
+    ]
+    # The server counts the headers in max_payload, and answers a message over it by closing
+    # the connection (failing every request on it), not by refusing that message.
+    room = broker.nc.max_payload - HEADER_ROOM - len(ids[-1] or "")
+    if max(len(p) for p in payloads) > room:
         raise BrokerError(413, "too_large", "a chunk is larger than the bus carries")
     subject = broker.topology.live_subject(c.session_id)
     acks = [
         broker.js.publish(
-            subject,
-            payload,
-            headers=(
-                None
-                if body.batch is None
-                else {"Nats-Msg-Id": f"{c.activation_id}.{body.batch}.{i}"}
-            ),
+            subject, payload, headers=None if msg_id is None else {"Nats-Msg-Id": msg_id}
         )
-        for i, payload in enumerate(payloads)
+        for payload, msg_id in zip(payloads, ids, strict=True)
     ]
     await asyncio.gather(*acks)  # in order: one publisher, one connection
 

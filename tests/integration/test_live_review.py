@@ -1,0 +1,181 @@
+"""Review of the gateway's live hub: LIVE is a memory stream, made again (numbering from 1)
+after a NATS restart. A session watched across that must go on getting its live output on
+this gateway, and its watchers be told the numbering they hold is void. Real NATS; the stream
+is deleted and made again as `_keep_streams` does after a restart. And the tool-broker's
+publishing of a live batch: what the bus cannot carry is refused before anything is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.broker import StreamBatch, StreamChunk
+from suzumio.contracts.live import LiveChunk
+from suzumio.contracts.subjects import Topology
+from suzumio.gateway import livehub
+from suzumio.gateway.livehub import LiveHub
+from suzumio.platform.bus.jsapi import ensure_streams, stream_last_seq
+from suzumio.toolbroker.access import Caller
+from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.routes import _publish_live
+from suzumio.toolbroker.state import Broker
+
+STEP = 10.0  # bounds a wait that would otherwise hang on a regression; not a timing claim
+
+
+class Watcher:
+    def __init__(self) -> None:
+        self.got: list[tuple[int, bytes]] = []
+        self.restarts = 0
+        self.changed = asyncio.Event()
+
+    def deliver(self, seq: int, data: bytes) -> None:
+        self.got.append((seq, data))
+        self.changed.set()
+
+    def restarted(self) -> None:
+        self.restarts += 1
+        self.changed.set()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.changed.clear()
+            await self.changed.wait()
+
+
+OLD = 50  # messages of the session before the restart: more than the test publishes after
+
+
+async def _restart_live(nc: NATS, topology: Topology, hub: LiveHub, watcher: Watcher) -> None:
+    js = nc.jetstream()
+    await hub.join("s1", watcher)
+    for i in range(OLD):
+        await js.publish(topology.live_subject("s1"), f"old {i}".encode())
+    await asyncio.wait_for(watcher.until(lambda: len(watcher.got) == OLD), STEP)
+    await js.delete_stream(topology.live_stream)  # a NATS restart loses LIVE ...
+    await ensure_streams(nc, topology.streams())  # ... and a service makes it again
+    await js.publish(topology.live_subject("s1"), b"new 0")  # sequence 1 again
+
+
+async def test_a_watcher_joining_after_live_is_made_again_gets_its_output(
+    nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one watcher stays, the session's channel stays: it must follow the new LIVE."""
+    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.2, raising=False)
+    js = nc.jetstream()
+    hub = LiveHub(nc, topology)
+    try:
+        await _restart_live(nc, topology, hub, Watcher())
+        deadline = asyncio.get_running_loop().time() + 6
+        got: list[tuple[int, bytes]] = []
+        probe = 0
+        while not got and asyncio.get_running_loop().time() < deadline:
+            probe += 1  # a browser reconnecting: joins, waits a moment, gives up, again
+            new = Watcher()
+            after = await hub.join("s1", new)
+            await js.publish(topology.live_subject("s1"), f"new {probe}".encode())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(new.until(lambda: bool(new.got)), 0.5)  # noqa: B023
+            got = [(seq, data) for seq, data in new.got if seq > after]
+            await hub.leave("s1", new)
+        assert got == [(1 + probe, f"new {probe}".encode())]
+    finally:
+        await hub.close()
+
+
+async def test_watchers_across_live_made_again_are_told_and_go_on(
+    nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.2, raising=False)
+    js = nc.jetstream()
+    hub = LiveHub(nc, topology)
+    old = Watcher()
+    try:
+        await _restart_live(nc, topology, hub, old)
+        await asyncio.wait_for(old.until(lambda: old.restarts == 1), STEP)
+        await js.publish(topology.live_subject("s1"), b"new 1")
+        await asyncio.wait_for(old.until(lambda: old.got[-1][1] == b"new 1"), STEP)
+        assert old.got[-1][0] == 2  # numbered as LIVE numbers now
+        assert old.restarts == 1
+    finally:
+        await hub.close()
+
+
+async def test_live_as_usual_is_never_taken_for_made_again(
+    nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.01, raising=False)
+    js = nc.jetstream()
+    hub = LiveHub(nc, topology)
+    watcher = Watcher()
+    try:
+        await hub.join("s1", watcher)
+        for i in range(300):  # published while the hub keeps looking at LIVE
+            await js.publish(topology.live_subject("s1"), str(i).encode())
+            await js.publish(topology.live_subject("s2"), str(i).encode())
+        await asyncio.wait_for(watcher.until(lambda: len(watcher.got) == 300), STEP)
+        await asyncio.sleep(0.1)
+    finally:
+        await hub.close()
+    assert watcher.restarts == 0
+    assert [d for _, d in watcher.got] == [str(i).encode() for i in range(300)]
+
+
+async def test_the_last_watcher_leaving_ends_the_subscription(nc: NATS, topology: Topology) -> None:
+    hub = LiveHub(nc, topology)
+    one, two = Watcher(), Watcher()
+    await hub.join("s1", one)
+    await hub.join("s1", two)
+    await hub.leave("s1", one)
+    assert "s1" in hub._channels
+    await hub.leave("s1", two)
+    assert hub._channels == {}
+    await hub.close()
+
+
+async def test_a_chunk_fitting_the_bus_only_without_its_header_is_refused(
+    nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server counts a message's headers in max_payload and answers one over it by closing
+    the connection (every request on it fails), so the broker's check must count the
+    `Nats-Msg-Id` too. (The server here takes 8 MB, more than a batch may hold: the client is
+    made to believe in a smaller bound, as a server of 1 MB would announce.)"""
+    caller = cast(
+        "Caller", SimpleNamespace(claims=SimpleNamespace(session_id="s1", activation_id="a1"))
+    )
+    broker = cast("Broker", SimpleNamespace(nc=nc, js=nc.jetstream(), topology=topology))
+    body = StreamBatch(chunks=(StreamChunk(kind="text", text="x" * 100_000),), batch=7)
+    chunk = LiveChunk(
+        session_id="s1", activation_id="a1", kind="text", text="x" * 100_000, at=datetime.now(UTC)
+    )
+    payload = len(chunk.model_dump_json().encode())
+    monkeypatch.setattr(nc, "_max_payload", payload + 10)  # fits alone, not with the header
+    with pytest.raises(BrokerError) as refused:
+        await _publish_live(broker, caller, body)
+    assert refused.value.status == 413
+    assert await stream_last_seq(nc, topology.live_stream) == 0  # nothing published
+
+
+async def test_a_chunk_whose_data_is_no_unicode_is_refused_as_invalid(
+    nc: NATS, topology: Topology
+) -> None:
+    """JSON reads `"\\ud800"` as a lone surrogate, which no bus message can carry: a 422 for
+    the runner that sent it, not a 500 it would take for the platform's trouble and retry."""
+    caller = cast(
+        "Caller", SimpleNamespace(claims=SimpleNamespace(session_id="s1", activation_id="a1"))
+    )
+    broker = cast("Broker", SimpleNamespace(nc=nc, js=nc.jetstream(), topology=topology))
+    raw = '{"chunks": [{"kind": "state", "data": {"note": "\\ud800"}}], "batch": 0}'
+    body = StreamBatch.model_validate(json.loads(raw))  # as FastAPI reads a body
+    with pytest.raises(BrokerError) as refused:
+        await _publish_live(broker, caller, body)
+    assert refused.value.status == 422
+    assert await stream_last_seq(nc, topology.live_stream) == 0
