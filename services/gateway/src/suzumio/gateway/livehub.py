@@ -61,6 +61,7 @@ class LiveHub:
         self._channels: dict[str, _Channel] = {}
         self._lock = asyncio.Lock()  # joins and leaves are rare next to messages
         self._watch: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
 
     async def join(self, session_id: str, listener: LiveListener) -> int:
         """Start handing the session's LIVE messages to `listener`: every one after the
@@ -89,6 +90,10 @@ class LiveHub:
 
     async def close(self) -> None:
         if self._watch is not None:
+            # The flag as well as the cancel: a cancel that lands as a NATS request's answer
+            # comes in is lost on Python 3.11 (`wait_for` returns the answer instead), and the
+            # loop would go on for ever, this wait with it.
+            self._closing.set()
             self._watch.cancel()
             await asyncio.wait({self._watch})
             self._watch = None
@@ -97,8 +102,11 @@ class LiveHub:
         self._channels.clear()
 
     async def _watch_live(self) -> None:
-        while True:
-            await asyncio.sleep(CHECK_SECONDS)
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), CHECK_SECONDS)
+            if self._closing.is_set():
+                return
             try:
                 await self._follow_live()
             except Exception as exc:  # NATS away, LIVE not made again yet: the next round
