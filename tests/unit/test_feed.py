@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from suzumio.gateway.feed import QUEUE_SIZE, Cursor, SessionFeed
+from suzumio.gateway.feed import QUEUE_BYTES, QUEUE_SIZE, Cursor, SessionFeed
 from suzumio.gateway.state import Gateway
 
 
@@ -75,3 +75,25 @@ async def test_a_feed_told_live_was_made_again_sends_what_it_has_then_ends() -> 
         "detail": "live output was restarted; reconnect with Last-Event-ID",
     }
     assert feed.cursor.live == 1
+
+
+async def test_a_feed_holding_too_many_bytes_of_live_output_ends_like_one_too_many_chunks() -> None:
+    """A chunk may hold megabytes: a slow client is bounded in bytes too, not only in chunks
+    (1,024 of 2 MB each would be 2 GB held for one client)."""
+    gateway = cast("Gateway", cast("Any", object()))  # this path never touches the gateway
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
+    items = feed.items()
+    feed.deliver(1, b"{}")
+    first = await anext(items)
+    assert first is not None
+    assert first.cursor == "0.1"
+
+    big = b"x" * (QUEUE_BYTES // 4)
+    for seq in range(2, 7):  # the fifth does not fit
+        feed.deliver(seq, big)
+    rest = [item async for item in items]  # ends at once: nothing more is waited for
+    last = rest[-1]
+    assert last is not None
+    assert last.event == "end"
+    assert json.loads(last.data)["status"] == 503
+    assert feed.cursor.live == 1  # a reconnect resumes right after what was sent

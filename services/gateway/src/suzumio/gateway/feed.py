@@ -23,6 +23,7 @@ from suzumio.platform.bus.jsapi import stream_last_seq
 
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
+QUEUE_BYTES = 16 * 1024 * 1024  # of live chunks queued for one client (each up to ~2 MB)
 _CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
 
 
@@ -83,6 +84,7 @@ class SessionFeed:
         self._queue: asyncio.Queue[tuple[str, int, bytes]] = asyncio.Queue()
         self._event_room = asyncio.Semaphore(QUEUE_SIZE)
         self._live_queued = 0
+        self._live_bytes = 0
         self._sub: Subscription | None = None
         self._joined = False
         self._overflowed = False
@@ -137,10 +139,11 @@ class SessionFeed:
 
     def deliver(self, seq: int, data: bytes) -> None:
         """From the hub: one LIVE message of this session."""
-        if self._live_queued >= QUEUE_SIZE:
+        if self._live_queued >= QUEUE_SIZE or self._live_bytes + len(data) > QUEUE_BYTES:
             self._overflowed = True  # the client reads too slowly; it resumes from its cursor
             return
         self._live_queued += 1
+        self._live_bytes += len(data)
         self._queue.put_nowait(("live", seq, data))
 
     def restarted(self) -> None:
@@ -209,6 +212,7 @@ class SessionFeed:
             return None
         if entry[0] == "live":
             self._live_queued -= 1
+            self._live_bytes -= len(entry[2])
         elif entry[0] == "events":
             self._event_room.release()
         return entry
