@@ -41,6 +41,7 @@ from suzumio.orchestrator.backends.base import (
     LaunchError,
     LaunchPlan,
 )
+from suzumio.platform.embedded.process import pid_alive
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -188,7 +189,7 @@ class ProcessBackend:
         except OSError as exc:
             raise LaunchError(f"cannot start the runner: {exc}") from exc
         started = _start_time(proc.pid)
-        if started is None and not _exists(proc.pid):
+        if started is None and not pid_alive(proc.pid):
             # It ended and was reaped already (asyncio's child watcher, a runner failing at
             # once): a start time no process has, or `None == None` would take whoever
             # reuses its pid for it, to list as running and to signal.
@@ -369,16 +370,6 @@ def _well_formed(record: object, activation_id: str) -> bool:
     pid, started = record.get("pid"), record.get("start_time")
     number = isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31
     return number and (started is None or type(started) is int)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _group_alive(group: int) -> bool:
