@@ -10,7 +10,11 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import structlog
+
+from suzumio.platform import logging as platform_logging
 
 T = TypeVar("T")
 
@@ -62,3 +66,11 @@ def start_pool_worker(
              "--namespace", namespace, "--workdir", str(workdir), *options],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+
+def configure_logging_uncached(service: str, **options: Any) -> None:
+    """The platform's logging set-up without caching loggers, for tests that capture it: a
+    logger used meanwhile would keep writing to the test's captured stderr, closed once the
+    test ends, and every later test using it would fail."""
+    platform_logging.configure_logging(service, **options)
+    structlog.configure(cache_logger_on_first_use=False)

@@ -12,7 +12,6 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -24,23 +23,15 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
 from suzumio.contracts.subjects import Topology
-from suzumio.platform import logging as platform_logging
 from suzumio.platform.bus import connection
 from suzumio.platform.embedded import start_nats
 from suzumio.platform.logging import get_logger
 from suzumio.platform.service.runtime import ServiceRuntime
 from suzumio.platform.settings import ServiceSettings
+from tests.support import configure_logging_uncached as configure_logging
 
 # What a person might paste as a key: not every secret has a shape we know.
 ACCESS_TOKEN = "opaque-Access-Token-4f1c9b2e7d"  # noqa: S105 - a test value
-
-
-def configure_logging(service: str, **options: Any) -> None:
-    """The platform's set-up without caching loggers: one used meanwhile would keep writing to
-    this test's captured stderr, closed once the test ends, and every later test using it
-    would fail."""
-    platform_logging.configure_logging(service, **options)
-    structlog.configure(cache_logger_on_first_use=False)
 
 
 @pytest.fixture

@@ -17,30 +17,21 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 import structlog
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from suzumio.platform import logging as platform_logging
 from suzumio.platform.logging import REDACTED, get_logger
 from suzumio.platform.secrets import SecretBox
 from suzumio.platform.tokens import TokenSigner
+from tests.support import configure_logging_uncached as configure_logging
 
 PG_PASSWORD = "Pg-Pass-wOrd-7c2d1e9f"  # noqa: S105 - test values
 DSN = f"postgresql://suzumio:{PG_PASSWORD}@db.internal:5432/suzumio"
 NATS_TOKEN = "NatsTokenValue-9a8b7c6d5e4f"  # noqa: S105
 NATS_URL = f"nats://{NATS_TOKEN}@nats.internal:4222"
 OPAQUE = "opaque-Credential-31f5a0c2b9"
-
-
-def configure_logging(service: str, **options: Any) -> None:
-    """The platform's set-up without caching loggers: one used meanwhile would keep writing to
-    this test's captured stderr, closed once the test ends, and every later test using it
-    would fail."""
-    platform_logging.configure_logging(service, **options)
-    structlog.configure(cache_logger_on_first_use=False)
 
 
 @pytest.fixture
