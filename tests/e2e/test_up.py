@@ -15,7 +15,7 @@ import httpx
 import psutil
 
 from suzumio.cli.admin import ADMIN_KEY_FILE
-from suzumio.platform.embedded.process import free_port
+from suzumio.platform.embedded.process import free_port, free_port_run
 from suzumio.testing.processes import http_status
 from tests.support import cpu_policies, policy_for
 
@@ -62,7 +62,7 @@ async def demo_answer(api_port: int, data_dir: Path) -> str:
 
 async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
     ports = {"api": free_port(), "broker": free_port()}
-    internal = free_port()
+    internal = free_port_run(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUZUMIO_")}
     env |= {"SUZUMIO_DATA_DIR": str(tmp_path / "data"), "SUZUMIO_LOG_FORMAT": "json"}
     out = tmp_path / "up.log"

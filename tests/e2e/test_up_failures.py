@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from suzumio.platform.embedded.process import free_port
+from suzumio.platform.embedded.process import free_port, free_port_run
 from suzumio.testing.servers import create_database, fresh_topology
 from tests.e2e.test_up import wait_for_line
 
@@ -34,7 +34,7 @@ async def test_a_port_in_use_stops_up_before_anything_starts(tmp_path: Path) -> 
         taken.listen()
         api = taken.getsockname()[1]
         done = await asyncio.to_thread(
-            subprocess.run, up_argv(api, free_port(), free_port()),
+            subprocess.run, up_argv(api, free_port(), free_port_run(4)),
             env=up_env(tmp_path / "data"), capture_output=True, text=True, timeout=30,
             check=False,
         )  # fmt: skip
@@ -72,7 +72,7 @@ async def test_up_on_another_address_and_a_second_up_on_the_same_ports(
     tmp_path: Path, nats_url: str, postgres_url: str
 ) -> None:
     """127.0.0.2 is loopback too, but not 127.0.0.1 where the demo model listens."""
-    api, broker, internal = free_port("127.0.0.2"), free_port("127.0.0.2"), free_port()
+    api, broker, internal = free_port("127.0.0.2"), free_port("127.0.0.2"), free_port_run(4)
     env = up_env(
         tmp_path / "data",
         SUZUMIO_NATS_URL=nats_url,

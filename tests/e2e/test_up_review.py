@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from suzumio.platform.embedded.process import free_port
+from suzumio.platform.embedded.process import free_port, free_port_run
 from suzumio.testing.processes import http_status
 from tests.e2e.test_up import wait_for_line
 from tests.e2e.test_up_failures import up_argv, up_env
@@ -84,7 +84,7 @@ async def test_a_data_directory_it_cannot_use_is_one_clear_line(tmp_path: Path) 
     (tmp_path / "a-file").write_text("not a directory")
     data = tmp_path / "a-file" / "data"
     done = await asyncio.to_thread(
-        subprocess.run, up_argv(free_port(), free_port(), free_port()),
+        subprocess.run, up_argv(free_port(), free_port(), free_port_run(4)),
         env=up_env(data), capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
@@ -101,7 +101,7 @@ async def _ready_again(port: int, up: subprocess.Popen[bytes], timeout: float = 
 
 
 async def test_an_embedded_server_that_dies_is_started_again(tmp_path: Path) -> None:
-    api, broker, internal = free_port(), free_port(), free_port()
+    api, broker, internal = free_port(), free_port(), free_port_run(4)
     out = tmp_path / "up.log"
     with out.open("wb") as log:
         up = subprocess.Popen(

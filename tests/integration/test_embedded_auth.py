@@ -27,7 +27,7 @@ from nats import errors as nats_errors
 
 from suzumio.platform.embedded import EmbeddedServers, start_nats, start_postgres
 from suzumio.platform.embedded.postgres import _initdb, _system_user, postgres_bin_dir
-from suzumio.platform.embedded.process import free_port, wait_until
+from suzumio.platform.embedded.process import free_port, free_port_run, wait_until
 
 PASSWORD_FILE = "suzumio-password"  # in the Postgres data directory
 TOKEN_FILE = "suzumio-token"  # in the NATS store directory
@@ -220,7 +220,7 @@ async def test_up_shows_no_secret(tmp_path: Path) -> None:
     with out.open("wb") as log:
         up = subprocess.Popen(
             [sys.executable, "-m", "suzumio.cli", "up", "--api-port", str(free_port()),
-             "--broker-port", str(free_port()), "--internal-ports-from", str(free_port())],
+             "--broker-port", str(free_port()), "--internal-ports-from", str(free_port_run(4))],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

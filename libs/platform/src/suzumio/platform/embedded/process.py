@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -90,6 +91,40 @@ def free_port(host: str = "127.0.0.1") -> int:
             _handed_out.add((host, port))
             return port
     raise OSError(f"no port on {host} that was not handed out already")
+
+
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive TCP ports that were free a moment ago, for a caller
+    that is given one port and counts on from it (`suzumio up --internal-ports-from`).
+
+    The run is taken below the kernel's ephemeral range: a run within it could be free when
+    probed and then be the local port of anyone's outgoing connection before it is bound
+    (seen in CI as "port ... is in use" for the fourth port of a run from `free_port`)."""
+    low = _ephemeral_low()
+    for _ in range(1000):
+        first = random.randrange(10_000, low - count)
+        run = [(host, port) for port in range(first, first + count)]
+        if any(taken in _handed_out for taken in run) or not all(map(_bindable, run)):
+            continue
+        _handed_out.update(run)
+        return first
+    raise OSError(f"no run of {count} free ports on {host} below {low}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _bindable(address: tuple[str, int]) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(address)
+        except OSError:
+            return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:
