@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from suzumio.contracts.commands import (
     CommandAccepted,
@@ -23,6 +23,7 @@ log = get_logger(__name__)
 MAX_SLEEP = timedelta(seconds=60)
 RETRY_FAILED_AFTER = timedelta(seconds=60)
 TABLE = "proj_pending_actions.pending_actions"
+PAGE = 500
 
 
 class Dispatcher(Protocol):
@@ -47,7 +48,7 @@ class ExpiryClock:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                next_at = await self._expire_due()
+                next_at = await self._expire_due(stop)
             except Exception:
                 log.exception("expiry.failed")
                 next_at = self._clock() + timedelta(seconds=5)
@@ -60,21 +61,45 @@ class ExpiryClock:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_first(stop, self._wake), seconds)
 
-    async def _expire_due(self) -> datetime | None:
+    async def _expire_due(self, stop: asyncio.Event | None = None) -> datetime | None:
         """Expire what is due; the next deadline after that."""
         if await self._pool.fetchval("SELECT to_regclass($1)", TABLE) is None:
             return None  # the projection is still being built
         now = self._clock()
         self._failed = {k: t for k, t in self._failed.items() if t > now}
-        # Oldest first, and past the ones that just failed, so one action that cannot be
-        # expired never starves those behind it.
-        due = await self._pool.fetch(
-            "SELECT id FROM proj_pending_actions.pending_actions"
-            " WHERE status = 'open' AND expires_at <= $1 AND NOT (id = ANY($2::text[]))"
-            " ORDER BY expires_at LIMIT 500",
+        expired = 0
+        after: tuple[datetime, str] | None = None
+        while stop is None or not stop.is_set():
+            # Oldest first, and past the ones that just failed, so one action that cannot be
+            # expired never starves those behind it. Page after page (by key, as the rows
+            # just expired may still read `open` while the projection catches up): what is
+            # due past the first page must not wait for the next deadline, or a minute.
+            due = await self._pool.fetch(
+                "SELECT id, expires_at FROM proj_pending_actions.pending_actions"
+                " WHERE status = 'open' AND expires_at <= $1 AND NOT (id = ANY($2::text[]))"
+                " AND ($3::timestamptz IS NULL OR (expires_at, id) > ($3, $4))"
+                " ORDER BY expires_at, id LIMIT $5",
+                now,
+                list(self._failed),
+                after[0] if after else None,
+                after[1] if after else "",
+                PAGE,
+            )
+            expired += await self._expire(due, now)
+            if len(due) < PAGE:
+                break
+            after = (due[-1]["expires_at"], due[-1]["id"])
+        if expired:
+            log.info("expiry.expired", count=expired)
+        next_at: datetime | None = await self._pool.fetchval(
+            "SELECT min(expires_at) FROM proj_pending_actions.pending_actions"
+            " WHERE status = 'open' AND expires_at > $1",
             now,
-            list(self._failed),
         )
+        return next_at
+
+    async def _expire(self, due: Sequence[Any], now: datetime) -> int:
+        """Expire these through the command path; how many it accepted."""
         expired = 0
         for row in due:
             request = CommandRequest(
@@ -90,14 +115,7 @@ class ExpiryClock:
                 self._failed[row["id"]] = now + RETRY_FAILED_AFTER
             else:
                 expired += 1
-        if expired:
-            log.info("expiry.expired", count=expired)
-        next_at: datetime | None = await self._pool.fetchval(
-            "SELECT min(expires_at) FROM proj_pending_actions.pending_actions"
-            " WHERE status = 'open' AND expires_at > $1",
-            now,
-        )
-        return next_at
+        return expired
 
 
 async def _first(*events: asyncio.Event) -> None:

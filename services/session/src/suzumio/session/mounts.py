@@ -37,6 +37,10 @@ def canonical_mount_path(path: str, roots: Sequence[Path], reserved: Sequence[Pa
                 "directory: it may not be mounted into a sandbox",
                 path=path,
             )
-    if not Path(real).is_dir():
+    try:
+        is_dir = Path(real).is_dir()
+    except OSError as exc:  # a name too long, a directory we may not search: input, not a 500
+        raise InvalidError(f"{path} cannot be checked: {exc.strerror}", path=path) from None
+    if not is_dir:
         raise InvalidError(f"{path} is not an existing directory", path=path)
     return real

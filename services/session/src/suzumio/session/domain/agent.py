@@ -8,11 +8,9 @@ from suzumio.contracts.commands import CreateAgent, DisableAgent, EnableAgent, U
 from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.errors import ConflictError, InvalidError
 from suzumio.contracts.events import AgentCreated, AgentDisabled, AgentEnabled, AgentUpdated
+from suzumio.contracts.values import MAX_ENV_FACTS
 from suzumio.session.domain.project import ProjectState
 from suzumio.session.domain.state import AggregateState
-
-MAX_ENV_FACTS = 200
-
 
 # Flags of an update, not fields of the agent.
 CLEARED = {"runtime_profile_cleared"}

@@ -107,6 +107,8 @@ def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[
     _writable(state)
     if cmd.signal_id in state.signals:
         raise ConflictError("a signal with this id exists already")
+    if cmd.message_id in state.entries:  # a second one would break the read model's key
+        raise ConflictError("a message with this id exists already")
     by_user = author.kind == "user"
     message = SessionMessageAppended(
         message_id=cmd.message_id,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import ClassVar
 
 from suzumio.contracts.commands import BootstrapAdmin, CreateApiKey, CreateUser, RevokeApiKey
@@ -59,16 +59,26 @@ def create(state: UserState, cmd: CreateUser) -> list[DomainEvent]:
     return [created, _first_key(cmd.key_id, cmd.digest)]
 
 
-def create_key(state: UserState, cmd: CreateApiKey) -> list[DomainEvent]:
+def create_key(state: UserState, cmd: CreateApiKey, now: datetime) -> list[DomainEvent]:
     if cmd.key_id in state.keys:
         raise ConflictError("a key with this id exists already")
-    if sum(not k.revoked for k in state.keys.values()) >= MAX_KEYS:
+    # An expired key no longer opens anything: it must not hold a place among the active.
+    active = [k for k in state.keys.values() if not k.revoked and not _expired(k, now)]
+    if len(active) >= MAX_KEYS:
         raise ConflictError(f"a user has at most {MAX_KEYS} active keys")
     return [
         ApiKeyCreated(
             key_id=cmd.key_id, name=cmd.name, digest=cmd.digest, expires_at=cmd.expires_at
         )
     ]
+
+
+def _expired(key: Key, now: datetime) -> bool:
+    at = key.expires_at
+    if at is None:
+        return False
+    # Naive in events from before the API refused that: UTC, as the read models take it.
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)) <= now
 
 
 def revoke_key(state: UserState, cmd: RevokeApiKey) -> list[DomainEvent]:

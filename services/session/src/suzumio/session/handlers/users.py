@@ -48,8 +48,9 @@ class UserHandlers(HandlerGroup):
     async def create_api_key(self, ctx: CommandContext[CreateApiKey]) -> CommandAccepted:
         cmd = ctx.command
         await self._own_user(ctx, cmd.user_id)
+        now = self.c.clock()
         _, result = await self.repo.execute(
-            UserState, cmd.user_id, lambda s: user.create_key(s, cmd), ctx.meta()
+            UserState, cmd.user_id, lambda s: user.create_key(s, cmd, now), ctx.meta()
         )
         return accepted(result, key_id=cmd.key_id)
 

@@ -1,0 +1,102 @@
+"""Review of the session service's domain and checks: each test is a command that went wrong
+before (a 500 instead of a typed error, a limit other than the documented one, a duplicate
+the read model cannot hold)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from suzumio.contracts.commands import CreateAgent, CreateApiKey, PostMessage
+from suzumio.contracts.errors import ConflictError, InvalidError
+from suzumio.contracts.events import (
+    ApiKeyCreated,
+    ProjectCreated,
+    SessionMessageAppended,
+    SessionOpened,
+    UserCreated,
+)
+from suzumio.contracts.values import MAX_ENV_FACTS, Author, ModelSpec
+from suzumio.session.domain import agent, session, user
+from suzumio.session.domain.agent import AgentState
+from suzumio.session.domain.project import ProjectState
+from suzumio.session.domain.session import SessionState
+from suzumio.session.domain.user import MAX_KEYS, UserState
+from suzumio.session.mounts import canonical_mount_path
+
+P, A, S, M = "p" * 26, "a" * 26, "s" * 26, "m" * 26
+
+
+def test_a_host_path_with_a_name_too_long_is_invalid_not_a_crash(tmp_path: Path) -> None:
+    """`Path.is_dir` raises for ENAMETOOLONG (and EACCES) instead of answering False: the
+    grant came back as an internal error (HTTP 500) for a project admin's bad input."""
+    root = tmp_path.resolve()
+    with pytest.raises(InvalidError, match="cannot be checked"):
+        canonical_mount_path(str(root / ("x" * 300)), (root,))
+    with pytest.raises(InvalidError, match="not an existing directory"):
+        canonical_mount_path(str(root / "missing"), (root,))
+
+
+def test_an_agent_takes_as_many_env_facts_as_the_api_and_packages_allow() -> None:
+    """docs/api.md and docs/agent-packages.md (and the command's own bound) allow 1,000 env
+    facts; the session service refused more than 200."""
+    project = ProjectState(P)
+    project.fold(ProjectCreated(name="p", owner_id="u"), 1, 1)
+    facts = {f"fact{i}": "v" for i in range(MAX_ENV_FACTS)}
+    create = CreateAgent(
+        project_id=P,
+        agent_id=A,
+        name="a",
+        role="r",
+        model=ModelSpec(name="m"),
+        env_facts=facts,
+    )
+    [created] = agent.create(AgentState(A), project, create)
+    assert created.env_facts == facts  # type: ignore[attr-defined]
+
+
+def test_a_message_id_the_session_holds_already_is_refused() -> None:
+    """A second message under an id the session holds (with a fresh signal id) was appended:
+    the sessions read model keys messages by (session, message id), so the projector failed
+    on it and parked it; the session's history lost it."""
+    state = SessionState(S)
+    state.fold(SessionOpened(project_id=P, agent_id=A), 1, 1)
+    author = Author(kind="agent", id=A)
+    state.fold(
+        SessionMessageAppended(message_id=M, author=author, role="assistant", text="hi"), 2, 2
+    )
+    post = PostMessage(session_id=S, message_id=M, signal_id="g" * 26, text="hello")
+    with pytest.raises(ConflictError, match="exists already"):
+        session.post_message(state, post, Author(kind="user", id="u"))
+    fresh = PostMessage(session_id=S, message_id="n" * 26, signal_id="g" * 26, text="hello")
+    assert len(session.post_message(state, fresh, Author(kind="user", id="u"))) == 2
+
+
+def test_expired_keys_do_not_count_as_active_ones() -> None:
+    """A user whose keys had all expired was refused a new one ("at most 100 active keys")
+    though none of them opened anything any more."""
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    state = UserState("u" * 26)
+    state.fold(UserCreated(name="u"), 1, 1)
+    for i in range(MAX_KEYS):
+        expired = now - timedelta(days=1)
+        digest = "0" * 64
+        state.fold(
+            ApiKeyCreated(key_id=f"k{i:07}", digest=digest, expires_at=expired), i + 2, i + 2
+        )
+    new = CreateApiKey(user_id="u" * 26, key_id="fresh0001", digest="1" * 64)
+    assert len(user.create_key(state, new, now)) == 1
+    # Keys still valid count; so does one without an expiry; a naive one (from an older
+    # event) is read as UTC.
+    naive = (now - timedelta(hours=1)).replace(tzinfo=None)
+    state.fold(ApiKeyCreated(key_id="naive0001", digest="2" * 64, expires_at=naive), 500, 500)
+    for i in range(MAX_KEYS - 1):
+        later = now + timedelta(days=1)
+        key = ApiKeyCreated(key_id=f"v{i:07}", digest="3" * 64, expires_at=later)
+        state.fold(key, 501 + i, 501 + i)
+    assert len(user.create_key(state, new, now)) == 1
+    state.fold(ApiKeyCreated(key_id="forever01", digest="4" * 64), 700, 700)
+    with pytest.raises(ConflictError, match="active keys"):
+        user.create_key(state, new, now)
