@@ -20,6 +20,10 @@ from suzumio.contracts.runner import RunnerActivationOutput, SignalSpec
 from suzumio.contracts.values import Clean, CleanJson, Payload, PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
+# Sizes and durations of the tool-call audit land in `integer` columns of its read model: a
+# larger one would be stored in the log and then parked by the projection (the call missing
+# from the audit). No real call comes near it (a result is cut to 200 000 characters).
+AUDIT_INT_MAX = 2**31 - 1
 
 
 def _not_p0(value: Priority) -> Priority:
@@ -39,15 +43,15 @@ class ToolCallStart(_Body):
     call_id: Clean = Field(min_length=1, max_length=200)
     tool: Clean = Field(min_length=1, max_length=200)
     arguments_digest: Digest = Field(pattern=r"^[0-9a-f]{64}$")
-    arguments_size: int = Field(ge=0)
+    arguments_size: int = Field(ge=0, le=AUDIT_INT_MAX)
 
 
 class ToolCallFinish(_Body):
     call_id: Clean = Field(min_length=1, max_length=200)
     status: Literal["ok", "error", "denied", "timeout", "cancelled"]
     result_digest: Digest | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    result_size: int = Field(default=0, ge=0)
-    duration_ms: int = Field(ge=0)
+    result_size: int = Field(default=0, ge=0, le=AUDIT_INT_MAX)
+    duration_ms: int = Field(ge=0, le=AUDIT_INT_MAX)
     error: Clean = Field(default="", max_length=2_000)
 
 

@@ -25,16 +25,33 @@ def _no_nul(value: str) -> str:
     return value
 
 
+MAX_JSON_DEPTH = 100
+"""How deep free-form JSON we store may nest (the object itself is level 1)."""
+
+
 def _no_nul_json(value: Any) -> Any:
-    if isinstance(value, str):
-        _no_nul(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _no_nul(str(key))
-            _no_nul_json(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _no_nul_json(item)
+    # Walked without recursion, and bounded in depth: JSON nested near the interpreter's limit
+    # made this walk raise RecursionError (a 500, not a refusal), and the log's readers parse a
+    # message only 200 levels deep, so a payload nested ~195 levels fit in its command and its
+    # event but not in what carries it on (the runner's input, a `take_signals` reply): a signal
+    # accepted once and never deliverable. The tool-broker holds its own JSON to the same depth.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _no_nul(item)
+            continue
+        if isinstance(item, dict):
+            for key in item:
+                _no_nul(str(key))
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"the JSON nests more than {MAX_JSON_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
     return value
 
 
@@ -65,7 +82,9 @@ def _small_json(value: dict[str, Any]) -> dict[str, Any]:
     # A payload rides along in events, in activation inputs and on the bus (whose messages are
     # capped at a few MB): bound it where it enters, not where it no longer fits.
     try:
-        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        # NaN and infinities are not JSON: the bus would carry them as null, silently.
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        size = len(text.encode())
     except (RecursionError, TypeError, ValueError) as exc:
         raise ValueError("the payload is not a plain JSON object") from exc
     if size > MAX_PAYLOAD_BYTES:
