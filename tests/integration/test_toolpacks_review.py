@@ -10,99 +10,27 @@ the session service is a recorder of the commands it would get):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
+from datetime import UTC, datetime
 from typing import Any, cast
 
-import httpx
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 
-from suzumio.contracts.commands import Command, CommandAccepted
-from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import NotFoundError
-from suzumio.contracts.events import ActivationCancelRequested, ActivationRequested, SessionOpened
-from suzumio.contracts.ids import new_id
+from suzumio.contracts.events import ActivationCancelRequested
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
-from suzumio.platform.tokens import ActivationClaims, TokenSigner
-from suzumio.toolbroker.access import Gate
-from suzumio.toolbroker.bootstrap import create_app
+from suzumio.platform.tokens import ActivationClaims
 from suzumio.toolbroker.registry import ActivationRegistry
-from suzumio.toolbroker.state import Broker, Metrics
 from suzumio.toolbroker.support import SupportContext, SupportOperations
-
-KEY = "k" * 32
-SCHEDULER = EventMeta(actor="system:scheduler")
-
-
-class Recorder:
-    """The session service, as far as these tests need it: each command is noted."""
-
-    def __init__(self) -> None:
-        self.sent: list[Command] = []
-
-    async def send(self, command: Command, *, actor: str, **_: object) -> CommandAccepted:
-        self.sent.append(command)
-        return CommandAccepted(result={})
-
-
-class World(SimpleNamespace):
-    project_id: str
-    agent_id: str
-    session_id: str
-    activation_id: str
-    token: str
-
-
-async def opened(store: EventStore, project_id: str, agent_id: str) -> str:
-    session_id = new_id()
-    await store.append(session_id, [SessionOpened(project_id=project_id, agent_id=agent_id)], 0)
-    return session_id
-
-
-@pytest_asyncio.fixture
-async def registry(nc: NATS, topology: Topology) -> AsyncIterator[ActivationRegistry]:
-    started = ActivationRegistry(nc, topology, timedelta(hours=1))
-    await started.start()
-    yield started
-    await started.close()
-
-
-async def world(store: EventStore, toolpacks: tuple[str, ...] = ()) -> World:
-    project_id, agent_id = new_id(), new_id()
-    session_id = await opened(store, project_id, agent_id)
-    activation_id = new_id()
-    await store.append_next(
-        session_id,
-        [
-            ActivationRequested(
-                activation_id=activation_id,
-                agent_id=agent_id,
-                signal_ids=(),
-                project_id=project_id,
-            )
-        ],
-        SCHEDULER,
-    )
-    token = TokenSigner([KEY]).issue(
-        activation_id=activation_id,
-        session_id=session_id,
-        project_id=project_id,
-        agent_id=agent_id,
-        toolpacks=toolpacks,
-        ttl=timedelta(minutes=5),
-    )
-    return World(
-        project_id=project_id,
-        agent_id=agent_id,
-        session_id=session_id,
-        activation_id=activation_id,
-        token=token,
-    )
+from tests.integration.broker_world import (
+    SCHEDULER,
+    Recorder,
+    client,
+    opened,
+    world,
+)
 
 
 async def test_an_operation_cancelled_while_it_works_has_no_effect(
@@ -124,25 +52,7 @@ async def test_an_operation_cancelled_while_it_works_has_no_effect(
 
     operations = SupportOperations({})
     operations._ops["slow"] = {"slow.work": slow}  # an installed toolpack's operation
-    broker = Broker(
-        nc=nc,
-        js=nc.jetstream(),
-        topology=topology,
-        store=store,
-        commands=cast("CommandClient", recorder),
-        registry=registry,
-        operations=operations,
-        metrics=Metrics(),
-        gate=Gate(TokenSigner([KEY]), registry, store),
-        waiter=cast("Any", None),
-        artifacts=cast("Any", None),
-    )
-    transport = httpx.ASGITransport(app=create_app(broker))
-    async with httpx.AsyncClient(
-        transport=transport,
-        base_url="http://broker",
-        headers={"Authorization": f"Bearer {w.token}"},
-    ) as c:
+    async with client(nc, topology, store, registry, recorder, w.token, operations) as c:
         response = await c.post(
             "/toolpacks/slow/support",
             json={"operation": "slow.work", "arguments": {}, "request_id": "r1"},

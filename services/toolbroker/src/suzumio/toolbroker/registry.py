@@ -28,8 +28,10 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.eventstore import EventStore, envelopes_of
+from suzumio.platform.bus.direct_get import first_since
+from suzumio.platform.bus.eventstore import EventStore, Head, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
+from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.logging import get_logger
 from suzumio.platform.position import Position
 
@@ -76,9 +78,16 @@ class ActivationRegistry:
         self._activation_prefix = topology.event_subject("activation", "")
 
     async def start(self) -> None:
-        self._follower = LogFollower(
-            self._nc, self._topology, start_time=datetime.now(UTC) - self._lookback
-        )
+        stream = self._topology.events_stream
+        last = await stream_last_seq(self._nc, stream)
+        first = await first_since(self._nc, stream, datetime.now(UTC) - self._lookback)
+        # None: nothing stored since the look-back began, up to `last` at least (read first).
+        start = first.seq if first is not None else last + 1
+        # What lies before the look-back counts as folded (an activation of it is recalled):
+        # else, with no message in the look-back, nothing would move the position until the
+        # log's next event — the start waited a minute, then every call was 503.
+        await self.folded.advance(start - 1)
+        self._follower = LogFollower(self._nc, self._topology, start_seq=start)
         end = await self._follower.start()
         self._task = asyncio.create_task(self._fold_loop())
         await self.folded.reached(end, 60.0)
@@ -99,13 +108,26 @@ class ActivationRegistry:
         token whose activation began before this replica followed the log)."""
         if activation_id in self._activations:
             return
+        heads = await self._recall_from(store, activation_id, session_id, {})
+        if activation_id in self._activations:
+            # The fold loop dropped what it met for the activation while it was still unknown
+            # here (a cancel or its end stored while the subjects were read, perhaps after the
+            # read): read what came since, now that the loop folds the rest itself.
+            await self._recall_from(store, activation_id, session_id, heads)
+
+    async def _recall_from(
+        self, store: EventStore, activation_id: str, session_id: str, after: dict[str, Head]
+    ) -> dict[str, Head]:
+        heads: dict[str, Head] = {}
         for aggregate, aggregate_id in (("session", session_id), ("activation", activation_id)):
-            stream = await store.load(aggregate, aggregate_id)
+            stream = await store.load(aggregate, aggregate_id, after=after.get(aggregate))
             for event in stream.events:
                 data = event.data
                 mine = getattr(data, "activation_id", activation_id) == activation_id
                 if event.envelope.type in WANTED and mine:
                     self._apply(aggregate_id, data)
+            heads[aggregate] = Head(stream.version, stream.seq)
+        return heads
 
     async def fresh(self, store: EventStore, session_id: str, timeout: float = 5.0) -> bool:
         """Fold the session's subject up to now — where a cancel or a P0 is written — so a

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -49,6 +49,7 @@ from suzumio.contracts.events import (
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
+from suzumio.contracts.values import MAX_JSON_DEPTH
 from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.own_writes import append_own, started_in_log
@@ -61,6 +62,37 @@ log = get_logger(__name__)
 MAX_CHECKPOINT_BYTES = 256 * 1024
 MAX_STREAM_BATCH_CHARS = 2_000_000  # text and data (as JSON): the runner sends ≤ 1 M of text
 HEADER_ROOM = 64  # a live message's header block, but for its `Nats-Msg-Id` value
+
+
+def _plain_json(value: object, what: str) -> None:
+    """Free-form JSON a call brings (usage, checkpoint data, live data, support arguments) nests
+    at most as deep as the contracts' payloads: the log's readers parse a message with a
+    recursion limit of 200 levels, so an event holding deeper JSON would be stored fine and then
+    read by nobody (the activation's or the session's whole subject with it). The runner itself
+    never sends more than 64 levels.
+
+    422 unless `value` can be stored and read back as JSON: nested at most `MAX_JSON_DEPTH`
+    levels, and no lone surrogate (JSON's `\\ud800` escapes let one into a `str`, which no
+    encoder writes out: the call would fail halfway, a 500)."""
+    if not value:  # most live chunks carry no data: nothing to walk on the hot path
+        return
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterable[object]
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise BrokerError(422, "invalid", f"{what}: nested more than {MAX_JSON_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+    try:
+        to_json(value)
+    except PydanticSerializationError as exc:
+        raise BrokerError(422, "invalid", f"{what}: not valid JSON text: {exc}") from None
 
 
 async def _caller(request: Request) -> Caller:
@@ -185,6 +217,8 @@ async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
 async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> None:
     c = caller.claims
     now = datetime.now(UTC)
+    for chunk in body.chunks:
+        _plain_json(chunk.data, "a live chunk's data")
     try:
         payloads = [
             LiveChunk(
@@ -275,7 +309,9 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
 
 @router.put("/runner/checkpoint")
 async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> Recorded:
-    if len(body.model_dump_json()) > MAX_CHECKPOINT_BYTES:
+    _plain_json(body.data, "the checkpoint's data")
+    # In bytes, as the limit says and the bus counts: a character of text may take four.
+    if len(body.model_dump_json().encode()) > MAX_CHECKPOINT_BYTES:
         raise BrokerError(413, "too_large", f"checkpoints are at most {MAX_CHECKPOINT_BYTES} bytes")
     c = caller.claims
     reply = await broker.commands.send(
@@ -318,6 +354,7 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
         raise BrokerError(
             403, "forbidden", f"{body.operation!r} is not an allowed operation of {toolpack!r}"
         )
+    _plain_json(body.arguments, "the arguments")
     ctx = SupportContext(
         c,
         toolpack,
@@ -334,6 +371,7 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
 async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
     a = caller.activation
     # The contract bounds the text as the event does: nothing below can be refused for it.
+    _plain_json(body.usage, "usage")
     recorded = ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)
     _distinct(body.history)
     async with a.lock:

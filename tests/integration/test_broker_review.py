@@ -1,0 +1,202 @@
+"""The tool-broker's core under hostile input and races (real NATS, the real registry, gate and
+app; the session service is a recorder of the commands it would get):
+
+- free-form JSON a call brings (usage, checkpoint data, live data, support arguments) that the
+  log could store but none of its readers parse back (nested past their recursion limit), or
+  that no encoder writes out (a lone surrogate), is a 422 that changes nothing — never a stored
+  event that makes the activation's subject unreadable, nor a 500;
+- a cancel stored while the broker recalls an activation older than its look-back still fences
+  it for every later call;
+- a replica whose look-back holds no event starts at once and lets calls in;
+- a checkpoint is at most 256 KB in bytes, as documented, not in characters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    SessionOpened,
+)
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import AggregateStream, EventStore, Head
+from suzumio.toolbroker.registry import ActivationRegistry
+from tests.integration.broker_world import (
+    SCHEDULER,
+    Recorder,
+    World,
+    client,
+    world,
+)
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def start_body(call_id: str) -> dict[str, Any]:
+    return {
+        "call_id": call_id,
+        "tool": "file.read",
+        "arguments_digest": hashlib.sha256(b"{}").hexdigest(),
+        "arguments_size": 2,
+    }
+
+
+async def test_an_output_no_reader_could_parse_back_is_refused(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    """220 levels: stored fine, but the log's readers parse with a recursion limit of 200, so
+    the activation's whole subject would be unreadable (the orchestrator, the projector, the
+    broker's own conflict path and registry)."""
+    w = await world(store)
+    async with client(nc, topology, store, registry, Recorder(), w.token) as c:
+        response = await c.post(
+            "/activation-output", json={"text": "done", "usage": {"a": nested(220)}}
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["code"] == "invalid"
+        # The activation is untouched and can still say what it has to.
+        fine = await c.post("/activation-output", json={"text": "done", "usage": {"a": 1}})
+        assert fine.json() == {"recorded": True}
+    stream = await store.load("activation", w.activation_id)
+    assert [e.envelope.type for e in stream.events] == ["activation.output_recorded"]
+
+
+LONE = '"\\ud800"'  # a lone surrogate, as JSON lets one be written
+DEEP = "[" * 300 + "]" * 300  # past what the encoder writes out at all
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PUT", "/runner/checkpoint", '{"checkpoint_id":"c1","data":{"a":@}}'.replace("@", DEEP)),
+        ("PUT", "/runner/checkpoint", '{"checkpoint_id":"c1","data":{"a":@}}'.replace("@", LONE)),
+        ("POST", "/runner/stream", '{"chunks":[{"kind":"text","data":{@:1}}]}'.replace("@", LONE)),
+        ("POST", "/activation-output", '{"text":"x","usage":{"a":@}}'.replace("@", LONE)),
+        ("POST", "/activation-output", '{"text":"x","usage":{"a":@}}'.replace("@", DEEP)),
+        (
+            "POST",
+            "/toolpacks/core/support",
+            '{"operation":"signal.record","request_id":"r1","arguments":{"payload":{"a":@}}}'.replace(
+                "@", DEEP
+            ),
+        ),
+    ],
+)
+async def test_json_that_cannot_be_written_out_is_a_422_not_a_500(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    registry: ActivationRegistry,
+    method: str,
+    path: str,
+    body: str,
+) -> None:
+    w = await world(store)
+    recorder = Recorder()
+    async with client(nc, topology, store, registry, recorder, w.token) as c:
+        response = await c.request(
+            method, path, content=body.encode(), headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert recorder.sent == []
+    assert (await store.load("activation", w.activation_id)).events == ()
+
+
+async def test_a_checkpoint_is_bounded_in_bytes_not_characters(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    w = await world(store)
+    recorder = Recorder()
+    async with client(nc, topology, store, registry, recorder, w.token) as c:
+        # 100 000 characters, 400 000 bytes: over the documented 256 KB.
+        big = {"checkpoint_id": "c1", "data": {"notes": "\U0001f600" * 100_000}}
+        response = await c.put("/runner/checkpoint", json=big)
+        assert response.status_code == 413, response.text
+        small = {"checkpoint_id": "c2", "data": {"notes": "\U0001f600" * 60_000}}
+        assert (await c.put("/runner/checkpoint", json=small)).status_code == 200
+    assert [type(s).__name__ for s in recorder.sent] == ["SaveCheckpoint"]
+
+
+class RacingStore(EventStore):
+    """Stores a cancel of the activation while the broker reads the session's subject, and
+    returns once the registry has folded it — the read itself was taken before."""
+
+    def __init__(self, nc: NATS, topology: Topology) -> None:
+        super().__init__(nc, topology)
+        self.world: World | None = None
+        self.registry: ActivationRegistry | None = None
+        self.raced = False
+
+    async def load(
+        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+    ) -> AggregateStream:
+        stream = await super().load(aggregate, aggregate_id, after=after)
+        if aggregate == "session" and not self.raced and self.world is not None:
+            assert self.registry is not None
+            self.raced = True
+            cancel = ActivationCancelRequested(activation_id=self.world.activation_id)
+            stored = await self.append_next(self.world.session_id, [cancel], SCHEDULER)
+            assert await self.registry.folded.reached(stored.seq, 5.0)
+        return stream
+
+
+async def test_a_cancel_stored_while_an_old_activation_is_recalled_fences_it(
+    nc: NATS, topology: Topology, store: EventStore
+) -> None:
+    w = await world(store)  # requested before the look-back of the replica below
+    await asyncio.sleep(0.2)
+    await store.append(new_id(), [SessionOpened(project_id=new_id(), agent_id=new_id())], 0)
+    registry = ActivationRegistry(nc, topology, timedelta(milliseconds=100))
+    await registry.start()
+    try:
+        assert registry.get(w.activation_id) is None  # it must be recalled
+        racing = RacingStore(nc, topology)
+        racing.world, racing.registry = w, registry
+        async with client(nc, topology, racing, registry, Recorder(), w.token) as c:
+            # The call the cancel raced with may land (the documented window); no later one.
+            await c.post("/runner/tool-calls/start", json=start_body("c1"))
+            assert racing.raced
+            late = await c.post("/runner/tool-calls/start", json=start_body("c2"))
+            assert late.status_code == 403, late.text
+            assert late.json()["code"] == "fenced"
+            signal = await c.post(
+                "/toolpacks/core/support",
+                json={"operation": "signal.record", "arguments": {}, "request_id": "r1"},
+            )
+            assert signal.status_code == 403, signal.text
+        stream = await store.load("activation", w.activation_id)
+        assert [getattr(e.data, "call_id", "") for e in stream.events] in ([], ["c1"])
+    finally:
+        await registry.close()
+
+
+async def test_a_replica_whose_look_back_holds_nothing_starts_at_once(
+    nc: NATS, topology: Topology, store: EventStore
+) -> None:
+    w = await world(store)  # all the log holds is older than the look-back
+    await asyncio.sleep(0.2)
+    registry = ActivationRegistry(nc, topology, timedelta(milliseconds=100))
+    began = time.monotonic()
+    await registry.start()
+    try:
+        assert time.monotonic() - began < 10
+        async with client(nc, topology, store, registry, Recorder(), w.token) as c:
+            response = await c.post("/runner/tool-calls/start", json=start_body("c1"))
+        assert response.json() == {"recorded": True}, response.text
+    finally:
+        await registry.close()
