@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from suzumio.gateway.api.problems import ApiError
 
@@ -108,8 +108,14 @@ class _FormParser:
             return
         if len(self.form.files) >= self._max_files:
             raise ApiError(413, f"at most {self._max_files} files per upload")
+        try:
+            name = filename.decode()
+        except UnicodeDecodeError:
+            # Replacing the bytes would keep the file under a name nobody sent (and make
+            # different names one): the client's error, said before anything is stored.
+            raise ApiError(422, "a file name must be UTF-8") from None
         content_type = media_type(self._headers.get("content-type"))
-        self._file = ReceivedFile(self._name, filename.decode("utf-8", "replace"), content_type)
+        self._file = ReceivedFile(self._name, name, content_type)
         self.form.files.append(self._file)
 
     def part_data(self, data: bytes, start: int, end: int) -> None:
@@ -159,8 +165,9 @@ async def receive_form(
     if mime != b"multipart/form-data" or b"boundary" not in params:
         raise ApiError(415, "send the files as multipart/form-data")
     handler = _FormParser(max_file_bytes, max_files)
-    parser = MultipartParser(params[b"boundary"], handler.callbacks())
     try:
+        # Inside: the parser refuses some boundaries (over 256 bytes) as it is made.
+        parser = MultipartParser(params[b"boundary"], handler.callbacks())
         async for chunk in body:
             parser.write(chunk)
         parser.finalize()
@@ -170,4 +177,9 @@ async def receive_form(
     except Exception as exc:
         handler.form.close()
         raise ApiError(422, f"the multipart body is malformed: {exc}") from exc
+    if parser.state != MultipartState.END:
+        # finalize() does not check that the closing boundary came: a body cut off between
+        # two parts would otherwise store the parts before the cut as if they were all.
+        handler.form.close()
+        raise ApiError(422, "the multipart body ends before its closing boundary")
     return handler.form

@@ -71,6 +71,11 @@ class Mint:
     def __call__(self, purpose: str) -> str:
         return derived_id("idempotency", self._slot, purpose) if self._slot else new_id()
 
+    @property
+    def keyed(self) -> bool:
+        """Whether the request carries an `Idempotency-Key` (ids are derived from it)."""
+        return self._slot is not None
+
 
 async def mint(request: Request) -> Mint:
     slot = getattr(request.state, "idempotency_slot", None)

@@ -51,14 +51,27 @@ def decode_cursor(cursor: str) -> tuple[Any, str]:
         sort_key, row_id = json.loads(raw)
     except (ValueError, TypeError) as exc:
         raise ApiError(422, FORGED) from exc
-    if not isinstance(row_id, str) or "\x00" in row_id:
+    if not _storable(row_id):
         raise ApiError(422, FORGED)
     return sort_key, row_id
 
 
+def _storable(value: Any) -> bool:
+    """Text Postgres can take as a parameter: no NUL, and UTF-8 (JSON's `\\ud800` escapes
+    decode to lone surrogates, which the driver cannot encode: a 500, not the client's 422)."""
+    if not isinstance(value, str) or "\x00" in value:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 DATE_SORTS = frozenset({"created_at", "opened_at", "requested_at", "since", "started_at"})
-INT_SORTS = frozenset({"version", "position"})
-_INT64 = range(-(2**63), 2**63)
+# Each integer sort column's range: a value past its column's type is refused by the driver
+# (a 500), so it is the client's 422 here. `version` columns are `integer`, `position` `bigint`.
+INT_SORTS = {"version": range(-(2**31), 2**31), "position": range(-(2**63), 2**63)}
 
 
 def cursor_value(sort: str, value: Any) -> Any:
@@ -67,10 +80,10 @@ def cursor_value(sort: str, value: Any) -> Any:
     if sort in DATE_SORTS:
         return _moment(value)
     if sort in INT_SORTS:
-        if type(value) is not int or value not in _INT64:
+        if type(value) is not int or value not in INT_SORTS[sort]:
             raise ApiError(422, FORGED)
         return value
-    if not isinstance(value, str) or "\x00" in value:
+    if not _storable(value):
         raise ApiError(422, FORGED)
     return value
 

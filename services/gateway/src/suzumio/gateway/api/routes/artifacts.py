@@ -27,7 +27,7 @@ from suzumio.gateway.api.deps import (
 from suzumio.gateway.api.models import ArtifactOut, Uploaded
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
-from suzumio.gateway.api.routes.common import RESPONSES, send, settle
+from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 from suzumio.gateway.uploads import ReceivedFile, ReceivedForm, media_type, receive_form
@@ -159,8 +159,7 @@ async def upload(
         form.close()
     created = [c.artifact_id for c in commands]
     response.headers["Suzumio-Position"] = str(position)
-    if not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
-        raise ApiError(504, "stored, but the read models have not caught up yet")
+    await settled(gw, position)
     rows = await gw.pool.fetch(
         "SELECT * FROM proj_artifacts.artifacts WHERE id = ANY($1::text[])", created
     )
@@ -231,8 +230,10 @@ async def download(
     chunks: AsyncIterator[bytes] = read_chunks(js, gw.artifacts, gw.artifacts_bucket, row["sha256"])
     return StreamingResponse(
         chunks,
-        media_type=media_type(row["content_type"]),
         headers={
+            # As stored, `type/subtype`: given as `media_type`, Starlette would add a
+            # `charset=utf-8` to text types, an encoding the uploader never declared.
+            "Content-Type": media_type(row["content_type"]),
             "Content-Length": str(row["size"]),
             "ETag": f'"{row["sha256"]}"',
             "Content-Disposition": attachment(posixpath.basename(row["path"])),

@@ -7,7 +7,7 @@ from nats.errors import MaxPayloadError
 
 from suzumio.contracts.commands import Command, CommandAccepted
 from suzumio.gateway.api.auth import Principal
-from suzumio.gateway.api.deps import written
+from suzumio.gateway.api.deps import POSITION_HEADER, written
 from suzumio.gateway.api.problems import ERROR_RESPONSES, ApiError
 from suzumio.gateway.state import Gateway
 
@@ -33,7 +33,16 @@ async def send(
 async def settle(gw: Gateway, reply: CommandAccepted) -> None:
     """Wait until the read models show the command's effect, so what a write returns is what
     a read returns."""
-    if reply.position and not await gw.positions.wait_for(
-        reply.position, gw.settings.read_your_writes_timeout
-    ):
-        raise ApiError(504, "the change was made but the read models have not caught up yet")
+    await settled(gw, reply.position)
+
+
+async def settled(gw: Gateway, position: int) -> None:
+    """Wait until the read models reached `position` (the last of a route's writes)."""
+    if position and not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
+        # The write is in the log: the answer still says where (a problem response carries
+        # none of the route's headers), so the client can read it back with `min_position`.
+        raise ApiError(
+            504,
+            "the change was made but the read models have not caught up yet",
+            headers={POSITION_HEADER: str(position)},
+        )

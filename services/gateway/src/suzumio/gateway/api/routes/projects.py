@@ -37,8 +37,8 @@ from suzumio.gateway.api.models import (
     RuntimeProfileOut,
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
-from suzumio.gateway.api.problems import ApiError, not_found
-from suzumio.gateway.api.routes.common import RESPONSES, send, settle
+from suzumio.gateway.api.problems import not_found
+from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 
@@ -127,8 +127,7 @@ async def update_project(
         position = max(position, (await send(gw, who, command, response)).position)
     if position:
         response.headers["Suzumio-Position"] = str(position)
-        if not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
-            raise ApiError(504, "stored, but the read models have not caught up yet")
+        await settled(gw, position)
     return await _read_project(gw, who.user_id, project_id)
 
 

@@ -8,7 +8,14 @@ from fastapi import APIRouter, Depends, Response, status
 
 from suzumio.contracts.commands import CreateApiKey, CreateUser, RevokeApiKey
 from suzumio.contracts.ids import Identifier
-from suzumio.gateway.api.deps import AdminDep, GatewayDep, MintDep, PrincipalDep, ReadPosition
+from suzumio.gateway.api.deps import (
+    AdminDep,
+    GatewayDep,
+    Mint,
+    MintDep,
+    PrincipalDep,
+    ReadPosition,
+)
 from suzumio.gateway.api.models import (
     ApiKeyIn,
     ApiKeyOut,
@@ -98,12 +105,24 @@ async def me(gw: GatewayDep, who: PrincipalDep, _: ReadPosition) -> UserOut:
     return _user(await _read_user(gw, who.user_id))
 
 
+def _new_key(ids: Mint) -> apikeys.MintedKey:
+    """A fresh key; under an `Idempotency-Key` its id is named after the key, as everything
+    a keyed POST creates is: a retry whose first answer was lost is then refused (409)
+    instead of leaving a second live key whose secret nobody ever saw."""
+    key = apikeys.mint()
+    if not ids.keyed:
+        return key
+    key_id = ids("api-key").replace("-", "")  # 32 hex digits: a key id's own alphabet
+    secret = key.plaintext.split("_", 2)[2]
+    return apikeys.MintedKey(f"{apikeys.PREFIX}_{key_id}_{secret}", key_id, key.digest)
+
+
 @router.post("/me/api-keys", status_code=status.HTTP_201_CREATED)
 async def create_key(
-    body: ApiKeyIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    body: ApiKeyIn, gw: GatewayDep, who: PrincipalDep, response: Response, ids: MintDep
 ) -> ApiKeyWithSecret:
     """Another API key for yourself; the key is in this answer only."""
-    key = apikeys.mint()
+    key = _new_key(ids)
     command = CreateApiKey(
         user_id=who.user_id,
         key_id=key.key_id,
