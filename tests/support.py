@@ -74,3 +74,15 @@ def configure_logging_uncached(service: str, **options: Any) -> None:
     test ends, and every later test using it would fail."""
     platform_logging.configure_logging(service, **options)
     structlog.configure(cache_logger_on_first_use=False)
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], code: int, *expected: str) -> None:
+    """A CLI command failed with `code` and said so in one line (no traceback), naming each of
+    `expected`; log records beside it (httpx logs each request) do not count as lines."""
+    output = done.stdout + done.stderr
+    assert done.returncode == code, output
+    assert "Traceback" not in output, output
+    said = [line for line in output.splitlines() if line and not line.startswith('{"event"')]
+    assert len(said) == 1, output
+    for text in expected:
+        assert text in output, output

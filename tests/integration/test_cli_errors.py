@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from suzumio.platform.embedded.process import free_port
+from tests.support import one_line_error
 
 
 async def suzumio(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -26,16 +27,6 @@ async def suzumio(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         env={**clean, "COLUMNS": "200", **env}, capture_output=True, text=True, timeout=40,
         check=False,
     )  # fmt: skip
-
-
-def one_line_error(done: subprocess.CompletedProcess[str], code: int, *expected: str) -> None:
-    output = done.stdout + done.stderr
-    assert done.returncode == code, output
-    assert "Traceback" not in output, output
-    said = [line for line in output.splitlines() if line and not line.startswith('{"event"')]
-    assert len(said) == 1, output  # one line, beside log records (httpx logs each request)
-    for text in expected:
-        assert text in output, output
 
 
 async def test_unreachable_nats_is_an_error_within_seconds() -> None:

@@ -8,20 +8,43 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import asyncpg
+from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
 from suzumio.cli.failures import CONNECT_WITHIN, fail, first_line, load_settings, redact
 from suzumio.contracts.errors import CommandError, UnavailableError
-from suzumio.contracts.subjects import Topology
+from suzumio.contracts.subjects import StreamSpec, Topology
 from suzumio.platform.bus import connection
-from suzumio.platform.bus.jsapi import ensure_streams
+from suzumio.platform.bus.jsapi import (
+    API_PREFIX,
+    ERR_STREAM_NAME_IN_USE,
+    ERR_STREAM_NOT_FOUND,
+    request,
+    stream_config,
+)
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
-from suzumio.platform.errors import EmbeddedServerError
+from suzumio.platform.errors import EmbeddedServerError, JetStreamApiError
 from suzumio.platform.service.runtime import resolve_endpoints
 
 T = TypeVar("T")
+
+JETSTREAM_WITHIN = 15.0  # seconds for JetStream's answers about the streams (it may be starting)
+# A server that goes away while a command works (killed, restarted, a network cut) is told in
+# one line, like one that never answered. NATS's timeout is an OSError too: it goes first.
+_NATS_LOST: tuple[type[BaseException], ...] = (
+    nats_errors.TimeoutError,
+    nats_errors.NoRespondersError,
+    nats_errors.ConnectionClosedError,
+)
+_POSTGRES_LOST: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    ConnectionError,  # refused or reset: what asyncpg raises when it cannot (re)connect
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,9 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
         nats_url, dsn, servers = resolve_endpoints(settings)
     except EmbeddedServerError as exc:
         fail(f"embedded servers in {settings.data_dir}: {first_line(exc)}")
+    except OSError as exc:  # a data directory that cannot be made or used (SUZUMIO_DATA_DIR)
+        where = f": {exc.filename}" if exc.filename else ""
+        fail(f"embedded servers in {settings.data_dir}: {exc.strerror or exc}{where}")
 
     async def run() -> T:
         try:
@@ -63,11 +89,15 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
                 reason = first_line(exc) if str(exc) else f"no answer within {CONNECT_WITHIN:g} s"
                 fail(f"Postgres at {redact(dsn)}: {reason}")
             try:
-                await ensure_streams(nc, settings.topology().streams())
+                await _streams_present(nc, nats_url, settings.topology().streams())
                 await apply_migrations(pool, platform_migrations())
                 return await work(Platform(nc, pool, dsn, settings.topology()))
             except CommandError as exc:
                 fail(_refused(exc))
+            except _NATS_LOST as exc:
+                fail(f"NATS at {redact(nats_url)}: {first_line(exc)}")
+            except _POSTGRES_LOST as exc:
+                fail(f"Postgres at {redact(dsn)}: {first_line(exc)}")
             finally:
                 await pool.close()
         finally:
@@ -78,6 +108,48 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
     finally:
         if servers is not None:
             servers.stop()
+
+
+async def _streams_present(nc: NATS, nats_url: str, specs: tuple[StreamSpec, ...]) -> None:
+    """Create the streams that are missing, and leave those that exist as they are.
+
+    The services bring existing streams to their settings; a command must not: run with
+    other settings (an operator's shell without `SUZUMIO_REPLICAS=3`) it would scale the
+    event log of a cluster down to one replica.
+    """
+
+    async def ensure() -> None:
+        for spec in specs:
+            while True:
+                try:
+                    await _stream_present(nc, spec)
+                    break
+                except nats_errors.NoRespondersError:
+                    await asyncio.sleep(0.2)  # JetStream still starting (an embedded server)
+
+    where = f"NATS at {redact(nats_url)}"
+    try:
+        await asyncio.wait_for(ensure(), JETSTREAM_WITHIN)
+    except (TimeoutError, nats_errors.TimeoutError):
+        fail(f"{where} answers, but JetStream does not (is it enabled: nats-server -js?)")
+    except JetStreamApiError as exc:
+        fail(f"{where}: {first_line(exc)}")
+
+
+async def _stream_present(nc: NATS, spec: StreamSpec) -> None:
+    try:
+        await request(nc, f"{API_PREFIX}.STREAM.INFO.{spec.name}", None, JETSTREAM_WITHIN)
+    except JetStreamApiError as exc:
+        if exc.err_code != ERR_STREAM_NOT_FOUND:
+            raise
+    else:
+        return
+    try:
+        create = f"{API_PREFIX}.STREAM.CREATE.{spec.name}"
+        await request(nc, create, stream_config(spec), JETSTREAM_WITHIN)
+    except JetStreamApiError as exc:
+        if exc.err_code != ERR_STREAM_NAME_IN_USE:  # a service made it meanwhile: theirs
+            raise
 
 
 def _refused(exc: CommandError) -> str:

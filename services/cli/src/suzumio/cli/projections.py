@@ -6,15 +6,21 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from suzumio.cli.connected import Platform, with_platform
+from suzumio.cli.failures import fail
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.projections import load_projections
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.parking import record_parked
-from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
+from suzumio.platform.projections.rebuild import (
+    RebuildInProgressError,
+    RebuildStalledError,
+    rebuild,
+)
 from suzumio.platform.projections.registry import UnknownProjectionError
 
 app = typer.Typer(help="Read models in Postgres, built from the event log.", no_args_is_help=True)
@@ -29,10 +35,12 @@ def rebuild_command(
 ) -> None:
     """Replay the log from sequence 1 into fresh tables and swap them in atomically."""
     try:
-        projections = load_projections(names or None)
+        # Each once: a name given twice would be replayed twice into one staging schema and
+        # swapped in twice (the second finds its schema gone).
+        projections = load_projections(list(dict.fromkeys(names)) if names else None)
     except UnknownProjectionError as exc:
         known = ", ".join(p.name for p in load_projections())
-        console.print(f"[red]{exc}[/red] (known: {known})")
+        console.print(f"[red]{escape(str(exc))}[/red] (known: {known})")  # names as typed
         raise typer.Exit(2) from None
 
     async def run(platform: Platform) -> None:
@@ -59,6 +67,8 @@ def rebuild_command(
     except RebuildInProgressError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
+    except RebuildStalledError as exc:  # nothing was swapped in: the live tables stand
+        fail(f"the rebuild stopped, the log stopped delivering: {exc}")
 
 
 @app.command("status")

@@ -167,6 +167,12 @@ def _safe(name: str) -> str | None:
     norm = posixpath.normpath(name.replace("\\", "/"))
     if name.startswith("/") or norm.startswith("..") or "\x00" in name:
         raise PackageError(f"archive entry {name!r} leaves the package")
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        # tarfile keeps a name's non-UTF-8 bytes as lone surrogates: as an asset's path the
+        # command could not even be written out (a 500), and no one sent that name.
+        raise PackageError(f"archive entry {name!r} has a name that is not UTF-8") from None
     return None if norm in {".", ""} else norm
 
 
