@@ -133,13 +133,20 @@ async def terminals(store: EventStore, activation_id: str) -> list[DomainEvent]:
 class Sandboxes:
     """A backend whose sandboxes are as the test lists them; it records what it is asked. A
     watched sandbox ends once a stop reaches it; the first `failing_stops` stops fail (an
-    engine briefly unreachable)."""
+    engine briefly unreachable). A stopped sandbox reports `stopped_as` (how it ended under
+    the stop)."""
 
     name = "fake"
 
-    def __init__(self, live: list[Handle], failing_stops: int = 0) -> None:
+    def __init__(
+        self,
+        live: list[Handle],
+        failing_stops: int = 0,
+        stopped_as: Exit = Exit(None, "cancelled", "stopped"),  # noqa: B008 -- immutable
+    ) -> None:
         self.live = live
         self.failing_stops = failing_stops
+        self.stopped_as = stopped_as
         self.calls: dict[str, list[tuple[str, bool | None]]] = defaultdict(list)
         self._stopped: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
 
@@ -148,7 +155,7 @@ class Sandboxes:
 
     async def watch(self, handle: Handle) -> Exit:
         await self._stopped[handle.activation_id].wait()
-        return Exit(None, "cancelled", "stopped")
+        return self.stopped_as
 
     async def cancel(self, handle: Handle) -> None:
         self.calls[handle.activation_id].append(("cancel", None))

@@ -651,15 +651,18 @@ class Orchestrator:
     def _terminal(  # noqa: PLR0911
         tracked: Tracked, exit_: Exit, output: ActivationOutputRecorded | None
     ) -> DomainEvent:
-        if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
-            return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
         if exit_.gone and exit_.code is None and output is not None:
-            # Its sandbox went with its exit code (a Job deleted by a cancel just after the
-            # runner finished): the runner exits as it does after the output it recorded.
+            # Its sandbox went with its exit code (a Job deleted by a cancel or the stop at its
+            # time limit just after the runner finished): the runner exits as it does after the
+            # output it recorded.
             exit_ = exit_after_output(output, exit_.detail)
         if exit_.code in COMPLETING_EXITS and output is not None:
-            # Finished, even if a cancel came after: its work is done, not to be done again.
+            # Finished, even if a cancel or the wall-clock stop came after (the runner was on
+            # its way out, or a pool worker still storing its out/): its work is done, and a
+            # timeout would have the scheduler do it all again.
             return ActivationCompleted(text=output.text, usage=output.usage, reason=output.reason)
+        if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
+            return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
         if tracked.cancel_reason is not None:
             return ActivationCancelled(reason=tracked.cancel_reason)
         if exit_.code in PERMANENT_EXITS:
