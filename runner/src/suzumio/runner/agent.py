@@ -12,6 +12,7 @@ the order it happened, so the next activation continues from it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -64,9 +65,11 @@ Message = dict[str, Any]
 Reason = Literal["completed", "budget_exhausted", "waiting", "failed"]
 MAX_RESULT_CHARS = 200_000  # a history entry holds 1 M; a tool result rarely needs more
 MAX_OUTPUT_CHARS = 900_000
+MAX_ENTRY_CHARS = 1_000_000  # of text, in a history entry (`HistoryEntryIn`)
 MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
 MAX_ARGUMENT_DEPTH = 64
 MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
+END_OPEN_CALLS_SECONDS = 10.0
 # How a call that gave no result of its own ends, in its audit record.
 _FAILED: dict[FailureReason, Status] = {
     "error": "error",
@@ -162,7 +165,7 @@ class AgentLoop:
             if compaction.estimate_tokens(self._messages) >= self._threshold:
                 await self._compact("threshold")
             turn = await self._call_model(self._toolbox.wire_definitions())
-            turn.text = printable(turn.text)
+            turn.text = _entry_text(turn.text)
             dropped = len(turn.tool_calls) - MAX_CALLS_PER_TURN
             if dropped > 0:
                 # The reply and its results could not be recorded at all: run what fits, and
@@ -261,6 +264,10 @@ class AgentLoop:
     async def _grace(self) -> Ending:
         self._push({"role": "user", "content": GRACE_PROMPT}, None)
         turn = await self._call_model([])
+        # As any reply, fit for the history (else building its entry raises: no output at
+        # all); calls in it are not run — it was offered no tools — nor recorded as asked.
+        turn.text = _entry_text(turn.text)
+        turn.tool_calls = []
         return self._ending("budget_exhausted", turn.text, self._assistant_entry(turn))
 
     # -- compaction ------------------------------------------------------------------------
@@ -298,7 +305,7 @@ class AgentLoop:
             log("compaction.failed", error=repr(exc))
             self._governor.record_failure(now)
             return False
-        summary.text = printable(summary.text)  # stored as the marker's text: no NUL
+        summary.text = _entry_text(summary.text)  # stored as the marker's text
         if not summary.text.strip():
             self._governor.record_failure(now)
             return False
@@ -421,6 +428,20 @@ class AgentLoop:
             duration_ms=duration_ms,
         )
         return outcome
+
+    async def end_open_calls(self, why: str) -> None:
+        """The audit's end (`timeout`) of the calls the activation's wall-clock limit stopped
+        mid-round: the round was cancelled before it could record them, and a call without an
+        end shows as running for ever. Bounded: the output is the one call that must go."""
+        stopped = CoreOutcome(ToolResult(why, "timeout"))
+        try:
+            async with asyncio.timeout(END_OPEN_CALLS_SECONDS):
+                for call_id in list(self._open_calls):
+                    await self._audit_end(
+                        _Call(-1, WireCall(call_id, "", ""), None, None, None), stopped
+                    )
+        except TimeoutError:
+            log("audit.finish_failed", calls=len(self._open_calls), error="out of time")
 
     async def _audit_end(self, call: _Call, outcome: CoreOutcome) -> int:
         """The audit's end of a started call (also of one its round stopped, or that raised:
@@ -560,6 +581,13 @@ class AgentLoop:
 # Where the built-in tools cut their output (shell.exec's omitted middle, web.fetch's cap,
 # file.read's over-long line, file.search's clipped line). A cut can halve a secret, and the
 # halves no longer match it.
+
+
+def _entry_text(text: str) -> str:
+    """A reply's text as a history entry (and a compaction marker) holds it: valid UTF-8, no
+    NUL, at most `MAX_ENTRY_CHARS` (`printable`'s escapes may lengthen a text at the model
+    client's bound)."""
+    return printable(text)[:MAX_ENTRY_CHARS]
 
 
 def _cut_off(call: WireCall) -> bool:

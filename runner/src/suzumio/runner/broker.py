@@ -83,6 +83,10 @@ class FencedError(BrokerError):
     """The token no longer works: the activation was cancelled, replaced or has expired."""
 
 
+class OutputChangedError(OSError):
+    """An output file ended before the size it was sent under (something changed it)."""
+
+
 class BrokerUnavailableError(Exception):
     """The broker could not be reached, or answered only 5xx, after the retries: nothing is
     known to have been refused, so the activation's work must not be given up as if it were
@@ -335,12 +339,23 @@ class BrokerClient:
         raise BrokerUnavailableError(f"GET {path}: gave up")  # pragma: no cover - loop returns
 
     async def upload(self, index: int, path: str, source: BinaryIO, size: int) -> bool:
-        """One output file (read from `source`'s start) as the activation's `index`th; False if
-        the broker had it already (a retried upload)."""
+        """One output file (its first `size` bytes, read from `source`'s start) as the
+        activation's `index`th; False if the broker had it already (a retried upload).
+
+        Raises:
+            OutputChangedError: `source` holds fewer than `size` bytes now.
+        """
 
         async def body() -> AsyncIterator[bytes]:
+            # Exactly the declared Content-Length: a file that grew or shrank since its size
+            # was taken made h11 raise its own error, which is neither httpx's nor a refusal.
             source.seek(0)
-            while chunk := source.read(FILE_CHUNK):
+            left = size
+            while left > 0:
+                chunk = source.read(min(FILE_CHUNK, left))
+                if not chunk:
+                    raise OutputChangedError(f"{size - left} of {size} bytes: it shrank")
+                left -= len(chunk)
                 yield chunk
 
         url = f"/runner/files/out/{index}"

@@ -18,6 +18,8 @@ from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableEr
 from suzumio.runner.log import log
 from suzumio.runner.workfiles import ExchangeError, open_output, place, regular_files
 
+MAX_PATH = 1_000  # characters of an artifact's path, as the orchestrator and the broker take
+
 
 async def fetch_inputs(broker: BrokerClient, workspace: Path, files: FileExchange) -> None:
     """Each input at its path under `workspace/in` (one there with exactly its bytes is kept).
@@ -53,21 +55,42 @@ async def send_outputs(broker: BrokerClient, workspace: Path, files: FileExchang
         try:
             opened = open_output(path)
         except OSError as exc:
-            log("handover.output_skipped", path=relative, error=repr(exc)[:300])
+            log("handover.output_skipped", path=_shown(relative), error=repr(exc)[:300])
             continue
         if opened is None:
             continue
         source, size = opened
         with source:
-            if size > files.max_output_bytes or not placeable(relative):
-                log("handover.output_skipped", path=relative, size=size)
+            if size > files.max_output_bytes or not _sendable(relative):
+                log("handover.output_skipped", path=_shown(relative), size=size)
                 continue
             try:
                 await broker.upload(sent, relative, source, size)
             except FencedError:
                 raise
             except BrokerError as exc:  # refused (too large for the broker's own limit, …)
-                log("handover.output_refused", path=relative, status=exc.status)
+                log("handover.output_refused", path=_shown(relative), status=exc.status)
+                continue
+            except OSError as exc:  # unreadable, or shrunk since its size was taken
+                log("handover.output_skipped", path=_shown(relative), error=repr(exc)[:300])
                 continue
         sent += 1
     return sent
+
+
+def _sendable(path: str) -> bool:
+    """Whether a file of `out` at `path` can be an artifact, as the orchestrator collects one
+    (docs/orchestrator.md): a name a workspace could hold again, of at most `MAX_PATH`
+    characters, in UTF-8. A name of other bytes (a lone surrogate here) cannot even be put in
+    the upload's query: httpx would raise while building the request, and the activation
+    would end without its final call."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return len(path) <= MAX_PATH and placeable(path)
+
+
+def _shown(path: str) -> str:
+    """`path` for the log, its bytes that are not UTF-8 as `\\xNN` escapes (as `ls -b`)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

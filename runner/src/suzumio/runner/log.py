@@ -26,12 +26,17 @@ def keep_secret(*values: str) -> None:
     secrets.extend(v for v in values if len(v) >= MIN_SECRET_CHARS)
 
 
+def redacted(text: str) -> str:
+    """`text` with the activation's secrets replaced."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
 def log(event: str, **fields: Any) -> None:
     record = {"ts": round(time.time(), 3), "event": event, **context, **fields}
-    line = json.dumps(record, default=str)
-    for secret in secrets:
-        if secret in line:
-            line = line.replace(secret, "[redacted]")
+    line = redacted(json.dumps(record, default=str))
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
 

@@ -22,7 +22,7 @@ from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableEr
 from suzumio.runner.connections import Connections
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
-from suzumio.runner.log import context, keep_secret, log, tail
+from suzumio.runner.log import context, keep_secret, log, redacted, tail
 from suzumio.runner.log import secrets as log_secrets
 from suzumio.runner.model import ModelClient, endpoint_for
 from suzumio.runner.toolbox import Toolbox
@@ -75,6 +75,11 @@ async def run_activation(
         ending, code = await _run_loop(spec, broker, loop, workspace)
         if spec.files is not None and code != exits.INPUTS_UNAVAILABLE:
             await live.close()  # the files may take a while: the live output goes first
+            # What the commands left running ends first, as it has where the platform
+            # collects `out/` after the runner exited: else a file it still writes would be
+            # sent half-written, or change while it is sent.
+            if ended := await strays.end_children():
+                log("activation.strays_ended", count=ended)
             sent = await send_outputs(broker, workspace, spec.files)
             log("activation.outputs_sent", files=sent)
         code = await final_call(broker, ending, await live.finish(), code)
@@ -106,9 +111,11 @@ async def final_call(
         FencedError, BrokerUnavailableError: the activation can do nothing more.
     """
     usage = ending.usage or {}
-    output = RunnerActivationOutput(
-        text=ending.text[:MAX_OUTPUT_CHARS], usage=usage, reason=ending.reason
-    )
+    # A failure's text quotes the model's error, which a provider may have made with the key
+    # it refused: the output is an event the API shows, and as the log holds no secret, so
+    # does it.
+    text = redacted(ending.text)[:MAX_OUTPUT_CHARS]
+    output = RunnerActivationOutput(text=text, usage=usage, reason=ending.reason)
     try:
         await broker.output(output, ending.history, live)
     except BrokerError as exc:
@@ -143,6 +150,7 @@ async def _run_loop(
         return Ending("failed", why, loop.usage(), exc.failure_class), exits.MODEL_FAILED
     except TimeoutError:
         why = "the activation ran out of time"
+        await loop.end_open_calls(f"tool call stopped: {why}")
         return Ending("failed", why, loop.usage()), exits.TIMED_OUT
     except BrokerError as exc:
         if isinstance(exc, FencedError):

@@ -32,6 +32,12 @@ from suzumio.contracts.values import ModelSpec
 from suzumio.runner.connections import Connections, model_http, sdk_client
 
 Message = dict[str, Any]
+# A reply is read up to these bounds, then taken as cut off by the output cap (`length`): a
+# provider that ignores `max_tokens`, or streams for ever, must not grow the runner's memory
+# until the wall-clock limit or the OOM killer ends it.
+MAX_TEXT_CHARS = 1_000_000  # what a history entry holds
+MAX_CALL_CHARS = 40_000_000  # ids, names and arguments (file.write: 32 M, JSON-escaped)
+CALL_OVERHEAD_CHARS = 100  # counted per call, so a stream of empty calls is bounded too
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,9 @@ class ModelClient:
                     response=stream.response, body=chunk, message="a chunk is not an object"
                 )
             turn.add(chunk)
+            if turn.full:
+                await stream.close()  # the rest is not read: the connection goes
+                break
         return turn.done()
 
 
@@ -131,6 +140,10 @@ class _Assembly:
         self._on_text = on_text
         self._text: list[str] = []
         self._calls: dict[int, dict[str, str]] = {}
+        self._text_left = MAX_TEXT_CHARS
+        self._call_left = MAX_CALL_CHARS
+        self.full = False
+        """A bound was reached: the reply ends here, as one cut off by the output cap."""
 
     def add(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
@@ -142,7 +155,7 @@ class _Assembly:
         for choice in _objects(chunk.get("choices")):
             delta = choice.get("delta")
             delta = delta if isinstance(delta, dict) else {}
-            content = _text(delta.get("content"))
+            content = self._take_text(_text(delta.get("content")))
             if content:
                 self._text.append(content)
                 if self._on_text is not None:
@@ -152,6 +165,20 @@ class _Assembly:
             reason = _text(choice.get("finish_reason"))
             if reason:
                 self.turn.finish_reason = reason
+        if self.full:
+            self.turn.finish_reason = "length"
+
+    def _take_text(self, text: str) -> str:
+        if len(text) > self._text_left:
+            text, self.full = text[: self._text_left], True
+        self._text_left -= len(text)
+        return text
+
+    def _take_call(self, text: str) -> str:
+        if len(text) > self._call_left:
+            text, self.full = text[: self._call_left], True
+        self._call_left -= len(text)
+        return text
 
     def _add_call(self, tc: dict[str, Any]) -> None:
         index = tc.get("index")
@@ -159,13 +186,18 @@ class _Assembly:
             # call, the others go on with the last one
             last = max(self._calls, default=-1)
             index = last + 1 if _text(tc.get("id")) or last < 0 else last
+        if index not in self._calls:
+            if self._call_left < CALL_OVERHEAD_CHARS:
+                self.full = True
+                return
+            self._call_left -= CALL_OVERHEAD_CHARS
         slot = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
         if _text(tc.get("id")):
-            slot["id"] = tc["id"]
+            slot["id"] = self._take_call(tc["id"])
         function = tc.get("function")
         if isinstance(function, dict):
-            slot["name"] += _text(function.get("name"))
-            slot["arguments"] += _text(function.get("arguments"))
+            slot["name"] += self._take_call(_text(function.get("name")))
+            slot["arguments"] += self._take_call(_text(function.get("arguments")))
 
     def done(self) -> ModelTurn:
         self.turn.text = "".join(self._text)
