@@ -20,6 +20,7 @@ import httpx
 from pydantic import BaseModel
 
 from suzumio.contracts.broker import (
+    MAX_RECEIVED,
     AskOutcome,
     AskRequest,
     CheckpointPut,
@@ -28,6 +29,7 @@ from suzumio.contracts.broker import (
     HistoryAppend,
     HistoryEntryIn,
     Recorded,
+    SignalsTake,
     SignalsTaken,
     StreamBatch,
     StreamChunk,
@@ -49,6 +51,8 @@ M = TypeVar("M", bound=BaseModel)
 MAX_BATCH_ENTRIES = 200
 MAX_BATCH_CHARS = 2_000_000  # well under the bus's message size
 FILE_CHUNK = 256 * 1024
+# Ids a query string carries within an h11 server's 16 KB request head (with the headers).
+MAX_RECEIVED_IN_URL = 300
 MAX_RETRY_AFTER = 10.0
 # The output is the one call whose loss costs the whole activation: a broker that answers it
 # with 5xx is waited for longer (about a minute) than for the others.
@@ -240,10 +244,18 @@ class BrokerClient:
         await self._must("POST", "/runner/stream", body, Recorded)
 
     async def signals(self, received: Sequence[str]) -> tuple[SignalSpec, ...]:
+        """The due P1 signals. `received`: the ones the activation has already, newest last;
+        only the newest of them are named (the loop drops a signal handed over again)."""
         try:
-            taken = await self._call(
-                "GET", "/runner/signals", None, SignalsTaken, params={"received": list(received)}
-            )
+            try:
+                body = SignalsTake(received=tuple(received[-MAX_RECEIVED:]))
+                taken = await self._call("POST", "/runner/signals", body, SignalsTaken)
+            except BrokerError as exc:
+                if exc.status != 405:
+                    raise
+                # A broker from before the POST: the query string, of as many as a URL holds.
+                query = {"received": list(received[-MAX_RECEIVED_IN_URL:])}
+                taken = await self._call("GET", "/runner/signals", None, SignalsTaken, params=query)
         except BrokerError as exc:
             if exc.status == 409:  # the scheduler says it is not live any more
                 raise FencedError(exc.status, exc.detail) from None

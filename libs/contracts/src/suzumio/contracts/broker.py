@@ -120,6 +120,17 @@ class FinalCall(RunnerActivationOutput):
     live: StreamBatch | None = None
 
 
+MAX_RECEIVED = 10_000  # as `TakeSignals.received`
+
+
+class SignalsTake(_Body):
+    """`POST /runner/signals`: the signals the runner has already (by id), so they are not
+    handed over again. In a body, as a query string they outgrew a URL: ~350 ids behind an h11
+    server's 16 KB request head, ~3,000 in httpx's own URL bound."""
+
+    received: tuple[Identifier, ...] = Field(default=(), max_length=MAX_RECEIVED)
+
+
 class SignalsTaken(_Body):
     signals: tuple[SignalSpec, ...] = ()
 

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic_core import PydanticSerializationError, to_json
 
 from suzumio.contracts.broker import (
+    MAX_RECEIVED,
     AskOutcome,
     AskRequest,
     CheckpointPut,
@@ -22,6 +23,7 @@ from suzumio.contracts.broker import (
     HistoryAppend,
     HistoryEntryIn,
     Recorded,
+    SignalsTake,
     SignalsTaken,
     StreamBatch,
     SupportCall,
@@ -260,19 +262,26 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> No
     await asyncio.gather(*acks)  # in order: one publisher, one connection
 
 
+@router.post("/runner/signals")
+async def take_signals(body: SignalsTake, caller: Auth, broker: Shared) -> SignalsTaken:
+    """The due P1 signals, handed over to the activation (the scheduler's `take_signals`)."""
+    return await _take_signals(caller, broker, body.received)
+
+
 @router.get("/runner/signals")
 async def signals(
     caller: Auth,
     broker: Shared,
-    received: Annotated[list[Identifier] | None, Query(max_length=10_000)] = None,
+    received: Annotated[list[Identifier] | None, Query(max_length=MAX_RECEIVED)] = None,
 ) -> SignalsTaken:
+    """As `POST /runner/signals`, for runners from before it (`received` in the query)."""
+    return await _take_signals(caller, broker, tuple(received or ()))
+
+
+async def _take_signals(caller: Caller, broker: Broker, received: tuple[str, ...]) -> SignalsTaken:
     c = caller.claims
     reply = await broker.commands.send(
-        TakeSignals(
-            session_id=c.session_id,
-            activation_id=c.activation_id,
-            received=tuple(received or ()),
-        ),
+        TakeSignals(session_id=c.session_id, activation_id=c.activation_id, received=received),
         actor=caller.actor,
     )
     raw: list[dict[str, Any]] = reply.result.get("signals", [])
