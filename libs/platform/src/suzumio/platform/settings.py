@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from cryptography.fernet import Fernet
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from suzumio.contracts.subjects import Topology
 
@@ -51,6 +53,18 @@ class PlatformSettings(BaseSettings):
         # People write DEBUG as often as debug; both mean the same.
         return value.strip().lower() if isinstance(value, str) else value
 
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_a_prefix(cls, value: str) -> str:
+        # Checked here, not when `topology()` is first called: a wrong namespace is then one
+        # line naming SUZUMIO_NAMESPACE (CLI and services alike), not a traceback.
+        try:
+            Topology(namespace=value)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise ValueError(str(error.get("ctx", {}).get("error") or error["msg"])) from None
+        return value
+
     def topology(self) -> Topology:
         return Topology(namespace=self.namespace, replicas=self.replicas)
 
@@ -62,3 +76,60 @@ class ServiceSettings(PlatformSettings):
     http_port: int = Field(default=0, ge=0, le=65_535, description="0 picks a free port")
     drain_seconds: float = Field(default=8.0, gt=0, le=60, description="SIGTERM grace period")
     instance: str = Field(default="", description="replica name in logs; defaults to host:pid")
+
+    @field_validator("secret_key")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        # At start, not at the first secret sealed or token signed: a key that cannot be
+        # used is then one line, not a traceback from the middle of a service's set-up (or,
+        # in the tool-broker, which only derives a signing key from it, no error at all).
+        if value is None:
+            return None
+        keys = [k.strip() for k in value.get_secret_value().split(",") if k.strip()]
+        if not keys:
+            raise ValueError("holds no key (unset, <data dir>/secret.key is used)")
+        for key in keys:
+            try:
+                Fernet(key.encode())
+            except ValueError:
+                raise ValueError(
+                    "not Fernet keys (32 url-safe base64-encoded bytes each), comma-separated"
+                ) from None
+        return value
+
+    def __init__(self, **values: Any) -> None:
+        if values:  # built by code (tests, tools): a wrong value is that code's bug
+            super().__init__(**values)
+            return
+        # Read from the environment alone (`python -m suzumio.<service>`): a wrong value is
+        # the operator's to fix, so it is one line naming the variable (exit 2, as the CLI
+        # does), not a traceback that reads like a bug.
+        try:
+            super().__init__()
+        except (ValidationError, SettingsError) as exc:
+            sys.stderr.write(f"error: {_explain(type(self), exc)}\n")
+            raise SystemExit(2) from None
+
+
+def _explain(settings: type[BaseSettings], exc: ValidationError | SettingsError) -> str:
+    """What is wrong with the environment, naming each variable."""
+    prefix = str(settings.model_config.get("env_prefix") or "")
+    if isinstance(exc, SettingsError):  # a value that is not the JSON its field takes
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        return f"{str(exc).splitlines()[0]} (variables {prefix}*){cause}"
+    delimiter = settings.model_config.get("env_nested_delimiter") or None
+    problems = []
+    for error in exc.errors():
+        names = [str(part) for part in error["loc"] if isinstance(part, str)]
+        variable = prefix + (delimiter.join(names) if delimiter else names[0] if names else "")
+        shown = error.get("input")
+        field = settings.model_fields.get(names[0]) if names else None
+        if field is not None and "SecretStr" in str(field.annotation):
+            shown = "***"  # a wrong key may still be most of the right one
+        elif isinstance(shown, str):
+            from suzumio.platform.embedded.credentials import redact  # noqa: PLC0415 - rare
+
+            shown = redact(shown)
+        setting = ".".join(str(part) for part in error["loc"])
+        problems.append(f"{variable.upper()} ({setting}): {error['msg']} (got {shown!r})")
+    return "; ".join(problems)

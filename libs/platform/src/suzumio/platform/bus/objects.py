@@ -3,6 +3,17 @@
 nats-py can put from a file object but only gets into memory or a file; `read_chunks` streams
 an object's chunks as they arrive (the object store's own protocol: an ordered consumer on the
 object's chunk subject), so a download never holds a whole file in memory.
+
+`put_blob` writes the object store's own layout (chunks on `$O.<bucket>.C.<nuid>`, then the
+object's record on `$O.<bucket>.M.<name>`) rather than calling nats-py's `put`, which replaces
+an object: a blob is stored once and never replaced. nats-py's `put` (a) purges the chunks of
+the object it replaces, under a download that may be reading them; (b) leaves a lost put's
+chunks for ever when two puts of one digest race (each saw no object before it wrote); (c)
+purges its own chunks when the record's acknowledgement is lost although the record was
+stored, leaving a record that names nothing (and every later put of those bytes skips it as
+stored); (d) leaves its chunks behind when it is cancelled. Here the record is appended only
+if no record is there yet (`Nats-Expected-Last-Subject-Sequence`), and whatever did not become
+a blob is purged, unless the record stored names it.
 """
 
 from __future__ import annotations
@@ -11,17 +22,26 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from io import BufferedIOBase
 
 from nats.aio.msg import Msg
+from nats.js import api
 from nats.js.client import JetStreamContext
-from nats.js.errors import ObjectNotFoundError
+from nats.js.errors import APIError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
+from nats.nuid import NUID
 
 from suzumio.contracts.subjects import blob_name
 
 CHUNKS_SUBJECT = "$O.{bucket}.C.{nuid}"
+RECORD_SUBJECT = "$O.{bucket}.M.{name}"
+CHUNK_BYTES = 128 * 1024  # what nats-py and the other clients cut objects into
+ERR_WRONG_LAST_SEQUENCE = 10071
+SETTLE_SECONDS = 5.0
+_nuids = NUID()
 
 
 async def has_blob(store: ObjectStore, sha256_hex: str) -> bool:
@@ -33,9 +53,102 @@ async def has_blob(store: ObjectStore, sha256_hex: str) -> bool:
 
 
 async def put_blob(store: ObjectStore, sha256_hex: str, source: BufferedIOBase) -> None:
-    """Store `source` under its digest, unless those bytes are stored already."""
-    if not await has_blob(store, sha256_hex):
-        await store.put(blob_name(sha256_hex), source)
+    """Store `source` under its digest, unless those bytes are stored already (see the module
+    docstring for why this is not nats-py's `put`)."""
+    if await has_blob(store, sha256_hex):
+        return
+    js: JetStreamContext = store._js  # the layout below is the store's own
+    bucket: str = store._name
+    name = blob_name(sha256_hex)
+    nuid = _nuids.next().decode()
+    chunks = CHUNKS_SUBJECT.format(bucket=bucket, nuid=nuid)
+    try:
+        info = await _send_chunks(js, chunks, source, name, bucket, nuid)
+        if await _send_record(js, store, bucket, name, info):
+            return
+        failure: BaseException | None = None
+    except BaseException as exc:
+        failure = exc
+    # Not a blob of ours (another put's record came first, or this one failed or was cancelled
+    # on the way): its chunks go, unless the record stored names them after all (an answer
+    # lost on the way back). Shielded: a cancelled put must still clean up after itself.
+    stored = await asyncio.shield(_settle(store, name, nuid, chunks))
+    if failure is None or (stored and not isinstance(failure, asyncio.CancelledError)):
+        return
+    raise failure
+
+
+async def _send_chunks(
+    js: JetStreamContext, subject: str, source: BufferedIOBase, name: str, bucket: str, nuid: str
+) -> api.ObjectInfo:
+    digest = hashlib.sha256()
+    size = count = 0
+    while chunk := await asyncio.to_thread(source.read, CHUNK_BYTES):
+        digest.update(chunk)
+        await js.publish(subject, chunk)
+        size += len(chunk)
+        count += 1
+    return api.ObjectInfo(
+        name=name,
+        bucket=bucket,
+        nuid=nuid,
+        size=size,
+        chunks=count,
+        digest=f"SHA-256={base64.urlsafe_b64encode(digest.digest()).decode()}",
+        mtime=datetime.now(UTC).isoformat(),
+        options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
+    )
+
+
+async def _send_record(
+    js: JetStreamContext, store: ObjectStore, bucket: str, name: str, info: api.ObjectInfo
+) -> bool:
+    """Append the object's record if none is there yet (or over a deleted one); False if a
+    live record came first."""
+    subject = RECORD_SUBJECT.format(
+        bucket=bucket, name=base64.urlsafe_b64encode(name.encode()).decode()
+    )
+    expected = 0
+    for _ in range(3):
+        try:
+            await js.publish(
+                subject,
+                json.dumps(info.as_dict()).encode(),
+                headers={
+                    api.Header.ROLLUP: "sub",
+                    api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected),
+                },
+            )
+        except APIError as exc:
+            if exc.err_code != ERR_WRONG_LAST_SEQUENCE:
+                raise
+        else:
+            return True
+        try:
+            last = await js.get_last_msg(store._stream, subject)
+        except NotFoundError:
+            expected = 0
+            continue
+        if not json.loads(last.data or b"{}").get("deleted"):
+            return False
+        expected = last.seq or 0  # a deleted blob (`nats object rm`): stored again
+    raise OSError(f"{name}: its record kept changing while it was stored")
+
+
+async def _settle(store: ObjectStore, name: str, nuid: str, chunks: str) -> bool:
+    """True if the record stored names `nuid`; else its chunks are purged (if NATS answers:
+    a few chunks left behind beat a record whose chunks are gone)."""
+    try:
+        async with asyncio.timeout(SETTLE_SECONDS):
+            try:
+                if (await store.get_info(name)).nuid == nuid:
+                    return True
+            except ObjectNotFoundError:
+                pass
+            await store._js.purge_stream(store._stream, subject=chunks)
+    except Exception:  # noqa: S110 - NATS away: nothing can be done about it now
+        pass
+    return False
 
 
 async def read_chunks(
@@ -47,7 +160,9 @@ async def read_chunks(
         ObjectNotFoundError: no such blob.
     """
     info = await store.get_info(blob_name(sha256_hex))
+    digest = hashlib.sha256()
     if not info.size:
+        _check(digest, sha256_hex)
         return
     queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=64)
     sub = await js.subscribe(
@@ -55,7 +170,6 @@ async def read_chunks(
         ordered_consumer=True,
         cb=queue.put,
     )
-    digest = hashlib.sha256()
     try:
         for _ in range(info.chunks or 0):
             msg = await asyncio.wait_for(queue.get(), timeout)
@@ -64,6 +178,11 @@ async def read_chunks(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-    expected = (info.digest or "").removeprefix("SHA-256=")
-    if expected and base64.urlsafe_b64encode(digest.digest()).decode() != expected:
+    _check(digest, sha256_hex)
+
+
+def _check(digest: hashlib._Hash, sha256_hex: str) -> None:
+    # Against the name, not only the digest the object's record states: whoever stored it
+    # computed both, and a blob is trusted by its name (a later put of those bytes skips it).
+    if digest.hexdigest() != sha256_hex.lower():
         raise OSError(f"blob {sha256_hex} is corrupt")

@@ -16,9 +16,22 @@ async def _init_connection(conn: Connection) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+# The server's side of a single connection: a peer that vanished without closing it (its
+# host lost power, the network was cut) is noticed after about 5 + 3 * 2 seconds of silence,
+# instead of the kernel's default two hours. Until then the server keeps the session, and with
+# it every advisory lock it holds: leadership would stay with a dead replica and no other
+# could lead. A peer that is merely slow (a long pause of its process) still answers the
+# probes from its kernel, and keeps its lock. Set by statements, not as startup parameters,
+# which a connection pooler in between may refuse. (Ignored on Unix-domain sockets.)
+_KEEPALIVES = (
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3"
+)
+
+
 async def connect(dsn: str, application: str) -> Connection:
     """A single connection (for locks that must live exactly as long as it does)."""
     conn: Connection = await asyncpg.connect(dsn, server_settings={"application_name": application})
+    await conn.execute(_KEEPALIVES)
     await _init_connection(conn)
     return conn
 

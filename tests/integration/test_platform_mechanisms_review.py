@@ -1,0 +1,275 @@
+"""Review of the platform's shared mechanisms: leadership, settings, the object store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.js.object_store import ObjectStore
+
+from suzumio.contracts.subjects import Topology, blob_name
+from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.platform.bus.objects import put_blob, read_chunks
+from suzumio.platform.db import pool as db
+from suzumio.platform.db.leadership import Leadership
+
+
+@contextlib.contextmanager
+def _unreachable(port: int) -> Iterator[None]:
+    """Every packet to or from local TCP port `port` dropped: a peer gone without a word (a
+    host that lost power, a cut network), not a closed connection."""
+    rules = [["INPUT", "-i", "lo", "-p", "tcp", flag, str(port), "-j", "DROP"]
+             for flag in ("--sport", "--dport")]  # fmt: skip
+    added = []
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", "-w", "-I", *rule], check=True, capture_output=True)
+            added.append(rule)
+        yield
+    finally:
+        for rule in added:
+            subprocess.run(["iptables", "-w", "-D", *rule], check=False, capture_output=True)
+
+
+async def _until(condition: Callable[[], bool], seconds: float) -> None:
+    async with asyncio.timeout(seconds):
+        while not condition():
+            await asyncio.sleep(0.05)
+
+
+def _can_drop_packets() -> bool:
+    if shutil.which("iptables") is None:
+        return False
+    probe = subprocess.run(
+        ["iptables", "-w", "-L", "INPUT", "-n"], check=False, capture_output=True
+    )
+    return probe.returncode == 0
+
+
+async def test_a_leader_whose_host_vanished_does_not_hold_the_lock_for_hours(
+    database_url: str,
+) -> None:
+    """The leader's peer disappears without closing its connection: Postgres must notice
+    within seconds (TCP keepalives on the lock's connection), not after the kernel's
+    default two hours, or no replica leads all that time. (Needs iptables, as root: the
+    Docker engine the tests need brings it.)"""
+    assert _can_drop_packets(), "iptables (as root) cuts the leader's connection here"
+    first = Leadership(database_url, "vanish")
+    first_stop = asyncio.Event()
+    second = Leadership(database_url, "vanish")
+    second_stop = asyncio.Event()
+
+    async def lead(done: asyncio.Event) -> None:
+        await done.wait()
+
+    running = asyncio.create_task(first.run(first_stop, lead))
+    admin = await db.connect(database_url, "observer")
+    try:
+        await _until(lambda: first.leading, 10)
+        port = await admin.fetchval(
+            "SELECT client_port FROM pg_stat_activity WHERE application_name = $1",
+            "suzumio-leader-vanish",
+        )
+        assert port is not None
+        with _unreachable(port):
+            await _until(lambda: not first.leading, 10)  # it steps down by itself (heartbeat)
+            first_stop.set()  # and stays away, as a dead host would
+            await running
+            contending = asyncio.create_task(second.run(second_stop, lead))
+            try:
+                await _until(lambda: second.leading, 45)
+            finally:
+                second_stop.set()
+                await contending
+    finally:
+        first_stop.set()
+        await running
+        await admin.close()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("SUZUMIO_HTTP_PORT", "eighty", "SUZUMIO_HTTP_PORT"),
+        ("SUZUMIO_DB_POOL_MAX", "0", "SUZUMIO_DB_POOL_MAX"),
+        ("SUZUMIO_BACKENDS", "docker", "backends"),  # not the JSON list the field takes
+        ("SUZUMIO_DOCKER__MEMORY", "x", "SUZUMIO_DOCKER__MEMORY"),
+        ("SUZUMIO_NAMESPACE", "Blue", "SUZUMIO_NAMESPACE"),  # no stream name can hold it
+        ("SUZUMIO_SECRET_KEY", "hunter2-not-fernet", "SUZUMIO_SECRET_KEY"),  # never echoed
+    ],
+)
+def test_a_service_with_a_wrong_setting_says_so_in_one_line(
+    tmp_path: Path, variable: str, value: str, named: str
+) -> None:
+    """`python -m suzumio.<service>` with a wrong `SUZUMIO_*` value: one line naming the
+    variable and exit 2 (as the CLI does), not a pydantic traceback."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SUZUMIO_DATA_DIR": str(tmp_path / "data"),  # whatever happens, nothing starts here
+        "SUZUMIO_NATS_URL": "nats://127.0.0.1:1",
+        "SUZUMIO_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/x",
+        variable: value,
+    }
+    ran = subprocess.run(
+        [sys.executable, "-m", "suzumio.orchestrator"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert ran.returncode == 2, ran.stderr
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1, ran.stderr
+    assert lines[0].startswith("error: ")
+    assert named in lines[0]
+    assert "hunter2" not in ran.stderr
+
+
+# -- the object store -------------------------------------------------------------------------
+
+CHUNK = 128 * 1024  # nats-py's chunk size
+DATA = bytes(range(256)) * (3 * CHUNK // 256) + b"tail"  # four chunks
+
+
+@pytest_asyncio.fixture
+async def blobs(nc: NATS, topology: Topology) -> AsyncIterator[tuple[ObjectStore, str]]:
+    bucket = topology.bucket("blobs")
+    store = await ensure_object_store(nc.jetstream(), bucket)
+    yield store, bucket
+    await nc.jetstream().delete_object_store(bucket)
+
+
+async def _read(nc: NATS, store: ObjectStore, bucket: str, digest: str) -> bytes:
+    return b"".join(
+        [c async for c in read_chunks(nc.jetstream(), store, bucket, digest, timeout=3)]
+    )
+
+
+async def _stored_messages(nc: NATS, bucket: str) -> int:
+    return (await nc.jetstream().stream_info(f"OBJ_{bucket}")).state.messages
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_a_blob_whose_bytes_are_not_its_name_is_not_served(
+    nc: NATS, blobs: tuple[ObjectStore, str]
+) -> None:
+    """`sha256/<hex>` is trusted to hold the bytes of that digest: a later upload of those
+    bytes is skipped as already stored. Bytes stored under another digest's name (by any
+    client of the bucket: a pool worker hashes a sandbox's file and then reads it again to
+    store it) must not be served as that digest's."""
+    store, bucket = blobs
+    wanted = b"the real bytes" * 100
+    await store.put(blob_name(_digest(wanted)), io.BytesIO(b"something else" * 100))
+    await put_blob(store, _digest(wanted), io.BytesIO(wanted))  # skipped: "already stored"
+    with pytest.raises(OSError, match="corrupt"):
+        await _read(nc, store, bucket, _digest(wanted))
+
+
+async def test_a_put_whose_stored_answer_was_lost_keeps_its_bytes(
+    nc: NATS, blobs: tuple[ObjectStore, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object's record is stored but its acknowledgement is lost (a timeout): the bytes
+    it names must stay. nats-py purges them then, leaving a record that names nothing, which
+    every later put of the same bytes takes for stored."""
+    store, bucket = blobs
+    js: Any = store._js  # noqa: SLF001 - the connection nats-py stores through
+    real = js.publish
+
+    async def lossy(subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        ack = await real(subject, payload, **kwargs)
+        if f"$O.{bucket}.M." in subject:
+            raise nats.errors.TimeoutError
+        return ack
+
+    monkeypatch.setattr(js, "publish", lossy)
+    with contextlib.suppress(TimeoutError):
+        await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    monkeypatch.undo()
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))  # the caller's retry
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
+
+
+class _Slow(io.RawIOBase):
+    """`data`, whose first read waits on `gate` and whose later reads take `pause` each."""
+
+    def __init__(self, data: bytes, gate: threading.Barrier | None, pause: float) -> None:
+        self._data = io.BytesIO(data)
+        self._gate = gate
+        self._pause = pause
+        self._first = True
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._first:
+            self._first = False
+            if self._gate is not None:
+                self._gate.wait(10)
+        else:
+            time.sleep(self._pause)
+        return self._data.readinto(buffer)
+
+
+async def test_concurrent_puts_of_one_blob_keep_one_copy(
+    nc: NATS, blobs: tuple[ObjectStore, str]
+) -> None:
+    """Two puts of the same bytes at once (two uploads of one file): both find nothing
+    stored; the second to finish must neither leave its chunks behind for ever nor purge
+    the first one's (a download of it may be under way)."""
+    store, bucket = blobs
+    both = threading.Barrier(2)
+    await asyncio.gather(
+        *(put_blob(store, _digest(DATA), io.BufferedReader(_Slow(DATA, both, 0))) for _ in range(2))
+    )
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
+    assert (await store.get(blob_name(_digest(DATA)))).data == DATA  # as nats-py reads it
+    assert await _stored_messages(nc, bucket) == 4 + 1  # the chunks of one copy, one record
+
+
+async def test_a_put_cancelled_half_way_leaves_no_chunks(
+    nc: NATS, blobs: tuple[ObjectStore, str]
+) -> None:
+    """A put cancelled after some chunks (a request or task cancelled at shutdown) must
+    take them away: nothing names them, and nothing would ever remove them."""
+    store, bucket = blobs
+    putting = asyncio.create_task(
+        put_blob(store, _digest(DATA), io.BufferedReader(_Slow(DATA, None, 0.5)))
+    )
+    async with asyncio.timeout(10):
+        while await _stored_messages(nc, bucket) < 2:
+            await asyncio.sleep(0.05)
+    putting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await putting
+    assert await _stored_messages(nc, bucket) == 0
+
+
+async def test_a_blob_deleted_by_hand_is_stored_again(
+    nc: NATS, blobs: tuple[ObjectStore, str]
+) -> None:
+    """An operator's `nats object rm` leaves a deleted record: the next put stores the bytes
+    again over it (the put only refuses to replace a live blob)."""
+    store, bucket = blobs
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    await store.delete(blob_name(_digest(DATA)))
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
