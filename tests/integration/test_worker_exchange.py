@@ -124,3 +124,38 @@ async def test_outputs_beyond_the_count_are_left_out(
     (outbox / "kept.txt").write_text("no collection asked for")
     assert await bring_out(store, outbox, max_files=0, max_bytes=1_000) == ()
     assert (outbox / "kept.txt").exists()
+
+
+# A pool worker stores the bytes of an output it hashed, not what the file holds by the time it
+# is uploaded: a process of the sandbox that changes the file in between (one that outlived its
+# activation in a warm workspace) put other bytes under that digest — a blob that every later
+# upload of the right bytes, from any project, takes as stored.
+
+
+class ChangedOnTheWay:
+    """The object store, but the file changes as the worker looks the digest up."""
+
+    def __init__(self, store: ObjectStore, file: Path) -> None:
+        self.store = store
+        self.file = file
+
+    async def get_info(self, name: str) -> object:
+        self.file.write_bytes(b"other bytes, written while the first ones were stored")
+        return await self.store.get_info(name)
+
+    async def put(self, name: str, data: object) -> object:
+        return await self.store.put(name, data)  # type: ignore[arg-type]
+
+
+async def test_the_bytes_stored_are_the_bytes_hashed(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    store = await objects(nc, topology)
+    outbox = tmp_path / "out"
+    outbox.mkdir()
+    first = b"the report as the activation left it " + tmp_path.name.encode()
+    (outbox / "report.md").write_bytes(first)
+    racing = ChangedOnTheWay(store, outbox / "report.md")
+    [ref] = await bring_out(racing, outbox, max_files=10, max_bytes=10_000)  # type: ignore[arg-type]
+    assert (ref.sha256, ref.size) == (hashlib.sha256(first).hexdigest(), len(first))
+    assert (await store.get(blob_name(ref.sha256))).data == first

@@ -10,9 +10,12 @@ and any beyond its count, stay behind.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import tempfile
 from functools import partial
-from io import BufferedWriter
+from io import BufferedIOBase, BufferedWriter
 from pathlib import Path
+from typing import BinaryIO, cast
 
 from nats.js.errors import ObjectNotFoundError
 from nats.js.object_store import ObjectStore
@@ -26,10 +29,12 @@ from suzumio.runner.workfiles import (
     open_output,
     place,
     regular_files,
-    sha256_of,
 )
 
 __all__ = ["ExchangeError", "bring_in", "bring_out"]
+
+Spooled = tempfile.SpooledTemporaryFile[bytes]
+SPOOL_BYTES = 8 * 1024 * 1024  # an output copied aside stays in memory up to this size
 
 
 async def bring_in(store: ObjectStore, inbox: Path, refs: tuple[FileRef, ...]) -> None:
@@ -88,11 +93,37 @@ async def _store_one(
         if size > max_bytes:
             log("exchange.output_too_large", path=str(path.relative_to(outbox)), size=size)
             return None
-        digest = await asyncio.to_thread(sha256_of, source)
+        copied = await asyncio.to_thread(_copy_aside, source, max_bytes)
+    if copied is None:
+        log("exchange.output_too_large", path=str(path.relative_to(outbox)), size=size)
+        return None
+    copy, digest, size = copied
+    with copy:
         ref = FileRef(path=path.relative_to(outbox).as_posix(), sha256=digest, size=size)
         try:
             await store.get_info(blob_name(digest))
         except ObjectNotFoundError:
-            source.seek(0)
-            await store.put(blob_name(digest), source)
+            await store.put(blob_name(digest), cast("BufferedIOBase", copy))  # has readinto
     return ref
+
+
+def _copy_aside(source: BinaryIO, limit: int) -> tuple[Spooled, str, int] | None:
+    """A private copy of `source`, its SHA-256 and size (None past `limit` bytes). The bytes
+    stored are those hashed: hashed in place and read again to be stored, a file that a
+    process of the sandbox changed in between went into the store under the digest of other
+    bytes — a blob every later upload of the right bytes, from any project, takes as stored."""
+    copy: Spooled = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+    digest, size = hashlib.sha256(), 0
+    try:
+        while block := source.read(1 << 20):
+            size += len(block)
+            if size > limit:
+                copy.close()
+                return None
+            digest.update(block)
+            copy.write(block)
+        copy.seek(0)
+    except BaseException:
+        copy.close()
+        raise
+    return copy, digest.hexdigest(), size
