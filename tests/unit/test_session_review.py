@@ -9,18 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from suzumio.contracts.commands import CreateAgent, CreateApiKey, PostMessage
-from suzumio.contracts.errors import ConflictError, InvalidError
+from suzumio.contracts.commands import CreateAgent, CreateApiKey, CreatePendingAction, PostMessage
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
+    ActivationCancelRequested,
     ApiKeyCreated,
     ProjectCreated,
     SessionMessageAppended,
     SessionOpened,
     UserCreated,
 )
-from suzumio.contracts.values import MAX_ENV_FACTS, Author, ModelSpec
-from suzumio.session.domain import agent, session, user
+from suzumio.contracts.values import MAX_ENV_FACTS, Author, ModelSpec, PendingKind
+from suzumio.session.domain import agent, pending_action, session, user
 from suzumio.session.domain.agent import AgentState
+from suzumio.session.domain.pending_action import PendingActionState
 from suzumio.session.domain.project import ProjectState
 from suzumio.session.domain.session import SessionState
 from suzumio.session.domain.user import MAX_KEYS, UserState
@@ -100,3 +102,23 @@ def test_expired_keys_do_not_count_as_active_ones() -> None:
     state.fold(ApiKeyCreated(key_id="forever01", digest="4" * 64), 700, 700)
     with pytest.raises(ConflictError, match="active keys"):
         user.create_key(state, new, now)
+
+
+def test_a_cancelled_activation_cannot_leave_the_user_a_question() -> None:
+    """The broker checks the fence before it asks; a cancel stored while `/runner/ask` was on
+    its way still let the question through (history appends were checked again, questions
+    were not): the user was asked by an activation that was gone."""
+    state = SessionState(S)
+    state.fold(SessionOpened(project_id=P, agent_id=A), 1, 1)
+    ask = CreatePendingAction(
+        pending_action_id="q" * 26,
+        session_id=S,
+        activation_id="c" * 26,
+        kind=PendingKind.QUESTION,
+        prompt="which branch?",
+    )
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    assert len(pending_action.create(PendingActionState("q" * 26), state, ask, now)) == 1
+    state.fold(ActivationCancelRequested(activation_id="c" * 26, reason="P0"), 2, 2)
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        pending_action.create(PendingActionState("q" * 26), state, ask, now)

@@ -89,6 +89,13 @@ def create_app(gateway: Gateway, extra_routes: Sequence[BaseRoute]) -> FastAPI:
         IdempotencyMiddleware,
         kv=lambda: app.state.gateway.idempotency,
         box=lambda: app.state.gateway.secrets,
+        valid_key=lambda key: _still_valid(app, key),
     )
     app.add_middleware(BoundedBodies)  # added last: outermost, before the idempotency buffer
     return app
+
+
+async def _still_valid(app: FastAPI, key: str) -> bool:
+    """Whether `key` opens anything now, read afresh (a replay is rare; a key revoked on
+    another gateway a moment ago must not get its answers)."""
+    return bool(key) and await app.state.gateway.keys.principal(key, refresh=True) is not None

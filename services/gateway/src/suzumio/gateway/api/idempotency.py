@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -42,11 +42,16 @@ _BOUNDARY = re.compile(rb'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
 
 class IdempotencyMiddleware:
     def __init__(
-        self, app: ASGIApp, kv: Callable[[], KeyValue], box: Callable[[], SecretBox]
+        self,
+        app: ASGIApp,
+        kv: Callable[[], KeyValue],
+        box: Callable[[], SecretBox],
+        valid_key: Callable[[str], Awaitable[bool]],
     ) -> None:
         self.app = app
         self._kv = kv
         self._box = box
+        self._valid_key = valid_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -65,9 +70,9 @@ class IdempotencyMiddleware:
         # The key the request authenticates with, found as the routes find it: another
         # `Authorization` (a proxy's Basic one, say) beside an X-API-Key is not the caller,
         # and slots keyed on it would hand one caller's answers (a new key) to another.
-        credentials = (presented_key(Headers(scope=scope)) or "").encode("latin-1")
+        caller = credentials(scope).encode("latin-1")
         path = scope["path"].encode() + b"?" + scope.get("query_string", b"")
-        slot = hashlib.sha256(b"\n".join([credentials, path, key])).hexdigest()
+        slot = hashlib.sha256(b"\n".join([caller, path, key])).hexdigest()
         # The routes name what they create after the slot (`Mint`): a retry whose first answer
         # was lost (a crash before it was kept, a failed save) names the same aggregates, and
         # the session service refuses them as duplicates instead of creating them twice.
@@ -100,6 +105,15 @@ class IdempotencyMiddleware:
                 except KeyNotFoundError:
                     continue
                 if answered is not None:
+                    if not await self._valid_key(credentials(scope)):
+                        # A kept answer is the route's, which checks the key first: a revoked
+                        # or expired key must not get its answers (a new key's secret) replayed.
+                        answered = problem_response(
+                            401,
+                            "unauthenticated",
+                            "the API key is not valid",
+                            headers={"WWW-Authenticate": "Bearer"},
+                        )
                     await answered(scope, body.receive, send)
                     return
                 break
@@ -280,3 +294,9 @@ def _replay(record: dict[str, Any], box: SecretBox) -> ASGIApp:
         await send({"type": "http.response.body", "body": body})
 
     return app
+
+
+def credentials(scope: Scope) -> str:
+    """The key the request authenticates with, found as the routes find it: another
+    `Authorization` (a proxy's Basic one, say) beside an X-API-Key is not the caller."""
+    return presented_key(Headers(scope=scope)) or ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator
 
@@ -31,6 +32,7 @@ from suzumio.contracts.values import (
     ToolRef,
     WorkspaceMode,
 )
+from suzumio.platform.logging import secret_name
 
 KeyId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{8,32}$")]
 
@@ -138,6 +140,24 @@ class ProviderIn(In):
         description="write-only; omitted: the stored key stays; never returned",
     )
     clear_api_key: bool = False
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials(cls, value: str) -> str:
+        # The URL is shown to every viewer of the project and kept unsealed in the log: a key
+        # belongs in `api_key` (write-only, sealed), never in the URL.
+        parts = urlsplit(value)
+        if "@" in parts.netloc:
+            raise ValueError("no user or password in the URL: put the key in api_key")
+        names = {name for name, _ in parse_qsl(parts.query, keep_blank_values=True)}
+        if any(secret_name(n) or n.lower() in SECRET_QUERY_NAMES for n in names):
+            raise ValueError("no key or token in the URL's query: put the key in api_key")
+        return value
+
+
+# Query parameters that carry credentials besides the secret-named ones (`?key=` is Google's,
+# `?sig=` Azure's SAS...).
+SECRET_QUERY_NAMES = frozenset({"key", "sig", "signature", "auth", "code"})
 
 
 class ProviderOut(Out):

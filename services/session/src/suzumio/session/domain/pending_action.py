@@ -11,7 +11,7 @@ from suzumio.contracts.commands import (
     ExpirePendingAction,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, InvalidError
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     PendingActionAnswered,
     PendingActionCreated,
@@ -57,6 +57,10 @@ def create(
         raise ConflictError("a pending action with this id exists already")
     if session.closed:
         raise ConflictError("the session is closed")
+    if cmd.activation_id in session.fenced:
+        # The broker checked before it asked; a cancel stored while the call was on its way
+        # must not leave the user a question from an activation that is gone.
+        raise ForbiddenError("the activation is cancelled")
     if cmd.kind is PendingKind.ARTIFACT_REQUEST and not cmd.paths:
         raise InvalidError("an artifact request names the paths it wants")
     return [

@@ -41,6 +41,7 @@ from suzumio.gateway.api.problems import not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
+from suzumio.platform.logging import redact_text
 
 router = APIRouter(prefix="/v1/projects", tags=["projects"], responses=RESPONSES)
 Paging = Annotated[PageRequest, Depends(page_request)]
@@ -265,7 +266,7 @@ def _provider(row: Any) -> ProviderOut:
     return ProviderOut(
         name=row["name"],
         kind=row["kind"],
-        base_url=row["base_url"],
+        base_url=redact_text(row["base_url"]),  # one stored before such URLs were refused
         model=row["model"],
         fallbacks=row["fallbacks"],
         api_key_set=row["api_key_set"],
