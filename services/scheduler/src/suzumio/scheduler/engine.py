@@ -117,7 +117,10 @@ class Scheduler:
         self._policy = policy.Settings(max_batch=settings.max_batch)
         self._hooks = hooks
         self._clock = clock
-        self.world = World(RetryPolicy(settings.retry_budget, settings.retry_backoff_seconds))
+        self.world = World(
+            RetryPolicy(settings.retry_budget, settings.retry_backoff_seconds),
+            default_backend=settings.default_backend,
+        )
         self.replica = Replica(nc, topology, database_url, "scheduler")
         self._admission = Admission()
         self._timers = Timers()

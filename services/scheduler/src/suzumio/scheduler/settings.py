@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from suzumio.contracts.values import Backend
 from suzumio.platform.settings import ServiceSettings
 
 
@@ -19,6 +20,11 @@ class SchedulerSettings(ServiceSettings):
     pool_limits: dict[str, int] = Field(
         default_factory=dict,
         description='max live activations per pool (JSON, e.g. {"docker": 20}); unset: none',
+    )
+    default_backend: Backend = Field(
+        default=Backend.PROCESS,
+        description="the orchestrator's SUZUMIO_DEFAULT_BACKEND (set it on both): the pool "
+        "that activations of agents without a runtime profile count against",
     )
     hooks: tuple[str, ...] = Field(
         default=(),

@@ -34,7 +34,7 @@ from suzumio.contracts.events import (
     SignalsDelivered,
     ToolCallFinished,
 )
-from suzumio.contracts.values import ProjectLimits, RuntimeProfileSpec, SignalKind
+from suzumio.contracts.values import Backend, ProjectLimits, RuntimeProfileSpec, SignalKind
 from suzumio.scheduler.domain.model import (
     Activation,
     AgentInfo,
@@ -102,8 +102,13 @@ class Changes:
 
 
 class World:
-    def __init__(self, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, retry: RetryPolicy | None = None, *, default_backend: Backend = Backend.PROCESS
+    ) -> None:
         self.retry = retry or RetryPolicy()
+        # Where the orchestrator runs an agent without a runtime profile (its
+        # SUZUMIO_DEFAULT_BACKEND): that agent's activations count against this pool.
+        self.default_backend = default_backend
         self.sessions: dict[str, SessionSchedule] = {}
         self.activations: dict[str, Activation] = {}  # requested and not yet ended
         self.agents: dict[str, AgentInfo] = {}
@@ -120,15 +125,19 @@ class World:
         return found
 
     def pool_of(self, agent_id: str) -> str:
-        """The capacity pool an agent's activations count against: its runtime profile's
-        worker pool, else its backend."""
+        """The capacity pool an agent's activations count against: the worker pool of its
+        runtime profile (backend `pool`), else its backend (the default backend for an agent
+        without one)."""
         agent = self.agents.get(agent_id)
         project = self.projects.get(agent.project_id) if agent else None
         spec = None
         if agent and project and agent.runtime_profile:
             spec = project.profiles.get(agent.runtime_profile)
-        spec = spec or RuntimeProfileSpec()
-        return spec.pool or spec.backend.value
+        spec = spec or RuntimeProfileSpec(backend=self.default_backend)
+        if spec.backend is Backend.POOL and spec.pool:
+            return spec.pool
+        # Another backend ignores a `pool` its profile names: it runs there, not in a pool.
+        return spec.backend.value
 
     def limit_of(self, project_id: str) -> int:
         project = self.projects.get(project_id)
