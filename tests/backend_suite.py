@@ -182,12 +182,13 @@ async def answers_and_ends_completed(h: Harness) -> None:
 
 async def crash_with_nonzero_exit_fails(h: Harness) -> None:
     world = await h.world("crash")
-    h.model.script([Reply.content_policy()])  # the runner exits 5 (model failed)
+    h.model.script([Reply.content_policy()])  # the runner exits 11 (refused for good)
     activation_id = await h.request(world)
     story = await h.ended(activation_id)
     assert story[-1] == "activation.failed", story
     stream = await h.stack.store.load("activation", activation_id)
-    assert stream.events[-1].data.exit_code == 5  # type: ignore[attr-defined]
+    ended = stream.events[-1].data
+    assert (ended.exit_code, ended.retryable) == (11, False)  # type: ignore[attr-defined]
     await eventually(h.live_ids, lambda ids: activation_id not in ids, what="cleanup")
 
 
@@ -196,6 +197,9 @@ async def cancel_kills_the_sandbox(h: Harness) -> None:
     h.model.script([Reply.text("never in time", delay=60)])
     activation_id = await h.request(world)
     await h.started(activation_id)
+    # Listed while it runs: else the cleanup check below could pass on a backend that lists
+    # nothing at all.
+    await eventually(h.live_ids, lambda ids: activation_id in ids, what="the sandbox listed")
     await h.stack.store.append_next(
         world.session_id,
         [ActivationCancelRequested(activation_id=activation_id, reason="test")],

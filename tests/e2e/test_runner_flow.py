@@ -243,7 +243,9 @@ async def test_context_overflow_compacts_archives_the_range_and_retries(
     assert "tools" not in summariser.json or not summariser.json["tools"]
     session = await platform.store.load("session", world.session_id)
     [marker] = [e.data for e in session.events if isinstance(e.data, HistoryCompacted)]
-    assert marker.archived_from == earlier[2].message_id or marker.archived_count >= 2
+    # The head kept whole is the system prompt and the first exchange: the range starts after.
+    assert marker.archived_from == earlier[2].message_id
+    assert marker.archived_count >= 2
     assert marker.summary.startswith("Goal: answer")
     # The raw range is still in the log: archived, not deleted.
     texts = {e.data.text for e in session.events if isinstance(e.data, SessionMessageAppended)}
@@ -294,7 +296,7 @@ async def test_content_policy_is_not_retried(
 ) -> None:
     model.script([Reply.content_policy(), Reply.text("must never be asked for")])
     run = await one_run(platform, model, tmp_path, "something forbidden")
-    assert run.exit_code == exits.MODEL_FAILED
+    assert run.exit_code == exits.MODEL_REFUSED  # the orchestrator does not retry it
     assert len(model.completion_requests) == 1
     events = await activation_events(platform, run)
     output = next(e for e in events if isinstance(e, ActivationOutputRecorded))
@@ -353,4 +355,5 @@ async def test_secrets_never_reach_the_model_through_tool_results(
     assert '"token":"[redacted]"' in result.replace(" ", "")
     assert token not in result
     entries = await history(platform, run.world)  # type: ignore[attr-defined]
+    assert any("[redacted]" in e.text for e in entries)  # the tool's result, as recorded
     assert all(token not in e.text for e in entries)

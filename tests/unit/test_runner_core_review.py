@@ -364,7 +364,7 @@ async def test_a_provider_error_that_echoes_the_key_does_not_put_it_in_the_outpu
     body = {"error": {"message": message, "type": "invalid_request_error"}}
     broker = Broker()
     code = await _run_activation(spec(tmp_path), [Reply.error(401, body)], broker, key)
-    assert code == exits.MODEL_FAILED
+    assert code == exits.MODEL_REFUSED
     [output] = broker.bodies["/activation-output"]
     assert "Invalid API key provided: [redacted]" in output["text"]
     assert key not in json.dumps(broker.bodies)

@@ -42,6 +42,6 @@ async def test_a_model_that_fails_after_a_round_leaves_its_calls_counted(tmp_pat
         finally:
             await model.close()
             await http.aclose()
-    assert (ending.reason, code) == ("failed", exits.MODEL_FAILED)
+    assert (ending.reason, code) == ("failed", exits.MODEL_REFUSED)  # a refused key
     assert ending.usage["model_calls"] == 1
     assert ending.usage["model"] == "primary"

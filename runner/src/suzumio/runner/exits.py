@@ -13,5 +13,6 @@ BROKER_UNREACHABLE = 7
 TIMED_OUT = 8  # the activation's wall-clock limit
 TERMINATED = 9  # SIGTERM / SIGINT
 INPUTS_UNAVAILABLE = 10  # the session's files could not be fetched into /workspace/in
+MODEL_REFUSED = 11  # the model refused for good (content policy, credentials, no such model)
 
 BY_REASON = {"completed": COMPLETED, "waiting": WAITING, "budget_exhausted": BUDGET_EXHAUSTED}

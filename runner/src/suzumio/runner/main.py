@@ -24,12 +24,22 @@ from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import context, keep_secret, log, redacted, tail
 from suzumio.runner.log import secrets as log_secrets
+from suzumio.runner.loop.failures import FailureClass
 from suzumio.runner.model import ModelClient, endpoint_for
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import Mount, ToolContext
 from suzumio.runner.workfiles import ExchangeError
 
 BROKER_TIMEOUT_SECONDS = 30.0
+# Failures no retry of the activation would get past: the provider refused the content, the
+# credentials or the model, for every model of the chain.
+REFUSED_FOR_GOOD = frozenset({
+    FailureClass.CONTENT_POLICY,
+    FailureClass.AUTH,
+    FailureClass.FORBIDDEN,
+    FailureClass.BILLING,
+    FailureClass.MODEL_NOT_FOUND,
+})  # fmt: skip
 # A resident runner's request line: a dispatch (at most a bus message, 64 MiB) as a JSON string
 # inside JSON, escaped, with its environment.
 MAX_REQUEST_LINE = 256 << 20
@@ -147,7 +157,10 @@ async def _run_loop(
         return Ending("failed", why, loop.usage()), exits.INPUTS_UNAVAILABLE
     except ModelFailedError as exc:
         why = f"the model failed: {exc}"
-        return Ending("failed", why, loop.usage(), exc.failure_class), exits.MODEL_FAILED
+        # Refused for good, the whole chain through: the same activation again would be too
+        # (DESIGN: content policy → no retry, report), so the exit says not to retry it.
+        code = exits.MODEL_REFUSED if exc.failure_class in REFUSED_FOR_GOOD else exits.MODEL_FAILED
+        return Ending("failed", why, loop.usage(), exc.failure_class), code
     except TimeoutError:
         why = "the activation ran out of time"
         await loop.end_open_calls(f"tool call stopped: {why}")

@@ -100,7 +100,11 @@ RECANCEL_FIRST_SECONDS = 2.0
 RECANCEL_MAX_SECONDS = 60.0
 CONFLICTS_BEFORE_WAITING = 5  # appends of the end that lost to another write, in a row
 COMPLETING_EXITS = frozenset({0, 3, 4})  # completed, waiting, budget exhausted
-PERMANENT_EXITS = {2: "the runner refused its input", 6: "the broker refused the token"}
+PERMANENT_EXITS = {
+    2: "the runner refused its input",
+    6: "the broker refused the token",
+    11: "the model refused it for good (content policy, credentials, no such model)",
+}
 
 # The terminal event, from the output the activation recorded (if it did), as read or folded.
 Decide = Callable[[ActivationOutputRecorded | None], DomainEvent]
@@ -666,9 +670,10 @@ class Orchestrator:
         if tracked.cancel_reason is not None:
             return ActivationCancelled(reason=tracked.cancel_reason)
         if exit_.code in PERMANENT_EXITS:
-            return ActivationFailed(
-                reason=PERMANENT_EXITS[exit_.code], exit_code=exit_.code, retryable=False
-            )
+            reason = PERMANENT_EXITS[exit_.code]
+            if output is not None:  # what the runner said of it (the provider's words)
+                reason = f"{reason}: {output.text[:500]}"
+            return ActivationFailed(reason=reason, exit_code=exit_.code, retryable=False)
         if exit_.reason == "oom":
             return ActivationFailed(reason="out of memory", exit_code=exit_.code, retryable=False)
         if exit_.code is None:
