@@ -69,7 +69,7 @@ async def test_a_watcher_joining_after_live_is_made_again_gets_its_output(
     nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While one watcher stays, the session's channel stays: it must follow the new LIVE."""
-    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.2, raising=False)
+    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.2)
     js = nc.jetstream()
     hub = LiveHub(nc, topology)
     try:
@@ -94,7 +94,7 @@ async def test_a_watcher_joining_after_live_is_made_again_gets_its_output(
 async def test_watchers_across_live_made_again_are_told_and_go_on(
     nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.2, raising=False)
+    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.2)
     js = nc.jetstream()
     hub = LiveHub(nc, topology)
     old = Watcher()
@@ -112,7 +112,7 @@ async def test_watchers_across_live_made_again_are_told_and_go_on(
 async def test_live_as_usual_is_never_taken_for_made_again(
     nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.01, raising=False)
+    monkeypatch.setattr(livehub, "CHECK_SECONDS", 0.01)
     js = nc.jetstream()
     hub = LiveHub(nc, topology)
     watcher = Watcher()

@@ -163,7 +163,7 @@ async def test_the_store_briefly_in_trouble_loses_no_file(
     """An upload that times out and a record whose answer is lost (NATS or the session
     service briefly away) are tried again: every file of out/ is recorded, none given up
     (the activation's directory is removed once it ended)."""
-    monkeypatch.setattr(artifacts_module, "RETRY_FIRST_SECONDS", 0.01, raising=False)
+    monkeypatch.setattr(artifacts_module, "RETRY_FIRST_SECONDS", 0.01)
     target, out = out_of(tmp_path)
     for name in ("a.txt", "b.txt", "c.txt"):
         (out / name).write_bytes(name.encode())
@@ -195,7 +195,7 @@ async def test_the_walk_of_a_huge_out_holds_a_bounded_number_of_entries(
     cheap to make, and a walk that held them all would take the orchestrator down, again at
     each restart): only `MAX_ENTRIES` (here 100) are taken from the listing; the files among
     them are still recorded."""
-    monkeypatch.setattr(artifacts_module, "MAX_ENTRIES", 100, raising=False)
+    monkeypatch.setattr(artifacts_module, "MAX_ENTRIES", 100)
     target, out = out_of(tmp_path)
     (out / "a.txt").write_bytes(b"a")
     for i in range(1_000):

@@ -351,6 +351,7 @@ async def test_a_killed_worker_is_lost_and_its_attempt_never_runs_again(
     await wait_workers(backend, "wa")
     handle = await backend.launch(make_plan(url, tmp_path))
     await eventually(lambda: statuses.of(handle.sandbox_id, "started"))
+    await eventually(lambda: broker.open > 0)  # its runner is up, waiting on its broker call
     workers("wb")
     await wait_workers(backend, "wb")
     watching = asyncio.create_task(watch(backend, handle, timeout=20))

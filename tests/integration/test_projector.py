@@ -17,7 +17,7 @@ from suzumio.platform.bus.eventstore import HDR_MSG_ID, HDR_TYPE, HDR_VERSION, E
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection, Pool
 from suzumio.platform.projections import load_projections
-from suzumio.platform.projections.base import Events, Projection
+from suzumio.platform.projections.base import Events, Projection, live_schema
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.decoding import decode_entry
 from suzumio.platform.projections.projector import Projector
@@ -39,8 +39,21 @@ ALL = load_projections()
 async def assert_equal_to_rebuild(
     nc: NATS, database_url: str, topology: Topology, projections: list[Projection]
 ) -> None:
-    for result in await verify(nc, database_url, topology, projections):
-        assert result.equal, result
+    results = await verify(nc, database_url, topology, projections)
+    assert [r.projection for r in results] == [p.name for p in projections]
+    conn = await db.connect(database_url, "test-verify-tables")
+    try:
+        for p, result in zip(projections, results, strict=True):
+            live = await conn.fetch(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
+                live_schema(p.name),
+            )
+            # Every table the projection keeps is compared: a table left out of `tables`
+            # would pass for equal whatever it holds.
+            assert {t.table for t in result.tables} == {r["table_name"] for r in live}, p.name
+            assert result.equal, result
+    finally:
+        await conn.close()
 
 
 async def test_projections_follow_the_log_and_equal_a_rebuild(
@@ -64,6 +77,19 @@ async def test_projections_follow_the_log_and_equal_a_rebuild(
     )
     assert pending == 0
     await assert_equal_to_rebuild(nc, database_url, topology, ALL)
+
+    # And the comparison can fail: a live row the log no longer gives is seen as a difference.
+    await pool.execute(
+        "DELETE FROM proj_sessions.messages"
+        " WHERE ctid = (SELECT ctid FROM proj_sessions.messages LIMIT 1)"
+    )
+    sessions = next(p for p in ALL if p.name == "sessions")
+    [tampered] = await verify(nc, database_url, topology, [sessions])
+    assert not tampered.equal
+    assert {t.table: (t.only_live, t.only_rebuilt) for t in tampered.tables} == {
+        "messages": (0, 1),
+        "sessions": (0, 0),
+    }
 
 
 async def snapshot(pool: Pool) -> tuple[object, ...]:

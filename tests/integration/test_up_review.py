@@ -148,7 +148,7 @@ async def test_streams_lost_with_a_nats_restart_are_made_again(
 ) -> None:
     """LIVE is a memory stream: a restarted NATS server comes back without it. Every service
     made the streams only at start, so each `/readyz` said not ready from then on, for good."""
-    monkeypatch.setattr(runtime_module, "STREAMS_RECHECK_SECONDS", 0.2, raising=False)
+    monkeypatch.setattr(runtime_module, "STREAMS_RECHECK_SECONDS", 0.2)
     port = free_port()
     server = start_nats(tmp_path / "nats", port=port, monitoring=False)
     settings = ServiceSettings(namespace=topology.namespace, data_dir=tmp_path / "data")
@@ -183,7 +183,7 @@ async def test_a_lost_file_stream_is_not_made_again_empty(
 ) -> None:
     """The event log gone is data lost (or not recovered yet): an empty EVENTS in its place
     would pass for the log, so only memory streams are made again; readiness says so."""
-    monkeypatch.setattr(runtime_module, "STREAMS_RECHECK_SECONDS", 0.1, raising=False)
+    monkeypatch.setattr(runtime_module, "STREAMS_RECHECK_SECONDS", 0.1)
     server = start_nats(tmp_path / "nats", port=free_port(), monitoring=False)
     settings = ServiceSettings(namespace=topology.namespace, data_dir=tmp_path / "data")
     runtime = ServiceRuntime("probe", settings, nats_url=server.url, database_url=database_url)

@@ -90,7 +90,8 @@ def test_json_as_deep_as_allowed_still_travels_to_the_runner() -> None:
     RecordSignal(session_id="s", signal_id="x", payload=payload)
     CheckpointPut(checkpoint_id="c", data=payload)
     carried = _input_with(payload).model_dump_json()
-    assert RunnerActivationInput.model_validate_json(carried).activation.signals[0].payload
+    received = RunnerActivationInput.model_validate_json(carried)
+    assert received.activation.signals[0].payload == payload
     with pytest.raises(ValidationError):
         CheckpointPut(checkpoint_id="c", data={"x": [nested(MAX_JSON_DEPTH)]})
 
@@ -110,7 +111,8 @@ def test_the_nul_check_still_reaches_every_level() -> None:
         CheckpointPut(checkpoint_id="c", data={"a": [{"b": ["ok", "x\x00"]}]})
     with pytest.raises(ValidationError, match="NUL"):
         CheckpointPut(checkpoint_id="c", data={"a": {"k\x00": 1}})
-    assert CheckpointPut(checkpoint_id="c", data={"a": [1, 2.5, None, True, "s"]}).data
+    clean = {"a": [1, 2.5, None, True, "s"]}
+    assert CheckpointPut(checkpoint_id="c", data=clean).data == clean
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])

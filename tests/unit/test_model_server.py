@@ -351,13 +351,11 @@ async def test_a_request_is_visible_while_its_answer_is_delayed(server, client) 
 
 async def test_delays_run_in_parallel_and_peak_concurrency_is_counted(server, client) -> None:
     server.script([Reply.text(f"answer {i}", delay=0.3) for i in range(3)])
-    started = time.monotonic()
 
     answers = await asyncio.gather(*(ask(client) for _ in range(3)))
 
     assert sorted(a or "" for a in answers) == ["answer 0", "answer 1", "answer 2"]
-    assert time.monotonic() - started < 0.8
-    assert server.peak_in_flight == 3
+    assert server.peak_in_flight == 3  # all three delays overlapped: they ran in parallel
     assert server.in_flight == 0
 
 

@@ -27,8 +27,10 @@ async def test_a_tool_printing_nul_is_an_ordinary_result(tmp_path: Path) -> None
     assert ending.reason == "completed"
     [result] = broker.tool_results()
     assert "a\\0b\\0" in result["text"]
-    for body in broker.bodies["/runner/history"]:  # what the runner sent, the broker takes
-        HistoryAppend.model_validate(body)
+    # What the runner sent, the broker takes: the tool's result among it, escaped.
+    sent = [HistoryAppend.model_validate(body) for body in broker.bodies["/runner/history"]]
+    [tool_entry] = [e for h in sent for e in h.entries if e.role == "tool"]
+    assert "a\\0b\\0" in tool_entry.text
 
 
 async def test_a_result_given_by_the_model_with_nul_is_shown_escaped(tmp_path: Path) -> None:

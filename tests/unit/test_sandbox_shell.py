@@ -77,10 +77,9 @@ async def test_environment_is_only_the_given_one(
 
 
 async def test_stdin_is_closed(tmp_path: Path) -> None:
-    started = time.monotonic()
     result = await sh(ctx_for(tmp_path), "cat; echo after-cat", timeout_seconds=3)
+    assert result.status == "ok"  # `cat` read an end of input, not the deadline's kill
     assert result.text.startswith("after-cat\n")
-    assert time.monotonic() - started < 2
 
 
 async def test_cwd_is_confined(tmp_path: Path) -> None:
@@ -129,13 +128,16 @@ async def test_endless_output_is_bounded_by_the_deadline(tmp_path: Path) -> None
 
 async def test_timeout_kills_the_whole_group_even_processes_ignoring_term(tmp_path: Path) -> None:
     pid_file = tmp_path / "grandchild.pid"
-    command = f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; exec sleep 30' & wait"
-    started = time.monotonic()
+    survived = tmp_path / "survived"
+    # The grandchild (and its `sleep`, which inherits the ignored TERM) would write `survived`
+    # had the call waited for it to end on its own rather than killed it.
+    command = f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; sleep 30; touch {survived}' & wait"
     result = await sh(ctx_for(tmp_path), command, timeout_seconds=1)
     assert result.status == "timeout"
-    assert time.monotonic() - started < 3
+    assert result.text.endswith("[timed out after 1s; process group killed]")
     grandchild = await read_pid(pid_file)
     assert await wait_dead(grandchild), f"grandchild {grandchild} survived the timeout"
+    assert not survived.exists()
 
 
 async def test_cancellation_kills_the_group(tmp_path: Path) -> None:
@@ -151,11 +153,10 @@ async def test_cancellation_kills_the_group(tmp_path: Path) -> None:
 
 async def test_background_jobs_do_not_hold_the_call(tmp_path: Path) -> None:
     pid_file = tmp_path / "bg.pid"
-    started = time.monotonic()
     result = await sh(ctx_for(tmp_path), f"sleep 5 & echo $! > {pid_file}; echo started")
     try:
         assert result.status == "ok"
-        assert time.monotonic() - started < 2
+        assert not is_dead(await read_pid(pid_file))  # returned while the job still ran
         assert result.text.startswith("started\n")
         assert "background processes still hold the output" in result.text
     finally:
