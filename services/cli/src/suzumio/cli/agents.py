@@ -24,7 +24,7 @@ console = Console()
 # What the API takes (docs/agent-packages.md): packing stops past it, before a directory
 # pointed at by mistake (a home directory, node_modules) is read into memory whole.
 MAX_ENTRIES = 2_000
-MAX_UNPACKED_BYTES = 100_000_000
+MAX_UNPACKED_BYTES = 100 * 1024 * 1024
 # Version control's own data is no part of an agent: left out, as `npm pack` or `docker build`
 # with the usual ignore files would.
 SKIPPED_DIRECTORIES = frozenset({".git", ".hg", ".svn"})
@@ -51,7 +51,7 @@ def pack(directory: Path) -> bytes:
             if entries > MAX_ENTRIES or total > MAX_UNPACKED_BYTES:
                 raise typer.BadParameter(
                     f"{directory} holds more than a package may ({MAX_ENTRIES:,} files, "
-                    f"{MAX_UNPACKED_BYTES // 1_000_000} MB); is it the package's directory?"
+                    f"{MAX_UNPACKED_BYTES >> 20} MiB); is it the package's directory?"
                 )
             archive.add(path, arcname=name, recursive=False)
     return buffer.getvalue()

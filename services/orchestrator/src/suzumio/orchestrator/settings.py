@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from suzumio.contracts.values import Backend
@@ -17,7 +17,9 @@ class OrchestratorSettings(ServiceSettings):
     """Nested backend settings come from `SUZUMIO_<BACKEND>__<FIELD>`, e.g.
     `SUZUMIO_DOCKER__IMAGE`, `SUZUMIO_KUBERNETES__NAMESPACE`, `SUZUMIO_POOL__DEFAULT_POOL`."""
 
-    model_config = SettingsConfigDict(env_prefix="SUZUMIO_", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        env_prefix="SUZUMIO_", env_nested_delimiter="__", populate_by_name=True
+    )
 
     http_port: int = Field(default=8093, ge=0, le=65_535)
     process: ProcessSettings = Field(default_factory=ProcessSettings)
@@ -38,10 +40,16 @@ class OrchestratorSettings(ServiceSettings):
     broker_url: str = Field(
         default="http://127.0.0.1:8081", description="the tool-broker as sandboxes reach it"
     )
+    # OpenAI's own variables stand in for ours, as the runner takes them (and `suzumio up`
+    # takes OPENAI_API_KEY for a configured model, turning its demo model off).
     model_base_url: str | None = Field(
-        default=None, description="the model endpoint for agents whose model names no provider"
+        default=None,
+        description="the model endpoint for agents whose model names no provider",
+        validation_alias=AliasChoices("SUZUMIO_MODEL_BASE_URL", "OPENAI_BASE_URL"),
     )
-    model_api_key: SecretStr | None = None
+    model_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("SUZUMIO_MODEL_API_KEY", "OPENAI_API_KEY")
+    )
     allow_private_network: bool = Field(
         default=False, description="web.fetch in sandboxes may reach private addresses"
     )
