@@ -15,15 +15,22 @@ pyproject.toml, constraints.txt or requirements-dev.txt changed). The Makefile c
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
+# Beside .venv, not in it: creating a venv anew empties its directory.
+INSTALL_LOCK = ROOT / ".suzumio" / "install.lock"
 MEMBERS = (
     "libs/contracts", "libs/platform", "libs/testing", "runner",
     "services/gateway", "services/session", "services/scheduler",
@@ -51,12 +58,79 @@ def _pip(*args: str) -> None:
     subprocess.run(cmd, check=True, env=env)
 
 
+def _venv_usable() -> bool:
+    """Whether .venv's python runs and has pip. A `venv` killed half-way (Ctrl-C while pip is
+    bootstrapped) leaves a python without pip, and a python3 upgraded under it a dangling link:
+    either would fail every later run the same way."""
+    try:
+        done = subprocess.run(
+            [str(_python()), "-c", "import pip"], capture_output=True, check=False
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+def _create_venv() -> None:
+    print(f"{'repairing' if VENV.exists() else 'creating'} {VENV} ...", flush=True)
+    package = f"python3.{sys.version_info.minor}-venv"
+    # Debian and Ubuntu ship ensurepip in a package of their own, and their venv then exits
+    # the process itself: ask first, and get it as root.
+    if importlib.util.find_spec("ensurepip") is None and not _install_venv_module(package):
+        sys.exit(
+            f"this python3 has no ensurepip, so {VENV} cannot have pip: install it "
+            f"(as root: apt-get install {package}) and run this again."
+        )
+    try:
+        venv.create(VENV, clear=True, with_pip=True)  # clear: also drops the stamps below
+    except (OSError, subprocess.CalledProcessError) as exc:
+        sys.exit(f"could not create {VENV} with pip ({exc}); fix that and run this again.")
+
+
+def _install_venv_module(package: str) -> bool:
+    """apt-get install `package` (python3.X-venv: ensurepip), if we may."""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return False
+    print(f"installing {package} with apt-get (this python3 has no ensurepip) ...", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", package]
+    if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode == 0:
+        return True
+    # A fresh machine may have no package lists yet.
+    subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"apt-get install {package} failed:\n{done.stderr.strip()[-2000:]}", flush=True)
+    return done.returncode == 0
+
+
+@contextlib.contextmanager
+def _install_lock() -> Iterator[None]:
+    """One installer at a time: two commands started together (`up` and `test`, two `test`s)
+    would otherwise create the venv or run pip over each other's files."""
+    INSTALL_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with INSTALL_LOCK.open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("waiting for another dev.py command installing into .venv ...", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def install(dev: bool = False) -> None:
     if sys.version_info < (3, 11):
         sys.exit(f"Suzumio needs Python 3.11 or newer; this is {sys.version.split()[0]}")
-    if not _python().exists():
-        print(f"creating {VENV} ...", flush=True)
-        venv.create(VENV, with_pip=True)
+    with _install_lock():
+        _install(dev)
+
+
+def _install(dev: bool) -> None:
+    if not _venv_usable():
+        _create_venv()
     packages = (*MEMBERS, *EXAMPLES)
     runtime = [ROOT / "constraints.txt", *(ROOT / m / "pyproject.toml" for m in packages)]
     editable = [a for m in packages for a in ("-e", f"{ROOT / m}{EXTRAS.get(m, '')}")]
@@ -98,16 +172,33 @@ def test(python: str, args: list[str]) -> int:
     return code
 
 
+def _setup(verb: str) -> bool:
+    """The install `verb` needs; False (having said what to do) when pip failed."""
+    try:
+        if verb in {"up", "install"}:
+            install()
+        if verb in {"test", "bench", "lint", "proto", "install-dev", "images"}:
+            install(dev=True)
+    except subprocess.CalledProcessError as exc:
+        # pip said why above; nothing was marked installed, so running again resumes.
+        print(
+            f"pip install failed (exit {exc.returncode}; its error is above). Fix that (the "
+            "network, a proxy, PIP_INDEX_URL) and run the same command again.",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
     verb, args = (argv[0], argv[1:]) if argv else ("help", [])
     python = str(_python())
-    if verb in {"up", "install"}:
-        install()
-        if verb == "install":
-            return 0
+    if not _setup(verb):
+        return 1
+    if verb == "install":
+        return 0
+    if verb == "up":
         os.execv(str(VENV / "bin" / "suzumio"), ["suzumio", "up", *args])
-    if verb in {"test", "bench", "lint", "proto", "install-dev", "images"}:
-        install(dev=True)
     if verb == "images":
         return images()
     if verb == "test":

@@ -28,8 +28,10 @@ STATE = ROOT / ".suzumio"
 # Machine-wide, not per clone: every checkout on this machine shares the one engine.
 LOCK = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "suzumio" / "engine.lock"
 DOCKERD_ARGS = ("--bridge=none", "--iptables=false", "--ip6tables=false")
+PIDFILE = Path("/var/run/docker.pid")  # dockerd's default
 PACKAGES = ("docker.io", "debootstrap", "bubblewrap")
 START_TIMEOUT = 60.0
+APT_LOCK_TIMEOUT = 300
 
 
 def engine_answers(timeout: float = 10.0) -> bool:
@@ -76,7 +78,9 @@ def _missing() -> list[str]:
 
 def _apt_install(packages: list[str]) -> bool:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    # Wait for dpkg's lock (a fresh machine's unattended-upgrades holds it) instead of failing.
+    lock_wait = ("-o", f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT}")
+    cmd = ["apt-get", *lock_wait, "install", "-y", "-q", "--no-install-recommends", *packages]
     _say(f"installing {' '.join(packages)} with apt-get ...")
     if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode == 0:
         return True
@@ -85,19 +89,26 @@ def _apt_install(packages: list[str]) -> bool:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         _say(f"apt-get install failed:\n{done.stderr.strip()[-2000:]}")
+        _say(f"install by hand: apt-get install -y {' '.join(packages)}")
     return done.returncode == 0
 
 
 def _daemon_alive() -> bool:
     """A dockerd already started (maybe still starting up) owns its pid file."""
     try:
-        pid = int(Path("/var/run/docker.pid").read_text().strip())
+        pid = int(PIDFILE.read_text().strip())
         return Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd"
     except (OSError, ValueError):
         return False
 
 
-def _start_dockerd() -> int:
+def _start_dockerd() -> subprocess.Popen[bytes]:
+    # A dockerd killed without cleaning up leaves its pid file; dockerd refuses to start while
+    # the pid in it is alive, and after a restart (a container's small pids) it often names
+    # some other live process. Not a dockerd's (we checked, under the lock): stale.
+    if PIDFILE.exists():
+        _say(f"removing the stale {PIDFILE} of a dockerd that is gone")
+        PIDFILE.unlink(missing_ok=True)
     STATE.mkdir(parents=True, exist_ok=True)
     log = (STATE / "dockerd.log").open("ab")
     proc = subprocess.Popen(
@@ -108,32 +119,48 @@ def _start_dockerd() -> int:
         start_new_session=True,  # outlives us: it is the machine's engine from now on
     )
     log.close()
-    return proc.pid
+    return proc
 
 
-def _wait(timeout: float) -> bool:
+def _log_tail(lines: int = 15) -> str:
+    try:
+        text = (STATE / "dockerd.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait(timeout: float, proc: subprocess.Popen[bytes] | None = None) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if engine_answers(timeout=5.0):
             return True
+        if proc is not None and proc.poll() is not None:  # it gave up: say why, now
+            _say(f"dockerd exited with code {proc.returncode}:\n{_log_tail()}")
+            return False
         time.sleep(0.5)
     return False
 
 
 def _install_and_start(install: bool) -> bool:
     missing = _missing()
-    if missing and (not install or not _apt_install(missing)):
-        return False
+    if missing and install:
+        # Failing to install a tool (apt-get offline or locked) must not cost an engine that
+        # answers or a dockerd already installed: carry on, the tool's users say it is missing.
+        _apt_install(missing)
     if engine_answers():  # it did already: only tools were missing
         return True
     if shutil.which("dockerd") is None:
-        _say("dockerd is not installed")
+        _say("dockerd is not installed (apt-get install -y docker.io)")
         return False
+    proc = None
     if not _daemon_alive():
-        pid = _start_dockerd()
-        _say(f"started dockerd (pid {pid}, log {STATE / 'dockerd.log'})")
-    if _wait(START_TIMEOUT):
+        proc = _start_dockerd()
+        _say(f"started dockerd (pid {proc.pid}, log {STATE / 'dockerd.log'})")
+    if _wait(START_TIMEOUT, proc):
         return True
+    if proc is not None and proc.returncode is not None:
+        return False
     _say(f"dockerd did not answer within {START_TIMEOUT:.0f} s; see {STATE / 'dockerd.log'}")
     return False
 

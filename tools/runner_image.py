@@ -143,7 +143,11 @@ def offline_base() -> str:
             rootfs = Path(tmp) / "rootfs"
             _debootstrap(rootfs)
             partial = ROOTFS_TAR.with_suffix(".partial")
-            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
+            tar = ["tar", "-C", str(rootfs), "-cf", str(partial), "."]
+            done = subprocess.run(tar, capture_output=True, text=True, check=False)
+            if done.returncode != 0:  # a BuildError, so main says why (disk full?) in one line
+                partial.unlink(missing_ok=True)
+                raise BuildError(f"tar of the base failed:\n{done.stderr.strip()[-3000:]}")
             partial.replace(ROOTFS_TAR)
         _say(f"debootstrap done in {time.monotonic() - started:.0f} s ({ROOTFS_TAR})")
     _docker("import", "--change", "ENV LANG=C.UTF-8", str(ROOTFS_TAR), OFFLINE_BASE)
