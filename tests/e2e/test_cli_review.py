@@ -98,11 +98,25 @@ async def test_an_unknown_projection_name_is_shown_as_typed() -> None:
     one_line_error(done, 2, "unknown projection(s): [/red]x", "sessions")
 
 
+async def _ended(proc: asyncio.subprocess.Process, stop: str) -> tuple[bytes, bytes]:
+    """The command's output once it exited (within a minute of `stop`), or a failure with the
+    stacks it hung in."""
+    output = asyncio.ensure_future(proc.communicate())
+    try:
+        return await asyncio.wait_for(asyncio.shield(output), 60)
+    except TimeoutError:
+        proc.send_signal(signal.SIGABRT)
+        _, err = await asyncio.wait_for(output, 30)
+        stacks = err.decode(errors="replace")[-6000:]
+        raise AssertionError(f"still running 60 s after the {stop}:\n{stacks}") from None
+
+
 async def test_a_rebuild_cut_off_from_postgres_or_interrupted_leaves_the_live_tables(
     projected: int, pool: Pool, database_url: str, nats_url: str, topology: Topology
 ) -> None:
     before = await snapshot(pool)
-    env = environment(**env_of(nats_url, database_url, topology))
+    # A stack of every thread on SIGABRT: if the command ever hangs here, the failure says where.
+    env = environment(**env_of(nats_url, database_url, topology)) | {"PYTHONFAULTHANDLER": "1"}
     for stop in ("connection cut", "Ctrl-C"):
         async with pool.acquire() as conn, conn.transaction():
             # The rebuild waits at its swap for the checkpoints, which this holds.
@@ -122,7 +136,7 @@ async def test_a_rebuild_cut_off_from_postgres_or_interrupted_leaves_the_live_ta
                 proc.send_signal(signal.SIGINT)
             else:
                 await pool.execute("SELECT pg_terminate_backend($1)", pid)
-            out, err = await asyncio.wait_for(proc.communicate(), 30)
+            out, err = await _ended(proc, stop)
         code = proc.returncode if proc.returncode is not None else -1
         done = subprocess.CompletedProcess("rebuild", code, out.decode(), err.decode())
         if stop == "Ctrl-C":
