@@ -125,8 +125,10 @@ async def test_a_rebuild_cut_off_from_postgres_or_interrupted_leaves_the_live_ta
                 sys.executable, "-m", "suzumio.cli", "projections", "rebuild", env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
+            # In this test's database only: the server is the whole run's, and a rebuild some
+            # other test left waiting elsewhere must not be the one cut off instead of ours.
             waiting = "SELECT pid FROM pg_stat_activity WHERE application_name = 'suzumio-rebuild'"
-            waiting += " AND wait_event_type = 'Lock'"
+            waiting += " AND wait_event_type = 'Lock' AND datname = current_database()"
             for _ in range(300):
                 if pid := await pool.fetchval(waiting):
                     break

@@ -81,7 +81,8 @@ async def test_a_leader_whose_host_vanished_does_not_hold_the_lock_for_hours(
     try:
         await _until(lambda: first.leading, 10)
         port = await admin.fetchval(
-            "SELECT client_port FROM pg_stat_activity WHERE application_name = $1",
+            "SELECT client_port FROM pg_stat_activity"
+            " WHERE application_name = $1 AND datname = current_database()",
             "suzumio-leader-vanish",
         )
         assert port is not None

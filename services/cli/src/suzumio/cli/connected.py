@@ -30,6 +30,7 @@ from suzumio.platform.service.runtime import resolve_endpoints
 
 T = TypeVar("T")
 
+CLOSE_WITHIN = 3.0  # seconds for the pool's graceful close before it is dropped
 JETSTREAM_WITHIN = 15.0  # seconds for JetStream's answers about the streams (it may be starting)
 # A server that goes away while a command works (killed, restarted, a network cut) is told in
 # one line, like one that never answered. NATS's timeout is an OSError too: it goes first.
@@ -99,7 +100,7 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
             except _POSTGRES_LOST as exc:
                 fail(f"Postgres at {redact(dsn)}: {first_line(exc)}")
             finally:
-                await pool.close()
+                await _closed(pool)
         finally:
             await nc.close()
 
@@ -108,6 +109,15 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
     finally:
         if servers is not None:
             servers.stop()
+
+
+async def _closed(pool: Pool) -> None:
+    """The pool closed, gracefully if that is quick: a connection still waiting for a statement
+    cancelled by Ctrl-C (on a lock someone else holds) must not keep the command from ending."""
+    try:
+        await asyncio.wait_for(pool.close(), CLOSE_WITHIN)
+    except (TimeoutError, asyncio.CancelledError):
+        pool.terminate()
 
 
 async def _streams_present(nc: NATS, nats_url: str, specs: tuple[StreamSpec, ...]) -> None:

@@ -86,13 +86,22 @@ async def rebuild(
         async with LogReader(nc, topology, start_seq=1, batch=batch) as reader:
             await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
             if swap:
-                async with conn.transaction():
+                swapping = conn.transaction()
+                await swapping.start()
+                try:
                     await checkpoints.ensure_rows(conn, projections)
                     await checkpoints.lock_rows(conn, sorted(targets))
                     await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
                     for p in projections:
                         await _swap_in(conn, p, targets[p.name], replay.position_of(p.name))
                     await notify(conn, replay.position)
+                except BaseException:
+                    # Dropped, not rolled back: the server rolls back what a lost connection
+                    # began, and a ROLLBACK after a cancel (Ctrl-C while the swap waits for a
+                    # lock) first waits for the cancelled statement, i.e. for that lock.
+                    conn.terminate()
+                    raise
+                await swapping.commit()
         seconds = time.perf_counter() - started
         log.info(
             "projections.rebuilt",
@@ -115,8 +124,12 @@ async def rebuild(
             )
             for p in projections
         ]
+    except BaseException:
+        conn.terminate()  # as above: a cancelled statement is not waited for
+        raise
     finally:
-        await conn.close()  # also releases the session-level rebuild locks
+        if not conn.is_closed():
+            await conn.close()  # also releases the session-level rebuild locks
 
 
 async def _lock(conn: Connection, names: list[str]) -> None:
