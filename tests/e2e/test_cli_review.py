@@ -98,6 +98,13 @@ async def test_an_unknown_projection_name_is_shown_as_typed() -> None:
     one_line_error(done, 2, "unknown projection(s): [/red]x", "sessions")
 
 
+def _interruptible() -> None:
+    """SIGINT as a terminal gives it, whatever this run inherited: a test run started in the
+    background of a shell without job control ignores SIGINT, and so would the command (Python
+    installs no KeyboardInterrupt for an ignored SIGINT): its Ctrl-C would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def _ended(proc: asyncio.subprocess.Process, stop: str) -> tuple[bytes, bytes]:
     """The command's output once it exited (within a minute of `stop`), or a failure with the
     stacks it hung in."""
@@ -124,6 +131,7 @@ async def test_a_rebuild_cut_off_from_postgres_or_interrupted_leaves_the_live_ta
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "suzumio.cli", "projections", "rebuild", env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                preexec_fn=_interruptible,
             )  # fmt: skip
             # In this test's database only: the server is the whole run's, and a rebuild some
             # other test left waiting elsewhere must not be the one cut off instead of ours.
