@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from cryptography.fernet import Fernet
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -85,6 +84,9 @@ class ServiceSettings(PlatformSettings):
         # in the tool-broker, which only derives a signing key from it, no error at all).
         if value is None:
             return None
+        # Imported here: only a service given a key pays for `cryptography` at start.
+        from cryptography.fernet import Fernet  # noqa: PLC0415
+
         keys = [k.strip() for k in value.get_secret_value().split(",") if k.strip()]
         if not keys:
             raise ValueError("holds no key (unset, <data dir>/secret.key is used)")
