@@ -102,6 +102,37 @@ async def test_a_leader_whose_host_vanished_does_not_hold_the_lock_for_hours(
         await admin.close()
 
 
+async def test_a_peer_that_vanished_while_the_server_was_sending_is_noticed_in_seconds(
+    database_url: str,
+) -> None:
+    """Keepalive probes are only sent on an idle connection: when the peer vanishes while the
+    server still has data on its way (a heartbeat's answer, a notification), the kernel
+    retransmits it for ~15 minutes instead, and the session keeps its locks all that time.
+    `tcp_user_timeout` bounds that case too. Deterministic: the peer's packets are dropped
+    first, then the server is made to send it something."""
+    assert _can_drop_packets(), "iptables (as root) cuts the peer's connection here"
+    peer = await db.connect(database_url, "suzumio-vanish-sending")
+    admin = await db.connect(database_url, "observer")
+    try:
+        await peer.execute("LISTEN vanish_sending")
+        row = await admin.fetchrow(
+            "SELECT pid, client_port FROM pg_stat_activity"
+            " WHERE application_name = $1 AND datname = current_database()",
+            "suzumio-vanish-sending",
+        )
+        assert row is not None
+        with _unreachable(row["client_port"]):
+            await admin.execute("SELECT pg_notify('vanish_sending', repeat('x', 4000))")
+            async with asyncio.timeout(40):  # 11 s from the last answer, and some slack
+                while await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", row["pid"]
+                ):
+                    await asyncio.sleep(0.2)
+    finally:
+        peer.terminate()
+        await admin.close()
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "named"),
     [

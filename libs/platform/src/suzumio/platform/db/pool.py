@@ -21,10 +21,15 @@ async def _init_connection(conn: Connection) -> None:
 # instead of the kernel's default two hours. Until then the server keeps the session, and with
 # it every advisory lock it holds: leadership would stay with a dead replica and no other
 # could lead. A peer that is merely slow (a long pause of its process) still answers the
-# probes from its kernel, and keeps its lock. Set by statements, not as startup parameters,
-# which a connection pooler in between may refuse. (Ignored on Unix-domain sockets.)
+# probes from its kernel, and keeps its lock. Keepalives are only sent while nothing is on its
+# way: if the peer vanished while the server was sending (a heartbeat's answer, a notice), the
+# kernel retransmits for ~15 minutes instead, so `tcp_user_timeout` bounds unacknowledged data
+# to the same 11 s (a paused process's kernel still acknowledges). Set by statements, not as
+# startup parameters, which a connection pooler in between may refuse. (Ignored on Unix-domain
+# sockets.)
 _KEEPALIVES = (
-    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3"
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;"
+    " SET tcp_user_timeout = 11000"
 )
 
 
