@@ -269,7 +269,11 @@ class PoolBackend:
                 silent = time.monotonic() - tracker.last_seen
                 wait = self.settings.heartbeat_timeout_seconds - silent
                 if wait <= 0 and not await self._claimed(tracker):
-                    return await self._abandon(handle, Exit(None, "lost", _silent(tracker)))
+                    # `gone`: its worker died, and the runner with it; if the runner had
+                    # recorded its output first, the activation ends as that output says
+                    # (else the same work would be done, and answered, again).
+                    lost = Exit(None, "lost", _silent(tracker), gone=True)
+                    return await self._abandon(handle, lost)
             else:
                 wait = deadline - time.time() if isinstance(deadline, (int, float)) else 60.0
                 if wait <= 0:
@@ -283,7 +287,8 @@ class PoolBackend:
                     tracker.last_seen = time.monotonic()
                     if not await self._queued_still(handle) and not await self._claimed(tracker):
                         detail = "its dispatch left the queue and no worker claims it"
-                        return await self._abandon(handle, Exit(None, "lost", detail))
+                        lost = Exit(None, "lost", detail, gone=True)
+                        return await self._abandon(handle, lost)
                     continue
                 wait = min(wait, self.settings.heartbeat_timeout_seconds - silent)
             with contextlib.suppress(TimeoutError):
@@ -333,23 +338,43 @@ class PoolBackend:
             tracker.changed.set()
 
     async def _withdraw(self, handle: Handle) -> None:
+        await self._broadcast_cancel(handle)
+        await self._unqueue(handle)
+
+    async def _broadcast_cancel(self, handle: Handle) -> None:
         body = PoolCancel(dispatch_id=handle.sandbox_id).model_dump_json().encode()
         with contextlib.suppress(NatsError, TimeoutError):
             await self._nc.publish(self.topology.pool_cancel_subject(handle.activation_id), body)
             await self._nc.flush(timeout=int(self.settings.request_timeout_seconds) or 1)
+
+    async def _unqueue(self, handle: Handle) -> bool | None:
+        """Delete its message from the work queue: whether one was there (None: unknown)."""
         seq = handle.data.get("seq")
-        if isinstance(seq, int):
-            try:
-                await self._js.delete_msg(self.topology.activations_stream, seq)
-            except NatsError as exc:
-                if getattr(exc, "err_code", None) != ERR_NO_MESSAGE:
-                    log.warning("pool.withdraw_failed", dispatch=handle.sandbox_id, error=repr(exc))
+        if not isinstance(seq, int):
+            return None
+        try:
+            await self._js.delete_msg(self.topology.activations_stream, seq)
+        except NatsError as exc:
+            if getattr(exc, "err_code", None) == ERR_NO_MESSAGE:
+                return False
+            log.warning("pool.withdraw_failed", dispatch=handle.sandbox_id, error=repr(exc))
+            return None
+        except TimeoutError:
+            return None
+        return True
 
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:  # noqa: ARG002
         # Workers remove a run's directory when it ends (or keep the session's workspace warm
         # for their idle TTL); nothing of it is left on this side but the subscription — and
         # the workers' word on its exit, which list_live no longer shows, as a removed
         # container is gone from the docker backend's list.
+        # A worker acks its dispatch after it reported the end: its message normally left the
+        # queue by now. One still there lost its ack (the worker died in between), and the
+        # queue would hand the ended attempt to another worker once the ack wait passed —
+        # its runner calling the model, paid, before the broker fences it. Taken out, and if
+        # it was there (or nobody knows), cancelled on every worker in case one took it since.
+        if await self._unqueue(handle) is not False:
+            await self._broadcast_cancel(handle)
         self._untrack(handle.sandbox_id)
         now = time.monotonic()
         self._cleaned.pop(handle.sandbox_id, None)  # to the end: the dict stays in time order

@@ -26,6 +26,7 @@ import resource
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,10 @@ def _start_time(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
+    return _ticks(stat)
+
+
+def _ticks(stat: str) -> int:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
@@ -186,7 +191,8 @@ class ProcessBackend:
                 )
             finally:
                 os.close(runner_log)
-        except OSError as exc:
+        # SubprocessError: the child's own set-up failed (it records itself, see `_limits`).
+        except (OSError, subprocess.SubprocessError) as exc:
             raise LaunchError(f"cannot start the runner: {exc}") from exc
         started = _start_time(proc.pid)
         if started is None and not pid_alive(proc.pid):
@@ -245,12 +251,22 @@ class ProcessBackend:
     def _limits(self, plan: LaunchPlan) -> Callable[[], None]:
         limits = plan.profile.limits
         files = self._settings.max_open_files
+        record_path = plan.host_dir / RECORD
+        activation_id = plan.activation_id
 
         def apply() -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
             disk = limits.disk_mb * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
+            # The child records itself before the runner starts: an orchestrator killed right
+            # after the spawn (before its own write of the same record) would leave a runner
+            # no restarted leader can find, and the activation launched a second time beside
+            # it. The start time does not change across exec.
+            with open("/proc/self/stat") as own:  # noqa: PTH123
+                started = _ticks(own.read())
+            record = {"pid": os.getpid(), "start_time": started, "activation_id": activation_id}
+            _write_own(record_path, json.dumps(record).encode(), 0o600)
 
         return apply
 
