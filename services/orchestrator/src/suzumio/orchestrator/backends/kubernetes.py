@@ -12,8 +12,12 @@ the exit code. A pod that will never start (`kubernetes_pods`: a bad image, a co
 node for it) does not fail a Job with `backoffLimit: 0` before its deadline: the watch gives it
 up, stops the Job (`suspend`, which deletes the pod; the Job keeps why in an annotation, for a
 watch after a restart and for whoever looks at a Job the cleanup policy keeps) and ends the
-activation with the pod's reason. With `host_paths`, launch first creates the activation's
-directories on the node and hands them to the sandbox's user (hostPath ignores `fsGroup`).
+activation with the pod's reason; so does a Job that gets no pod at all (the Job controller
+cannot create it: a quota, an admission policy — no condition says so). A Job found suspended
+without that annotation is a launch cut short before the resume (the orchestrator stopped in
+between): it would never run, so it ends at once, nothing having run. With `host_paths`,
+launch first creates the activation's directories on the node and hands them to the sandbox's
+user (hostPath ignores `fsGroup`).
 Manifests are in `kubernetes_render`; this module does the talking.
 """
 
@@ -61,6 +65,7 @@ _JOB_POD_LABEL = JOB_LABEL
 STOPPED_ANNOTATION = "suzumio.io/stopped"
 """On a Job the watch stopped because its pod could not start: the activation's detail."""
 FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way
+INTERRUPTED = "its launch did not finish: the Job was created but never started"
 
 
 def _describe(exc: BaseException) -> str:
@@ -84,11 +89,18 @@ def _retryable(exc: BaseException) -> bool:
 
 def job_outcome(job: Manifest) -> tuple[str, str, str] | None:
     """(`Complete` | `Failed` | `Stopped`, reason, message) once the Job is finished (or
-    stopped by a watch, its pod never started), else None."""
+    stopped by a watch, its pod never started, or left suspended by a launch cut short),
+    else None."""
     annotations = (job.get("metadata") or {}).get("annotations") or {}
     stopped = annotations.get(STOPPED_ANNOTATION)
     if stopped is not None:
         return "Stopped", "final" if annotations.get(FINAL_ANNOTATION) == "true" else "", stopped
+    if (job.get("spec") or {}).get("suspend"):
+        # Launch resumes the Job before it returns a handle, and a watch's own stop leaves
+        # the annotation above: a suspended Job without it is a launch cut short (the
+        # orchestrator stopped between the two). It would never run — its deadline does not
+        # count while suspended, its TTL never starts — so it ends now; nothing ran.
+        return "Stopped", "", INTERRUPTED
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("status") != "True":
             continue
@@ -378,7 +390,8 @@ class KubernetesBackend:
         """The Job's pod given up, as the pod watch shows it; None when the watch request ended
         first (it ends when the nearest grace does, so that one is looked at again)."""
         timeout = self.settings.watch_timeout_seconds
-        grace = start.next_deadline_in()
+        graces = (start.next_deadline_in(), start.no_pod_deadline_in())
+        grace = min((g for g in graces if g is not None), default=None)
         if grace is not None:
             timeout = max(1, min(timeout, int(grace) + 1))
         async with Watch() as watch:

@@ -12,7 +12,11 @@ an hour later. `StartCheck` reads the pods the watch sees and says when to give 
   `ErrImagePull`, `ImagePullBackOff` and `CreateContainerError` — retryable: a new attempt is
   a new pod, maybe on another node, against a registry that may be back;
 - after `unschedulable_grace_seconds` for a pod the scheduler cannot place (`PodScheduled`
-  False, `Unschedulable`) — retryable: capacity comes and goes.
+  False, `Unschedulable`) — retryable: capacity comes and goes;
+- after `unschedulable_grace_seconds` too for a running Job without any pod: the Job
+  controller could not create one (a ResourceQuota, Pod Security admission, a webhook). The
+  Job gets no condition for that, only `FailedCreate` events, and it would wait for its
+  deadline — retryable: a quota frees up (the caller may say more from those events).
 
 A grace counts from when this check first saw the condition (a watch of an orchestrator that
 restarted counts again; the Job's deadline still bounds it all), and starts over once the
@@ -33,6 +37,7 @@ Manifest = dict[str, Any]
 NEVER_STARTS = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"})
 MAY_PASS = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerError"})
 UNSCHEDULABLE = "Unschedulable"
+NO_POD = "NoPod"
 _MAX_MESSAGE = 1_000  # kubelet messages can quote a whole registry answer
 
 
@@ -90,6 +95,7 @@ class StartCheck:
         self._graces = {"start": start_grace_seconds, "schedule": unschedulable_grace_seconds}
         self._clock = clock
         self._seen: dict[tuple[str, str], float] = {}  # (pod uid, grace) -> first seen
+        self._no_pod_since: float | None = None  # when a list first showed the Job none
 
     def check(self, pod: Manifest) -> Stuck | None:
         """The pod as it is now: a `Stuck` once it is given up, else None."""
@@ -112,11 +118,25 @@ class StartCheck:
         return None
 
     def check_all(self, pods: Iterable[Manifest]) -> Stuck | None:
-        """All the Job's pods as a list shows them: one missing is gone, and so is its count."""
+        """All the Job's pods as a list shows them: one missing is gone, and so is its count;
+        none at all is counted too (only a list tells that: a watch's events may lag)."""
         listed = list(pods)
         present = {_uid(pod) for pod in listed}
         for key in [k for k in self._seen if k[0] not in present]:
             del self._seen[key]
+        if listed:
+            self._no_pod_since = None
+        else:
+            now = self._clock()
+            if self._no_pod_since is None:
+                self._no_pod_since = now
+            if now - self._no_pod_since >= self._graces["schedule"]:
+                message = (
+                    f"no pod was created for the Job in {self._graces['schedule']:.0f} s (see "
+                    "its FailedCreate events: a quota, an admission policy or a webhook)"
+                )
+                return Stuck(NO_POD, message, retryable=True)
+            return None
         for pod in listed:
             if (stuck := self.check(pod)) is not None:
                 return stuck
@@ -133,3 +153,10 @@ class StartCheck:
             return None
         now = self._clock()
         return max(0.0, min(t + self._graces[g] - now for (_, g), t in self._seen.items()))
+
+    def no_pod_deadline_in(self) -> float | None:
+        """Seconds until the Job without any pod is given up (None: it has one, or no list
+        has been looked at yet)."""
+        if self._no_pod_since is None:
+            return None
+        return max(0.0, self._no_pod_since + self._graces["schedule"] - self._clock())
