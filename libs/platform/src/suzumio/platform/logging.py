@@ -42,7 +42,11 @@ _FERNET_KEY_LENGTH = 44
 # `nats://TOKEN@`: nats-py takes a lone user as the token), a secret-named parameter
 # (`?access_token=`, the WebSocket's way in, which uvicorn logs with the path; `password=` of a
 # libpq DSN), the credential after an authorization scheme (`Bearer ...`).
-_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#'\"<>]*)@")
+# The scheme is bounded and needs no word boundary before it: with `\b` and an unbounded
+# scheme, a text like `a.a.a.a...://x@` was tried from every letter to the end of the run
+# (quadratic: 100 KB held the event loop for seconds), and a scheme glued to a word
+# (`DATABASE_URLpostgresql://`, `1http://`) was not seen at all, its password kept.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,31}://)([^\s/?#'\"<>]*)@")
 _PARAMETER = re.compile(
     r"((?:(?<=[?&;])(?:key|sig|signature|auth|code)"
     r"|\b(?:(?:access|refresh|auth|id)_token|token|api_?key|apikey|password|passwd|secret"

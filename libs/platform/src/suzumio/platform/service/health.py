@@ -23,6 +23,8 @@ from suzumio.platform.bus.jsapi import stream_state
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.projections import checkpoints
 
+LAG_REFRESH_SECONDS = 1.0  # `/metrics` measures the projection lag at most this often
+
 
 @dataclass
 class Readiness:
@@ -33,6 +35,7 @@ class Readiness:
     extra_checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
     lag: dict[str, int] = field(default_factory=dict)
     draining: bool = False
+    _lag_measured_at: float = field(default=float("-inf"), repr=False)
 
     async def check(self) -> tuple[bool, dict[str, Any]]:
         report: dict[str, Any] = {"service": self.service, "checks": {}}
@@ -53,18 +56,45 @@ class Readiness:
         checks["streams"] = streams_ok
         checks["projection_lag_known"] = False
         if last_seq is not None and checks["postgres"]:
-            try:
-                rows = await asyncio.wait_for(checkpoints.read_all(self.pool), 3)
-            except Exception:
-                rows = {}
-            if rows:
-                self.lag = {name: max(last_seq - cp.position, 0) for name, cp in rows.items()}
-                report["projection_lag"] = self.lag
-                report["log_position"] = last_seq
-                checks["projection_lag_known"] = True
+            self.lag = await self._lag(last_seq)
+        else:
+            self.lag = {}
+        if self.lag:
+            report["projection_lag"] = self.lag
+            report["log_position"] = last_seq
+            checks["projection_lag_known"] = True
         for name, probe in self.extra_checks.items():
             checks[name] = probe()
         return all(bool(v) for v in checks.values()), report
+
+    async def refresh_lag(self) -> None:
+        """Measure the projection lag now, for `/metrics`: without it the gauge would show
+        the lag the last `/readyz` saw, however old (`suzumio up` asks `/readyz` only while
+        starting), and go on showing it while the projector stands still. A lag that cannot
+        be measured is shown as none, not as the last one measured. At most once a second:
+        `/metrics` answers anyone who reaches the port (the gateway's is the API's)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._lag_measured_at < LAG_REFRESH_SECONDS:
+            return
+        self._lag_measured_at = now
+        if not self.nc.is_connected:  # known at once: no scrape waits out a request timeout
+            self.lag = {}
+            return
+        try:
+            state = await asyncio.wait_for(
+                stream_state(self.nc, self.topology.events_stream, timeout=2), 3
+            )
+        except Exception:
+            self.lag = {}
+            return
+        self.lag = await self._lag(int(state["last_seq"]))
+
+    async def _lag(self, last_seq: int) -> dict[str, int]:
+        try:
+            rows = await asyncio.wait_for(checkpoints.read_all(self.pool), 3)
+        except Exception:
+            return {}
+        return {name: max(last_seq - cp.position, 0) for name, cp in rows.items()}
 
     def observe_lag(self, _: CallbackOptions) -> list[Observation]:
         return [Observation(lag, {"projection": name}) for name, lag in self.lag.items()]
@@ -79,6 +109,7 @@ class Readiness:
             return JSONResponse(report, status_code=200 if ready else 503)
 
         async def metrics(_: Request) -> Response:
+            await self.refresh_lag()
             return Response(telemetry.prometheus_text(), media_type=telemetry.METRICS_CONTENT_TYPE)
 
         return [
