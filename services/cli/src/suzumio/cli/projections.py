@@ -14,6 +14,7 @@ from suzumio.cli.failures import fail
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.projections import load_projections
+from suzumio.platform.projections.apply import Parked
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.parking import record_parked
 from suzumio.platform.projections.rebuild import (
@@ -45,11 +46,18 @@ def rebuild_command(
 
     async def run(platform: Platform) -> None:
         listed = ", ".join(p.name for p in projections)
-        with console.status(f"rebuilding {listed} ..."):
-            results = await rebuild(platform.nc, platform.dsn, platform.topology, projections)
         store = EventStore(platform.nc, platform.topology)
+
+        async def record(parked: list[Parked]) -> None:
+            # Before the swap commits: a skipped event never goes without its record (one
+            # that cannot be stored leaves the live tables as they were).
+            await record_parked(store, parked, consumer="rebuild", attempts=1, strict=True)
+
+        with console.status(f"rebuilding {listed} ..."):
+            results = await rebuild(
+                platform.nc, platform.dsn, platform.topology, projections, record_parked=record
+            )
         for result in results:
-            await record_parked(store, result.parked, consumer="rebuild", attempts=1)
             skipped = f", [yellow]{len(result.parked)} skipped[/yellow]" if result.parked else ""
             held = (
                 f", [yellow]held before seq {result.held_at}: its event needs a newer"

@@ -4,6 +4,14 @@ For services that keep their working state in memory and rebuild it from the log
 (the scheduler, the orchestrator): an ordered push consumer over the whole log, from a given
 sequence, with flow control. It knows the log's end when it started, so the follower can tell
 when the replay is over and live following begins.
+
+A reader slower than the log is held back by the follower's queue, but not the server:
+nats-py answers flow control as messages arrive, not as the callback takes them, so the
+server keeps pushing and the subscription drops what overflows it (a "slow consumer") after
+the ordered consumer has already counted it as seen, so it is never asked for again. The
+follower therefore checks the sequences itself (the log's are contiguous: EVENTS denies
+deletes, and the follower reads all of it): a message after a gap, or a log that ends past
+the last message while nothing comes, makes it read what is missing by Direct Get, in order.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -19,9 +27,12 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.direct_get import first_since
+from suzumio.platform.bus.direct_get import StoredMessage, first_since, iter_subject
 from suzumio.platform.bus.eventstore import HDR_VERSION, types_of
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,7 @@ class LogFollower:
         start_seq: int = 1,
         start_time: datetime | None = None,
         queue_size: int = 10_000,
+        check_every: float = 2.0,
     ) -> None:
         """From `start_seq`, or from the first message stored at or after `start_time` (for
         followers that only care about recent facts, such as live activations)."""
@@ -54,25 +66,43 @@ class LogFollower:
         self._queue: asyncio.Queue[LogMessage] = asyncio.Queue(queue_size)
         self._sub: Subscription | None = None
         self.replay_end = 0  # the log's last sequence when following began
+        self._last = 0  # the last sequence put in the queue
+        self._order = asyncio.Lock()  # pushed messages and gap reads queue one at a time
+        self._arrived = 0.0  # loop time of the last pushed message
+        self._check_every = check_every
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         """Begin following; returns the log's end at this moment (0 for an empty log)."""
         self.replay_end = await stream_last_seq(self._nc, self._topology.events_stream)
 
+        loop = asyncio.get_running_loop()
+
         async def on_message(msg: Msg) -> None:
             meta = msg.metadata
-            types = types_of(msg.headers)
-            await self._queue.put(
-                LogMessage(
-                    meta.sequence.stream,
-                    msg.subject,
-                    tuple(types or ()),
-                    int((msg.headers or {}).get(HDR_VERSION, 0)),
-                    msg.data,
-                    meta.num_pending,
-                    meta.timestamp,
+            seq = meta.sequence.stream
+            self._arrived = loop.time()
+            async with self._order:
+                if seq <= self._last:
+                    return  # read already, by a gap read
+                if seq > self._last + 1:
+                    log.warning("follower.gap", after=self._last, seq=seq)
+                    await self._read_missing(seq - 1)
+                    if seq <= self._last:
+                        return
+                types = types_of(msg.headers)
+                await self._queue.put(
+                    LogMessage(
+                        seq,
+                        msg.subject,
+                        tuple(types or ()),
+                        int((msg.headers or {}).get(HDR_VERSION, 0)),
+                        msg.data,
+                        meta.num_pending,
+                        meta.timestamp,
+                    )
                 )
-            )
+                self._last = seq
 
         start = self._start
         if self._start_time is not None:
@@ -82,6 +112,8 @@ class LogFollower:
             # start sequence beside a start time (10094) — the follower would go silent.
             first = await first_since(self._nc, self._topology.events_stream, self._start_time)
             start = first.seq if first is not None else self.replay_end + 1
+        self._last = start - 1
+        self._arrived = loop.time()
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
         self._sub = await self._nc.jetstream().subscribe(
             self._topology.events_filter(),
@@ -89,7 +121,40 @@ class LogFollower:
             config=config,
             cb=on_message,
         )
+        self._watch = asyncio.create_task(self._watch_tail())
         return self.replay_end
+
+    async def _read_missing(self, through: int) -> None:
+        """Queue, in order, the log's messages after the last one queued up to `through` (at
+        least), read by Direct Get. Called holding `_order`."""
+        async for stored in iter_subject(
+            self._nc,
+            self._topology.events_stream,
+            self._topology.events_filter(),
+            after_seq=self._last,
+        ):
+            if stored.seq <= self._last:
+                continue
+            await self._queue.put(_from_stored(stored, max(through - stored.seq, 0)))
+            self._last = stored.seq
+            if stored.seq >= through:
+                return
+
+    async def _watch_tail(self) -> None:
+        """Notice messages dropped at the end of the log, which no later message reveals."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._check_every)
+            if loop.time() - self._arrived < self._check_every or self._queue.full():
+                continue  # messages are coming, or the reader has plenty to do
+            try:
+                last = await stream_last_seq(self._nc, self._topology.events_stream)
+                if last > self._last:
+                    async with self._order:
+                        if last > self._last:
+                            await self._read_missing(last)
+            except Exception as exc:  # NATS away: the next round asks again
+                log.warning("follower.check_failed", error=repr(exc))
 
     async def next(self, timeout: float | None = None) -> LogMessage | None:
         """The next message; None when none came within `timeout` seconds."""
@@ -105,7 +170,31 @@ class LogFollower:
             return None
 
     async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch
+            self._watch = None
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
+
+
+def _from_stored(stored: StoredMessage, pending: int) -> LogMessage:
+    headers = stored.headers
+    stamp = headers.get("Nats-Time-Stamp", "")
+    try:  # RFC 3339 with nanoseconds: datetime takes microseconds
+        head, _, frac = stamp.rstrip("Z").partition(".")
+        stored_at = datetime.fromisoformat(head + "." + (frac + "000000")[:6]).replace(tzinfo=UTC)
+    except ValueError:
+        stored_at = datetime.now(UTC)
+    return LogMessage(
+        stored.seq,
+        stored.subject,
+        tuple(types_of(headers) or ()),
+        int(headers.get(HDR_VERSION, 0)),
+        stored.data,
+        pending,
+        stored_at,
+    )

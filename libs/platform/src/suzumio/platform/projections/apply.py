@@ -23,11 +23,22 @@ from suzumio.platform.projections.base import Projection
 from suzumio.platform.projections.decoding import LogEntry
 
 # Failures that say nothing about the event: the connection or the server is in trouble.
+# Counted as the event's failures they would park it (skip it for good) after three tries,
+# though the server would take it once it recovered: a full disk, no memory, too many
+# connections (class 53), an I/O error (58), a primary turned read-only by a failover (25006).
+# (Not a cancelled statement, 57014: a statement timeout may be the batch's size, which the
+# event-by-event retry cures.)
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
     asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.DatabaseDroppedError,
+    asyncpg.exceptions.IdleSessionTimeoutError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.PostgresSystemError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.DeadlockDetectedError,
     OSError,

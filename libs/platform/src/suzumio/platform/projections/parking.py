@@ -14,12 +14,18 @@ log = get_logger(__name__)
 
 
 async def record_parked(
-    store: EventStore, parked: Sequence[Parked], *, consumer: str, attempts: int
+    store: EventStore,
+    parked: Sequence[Parked],
+    *,
+    consumer: str,
+    attempts: int,
+    strict: bool = False,
 ) -> None:
     """Append one record per parked event to `ev.consumer.<consumer>-<projection>`.
 
-    Best effort after the fact: the projection already moved past the event; a failure to
-    record it is logged, never allowed to stop the projection.
+    `strict`: a record that cannot be appended raises (the live projector records before it
+    commits the skip, so a skip is never without its record). Otherwise best effort after the
+    fact: the projection already moved past the event; a failure to record it is logged.
     """
     for p in parked:
         log.error("projection.parked_event", projection=p.projection, seq=p.seq, type=p.type,
@@ -37,3 +43,5 @@ async def record_parked(
             )
         except Exception:
             log.exception("projection.park_record_failed", seq=p.seq)
+            if strict:
+                raise

@@ -153,9 +153,17 @@ class Projector:
 
     async def _build(self, projections: list[Projection]) -> None:
         """Build outdated projections from the log, aside, while the others keep going."""
+
+        async def record(parked: list[Parked]) -> None:
+            await record_parked(
+                self._store, parked, consumer=self._durable, attempts=1, strict=True
+            )
+
         while True:
             try:
-                results = await rebuild(self._nc, self._dsn, self._topology, projections)
+                await rebuild(
+                    self._nc, self._dsn, self._topology, projections, record_parked=record
+                )
             except RebuildInProgressError:
                 await asyncio.sleep(2.0)  # someone else rebuilds; their swap enables it
                 rows = await self._read_rows()
@@ -167,8 +175,6 @@ class Projector:
                 log.exception("projector.build_failed", projections=[p.name for p in projections])
                 await asyncio.sleep(5.0)
                 continue
-            parked = [x for r in results for x in r.parked]
-            await record_parked(self._store, parked, consumer=self._durable, attempts=1)
             return
 
     async def _read_rows(self) -> dict[str, checkpoints.Checkpoint]:
@@ -261,9 +267,8 @@ class Projector:
         self._next = seqs[-1] + 1
         self._tracker.forget_through(seqs[-1])
         _applied.add(len(entries), {"projector": self._durable})
-        await record_parked(
-            self._store, parked, consumer=self._durable, attempts=self._tracker.max_attempts
-        )
+        if parked:
+            log.info("projector.parked", count=len(parked), through=seqs[-1])
 
     async def _apply(self, conn: Connection, entries: list[LogEntry]) -> list[Parked]:
         try:
@@ -316,5 +321,21 @@ class Projector:
                 if end > row.position:
                     moves[p.name] = end
             await checkpoints.move(conn, moves, announce=last)
+            if parked:
+                # Recorded before the skip commits: a parked event is skipped for good, and
+                # its record is the only trace of it. A process killed (or NATS lost) after
+                # a commit and before the record would have lost the event silently; now the
+                # batch rolls back and parks it again (a kill after the record and before
+                # the commit leaves two records of it, never none).
+                try:
+                    await record_parked(
+                        self._store,
+                        parked,
+                        consumer=self._durable,
+                        attempts=self._tracker.max_attempts,
+                        strict=True,
+                    )
+                except Exception as exc:
+                    raise RetryBatchError("could not record the parked events") from exc
         self._held |= held  # only once committed: a batch rolled back holds nothing
         return parked

@@ -13,7 +13,7 @@ projector would hold it; the others go on to the end.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
@@ -69,10 +69,14 @@ async def rebuild(
     swap: bool = True,
     schemas: Mapping[str, str] | None = None,
     batch: int = 2_000,
+    record_parked: Callable[[list[Parked]], Awaitable[None]] | None = None,
 ) -> list[RebuildResult]:
     """Replay the log into a schema per projection (default: its staging schema) and, if
     `swap`, make those the live ones. Without `swap` the rebuilt tables stay where they were
-    built, e.g. to compare them with the live ones."""
+    built, e.g. to compare them with the live ones.
+
+    `record_parked` records the events the rebuild gave up on before the swap commits; if it
+    fails, nothing is swapped (the skipped events must not go without a trace)."""
     started = time.perf_counter()
     targets = {p.name: (schemas or {}).get(p.name, staging_schema(p.name)) for p in projections}
     conn = await db.connect(dsn, "suzumio-rebuild")
@@ -95,6 +99,8 @@ async def rebuild(
                     for p in projections:
                         await _swap_in(conn, p, targets[p.name], replay.position_of(p.name))
                     await notify(conn, replay.position)
+                    if record_parked is not None and replay.parked:
+                        await record_parked(replay.parked)
                 except BaseException:
                     # Dropped, not rolled back: the server rolls back what a lost connection
                     # began, and a ROLLBACK after a cancel (Ctrl-C while the swap waits for a

@@ -1,0 +1,176 @@
+"""Review of the event log's machinery on real NATS and Postgres: the follower under a slow
+reader, the projector under transient Postgres trouble, parking records."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.client import JetStreamContext
+
+from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.contracts.events import MessageParked, ProjectCreated
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import AppendResult, EventStore
+from suzumio.platform.bus.follower import LogFollower
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.db.pool import Connection, Pool
+from suzumio.platform.projections.base import Events, Projection
+from suzumio.session.projections.projects import ProjectsProjection
+from tests.integration.projector_support import caught_up, running_projector
+from tests.support import eventually
+
+
+async def test_a_slow_follower_loses_no_message_when_its_subscription_overflows(
+    nc: NATS, store: EventStore, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose reader is slow blocks in its callback; nats-py answers flow control
+    as messages arrive (not as the callback takes them), so the server keeps pushing and the
+    subscription drops what overflows it (a "slow consumer") after the ordered consumer
+    already counted it as seen: without a check of its own the follower would skip events
+    silently. The subscription's limit (512K messages or 256 MB by default: a long log's
+    replay) is made small here to get there quickly."""
+    subscribe = JetStreamContext.subscribe
+
+    async def small(self: JetStreamContext, *args: Any, **kwargs: Any) -> Any:
+        kwargs["pending_msgs_limit"] = 20
+        return await subscribe(self, *args, **kwargs)
+
+    monkeypatch.setattr(JetStreamContext, "subscribe", small)
+    start = await stream_last_seq(nc, topology.events_stream) + 1
+    follower = LogFollower(nc, topology, start_seq=start, queue_size=5)
+    await follower.start()
+    try:
+        await asyncio.gather(
+            *(
+                store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
+                for _ in range(300)
+            )
+        )
+        last = await stream_last_seq(nc, topology.events_stream)
+        await asyncio.sleep(1.0)  # all of them pushed while nobody reads
+        seen: list[int] = []
+        stamps: list[datetime] = []
+        while not seen or seen[-1] < last:
+            msg = await follower.next(timeout=10)
+            assert msg is not None, f"nothing after {seen[-1] if seen else None}, {last} due"
+            seen.append(msg.seq)
+            stamps.append(msg.stored_at)
+    finally:
+        await follower.close()
+    assert seen == list(range(start, last + 1))
+    now = datetime.now(UTC)
+    assert all(timedelta(0) <= now - t < timedelta(minutes=1) for t in stamps)  # read ones too
+
+
+class DiskFullProjects(ProjectsProjection):
+    """The projects projection on a Postgres whose disk is full for a while: every write of
+    it fails (SQLSTATE 53100, raised by the server) until `full` is cleared."""
+
+    name: ClassVar[str] = "diskfull"
+    full: ClassVar[bool] = True
+
+    async def apply(self, conn: Connection, schema: str, events: Events) -> None:
+        if DiskFullProjects.full:
+            await conn.execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'could not extend file: No space left on device'"
+                " USING ERRCODE = 'disk_full'; END $$"
+            )
+        await super().apply(conn, schema, events)
+
+
+async def test_a_postgres_short_of_resources_parks_no_event(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """A full disk (or memory, or an I/O error) says nothing about the event: the projection
+    must wait for the server to recover, not give the event up as poison after three tries
+    (a parked event is skipped for good)."""
+    projections: list[Projection] = [DiskFullProjects()]
+    DiskFullProjects.full = False
+    async with running_projector(nc, database_url, topology, store, projections):
+        await caught_up(nc, pool, topology, projections)
+    DiskFullProjects.full = True
+    pid = new_id()
+    async with running_projector(nc, database_url, topology, store, projections):
+        await store.append(pid, [ProjectCreated(name="kept", owner_id="u")], 0)
+        await asyncio.sleep(6.0)  # time for three and more attempts
+        DiskFullProjects.full = False
+        await caught_up(nc, pool, topology, projections, timeout=60)
+    name = await pool.fetchval("SELECT name FROM proj_diskfull.projects WHERE id = $1", pid)
+    assert name == "kept"
+    parked = await store.load("consumer", "projector-diskfull")
+    assert parked.events == ()
+
+
+class PoisonedProjects(ProjectsProjection):
+    """The projects projection with a bug: it cannot digest a project named 'poison'."""
+
+    name: ClassVar[str] = "poisonrec"
+
+    async def apply(self, conn: Connection, schema: str, events: Events) -> None:
+        for e in events:
+            if isinstance(e.data, ProjectCreated) and e.data.name == "poison":
+                raise ValueError("indigestible")
+        await super().apply(conn, schema, events)
+
+
+class ParkingOutage(EventStore):
+    """An event store whose first appends of parking records fail (NATS away for a moment),
+    as a projector killed between its commit and the record would leave it."""
+
+    failures = 2
+
+    async def append_next(
+        self,
+        aggregate_id: str,
+        events: Sequence[DomainEvent],
+        meta: EventMeta | None = None,
+        *,
+        attempts: int = 20,
+        likely_version: int | None = None,
+    ) -> AppendResult:
+        if self.failures and isinstance(events[0], MessageParked):
+            self.failures -= 1
+            raise NatsTimeoutError
+        return await super().append_next(
+            aggregate_id, events, meta, attempts=attempts, likely_version=likely_version
+        )
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["live", "build"])
+async def test_an_event_is_skipped_only_once_its_parking_is_recorded(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology, live: bool
+) -> None:
+    """Parking skips the event for good; its record on `ev.consumer.projector-<name>` is the
+    only trace of that. A projector that committed the skip and then could not append the
+    record (NATS away, or killed in between) lost the event without a trace: the skip must
+    commit only with its record stored."""
+    projections: list[Projection] = [PoisonedProjects()]
+    outage = ParkingOutage(nc, topology)
+    if live:  # built before the poison comes: the live projector meets it
+        async with running_projector(nc, database_url, topology, store, projections):
+            await caught_up(nc, pool, topology, projections)
+    await store.append(new_id(), [ProjectCreated(name="a", owner_id="u")], 0)
+    poisoned = await store.append(new_id(), [ProjectCreated(name="poison", owner_id="u")], 0)
+    await store.append(new_id(), [ProjectCreated(name="b", owner_id="u")], 0)
+    # Else the projector's first build of the projection meets it.
+    async with running_projector(nc, database_url, topology, outage, projections):
+        await caught_up(nc, pool, topology, projections, timeout=60)
+        parked = await eventually(
+            lambda: store.load("consumer", "projector-poisonrec"),
+            lambda s: s.version >= 1,
+            timeout=30,
+            what="the parking record",
+        )
+    rows = await pool.fetch("SELECT name FROM proj_poisonrec.projects ORDER BY name")
+    assert [r["name"] for r in rows] == ["a", "b"]
+    assert [e.data.stream_seq for e in parked.events if isinstance(e.data, MessageParked)] == [
+        poisoned.seq
+    ]
+    assert outage.failures == 0
