@@ -78,7 +78,13 @@ def handover(s: SessionSchedule, activation_id: str, now: datetime) -> list[Sign
 
 def needs_nudge(ended: Ended) -> bool:
     """One nudge for an activation that ended without any useful effect although it was given
-    work; never for one that was itself only nudged, so nudges cannot loop."""
+    work; never for one that was itself only nudged, so nudges cannot loop.
+
+    That work is the "work still pending" of DESIGN.md §6: a signal is a unit of pending work,
+    and a delivered one has no state of its own saying it was done — only an effect does. So
+    the work of an activation that had none is still pending, whatever else waits (signals
+    still queued start the next activation anyway; the nudge tells it the last one did
+    nothing)."""
     worked_on = ended.kinds - {SignalKind.NUDGE}
     return ended.outcome == "completed" and not ended.useful and bool(worked_on)
 

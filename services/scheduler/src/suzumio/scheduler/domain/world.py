@@ -198,9 +198,18 @@ class World:
                 texts[data.message_id] = data.text
                 # The live activation's own entry only: another agent's message posted here
                 # (through the tool-broker) is authored by an agent too, but names no
-                # activation of this session, and is no effect of the live one.
+                # activation of this session, and is no effect of the live one. And only what
+                # it said to the user (assistant text): the runner records every turn, the
+                # signals it was given (as user entries) and every tool result, failed ones
+                # too — counting those would make every activation useful, and no nudge fire.
                 live = s.live
-                if data.author.kind == "agent" and live and data.activation_id == live.id:
+                if (
+                    data.author.kind == "agent"
+                    and live
+                    and data.activation_id == live.id
+                    and data.role == "assistant"
+                    and data.text.strip()
+                ):
                     live.useful = True
             case SignalRecorded():
                 s.pending[data.signal_id] = Signal(

@@ -181,8 +181,18 @@ def remove_profile(state: ProjectState, cmd: RemoveRuntimeProfile) -> list[Domai
     return [RuntimeProfileRemoved(name=cmd.name)]
 
 
+# The runner speaks the OpenAI API only (docs/runner.md): a provider of another kind would be
+# called as if it were OpenAI-compatible (failing at its first model call), so it is refused here.
+UNSUPPORTED_PROVIDER_KINDS = {
+    "anthropic": "provider kind 'anthropic' is not supported yet (the Anthropic SDK is not wired"
+    " into the runner): use kind 'openai' with an OpenAI-compatible endpoint",
+}
+
+
 def set_provider(state: ProjectState, cmd: SetProvider) -> list[DomainEvent]:
     spec = cmd.spec
+    if spec.kind in UNSUPPORTED_PROVIDER_KINDS:
+        raise InvalidError(UNSUPPORTED_PROVIDER_KINDS[spec.kind])
     stored = state.providers.get(cmd.name)
     if cmd.keep_api_key and spec.api_key is None and stored is not None:
         spec = spec.model_copy(update={"api_key": stored.api_key})
