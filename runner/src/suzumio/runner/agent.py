@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -148,6 +149,10 @@ class AgentLoop:
             e.tool_call_id for e in spec.history if e.tool_call_id
         }
         self._usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
+        # The provider's real count of the conversation at the last model call that reported
+        # one: what the compaction threshold is measured from (none until then, and none
+        # again after a compaction changed the messages it counted).
+        self._anchor: compaction.UsageAnchor | None = None
         self.model_calls = 0
         self.compactions = 0
 
@@ -162,7 +167,7 @@ class AgentLoop:
             if self.model_calls >= self._config.max_model_calls:
                 return await self._grace()
             self._governor.new_turn()
-            if compaction.estimate_tokens(self._messages) >= self._threshold:
+            if compaction.prompt_tokens(self._messages, self._anchor) >= self._threshold:
                 await self._compact("threshold")
             turn = await self._call_model(self._toolbox.wire_definitions())
             turn.text = _entry_text(turn.text)
@@ -224,6 +229,9 @@ class AgentLoop:
             self.model_calls += 1
             for key in ("prompt_tokens", "completion_tokens"):
                 self._usage[key] += turn.usage.get(key, 0)
+            # A call without usage keeps the previous anchor: the messages it counted are
+            # still the start of this conversation.
+            self._anchor = compaction.usage_anchor(len(self._messages), turn.usage) or self._anchor
             return turn
 
     async def _recover(self, exc: Exception, retries: int) -> int:
@@ -277,20 +285,27 @@ class AgentLoop:
             log("compaction.blocked", why=why, reason=self._governor.blocked_reason(now))
             return False
         cfg = self._config.compaction
-        before = compaction.estimate_tokens(self._messages)
+        estimated = compaction.estimate_tokens(self._messages)
+        before = compaction.prompt_tokens(self._messages, self._anchor)
+        # Pruning and the split measure messages by the estimate; the provider's count says
+        # how far off it is for this text (several-fold for CJK), so the target goes into the
+        # estimate's units and the result comes back out of them. 1 without an anchor.
+        scale = before / max(estimated, 1)
         # The provider said it does not fit: whatever our estimate of the window, aim at half.
         target = self._threshold if why == "threshold" else min(self._threshold, before // 2)
+        local_target = int(target / scale)
         pruned = compaction.prune(
             self._messages,
-            target,
+            local_target,
             tail_ratio=cfg.tail_ratio,
             min_tail_messages=cfg.min_tail_messages,
         )
-        parts = compaction.split(pruned, target, cfg.tail_ratio, cfg.min_tail_messages)
+        parts = compaction.split(pruned, local_target, cfg.tail_ratio, cfg.min_tail_messages)
         if not parts.middle:
-            if compaction.estimate_tokens(pruned) < before:
+            if (pruned_tokens := compaction.estimate_tokens(pruned)) < estimated:
                 self._messages = pruned  # pruning alone helped
-                self._governor.record_success(compaction.estimate_tokens(pruned), target)
+                self._anchor = None  # it counted the messages before pruning
+                self._governor.record_success(math.ceil(pruned_tokens * scale), target)
                 return True
             self._governor.record_failure(now)
             return False
@@ -311,7 +326,7 @@ class AgentLoop:
             return False
         marker_id = new_id()
         messages = compaction.apply(parts, summary.text)
-        after = compaction.estimate_tokens(messages)
+        after = math.ceil(compaction.estimate_tokens(messages) * scale)
         if archived:
             await self._broker.compaction(
                 CompactionMarker(
@@ -331,6 +346,7 @@ class AgentLoop:
             *ids[first + len(parts.middle) :],
         ]
         self._messages = messages
+        self._anchor = None  # it counted the messages before the summary replaced them
         self._governor.record_success(after, target)
         self.compactions += 1
         self._live.event("state", "compacted", tokens_before=before, tokens_after=after)

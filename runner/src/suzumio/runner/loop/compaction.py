@@ -1,12 +1,14 @@
 """Context compaction, minus the model call: measure, prune, split, build the summariser's
 request, splice its answer in, and decide when compaction may run (DESIGN.md §9, Appendix A).
 
-The loop's use: when `estimate_tokens` (or the provider) says the prompt is over
-`threshold_tokens`, `prune` first (free); if still over, `split`, send `summary_request(middle)`
-to the summariser, archive the raw range through the broker, and continue with `apply(split,
-summary)`. `prune` keeps one message per message, so the raw range is the same positions
-(`len(head)` to `len(messages) - len(tail)`) of the list before pruning. `CompactionGovernor`
-says whether an attempt may run at all.
+The loop's use: when `prompt_tokens` (the provider's real count at the last model call, the
+`UsageAnchor`, plus an estimate of the messages added since; the estimate alone where no usage
+was reported) or the provider says the prompt is over `threshold_tokens`, `prune` first
+(free); if still over, `split`, send `summary_request(middle)` to the summariser, archive the
+raw range through the broker, and continue with `apply(split, summary)`. `prune` keeps one
+message per message, so the raw range is the same positions (`len(head)` to
+`len(messages) - len(tail)`) of the list before pruning. `CompactionGovernor` says whether an
+attempt may run at all.
 
 Where the conversation is cut: the head is the system prompt(s) plus the first exchange (the
 first user message, the assistant reply to it and that reply's tool results); the tail is the
@@ -24,7 +26,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +77,43 @@ def _tokens(message: Message) -> int:
     return (
         MESSAGE_OVERHEAD_TOKENS + math.ceil(chars / CHARS_PER_TOKEN) + images * NON_TEXT_PART_TOKENS
     )
+
+
+@dataclass(frozen=True)
+class UsageAnchor:
+    """What the provider counted: `tokens` for the first `messages` messages of the
+    conversation (a model call's prompt_tokens, plus its completion_tokens for the reply that
+    follows the prompt when those were reported)."""
+
+    messages: int
+    tokens: int
+
+
+def usage_anchor(sent: int, usage: Mapping[str, int]) -> UsageAnchor | None:
+    """The anchor a model call's `usage` gives, `sent` being how many messages it was sent
+    (its reply is the next one); None when the provider reported no prompt tokens."""
+    prompt = usage.get("prompt_tokens", 0)
+    if prompt <= 0:
+        return None
+    completion = usage.get("completion_tokens", 0)
+    if completion <= 0:
+        return UsageAnchor(sent, prompt)  # the reply is estimated with what follows it
+    return UsageAnchor(sent + 1, prompt + completion)
+
+
+def prompt_tokens(messages: Sequence[Message], anchor: UsageAnchor | None) -> int:
+    """The conversation's size: the provider's real count for the part it measured plus an
+    estimate of the messages added since; the estimate of the whole without an anchor.
+
+    `estimate_tokens` guesses 4 characters a token, which Chinese or Japanese text (about a
+    token a character, or more) beats several-fold: on its own it would let the prompt grow
+    past the window before the threshold is seen. The caller drops the anchor whenever the
+    messages it counted change (a compaction); one that counted more messages than there are
+    is stale and ignored.
+    """
+    if anchor is None or anchor.messages > len(messages):
+        return estimate_tokens(messages)
+    return anchor.tokens + estimate_tokens(messages[anchor.messages :])
 
 
 def threshold_tokens(context_window: int, max_output_tokens: int, ratio: float = 0.5) -> int:
@@ -462,7 +501,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         r"\1\2" + REDACTED,
     ),
 )
-_CANDIDATE = re.compile(r"(?<![\w+/=\-])[\w+/\-]{32,}={0,2}(?![\w+/=\-])")
+# ASCII only: keys and tokens are, and a run of 32 Chinese characters (letters to Unicode's
+# `\w`) has no ASCII word for `_redact_random` to measure (it divided by zero, and every
+# compaction of a conversation in Chinese failed).
+_CANDIDATE = re.compile(r"(?<![\w+/=\-])[\w+/\-]{32,}={0,2}(?![\w+/=\-])", re.ASCII)
 _HEX = re.compile(r"[0-9a-fA-F]+")
 _UUID = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")

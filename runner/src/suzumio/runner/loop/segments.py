@@ -11,11 +11,12 @@ Conflicts are decided on `PlannedCall.paths`:
   other), else it starts a new segment;
 - a read joins the current segment unless its paths overlap a path a write there reserved;
   reads never conflict with reads;
-- a read with no paths (the tools' `paths()` returns none for reads today, and `web.fetch`
-  touches no workspace path) conflicts with nothing, so a write may join a segment of reads.
-  The price: a `file.read` of the very file a `file.write` of the same response writes may
-  see either version. A caller that wants that ordered passes the read's canonical path(s)
-  too (`file.read`'s file, `file.search`'s root) and the write then starts a new segment;
+- a read names the canonical path it reads (`file.read`'s file or directory, `file.search`'s
+  root), so a read of a file a write of the same response writes, or the reverse, starts a
+  new segment and runs after it: the read sees the version its position in the response
+  implies, never either one by chance;
+- a read with no paths (`web.fetch` touches no workspace path; a file read whose path is
+  unusable fails without reading) conflicts with nothing, so a write may join it;
 - a write with no paths cannot reserve anything, so it is treated as exclusive;
 - exclusive calls (`shell.exec`, ask-user, unknown tools, unparseable arguments) run alone.
 """

@@ -100,7 +100,9 @@ class SandboxTool(Protocol):
     def kind(self, args: dict[str, Any]) -> CallKind: ...
 
     def paths(self, args: dict[str, Any], ctx: ToolContext) -> tuple[Path, ...]:
-        """The canonical paths a call writes (empty for reads and exclusive calls)."""
+        """The canonical paths a call writes, or reads (so a read and an overlapping write of
+        the same response run in call order); empty when it touches no workspace path, and
+        for exclusive calls."""
         ...
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...

@@ -30,6 +30,7 @@ from suzumio.runner.tools.paths import (
     atomic_write,
     check_keys,
     fingerprint,
+    named_paths,
     object_schema,
     open_regular,
     optional_int,
@@ -85,6 +86,11 @@ class FileRead(Reads):
         read_only=True,
     )
     _keys = frozenset({"path", "offset", "limit"})
+
+    def paths(self, args: dict[str, Any], ctx: ToolContext) -> tuple[Path, ...]:
+        # The file (or directory) read: a write of it earlier in the same response must finish
+        # first, or the read returns the old or the new content by chance.
+        return named_paths(args.get("path"), ctx)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         return await in_thread(lambda: self._read(args, ctx))
@@ -338,6 +344,12 @@ class FileSearch(Reads):
         read_only=True,
     )
     _keys = frozenset({"pattern", "path", "glob", "ignore_case"})
+
+    def paths(self, args: dict[str, Any], ctx: ToolContext) -> tuple[Path, ...]:
+        # The search's root (the workspace by default): it reads everything below, so any
+        # write inside it earlier in the same response must finish first.
+        raw = args.get("path")
+        return named_paths("." if raw is None or raw == "" else raw, ctx)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         # A thread cannot be cancelled, so the walk checks this flag between lines; a single

@@ -99,8 +99,14 @@ def resolve(raw: object, ctx: ToolContext, *, write: bool = False, name: str = "
 def written_paths(args: dict[str, Any], ctx: ToolContext) -> tuple[Path, ...]:
     """The canonical path a write call names, or none when the argument is unusable (the call
     will fail without touching anything, so it reserves nothing)."""
+    return named_paths(args.get("path"), ctx)
+
+
+def named_paths(raw: object, ctx: ToolContext) -> tuple[Path, ...]:
+    """The canonical path a path argument names, or none when it is unusable (the call will
+    fail on it without reading or writing anything, so it cannot conflict with another)."""
     try:
-        return (resolve(args.get("path"), ctx).path,)
+        return (resolve(raw, ctx).path,)
     except (ToolInputError, OSError):
         return ()
 
@@ -201,7 +207,10 @@ def _replace(dir_fd: int, name: str, data: bytes, mode: int | None) -> None:
 
 
 class Reads:
-    """Read-only tools: they share a parallel segment with other reads and reserve nothing."""
+    """Read-only tools: they share a parallel segment with other reads. A read touching no
+    workspace path (`web.fetch`) names none and so conflicts with nothing; the file reads
+    override `paths` with the canonical path they read, so a write of an overlapping path in
+    the same response does not run beside them (the planner keeps the two in call order)."""
 
     def kind(self, args: dict[str, Any]) -> CallKind:
         del args
