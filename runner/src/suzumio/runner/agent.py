@@ -320,6 +320,10 @@ class AgentLoop:
             log("compaction.failed", error=repr(exc))
             self._governor.record_failure(now)
             return False
+        # The summary is a model call the provider bills like any other (blank or not): the
+        # activation's usage says what it spent.
+        for key in ("prompt_tokens", "completion_tokens"):
+            self._usage[key] += summary.usage.get(key, 0)
         summary.text = _entry_text(summary.text)  # stored as the marker's text
         if not summary.text.strip():
             self._governor.record_failure(now)
