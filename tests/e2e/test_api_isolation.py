@@ -71,6 +71,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("get", "/v1/sessions/{session_id}/activations"): None,
     ("get", "/v1/activations/{activation_id}"): None,
     ("get", "/v1/activations/{activation_id}/tool-calls"): None,
+    ("post", "/v1/activations/{activation_id}/cancel"): {},
     ("get", "/v1/sessions/{session_id}/stream"): None,
     ("post", "/v1/projects/{project_id}/artifacts"): "files",
     ("get", "/v1/projects/{project_id}/artifacts"): None,

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from suzumio.cli import agents, projections
+from suzumio.cli import activations, agents, projections
 from suzumio.cli.admin import ADMIN_KEY_FILE, AdminUnconfirmedError, KeyFileError, bootstrap_admin
 from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.failures import fail, load_settings
@@ -21,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(projections.app, name="projections")
 app.add_typer(agents.app, name="agents")
+app.add_typer(activations.app, name="activations")
 
 
 @app.callback()

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from nats.aio.client import Client as NATS
 from pydantic import ValidationError
 
-from suzumio.contracts.commands import PostMessage, RecordSignal
+from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, decode_data
 from suzumio.contracts.errors import (
     CommandError,
@@ -33,9 +33,11 @@ from suzumio.contracts.errors import (
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
+    ActivationStarted,
     SignalClosed,
     SignalsDelivered,
 )
+from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.runner import SignalSpec
 from suzumio.contracts.scheduling import (
@@ -398,6 +400,84 @@ class Scheduler:
             _decisions.add(1, {"kind": "handover", "outcome": "ok"})
             return [_spec(x) for x in again + due]
         raise ConflictError("the session kept changing; try again")
+
+    # -- a cancel asked for (the API) ----------------------------------------------------
+    async def cancel_activation(
+        self, activation_id: str, project_id: str, reason: str, meta: EventMeta
+    ) -> CommandAccepted:
+        """Appends `session.activation_cancel_requested` for a live activation of the project,
+        on the condition that its session is still at the version this looked at — the event
+        a P0 appends, so the orchestrator, the tool-broker and the session service act on it
+        alike (killed, fenced). A second cancel, while the first is on its way, appends
+        nothing. Raises NotFoundError (no such activation in the project) or ConflictError
+        (it has already ended: `details.status`)."""
+        await self._fold_to_now()  # what was stored before the command is known
+        for _ in range(20):
+            activation = self.world.activations.get(activation_id)
+            if activation is None:
+                raise await self._not_live(activation_id, project_id)
+            if activation.project_id != project_id:
+                raise NotFoundError("activation not found")
+            if activation.cancel_requested:
+                return CommandAccepted(
+                    result={"outcome": "already_requested", "session_id": activation.session_id}
+                )
+            session_id = activation.session_id
+            # A decision of ours on the session is landing (a P0 may be replacing this very
+            # activation): see it first. Taking the session now would take over its hold.
+            if not await self._holds.settled(session_id, HANDOVER_WAIT_SECONDS):
+                raise UnavailableError("the activation's session is busy; try again")
+            activation = self.world.activations.get(activation_id)
+            if activation is None or activation.cancel_requested:
+                continue  # it ended, or was cancelled, while we waited: answer for that
+            s = self.world.sessions[session_id]
+            hold = self._holds.take(session_id, s.version + 1)
+            why = f"cancelled by {meta.actor}" + (f": {reason}" if reason else "")
+            cancel = ActivationCancelRequested(activation_id=activation_id, reason=why)
+            # The work goes with it: a user who stops an activation does not want it started
+            # again at once on the same signals (a P0's cancel, by contrast, queues them
+            # again for the activation that replaces it).
+            closes = [
+                SignalClosed(signal_id=x.id, outcome=SignalOutcome.CANCELLED, reason=why)
+                for x in activation.signals
+            ]
+            try:
+                written = await self._store.append(session_id, [cancel, *closes], s.version, meta)
+            except ConcurrencyConflictError:
+                _decisions.add(1, {"kind": "cancel", "outcome": "conflict"})
+                self._holds.release(session_id, hold)  # unless the fold did, for a newer one
+                await self._fold_to_now()
+                continue
+            except BaseException:
+                self._again(session_id, hold)
+                raise
+            _decisions.add(1, {"kind": "cancel", "outcome": "ok"})
+            return CommandAccepted(
+                events=written.events,
+                position=written.seq,
+                result={"outcome": "requested", "session_id": session_id},
+            )
+        raise ConflictError("the session kept changing; try again")
+
+    async def _fold_to_now(self) -> None:
+        end = await stream_last_seq(self._nc, self._topology.events_stream)
+        if not await self.folded.reached(end, 5.0):
+            raise UnavailableError("the scheduler is behind the log; try again")
+
+    async def _not_live(self, activation_id: str, project_id: str) -> CommandError:
+        """Why an activation the fold does not hold cannot be cancelled. The fold drops an
+        activation when it ends: its own subject tells whether it ever was, and how it
+        ended."""
+        stream = await self._store.load("activation", activation_id)
+        types = [e.envelope.type for e in stream.events]
+        started = [e.data for e in stream.events if isinstance(e.data, ActivationStarted)]
+        if not types or (started and started[0].project_id != project_id):
+            return NotFoundError("activation not found")
+        ended = [t for t in types if t in TERMINAL_ACTIVATION_EVENTS]
+        if ended:
+            status = ended[0].removeprefix("activation.")
+            return ConflictError(f"the activation has already ended ({status})", status=status)
+        return ConflictError("the activation is not live", status="unknown")
 
     # -- hooks and the nudge rule ---------------------------------------------------------
     def _maybe_review(self, s: SessionSchedule, now: datetime) -> None:

@@ -30,7 +30,7 @@ from suzumio.contracts.commands.projects import (
     SetProvider,
     SetRuntimeProfile,
 )
-from suzumio.contracts.commands.scheduler import TakeSignals
+from suzumio.contracts.commands.scheduler import CancelActivation, TakeSignals
 from suzumio.contracts.commands.sessions import (
     AppendHistory,
     CloseSession,
@@ -54,6 +54,7 @@ __all__ = [
     "AnswerPendingAction",
     "AppendHistory",
     "BootstrapAdmin",
+    "CancelActivation",
     "ChangeProjectLimits",
     "CloseSession",
     "Command",

@@ -267,6 +267,10 @@ class CloseIn(In):
     reason: Clean = Field(default="", max_length=2_000)
 
 
+class CancelIn(In):
+    reason: Clean = Field(default="", max_length=500, description="recorded with the cancel")
+
+
 class MessageIn(In):
     text: Text = Field(min_length=1)
     priority: Priority | None = Field(default=None, description="P1 unless set (DESIGN §6)")

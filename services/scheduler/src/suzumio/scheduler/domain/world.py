@@ -238,6 +238,14 @@ class World:
             case SignalClosed():
                 s.pending.pop(data.signal_id, None)
                 s.failing.pop(data.signal_id, None)
+                # Closed with the activation that carries it being cancelled (a user's
+                # cancel closes the work with it): when that activation ends, the signal
+                # must not queue again. (Signals are closed rarely: this loop is cheap.)
+                for activation in self.activations.values():
+                    if activation.session_id == s.id and activation.cancel_requested:
+                        activation.signals = [
+                            x for x in activation.signals if x.id != data.signal_id
+                        ]
 
     def _requested(self, s: SessionSchedule, data: ActivationRequested, changes: Changes) -> None:
         batch = [self._take(s, signal_id) for signal_id in data.signal_ids]

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Response, status
 
 from suzumio.contracts.commands import (
+    CancelActivation,
     CloseSession,
     OpenSession,
     PostMessage,
@@ -27,6 +28,7 @@ from suzumio.gateway.api.deps import (
 from suzumio.gateway.api.models import (
     ActivationOut,
     Author,
+    CancelIn,
     CloseIn,
     MessageIn,
     MessageOut,
@@ -38,7 +40,7 @@ from suzumio.gateway.api.models import (
     ToolCallOut,
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
-from suzumio.gateway.api.problems import not_found
+from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
@@ -321,18 +323,19 @@ async def list_activations(
     return page_of(rows, paging.limit, "requested_at", _activation)
 
 
-async def _visible_activation(gw: Gateway, who: Principal, activation_id: Identifier) -> Any:
+async def _visible_activation(
+    gw: Gateway, who: Principal, activation_id: Identifier, needed: Role = Role.VIEWER
+) -> Any:
+    """The activation's row (with its session's project, `owner`) if the caller may see it
+    with `needed`; 404 when not visible, as for a missing one."""
     row = await gw.pool.fetchrow(
-        "SELECT * FROM proj_activations.activations WHERE id = $1", activation_id
+        "SELECT a.*, s.project_id AS owner FROM proj_activations.activations a"
+        " JOIN proj_sessions.sessions s ON s.id = a.session_id WHERE a.id = $1",
+        activation_id,
     )
     if row is None:
         raise not_found("activation")
-    session = await gw.pool.fetchrow(
-        "SELECT project_id FROM proj_sessions.sessions WHERE id = $1", row["session_id"]
-    )
-    if session is None:
-        raise not_found("activation")
-    await require_role(gw, who, session["project_id"], Role.VIEWER, "activation")
+    await require_role(gw, who, row["owner"], needed, "activation")
     return row
 
 
@@ -340,6 +343,37 @@ async def _visible_activation(gw: Gateway, who: Principal, activation_id: Identi
 async def get_activation(
     activation_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
 ) -> ActivationOut:
+    return _activation(await _visible_activation(gw, who, activation_id))
+
+
+ENDED = frozenset({"completed", "failed", "cancelled", "timed_out"})
+
+
+@router.post(
+    "/v1/activations/{activation_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    tags=["activations"],
+)
+async def cancel_activation(
+    activation_id: Identifier,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    body: CancelIn | None = None,
+) -> ActivationOut:
+    """Stop a live activation now: its sandbox is killed and its token stops working at once
+    (DESIGN.md §7); it ends `cancelled` shortly after (202: watch `status`). A member of the
+    project may. Cancelling again while that cancel is on its way changes nothing (202); an
+    activation that has already ended answers 409."""
+    row = await _visible_activation(gw, who, activation_id, Role.MEMBER)
+    if row["status"] in ENDED:
+        raise ApiError(409, f"the activation has already ended ({row['status']})")
+    command = CancelActivation(
+        activation_id=activation_id,
+        project_id=row["owner"],
+        reason=body.reason if body is not None else "",
+    )
+    await settle(gw, await send(gw, who, command, response))
     return _activation(await _visible_activation(gw, who, activation_id))
 
 
