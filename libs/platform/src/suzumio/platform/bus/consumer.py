@@ -9,6 +9,11 @@ the ones behind it.
 limit. JetStream never redelivers a message past its consumer's `max_deliver`, so one whose
 parking failed on that last delivery (NATS briefly away for the handler and the parker alike)
 would be gone without a trace; here it comes back until it is handled or parked.
+
+A NATS outage (the server restarting, the client reconnecting) is ridden out, not a crash: a
+failed fetch is logged and retried with backoff (making the consumer again, idempotently, in
+case the server lost it), and an ack, nak or term that could not be sent is logged and left to
+redelivery — nothing is lost, a handler runs at least once anyway. Only `stop` ends `run`.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import BadRequestError
 from opentelemetry.trace import SpanKind
 
 from suzumio.contracts.envelope import EventMeta
@@ -34,6 +41,12 @@ log = get_logger(__name__)
 
 MessageHandler = Callable[[Msg], Awaitable[None]]
 Parker = Callable[[Msg, BaseException, int], Awaitable[None]]
+
+# What a NATS outage raises from a fetch, an ack or a consumer's creation: the client's errors
+# (closed, reconnecting with a full buffer, no responders, a JetStream API error while the
+# server recovers its streams) and the socket's own.
+_OUTAGE = (nats_errors.Error, OSError)
+_RETRY_MAX_SECONDS = 5.0
 
 _handled = telemetry.meter.create_counter(
     "suzumio_consumer_messages", description="messages handled by consumer and outcome"
@@ -98,19 +111,52 @@ class PullWorker:
         await self._js.add_consumer(self.spec.stream, self.spec.config())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and handle until `stop` is set; the batch in hand is finished first."""
-        await self.ensure_consumer()
-        psub = await self._js.pull_subscribe_bind(self.spec.durable, stream=self.spec.stream)
+        """Fetch and handle until `stop` is set; the batch in hand is finished first. NATS
+        away (at start or later) is waited out with backoff."""
+        delay = 0.2
+        while True:
+            try:
+                await self.ensure_consumer()
+                psub = await self._js.pull_subscribe_bind(
+                    self.spec.durable, stream=self.spec.stream
+                )
+                break
+            except BadRequestError:  # the consumer's config refused: not an outage
+                raise
+            except _OUTAGE as exc:
+                delay = await self._back_off(stop, "consumer.setup_failed", exc, delay)
+                if stop.is_set():
+                    return
         try:
+            delay, lost = 0.2, False
             while not stop.is_set():
                 try:
+                    if lost:  # the server may have come back without it: made again, same config
+                        await self.ensure_consumer()
+                        lost = False
                     msgs = await psub.fetch(self.spec.batch, timeout=1.0)
                 except (TimeoutError, NatsTimeoutError):
                     continue
+                except BadRequestError:  # the consumer's config refused: not an outage
+                    raise
+                except _OUTAGE as exc:
+                    delay = await self._back_off(stop, "consumer.fetch_failed", exc, delay)
+                    lost = True
+                    continue
+                delay = 0.2
                 await asyncio.gather(*(self._guarded(m) for m in msgs))
         finally:
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
+
+    async def _back_off(
+        self, stop: asyncio.Event, event: str, exc: BaseException, delay: float
+    ) -> float:
+        """Log, wait `delay` (or until stopped); the next delay."""
+        log.warning(event, consumer=self.spec.durable, error=repr(exc), retry_in=delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        return min(delay * 2, _RETRY_MAX_SECONDS)
 
     async def _guarded(self, msg: Msg) -> None:
         async with self._slots:
@@ -129,10 +175,26 @@ class PullWorker:
         except Exception as exc:
             await self._failed(msg, exc)
         else:
-            await msg.ack()
-            _handled.add(1, {"consumer": self.spec.durable, "outcome": "ok"})
+            if await self._settle(msg, "ack", msg.ack()):
+                _handled.add(1, {"consumer": self.spec.durable, "outcome": "ok"})
         finally:
             beat.cancel()
+
+    async def _settle(self, msg: Msg, what: str, call: Awaitable[None]) -> bool:
+        """Send an ack/nak/term; one NATS could not take is logged, not raised: the message
+        comes back after `ack_wait` (its handler runs again, which it must bear anyway)."""
+        try:
+            await call
+        except _OUTAGE as exc:
+            log.warning(
+                "consumer.settle_failed",
+                consumer=self.spec.durable,
+                seq=msg.metadata.sequence.stream,
+                what=what,
+                error=repr(exc),
+            )
+            return False
+        return True
 
     async def _failed(self, msg: Msg, exc: Exception) -> None:
         deliveries = msg.metadata.num_delivered
@@ -146,21 +208,24 @@ class PullWorker:
                 deliveries=deliveries,
                 error=repr(exc),
             )
-            await msg.nak(delay=delay)
-            _handled.add(1, {"consumer": self.spec.durable, "outcome": "retry"})
+            if await self._settle(msg, "nak", msg.nak(delay=delay)):
+                _handled.add(1, {"consumer": self.spec.durable, "outcome": "retry"})
             return
         try:
             await self._park(msg, exc, deliveries)
         except Exception:
             log.exception("consumer.park_failed", consumer=self.spec.durable, seq=seq)
-            await msg.nak(delay=self.spec.backoff[-1])
+            await self._settle(msg, "nak", msg.nak(delay=self.spec.backoff[-1]))
             return
         log.error("consumer.parked", consumer=self.spec.durable, seq=seq, error=repr(exc))
-        await msg.term()
-        _handled.add(1, {"consumer": self.spec.durable, "outcome": "parked"})
+        # A term that is lost parks it again on its next delivery: twice recorded, never lost.
+        if await self._settle(msg, "term", msg.term()):
+            _handled.add(1, {"consumer": self.spec.durable, "outcome": "parked"})
 
     async def _heartbeat(self, msg: Msg) -> None:
         interval = max(self.spec.ack_wait / 3, 0.05)
         while True:
             await asyncio.sleep(interval)
-            await msg.in_progress()
+            # A beat lost to an outage is not the end of the beating: the next one may land.
+            with contextlib.suppress(*_OUTAGE):
+                await msg.in_progress()

@@ -58,6 +58,7 @@ from suzumio.orchestrator.backends.docker_settings import (
     Owner,
     check_mounts,
     choose_networks,
+    give_tree,
     private_mode,
     sandbox_owner,
     via_gateway,
@@ -79,21 +80,9 @@ T = TypeVar("T")
 
 def _own(root: Path, owner: Owner) -> None:
     """Make `root` and everything in it the sandbox user's: handed to it when we are root, else
-    (it runs as us) kept ours, writable by us and by nobody else."""
-
-    def give(path: Path) -> None:
-        if path.is_symlink():
-            return
-        st = path.lstat()
-        if owner.chown and (st.st_uid, st.st_gid) != (owner.uid, owner.gid):
-            os.chown(path, owner.uid, owner.gid, follow_symlinks=False)
-        elif not owner.chown and (mode := private_mode(st.st_mode, path.is_dir())) != st.st_mode:
-            path.chmod(mode)
-
-    give(root)
-    for base, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            give(Path(base, name))
+    (it runs as us) kept ours, writable by us and by nobody else. Never through a link: another
+    activation of the session may be running and swapping entries for links as we walk."""
+    give_tree(root, (owner.uid, owner.gid) if owner.chown else None, private_mode)
 
 
 def _state_exit(state: dict[str, Any], cancelled: bool) -> Exit:

@@ -4,10 +4,13 @@ sandbox runs as."""
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
-from collections.abc import Collection
+import stat
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -150,6 +153,90 @@ def sandbox_owner(configured: str, euid: int, egid: int) -> Owner:
 def private_mode(mode: int, is_dir: bool) -> int:
     """A mode that lets the owner (the sandbox's user) read and write, and nobody else write."""
     return (mode | (0o700 if is_dir else 0o600)) & ~0o022
+
+
+# An entry is looked at through a descriptor opened without following a link, so the sandbox
+# (which may run while we walk: another activation of the session) cannot swap a file for a
+# link to one of ours between a check and a chmod/chown. On Linux, O_PATH opens anything (no
+# read permission needed, nothing happens to a FIFO) and /proc/self/fd/N is that very inode
+# (Linux has no lchmod); elsewhere the file is opened for reading and fchmod/fchown'd.
+_BY_PROC = hasattr(os, "O_PATH") and Path("/proc/self/fd").is_dir()
+_ENTRY_FLAGS = (
+    os.O_NOFOLLOW
+    | os.O_CLOEXEC
+    | (os.O_PATH if _BY_PROC else os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# A link met by O_NOFOLLOW (ELOOP; EMLINK on some BSDs), an entry removed meanwhile, a socket.
+_SKIPPED = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOENT, errno.ENOTDIR, errno.ENXIO})
+
+
+def give_tree(
+    root: Path, owner: tuple[int, int] | None, mode_of: Callable[[int, bool], int]
+) -> None:
+    """Give `root` and everything under it to `owner` (uid, gid), or with no owner set each
+    one's permission bits to `mode_of(bits, is_dir)`. Never through a symbolic link: links are
+    skipped, and a directory or file swapped for one while we walk is skipped too."""
+    if not _give(str(root), None, owner, mode_of):
+        return
+    stack: list[tuple[int, Iterator[str]]] = []
+    try:
+        if (top := _open_dir(str(root), None)) is None:
+            return
+        stack.append((top, _names(top)))
+        while stack:
+            fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
+            elif _give(name, fd, owner, mode_of) and (child := _open_dir(name, fd)) is not None:
+                stack.append((child, _names(child)))
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+
+
+def _names(fd: int) -> Iterator[str]:
+    with os.scandir(fd) as entries:
+        return iter([entry.name for entry in entries])
+
+
+def _open_dir(name: str, dir_fd: int | None) -> int | None:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _SKIPPED:
+            return None
+        raise
+
+
+def _give(
+    name: str,
+    dir_fd: int | None,
+    owner: tuple[int, int] | None,
+    mode_of: Callable[[int, bool], int],
+) -> bool:
+    """Fix one entry; True when it is a directory (to walk into)."""
+    try:
+        fd = os.open(name, _ENTRY_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _SKIPPED:
+            return False
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):  # O_PATH | O_NOFOLLOW opens the link itself
+            return False
+        target: int | str = f"/proc/self/fd/{fd}" if _BY_PROC else fd
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if owner is not None:
+            if (st.st_uid, st.st_gid) != owner:
+                os.chown(target, *owner)
+        elif (mode := mode_of(stat.S_IMODE(st.st_mode), is_dir)) != stat.S_IMODE(st.st_mode):
+            os.chmod(target, mode)  # noqa: PTH101 - a descriptor, or its /proc path
+        return is_dir
+    finally:
+        os.close(fd)
 
 
 def via_gateway(url: str) -> str:

@@ -38,6 +38,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.watch import Watch
 
 from suzumio.orchestrator.backends.base import Exit, Handle, Health, LaunchError, LaunchPlan
+from suzumio.orchestrator.backends.docker_settings import give_tree
 from suzumio.orchestrator.backends.kubernetes_pods import StartCheck, Stuck
 from suzumio.orchestrator.backends.kubernetes_render import (
     ACTIVATION_ANNOTATION,
@@ -142,24 +143,14 @@ def _pod_exit(kind: str, reason: str, pod: Manifest | None) -> Exit:
 def _hand_over(root: Path, uid: int, gid: int) -> None:
     """Make `root` and everything in it writable by the sandbox's user: its owner when we may
     chown, else open to all (an orchestrator that is not root). As the docker backend does:
-    a hostPath volume keeps the node's owners, `fsGroup` does not apply to it."""
+    a hostPath volume keeps the node's owners, `fsGroup` does not apply to it. Never through a
+    link: another pod of the session may be swapping entries for links as we walk."""
     as_root = os.geteuid() == 0
+    give_tree(root, (uid, gid) if as_root else None, _open_to_all)
 
-    def give(path: Path) -> None:
-        if path.is_symlink():  # the sandbox's own link (an earlier attempt): never followed
-            return
-        st = path.lstat()
-        if as_root and (st.st_uid, st.st_gid) != (uid, gid):
-            os.chown(path, uid, gid, follow_symlinks=False)
-        elif not as_root:
-            mode = st.st_mode | (0o777 if path.is_dir() else 0o666)
-            if mode != st.st_mode:
-                path.chmod(mode)
 
-    give(root)
-    for base, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            give(Path(base, name))
+def _open_to_all(mode: int, is_dir: bool) -> int:
+    return mode | (0o777 if is_dir else 0o666)
 
 
 def prepare_host_dirs(plan: LaunchPlan, settings: KubernetesSettings) -> None:
@@ -178,6 +169,8 @@ class KubernetesBackend:
     platform's (the label every Job carries, so two platforms can share a cluster)."""
 
     name = "kubernetes"
+    refused_give_up_seconds = 300.0
+    """How long a watch the API server keeps refusing (401/403) is retried before it ends."""
 
     def __init__(self, settings: KubernetesSettings, namespace: str = "") -> None:
         self.settings = settings
@@ -185,6 +178,8 @@ class KubernetesBackend:
         self._api: ApiClient | None = None
         self._connecting = asyncio.Lock()
         self._cancelled: set[str] = set()
+        # Watches the API server currently refuses (401/403), by Job: why, for `health`.
+        self._refused: dict[str, str] = {}
 
     @property
     def _ns(self) -> str:
@@ -306,29 +301,72 @@ class KubernetesBackend:
         settings = self.settings
         start = StartCheck(settings.start_grace_seconds, settings.unschedulable_grace_seconds)
         delay = 0.2
-        while True:
-            try:
-                api = await self._client()
-                job = await self._read_job(api, name)
-                while job is not None and job_outcome(job) is None:
-                    # The pods as they are now: this is also the poll when watches fail.
-                    stuck = start.check_all(await self._pods(api, name))
-                    if stuck is None:
-                        version = job["metadata"].get("resourceVersion")
-                        change = await self._next_change(api, name, version, start)
-                        if not isinstance(change, Stuck):
-                            job, delay = change, 0.2
-                            continue
-                        stuck = change
-                    return await self._give_up(name, stuck)
-                outcome = job_outcome(job) if job else None
-                if outcome is None:  # the Job is gone
-                    return self._gone(name)
-                return exit_from(outcome, await self._pod_of(api, name))
-            except Exception as exc:  # the watch API can fail in many ways: poll instead
-                log.warning("kubernetes watch failed; polling", job=name, error=_describe(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+        refused_since: float | None = None  # since when the Job or its pods are refused
+        try:
+            while True:
+                try:
+                    api = await self._client()
+                    job = await self._read_job(api, name)
+                    while job is not None and job_outcome(job) is None:
+                        # The pods as they are now: this is also the poll when watches fail.
+                        stuck = start.check_all(await self._pods(api, name))
+                        # The Job and its pods are readable: polling sees its end, even if
+                        # the watch verb is refused (that is reported, not given up on).
+                        refused_since = None
+                        if stuck is None:
+                            version = job["metadata"].get("resourceVersion")
+                            change = await self._next_change(api, name, version, start)
+                            self._refused.pop(name, None)  # a whole round went through
+                            if not isinstance(change, Stuck):
+                                job, delay = change, 0.2
+                                continue
+                            stuck = change
+                        return await self._give_up(name, stuck)
+                    outcome = job_outcome(job) if job else None
+                    if outcome is None:  # the Job is gone
+                        return self._gone(name)
+                    return exit_from(outcome, await self._pod_of(api, name))
+                except ApiException as exc:
+                    if exc.status not in (401, 403):
+                        log.warning(
+                            "kubernetes watch failed; polling", job=name, error=_describe(exc)
+                        )
+                    else:
+                        now = asyncio.get_running_loop().time()
+                        refused_since = now if refused_since is None else refused_since
+                        refused = self._refuse(name, exc, now - refused_since)
+                        if refused is not None:
+                            return refused
+                except Exception as exc:  # the watch API can fail in many ways: poll instead
+                    log.warning("kubernetes watch failed; polling", job=name, error=_describe(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+        finally:
+            self._refused.pop(name, None)
+
+    def _refuse(self, name: str, exc: ApiException, refused_for: float) -> Exit | None:
+        """A 401/403: the orchestrator's credentials or RBAC, not a blip. Reported at once (the
+        log, `health`); still retried (a rotated token, a role being fixed) until it has
+        lasted `refused_give_up_seconds`, then the watch ends with the API server's words —
+        not retryable: we cannot see whether its pod still runs, so another attempt might run
+        beside it."""
+        detail = _describe(exc)
+        self._refused[name] = detail
+        if refused_for >= self.refused_give_up_seconds:
+            log.error("kubernetes watch refused; given up", job=name, error=detail)
+            message = (
+                f"the Kubernetes API server refused to show the Job for "
+                f"{refused_for:.0f} s (the orchestrator's credentials or RBAC): {detail}"
+            )
+            return Exit(None, "lost", message, retryable=False)
+        log.error(
+            "kubernetes watch refused; retrying",
+            job=name,
+            error=detail,
+            refused_for=round(refused_for, 1),
+            gives_up_after=self.refused_give_up_seconds,
+        )
+        return None
 
     async def _read_job(self, api: ApiClient, name: str) -> Manifest | None:
         try:
@@ -511,6 +549,10 @@ class KubernetesBackend:
             await client.CoreV1Api(api).read_namespace(self._ns, _request_timeout=self._timeout)
         except (ApiException, ConfigException, *_UNREACHABLE) as exc:
             detail["error"] = _describe(exc)
+            return Health(ok=False, detail=detail)
+        if self._refused:  # the namespace is readable, the Jobs or pods are not
+            job, why = next(iter(self._refused.items()))
+            detail["error"] = f"watch of {len(self._refused)} job(s) refused, e.g. {job}: {why}"
             return Health(ok=False, detail=detail)
         return Health(ok=True, detail=detail)
 
