@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import random
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import re
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 import httpx
@@ -57,6 +59,17 @@ MAX_RETRY_AFTER = 10.0
 # The output is the one call whose loss costs the whole activation: a broker that answers it
 # with 5xx is waited for longer (about a minute) than for the others.
 OUTPUT_RETRIES = 14
+# W3C trace context (version 00; ids not all zeros): the launch's, which the orchestrator puts
+# in the sandbox's `TRACEPARENT`; every call to the broker carries it, so the broker's spans
+# of this activation are in the trace of what asked for it. The runner makes no spans itself:
+# a sandbox has no collector to send them to.
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def traceparent(env: Mapping[str, str]) -> dict[str, str]:
+    """The `traceparent` header the environment's `TRACEPARENT` makes, if it is a valid one."""
+    value = env.get("TRACEPARENT", "").strip().lower()
+    return {"traceparent": value} if _TRACEPARENT.fullmatch(value) else {}
 
 
 def _batches(entries: Sequence[HistoryEntryIn]) -> Iterator[tuple[HistoryEntryIn, ...]]:
@@ -114,7 +127,10 @@ class BrokerClient:
         call; `output_retries`: of the activation's output, which rides out longer outages."""
         self._owns_http = http is None
         self._http = http or broker_http(base_url, timeout, transport)
-        self._auth = {"Authorization": f"Bearer {token}"}
+        # What every request carries: the token, and the trace it belongs to. Read when the
+        # client is made, for its activation (a resident runner's environment is that of
+        # the activation it runs).
+        self._auth = {"Authorization": f"Bearer {token}", **traceparent(os.environ)}
         self._retries = retries
         self._output_retries = output_retries
 

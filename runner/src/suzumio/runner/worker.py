@@ -147,8 +147,13 @@ class _Resident:
     runs: int = 0  # it leaves after `resident_runs`: one that has them all is not asked again
 
 
+# What differs from one activation of a session to the next without making its resident
+# runner unfit for it: the activation's id, and the trace its launch belongs to.
+_PER_ACTIVATION = frozenset({"SUZUMIO_ACTIVATION_ID", "TRACEPARENT"})
+
+
 def _resident_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k != "SUZUMIO_ACTIVATION_ID"}
+    return {k: v for k, v in env.items() if k not in _PER_ACTIVATION}
 
 
 class WarmSessions:

@@ -76,6 +76,12 @@ class Telemetry:
 _installed: Telemetry | None = None
 
 
+def spans_exported() -> bool:
+    """Whether spans go anywhere (an OTLP exporter is set): work done only to place spans in
+    a trace (reading the log for a launch's origin) is skipped when none would be seen."""
+    return _installed is not None and _installed.span_exporter is not None
+
+
 def _attribute(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)

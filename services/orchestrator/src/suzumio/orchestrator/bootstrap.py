@@ -10,6 +10,7 @@ from pathlib import Path
 from starlette.types import ASGIApp
 
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
+from suzumio.orchestrator import metrics
 from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend
 from suzumio.orchestrator.backends.docker import DockerBackend
@@ -81,6 +82,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         settings.workspace_retention_hours,
     )
     runtime.readiness.extra_checks["caught_up"] = lambda: orchestrator.caught_up
+    metrics.watch(orchestrator)
 
     async def report_health(stop: asyncio.Event) -> None:
         """Each backend's health in this instance's heartbeat (cluster status shows it)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections import deque
@@ -24,6 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from suzumio.contracts.envelope import (
     EVENT_TYPES,
@@ -46,7 +50,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
-from suzumio.orchestrator import retention
+from suzumio.orchestrator import metrics, retention, tracing
 from suzumio.orchestrator.artifacts import ArtifactCollector, Collection
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.directory import Agent, Directory, Project
@@ -71,7 +75,7 @@ from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import get_logger
 from suzumio.platform.replica import Replica
-from suzumio.platform.telemetry import meter
+from suzumio.platform.telemetry import SECONDS_BUCKETS, meter, tracer
 
 log = get_logger(__name__)
 ACTOR = "system:orchestrator"
@@ -134,6 +138,7 @@ _launch = meter.create_histogram(
     "suzumio_activation_launch_seconds",
     unit="s",
     description="activation requested (folded) to sandbox started, by backend",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 
 
@@ -154,6 +159,8 @@ class Tracked:
     timeout_seconds: float = 0.0
     launching_at: float = 0.0  # wall clock: the plan is ready and the backend is called
     launched_at: float = 0.0  # the backend says the sandbox is started
+    requested_at: datetime | None = None  # the log's time of the request
+    request_seq: int = 0  # the message that stored it (its trace context, `tracing`)
     # Its own subject as folded: the version of the last message whose events were all read
     # (-1: one could not be, and the subject must be read instead), and the output recorded.
     version: int = 0
@@ -208,6 +215,7 @@ class Orchestrator:
         self._cancels: dict[str, asyncio.Task[None]] = {}  # cancels sent until the end is seen
         self.folded = self.replica.folded
         self.leading = False
+        self.health_report: list[dict[str, object]] = []  # the backends', as last asked
         self._activation_prefix = topology.event_subject("activation", "")
         self._session_prefix = topology.event_subject("session", "")
 
@@ -277,17 +285,21 @@ class Orchestrator:
                 whole = False
                 continue
             if envelope.type in ACTIVATION_EVENTS:
-                self._apply(envelope.aggregate_id, event, envelope.occurred_at)
+                self._apply(envelope.aggregate_id, event, envelope.occurred_at, seq)
             else:
                 self.directory.apply(envelope.aggregate_id, event)
         return whole
 
-    def _apply(self, aggregate_id: str, data: DomainEvent, at: datetime | None = None) -> None:
+    def _apply(
+        self, aggregate_id: str, data: DomainEvent, at: datetime | None = None, seq: int = 0
+    ) -> None:
         match data:
             case ActivationRequested():
                 agent = self.directory.agent(data.agent_id)
                 project = self.directory.project(agent.project_id) if agent else None
-                self.activations[data.activation_id] = Tracked(aggregate_id, data, agent, project)
+                self.activations[data.activation_id] = Tracked(
+                    aggregate_id, data, agent, project, requested_at=at, request_seq=seq
+                )
                 if self.leading:
                     self._begin(data.activation_id)
             case ActivationCancelRequested():
@@ -483,6 +495,7 @@ class Orchestrator:
     async def _run(self, tracked: Tracked) -> None:
         activation_id = tracked.request.activation_id
         folded_at = time.perf_counter()
+        began = time.time_ns()
         try:
             try:
                 plan = await self._planner.plan(
@@ -501,27 +514,9 @@ class Orchestrator:
             if tracked.cancel_reason is not None:
                 await self._end(tracked, ActivationCancelled(reason=tracked.cancel_reason))
                 return
-            tracked.launching_at = time.time()  # control plane done: the sandbox's turn
-            try:
-                handle = await backend.launch(plan)
-            except LaunchError as exc:
-                await self._end(
-                    tracked, ActivationFailed(reason=f"launch: {exc}", retryable=exc.retryable)
-                )
+            handle = await self._launch(tracked, plan, backend, folded_at, began)
+            if handle is None:
                 return
-            tracked.handle = handle
-            tracked.launched_at = time.time()
-            _launch.record(time.perf_counter() - folded_at, {"backend": backend.name})
-            await self._append_started(
-                activation_id,
-                ActivationStarted(
-                    session_id=tracked.session_id,
-                    project_id=plan.project_id,
-                    agent_id=plan.agent_id,
-                    backend=backend.name,
-                    sandbox_id=handle.sandbox_id,
-                ),
-            )
             tracked.started = True
             if _cancelling(tracked):  # asked while it was being launched
                 self._keep_cancelling(tracked, handle)
@@ -533,6 +528,75 @@ class Orchestrator:
             await self._fail_or_log(tracked, exc)
         finally:
             self._tasks.pop(activation_id, None)
+
+    async def _launch(
+        self, tracked: Tracked, plan: LaunchPlan, backend: Backend, folded_at: float, began: int
+    ) -> Handle | None:
+        """The sandbox started and its start appended, in the launch's span (`began`: when
+        the activation's turn came, ns); None if the backend could not start it (it is ended
+        as failed then)."""
+        span = await self._launch_span(tracked, plan, backend.name, began)
+        # The runner continues the launch's trace: its calls to the broker carry it.
+        plan = dataclasses.replace(plan, env={**plan.env, **tracing.traceparent(span)})
+        refused: LaunchError | None = None
+        # Current while the start is appended, so its message carries the launch's context.
+        with trace.use_span(span, end_on_exit=True):
+            tracked.launching_at = time.time()  # control plane done: the sandbox's turn
+            if (queued := metrics.since(tracked.requested_at, tracked.launching_at)) is not None:
+                metrics.stage("queued", queued)
+            try:
+                handle = await backend.launch(plan)
+            except LaunchError as exc:
+                span.set_status(StatusCode.ERROR, f"launch: {exc}"[:500])
+                refused = exc
+            else:
+                tracked.handle = handle
+                tracked.launched_at = time.time()
+                metrics.stage("launching", tracked.launched_at - tracked.launching_at)
+                _launch.record(time.perf_counter() - folded_at, {"backend": backend.name})
+                span.set_attribute("suzumio.sandbox", handle.sandbox_id)
+                await self._append_started(
+                    plan.activation_id,
+                    ActivationStarted(
+                        session_id=tracked.session_id,
+                        project_id=plan.project_id,
+                        agent_id=plan.agent_id,
+                        backend=backend.name,
+                        sandbox_id=handle.sandbox_id,
+                    ),
+                )
+                return handle
+        assert refused is not None
+        reason = f"launch: {refused}"
+        await self._end(tracked, ActivationFailed(reason=reason, retryable=refused.retryable))
+        return None
+
+    async def _launch_span(
+        self, tracked: Tracked, plan: LaunchPlan, backend: str, began: int
+    ) -> Span:
+        """The launch's span, from `began` (ns): a child of the trace of what asked for the
+        activation, when the log's messages tell it (`tracing.origin`), else a trace of its
+        own."""
+        parent, links = await tracing.origin(
+            self._nc,
+            self._topology.events_stream,
+            self._topology.event_subject("session", tracked.session_id),
+            (tracked.request_seq, *plan.origins),
+        )
+        return tracer.start_span(
+            "activation.launch",
+            context=parent or Context(),
+            kind=SpanKind.INTERNAL,
+            links=links,
+            start_time=began,
+            attributes={
+                "suzumio.activation": plan.activation_id,
+                "suzumio.session": plan.session_id,
+                "suzumio.agent": plan.agent_id,
+                "suzumio.attempt": plan.attempt,
+                "suzumio.backend": backend,
+            },
+        )
 
     async def _resume(self, tracked: Tracked, handle: Handle) -> None:
         try:
@@ -730,6 +794,9 @@ class Orchestrator:
                 seen = None
                 continue
             _outcomes.add(1, {"outcome": ended.event_type.rsplit(".", 1)[-1]})
+            metrics.ended(ended, seen.output)
+            if (total := metrics.since(tracked.requested_at)) is not None:
+                metrics.stage("total", total)
             break
         tracked.ended, tracked.completed = True, isinstance(ended, ActivationCompleted)
         return ended
@@ -810,6 +877,7 @@ class Orchestrator:
         running = sum(1 for t in self.activations.values() if t.started and not t.ended)
         for entry in report:
             entry |= {"leading": self.leading, "running_here": running if self.leading else 0}
+        self.health_report = report
         return report
 
     async def close(self) -> None:

@@ -37,6 +37,7 @@ from suzumio.contracts.runner import (
 from suzumio.contracts.values import (
     NO_NETWORK_REFUSED,
     NetworkProfile,
+    ProviderSpec,
     RuntimeProfileSpec,
     WorkspaceMode,
 )
@@ -59,6 +60,18 @@ def _overlaps(path: str, other: str) -> bool:
         or path.startswith(other.rstrip("/") + "/")
         or other.startswith(path.rstrip("/") + "/")
     )
+
+
+def _provider(project: Project, name: str) -> ProviderSpec:
+    provider = project.providers.get(name)
+    if provider is None:
+        raise PlanError(f"provider {name!r} does not exist")
+    if provider.kind != "openai":  # stored before the session service refused other kinds
+        raise PlanError(
+            f"provider {name!r} is of kind {provider.kind!r}, which is not supported yet:"
+            " the runner speaks the OpenAI API only"
+        )
+    return provider
 
 
 def checked_mounts(grants: Iterable[Grant], reserved: Sequence[Path]) -> tuple[MountPlan, ...]:
@@ -179,6 +192,7 @@ class Planner:
             session_dir=root / "sessions" / session_id,
             mounts=mounts,
             deadline=datetime.now(UTC) + ttl,
+            origins=snapshot.origins,
         )
         return LaunchPlan(**{**plan.__dict__, "labels": labels_for(plan, self.namespace)})
 
@@ -208,9 +222,7 @@ class Planner:
         for model in models:
             if model.provider is None:
                 continue
-            provider = project.providers.get(model.provider)
-            if provider is None:
-                raise PlanError(f"provider {model.provider!r} does not exist")
+            provider = _provider(project, model.provider)
             key = re.sub(r"[^A-Z0-9]", "_", model.provider.upper())
             env[f"SUZUMIO_PROVIDER_{key}_BASE_URL"] = provider.base_url
             if provider.api_key is not None:

@@ -42,6 +42,9 @@ class SessionSnapshot:
     history: tuple[AgentHistoryMessage, ...]
     signals: tuple[SignalSpec, ...]
     checkpoint: CheckpointRef | None
+    # Where the batch's signals were stored (stream sequences, in the batch's order): whoever
+    # asked for the work, whose trace the launch continues (`tracing`).
+    origins: tuple[int, ...] = ()
 
 
 @dataclass
@@ -55,11 +58,16 @@ class _SessionFold:
     history: list[AgentHistoryMessage] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
     signals: dict[str, SignalSpec] = field(default_factory=dict)
+    origins: dict[str, int] = field(default_factory=dict)  # signal id -> its message's seq
     checkpoint: CheckpointRef | None = None
 
     def copy(self) -> _SessionFold:
         return replace(
-            self, history=list(self.history), texts=dict(self.texts), signals=dict(self.signals)
+            self,
+            history=list(self.history),
+            texts=dict(self.texts),
+            signals=dict(self.signals),
+            origins=dict(self.origins),
         )
 
     def apply(self, event: RecordedEvent[DomainEvent]) -> None:
@@ -84,6 +92,7 @@ class _SessionFold:
                     text=self.texts.get(data.message_id or ""),
                     message_id=data.message_id,
                 )
+                self.origins[data.signal_id] = event.seq
             case CheckpointSaved():
                 self.checkpoint = CheckpointRef(
                     id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
@@ -95,6 +104,7 @@ class _SessionFold:
             history=tuple(self.history),
             signals=tuple(self.signals[i] for i in request.signal_ids if i in self.signals),
             checkpoint=self.checkpoint,
+            origins=tuple(self.origins[i] for i in request.signal_ids if i in self.origins),
         )
 
 

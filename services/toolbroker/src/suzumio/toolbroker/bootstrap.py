@@ -72,6 +72,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         max_files=settings.max_artifacts,
         max_bytes=settings.max_artifact_bytes,
     )
+    manifests = discover()
     broker = Broker(
         nc=runtime.nc,
         js=js,
@@ -79,8 +80,8 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         store=runtime.store,
         commands=runtime.commands(),
         registry=registry,
-        operations=SupportOperations(discover()),
-        metrics=Metrics(),
+        operations=SupportOperations(manifests),
+        metrics=Metrics.of(manifests),
         gate=Gate(TokenSigner(secret_keys(settings)), registry, runtime.store),
         waiter=waiter,
         artifacts=artifacts,

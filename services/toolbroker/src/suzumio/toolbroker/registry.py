@@ -62,6 +62,8 @@ class LiveActivation:
     logged_seq: int = 0  # the stream sequence of that version's message
     calls_started: set[str] = field(default_factory=set)
     calls_finished: set[str] = field(default_factory=set)
+    # The tool of each call started and not finished (its finish's metric names it).
+    call_tools: dict[str, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
 
 
@@ -186,8 +188,11 @@ class ActivationRegistry:
                 a.output = True
             case ToolCallStarted():
                 a.calls_started.add(data.call_id)
+                if data.call_id not in a.calls_finished:
+                    a.call_tools[data.call_id] = data.tool
             case ToolCallFinished():
                 a.calls_finished.add(data.call_id)
+                a.call_tools.pop(data.call_id, None)
             case _:  # a terminal event
                 a.fenced = "ended"
                 self._ended.append((time.monotonic(), a.id))

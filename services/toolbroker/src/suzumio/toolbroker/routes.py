@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, StatusCode
 from pydantic_core import PydanticSerializationError, to_json
 
 from suzumio.contracts.broker import (
@@ -52,6 +56,7 @@ from suzumio.contracts.ids import Identifier
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
 from suzumio.contracts.values import MAX_JSON_DEPTH
+from suzumio.platform import telemetry
 from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.own_writes import append_own, started_in_log
@@ -99,7 +104,17 @@ def _plain_json(value: object, what: str) -> None:
 
 async def _caller(request: Request) -> Caller:
     broker: Broker = request.app.state.broker
-    return await broker.gate.check(request)
+    caller = await broker.gate.check(request)
+    # The request's span (FastAPI's, a child of the runner's `traceparent`: the launch's).
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "suzumio.activation": caller.claims.activation_id,
+                "suzumio.session": caller.claims.session_id,
+            }
+        )
+    return caller
 
 
 async def _broker(request: Request) -> Broker:
@@ -135,12 +150,18 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
             caller.actor,
         )
         a.calls_started.add(body.call_id)
-    broker.metrics.tool_call(body.tool, "started")
+        if body.call_id not in a.calls_finished:
+            a.call_tools[body.call_id] = body.tool
+    broker.metrics.tool_call(
+        broker.metrics.tool_label(body.tool, caller.claims.toolpacks), "started"
+    )
     return Recorded(recorded=True)
 
 
 @router.post("/runner/tool-calls/finish")
-async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -> Recorded:
+async def tool_call_finish(
+    body: ToolCallFinish, caller: Auth, broker: Shared, request: Request
+) -> Recorded:
     a = caller.activation
     if body.call_id not in a.calls_started and not await started_in_log(broker, a, body.call_id):
         raise BrokerError(409, "conflict", "finish of a tool call that was never started")
@@ -151,14 +172,62 @@ async def tool_call_finish(body: ToolCallFinish, caller: Auth, broker: Shared) -
             return Recorded(recorded=False)
         await append_own(broker, a, [ToolCallFinished(**body.model_dump())], caller.actor)
         a.calls_finished.add(body.call_id)
-    broker.metrics.tool_call("", body.status, body.duration_ms)
+        tool = a.call_tools.pop(body.call_id, "")
+    label = broker.metrics.tool_label(tool, caller.claims.toolpacks) if tool else ""
+    broker.metrics.tool_call(label, body.status, body.duration_ms)
+    _tool_span(request.headers, caller, body, tool)
     return Recorded(recorded=True)
+
+
+def _tool_span(headers: Mapping[str, str], caller: Caller, body: ToolCallFinish, tool: str) -> None:
+    """The tool call as a span of the activation's trace, as the runner timed it (it ran in
+    the sandbox, which makes no spans): beside the broker's spans of its calls, under the
+    launch the runner's `traceparent` names (else under this request's span). Nothing when no
+    span is exported (the audit's round trip is measured in `make bench`)."""
+    if not telemetry.spans_exported():
+        return
+    parent: Context | None = telemetry.extract(headers)
+    if not trace.get_current_span(parent).get_span_context().is_valid:
+        parent = None  # a runner that sends no context: the current one
+    end = time.time_ns()
+    span = telemetry.tracer.start_span(
+        "tool.call",
+        context=parent,
+        kind=SpanKind.INTERNAL,
+        start_time=end - body.duration_ms * 1_000_000,
+        attributes={
+            "suzumio.activation": caller.claims.activation_id,
+            "suzumio.tool": tool or "-",
+            "suzumio.tool_call": body.call_id,
+            "suzumio.status": body.status,
+        },
+    )
+    if body.status != "ok":
+        span.set_status(StatusCode.ERROR, body.status)
+    span.end(end_time=end)
 
 
 @router.post("/runner/history")
 async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
     _distinct(body.entries)
+    _model_replies(body.entries)
     return Recorded(recorded=await _append_history(broker, caller, body.entries))
+
+
+def _model_replies(entries: Sequence[HistoryEntryIn]) -> None:
+    """The model's replies among history entries, as events of the request's span: when the
+    broker learnt of each. The runner reports no timing of its model calls (nor can it send
+    spans from its sandbox), so they are marked in the trace, not drawn as spans of made-up
+    length; their tokens are on the output's span and in `suzumio_model_tokens_total`."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    for entry in entries:
+        if entry.role == "assistant":
+            span.add_event(
+                "model.reply",
+                {"suzumio.message": entry.message_id, "suzumio.tool_calls": len(entry.tool_calls)},
+            )
 
 
 def _distinct(entries: Sequence[HistoryEntryIn]) -> None:
@@ -383,6 +452,8 @@ async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
     _plain_json(body.usage, "usage")
     recorded = ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)
     _distinct(body.history)
+    _model_replies(body.history)
+    _usage_on_span(body.usage, body.reason)
     async with a.lock:
         if a.output:
             return Recorded(recorded=False)  # sent again: what came with it was handled then
@@ -402,6 +473,20 @@ async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
         await append_own(broker, a, [recorded], caller.actor)
         a.output = True
     return Recorded(recorded=True)
+
+
+def _usage_on_span(usage: Mapping[str, Any], reason: str) -> None:
+    """What the activation spent on models, as the runner reports it, on the output's span."""
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    span.set_attribute("suzumio.reason", reason)
+    for key in ("model_calls", "prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            span.set_attribute(f"suzumio.{key}", value)
+    if isinstance(model := usage.get("model"), str):
+        span.set_attribute("suzumio.model", model[:200])
 
 
 async def _pending_session(broker: Broker, pending_action_id: str) -> str | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
@@ -10,9 +11,10 @@ from nats.js import JetStreamContext
 from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology
+from suzumio.contracts.toolpacks import ToolpackManifest
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
-from suzumio.platform.telemetry import meter
+from suzumio.platform.telemetry import SECONDS_BUCKETS, meter
 from suzumio.toolbroker.registry import ActivationRegistry
 from suzumio.toolbroker.support import SupportOperations
 
@@ -24,15 +26,59 @@ _tool_calls = meter.create_counter(
     "suzumio_tool_calls", description="audited tool calls by tool and status"
 )
 _tool_duration = meter.create_histogram(
-    "suzumio_tool_call_seconds", unit="s", description="tool call duration reported by runners"
+    "suzumio_tool_call_seconds",
+    unit="s",
+    description="tool call duration reported by runners",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 
+# The runner's own tools (`suzumio.runner.tools.registry.BUILTIN_TOOLS`), which every
+# activation may be given.
+BUILTIN_TOOLS = frozenset(
+    {
+        "activation.complete",
+        "ask_user",
+        "checkpoint",
+        "file.patch",
+        "file.read",
+        "file.search",
+        "file.write",
+        "message.send",
+        "shell.exec",
+        "signal.record",
+        "web.fetch",
+    }
+)
+OTHER_TOOL = "other"
+UNKNOWN_TOOL = "-"  # a finish whose start this replica did not see
 
+
+@dataclass
 class Metrics:
+    """The broker's metrics. A tool's name comes from the sandbox, which may send anything: it
+    labels a series only if it is one of the runner's tools or of a toolpack installed here
+    that the activation's token enables; any other is `other` (one series, not one a name)."""
+
+    toolpacks: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, manifests: Mapping[str, ToolpackManifest]) -> Metrics:
+        return cls({n: frozenset(t.name for t in m.tools) for n, m in manifests.items()})
+
+    def tool_label(self, tool: str, toolpacks: Iterable[str]) -> str:
+        if tool in BUILTIN_TOOLS:
+            return tool
+        if any(tool in self.toolpacks.get(pack, ()) for pack in toolpacks):
+            return tool
+        return OTHER_TOOL
+
     def tool_call(self, tool: str, status: str, duration_ms: int | None = None) -> None:
-        _tool_calls.add(1, {"tool": tool or "-", "status": status})
+        """`tool`: a label (`tool_label`), never a name as the sandbox sent it."""
+        _tool_calls.add(1, {"tool": tool or UNKNOWN_TOOL, "status": status})
         if duration_ms is not None:
-            _tool_duration.record(duration_ms / 1000, {"status": status})
+            _tool_duration.record(
+                duration_ms / 1000, {"tool": tool or UNKNOWN_TOOL, "status": status}
+            )
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,9 @@ MAX_EVENTS_PER_APPEND = 1_000
 TYPE_SEPARATOR = ","  # Suzumio-Type of a commit lists its events' types in order
 
 _appends = telemetry.meter.create_counter(
-    "suzumio_event_appends", description="event appends by outcome (ok, conflict, error)"
+    "suzumio_event_appends",
+    description="appends (each one message: one event, or a commit of several) by outcome: "
+    "ok, conflict (a conditional append refused: the aggregate moved on), error",
 )
 _append_seconds = telemetry.meter.create_histogram(
     "suzumio_event_append_duration",
@@ -219,7 +221,15 @@ class EventStore:
         if expected_version < 0:
             raise InvalidError("expected_version must be >= 0")
         subject = self.topology.event_subject(aggregate, aggregate_id)
-        expected_seq = await self._expected_seq(subject, aggregate, aggregate_id, expected_version)
+        try:
+            expected_seq = await self._expected_seq(
+                subject, aggregate, aggregate_id, expected_version
+            )
+        except ConcurrencyConflictError:
+            # Refused before it was sent (the head as seen says the writer is stale): a
+            # conflict all the same, as the server's refusal is.
+            _appends.add(1, {"outcome": "conflict"})
+            raise
         meta = meta or EventMeta()
         envelopes = tuple(
             envelope_for(e, aggregate_id=aggregate_id, version=expected_version + i, meta=meta)

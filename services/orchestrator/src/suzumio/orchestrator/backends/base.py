@@ -61,6 +61,9 @@ class LaunchPlan:
     `/workspace/in` there, and the limits of what to bring back from `/workspace/out`."""
     max_output_files: int = 0
     max_output_bytes: int = 0
+    origins: tuple[int, ...] = ()
+    """Where the log stored its batch's signals (stream sequences): the requests whose trace
+    the launch continues (`suzumio.orchestrator.tracing`)."""
 
     def redacted_env(self) -> dict[str, str]:
         return {k: ("***" if k in self.secret_keys else v) for k, v in self.env.items()}
