@@ -135,6 +135,10 @@ async def _streams_present(nc: NATS, nats_url: str, specs: tuple[StreamSpec, ...
                     await _stream_present(nc, spec)
                     break
                 except nats_errors.NoRespondersError:
+                    if not _jetstream_announced(nc):
+                        # No JetStream here, nor, as nobody answers, elsewhere in its cluster:
+                        # said at once rather than after the wait below.
+                        raise TimeoutError from None
                     await asyncio.sleep(0.2)  # JetStream still starting (an embedded server)
 
     where = f"NATS at {redact(nats_url)}"
@@ -144,6 +148,13 @@ async def _streams_present(nc: NATS, nats_url: str, specs: tuple[StreamSpec, ...
         fail(f"{where} answers, but JetStream does not (is it enabled: nats-server -js?)")
     except JetStreamApiError as exc:
         fail(f"{where}: {first_line(exc)}")
+
+
+def _jetstream_announced(nc: NATS) -> bool:
+    """Whether the server said it runs JetStream when we connected (its INFO's `jetstream`;
+    nats-py keeps the INFO only in a private field)."""
+    info = getattr(nc, "_server_info", None)
+    return bool(info.get("jetstream")) if isinstance(info, dict) else True
 
 
 async def _stream_present(nc: NATS, spec: StreamSpec) -> None:
