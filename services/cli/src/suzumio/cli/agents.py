@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from suzumio.cli.failures import fail, first_line, redact
-from suzumio.cli.keys import api_key, authorization
+from suzumio.cli import rest
+from suzumio.cli.failures import fail, redact
 
 app = typer.Typer(help="Agents, through the REST API.", no_args_is_help=True)
 console = Console()
@@ -86,69 +85,22 @@ def import_command(
     ] = None,
 ) -> None:
     """Create an agent from a package directory (agent.yaml, prompt/system.md, ...)."""
-    found = api_key(key)
-    if found is None:
-        console.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
-        raise typer.Exit(2)
-    headers = authorization(*found)
+    headers = rest.key_headers(key)
     try:
         archive = pack(directory)
     except OSError as exc:  # a file we may not read, or one gone while packing
         where = f": {exc.filename}" if exc.filename else ""
         fail(f"cannot pack {directory}: {exc.strerror or exc}{where}", code=2)
     # One path segment whatever it holds: `a/../x` or `x?y` must not name another endpoint.
-    url = f"{api.rstrip('/')}/v1/projects/{quote(project, safe='')}/agents/import"
-    shown = redact(api)  # as we print it: a proxy's password (https://user:pw@host) masked
-    if not api.startswith(("http://", "https://")):
-        fail(f"--api {shown!r} needs a scheme, like http://{shown}")
-    try:
-        response = httpx.post(
-            url,
-            headers=headers,
-            files={"package": (f"{directory.name}.tar.gz", archive, "application/gzip")},
-            timeout=60,
-        )
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
-    body = _json_object(response)
-    if response.status_code != 201:
-        detail = body.get("detail") if body is not None else None
-        text = str(detail) if detail is not None else _short(response)
-        text += _field_errors(body)
-        console.print(f"{response.status_code}: {text}", style="red", markup=False)
-        raise typer.Exit(1)
+    body, response = rest.post(
+        api,
+        f"/v1/projects/{quote(project, safe='')}/agents/import",
+        201,
+        headers=headers,
+        files={"package": (f"{directory.name}.tar.gz", archive, "application/gzip")},
+    )
     if body is None or not {"name", "id"} <= body.keys():
-        fail(f"the API at {shown} answered 201 without an agent: {_short(response)}")
+        fail(f"the API at {redact(api)} answered 201 without an agent: {rest.short(response)}")
     # The name is the package's, any text: as markup `[beta]` would vanish and `[/x]` crash
     # the command after the agent was made (and a second run make another).
     console.print(f"[green]agent {escape(str(body['name']))}[/green] created: {body['id']}")
-
-
-def _json_object(response: httpx.Response) -> dict[str, object] | None:
-    """The body as a JSON object, or None (a proxy's HTML error page, a list, nothing)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _field_errors(body: dict[str, object] | None) -> str:
-    """A 422's per-field reasons (`errors` of the problem), which its `detail` only sums up."""
-    errors = body.get("errors") if body is not None else None
-    if not isinstance(errors, list):
-        return ""
-    said = [
-        f"{e.get('loc')}: {e.get('msg')}" if e.get("loc") else str(e.get("msg"))
-        for e in errors
-        if isinstance(e, dict)
-    ]
-    return f" ({'; '.join(said)})" if said else ""
-
-
-def _short(response: httpx.Response, limit: int = 200) -> str:
-    """The body on one line, cut short, so an HTML error page stays one line of output."""
-    text = " ".join(response.text.split())
-    if not text:
-        return response.reason_phrase or "(empty body)"
-    return text if len(text) <= limit else text[:limit] + " ..."

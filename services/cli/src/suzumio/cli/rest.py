@@ -1,0 +1,78 @@
+"""Calling the REST API from a command: the key, one request, and its refusal on one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from suzumio.cli.failures import fail, first_line, redact
+from suzumio.cli.keys import api_key, authorization
+
+console = Console()
+
+
+def key_headers(key: str | None) -> dict[str, str]:
+    """The `Authorization` header of the key given, else $SUZUMIO_API_KEY, else the data
+    directory's admin key; exit 2 without one."""
+    found = api_key(key)
+    if found is None:
+        console.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
+        raise typer.Exit(2)
+    return authorization(*found)
+
+
+def post(
+    api: str, path: str, expect: int, **request: Any
+) -> tuple[dict[str, object] | None, httpx.Response]:
+    """POST `path` (quoted by the caller: one segment per id) to the API at `api`: its body as
+    a JSON object (None if it is not one) and the response, when the status is `expect`.
+    Anything else exits 1 with `<status>: <the problem's detail and field errors>`; an
+    unusable URL or an unreachable API exits with one line too."""
+    shown = redact(api)  # as we print it: a proxy's password (https://user:pw@host) masked
+    if not api.startswith(("http://", "https://")):
+        fail(f"--api {shown!r} needs a scheme, like http://{shown}")
+    try:
+        response = httpx.post(f"{api.rstrip('/')}{path}", timeout=60, **request)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
+    body = json_object(response)
+    if response.status_code != expect:
+        detail = body.get("detail") if body is not None else None
+        text = str(detail) if detail is not None else short(response)
+        text += _field_errors(body)
+        console.print(f"{response.status_code}: {text}", style="red", markup=False)
+        raise typer.Exit(1)
+    return body, response
+
+
+def json_object(response: httpx.Response) -> dict[str, object] | None:
+    """The body as a JSON object, or None (a proxy's HTML error page, a list, nothing)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _field_errors(body: dict[str, object] | None) -> str:
+    """A 422's per-field reasons (`errors` of the problem), which its `detail` only sums up."""
+    errors = body.get("errors") if body is not None else None
+    if not isinstance(errors, list):
+        return ""
+    said = [
+        f"{e.get('loc')}: {e.get('msg')}" if e.get("loc") else str(e.get("msg"))
+        for e in errors
+        if isinstance(e, dict)
+    ]
+    return f" ({'; '.join(said)})" if said else ""
+
+
+def short(response: httpx.Response, limit: int = 200) -> str:
+    """The body on one line, cut short, so an HTML error page stays one line of output."""
+    text = " ".join(response.text.split())
+    if not text:
+        return response.reason_phrase or "(empty body)"
+    return text if len(text) <= limit else text[:limit] + " ..."
