@@ -19,13 +19,8 @@ console = Console()
 def cancel_command(
     activation_id: Annotated[str, typer.Argument(help="the activation's id")],
     reason: Annotated[str, typer.Option(help="recorded with the cancel")] = "",
-    api: Annotated[str, typer.Option(envvar="SUZUMIO_API_URL")] = "http://127.0.0.1:8080",
-    key: Annotated[
-        str | None,
-        typer.Option(
-            help="API key; default: $SUZUMIO_API_KEY, then the data directory's admin key"
-        ),
-    ] = None,
+    api: rest.ApiUrl = rest.API_URL,
+    key: rest.ApiKey = None,
 ) -> None:
     """Stop a live activation now: its sandbox is killed, its token fenced."""
     headers = rest.key_headers(key)

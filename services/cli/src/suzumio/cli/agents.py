@@ -76,13 +76,8 @@ def _walk(directory: Path) -> Iterator[Path]:
 def import_command(
     directory: Annotated[Path, typer.Argument(exists=True, file_okay=False, resolve_path=True)],
     project: Annotated[str, typer.Option(help="project id")],
-    api: Annotated[str, typer.Option(envvar="SUZUMIO_API_URL")] = "http://127.0.0.1:8080",
-    key: Annotated[
-        str | None,
-        typer.Option(
-            help="API key; default: $SUZUMIO_API_KEY, then the data directory's admin key"
-        ),
-    ] = None,
+    api: rest.ApiUrl = rest.API_URL,
+    key: rest.ApiKey = None,
 ) -> None:
     """Create an agent from a package directory (agent.yaml, prompt/system.md, ...)."""
     headers = rest.key_headers(key)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -12,6 +12,16 @@ from suzumio.cli.failures import fail, first_line, redact
 from suzumio.cli.keys import api_key, authorization
 
 console = Console()
+
+# The options every command that calls the API takes.
+ApiUrl = Annotated[str, typer.Option("--api", envvar="SUZUMIO_API_URL")]
+API_URL = "http://127.0.0.1:8080"
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--key", help="API key; default: $SUZUMIO_API_KEY, then the data directory's admin key"
+    ),
+]
 
 
 def key_headers(key: str | None) -> dict[str, str]:
