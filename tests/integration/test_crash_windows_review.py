@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from suzumio.contracts.runner import PoolStatus
 from suzumio.contracts.subjects import Topology
@@ -127,3 +128,40 @@ async def test_a_runner_whose_launcher_died_right_after_starting_it_is_found_aga
         for proc in running:
             with contextlib.suppress(psutil.Error):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def test_cleanup_of_a_dispatch_acked_while_an_earlier_one_runs_cancels_nothing(
+    backend: PoolBackend,  # noqa: F811
+    nc: NATS,
+    topology: Topology,
+    tmp_path: Path,
+    fenced_url: str,  # noqa: F811
+) -> None:
+    """The usual end under load: the worker acked the dispatch while an earlier one still runs
+    unacked, so its sequence is a deleted one inside the stream's store — the server says
+    "sequence not found" (10043), not "no message found" (10057). It was taken for an unknown
+    answer: every such activation's cleanup logged a warning and broadcast a cancel to every
+    worker."""
+    handles = [
+        await backend.launch(make_plan(fenced_url, tmp_path / str(i), session_id=f"s{i}"))
+        for i in range(2)
+    ]
+    js = nc.jetstream()
+    psub = await js.pull_subscribe_bind(
+        topology.pool_consumer("default"), stream=topology.activations_stream
+    )
+    first, second = await psub.fetch(2, timeout=5)
+    await second.ack_sync()  # as its worker does once it reported the end; the first runs on
+    cancels: list[str] = []
+
+    async def on_cancel(msg: Msg) -> None:
+        cancels.append(msg.subject)
+
+    sub = await nc.subscribe(topology.pool_cancel_subject("*"), cb=on_cancel)
+    await backend.cleanup(handles[1], succeeded=True)
+    await nc.flush()
+    await asyncio.sleep(0.3)  # a broadcast, had there been one, has arrived
+    await sub.unsubscribe()
+    await first.ack_sync()
+    await psub.unsubscribe()
+    assert cancels == [], "an acked dispatch's cleanup cancelled it on every worker"

@@ -56,7 +56,10 @@ from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 
-ERR_NO_MESSAGE = 10057
+# The message is gone: deleted or acked (10057), or below the stream's first sequence once
+# everything before it left too (10043, "sequence N not found" — the usual case by the time
+# an activation ends).
+NOT_THERE = frozenset({10057, 10043})
 CLEANED_SECONDS = 900.0  # longer than a worker names its recent exits (600 s)
 QUEUE_ATTEMPTS = 3  # a dispatch's publish, when its answer does not come
 
@@ -355,9 +358,9 @@ class PoolBackend:
         try:
             await self._js.delete_msg(self.topology.activations_stream, seq)
         except NatsError as exc:
-            if getattr(exc, "err_code", None) == ERR_NO_MESSAGE:
+            if getattr(exc, "err_code", None) in NOT_THERE:
                 return False
-            log.warning("pool.withdraw_failed", dispatch=handle.sandbox_id, error=repr(exc))
+            log.warning("pool.withdraw_failed", dispatch=handle.sandbox_id, error=str(exc))
             return None
         except TimeoutError:
             return None
