@@ -176,6 +176,7 @@ async def answers_and_ends_completed(h: Harness) -> None:
         assert story[-2:] == ["activation.output_recorded", "activation.completed"], story
         stream = await h.stack.store.load("activation", activation_id)
         assert stream.events[-1].data.text == answer  # type: ignore[attr-defined]
+        assert stream.events[-1].data.exit_code == 0  # type: ignore[attr-defined]
         ended.add(activation_id)
     await eventually(h.live_ids, lambda ids: not ended & ids, what="cleanup")
 

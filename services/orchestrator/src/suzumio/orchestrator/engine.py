@@ -728,11 +728,13 @@ class Orchestrator:
             # Finished, even if a cancel or the wall-clock stop came after (the runner was on
             # its way out, or a pool worker still storing its out/): its work is done, and a
             # timeout would have the scheduler do it all again.
-            return ActivationCompleted(text=output.text, usage=output.usage, reason=output.reason)
+            return ActivationCompleted(
+                text=output.text, usage=output.usage, reason=output.reason, exit_code=exit_.code
+            )
         if tracked.timed_out or exit_.reason == "timeout":  # ours, or the backend's own
-            return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds)
+            return ActivationTimedOut(timeout_seconds=tracked.timeout_seconds, exit_code=exit_.code)
         if tracked.cancel_reason is not None:
-            return ActivationCancelled(reason=tracked.cancel_reason)
+            return ActivationCancelled(reason=tracked.cancel_reason, exit_code=exit_.code)
         if exit_.code in PERMANENT_EXITS:
             reason = PERMANENT_EXITS[exit_.code]
             if output is not None:  # what the runner said of it (the provider's words)

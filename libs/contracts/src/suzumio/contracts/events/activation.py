@@ -2,7 +2,8 @@
 
 An activation begins as `session.activation_requested` on its session; the orchestrator then
 writes its lifecycle here. Exactly one terminal event (completed, failed, cancelled, timed_out)
-ends it.
+ends it, with the sandbox's exit code where it had one (None: it never started, or it vanished
+without a code — a lost worker, a deleted pod).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class ActivationCompleted(DomainEvent):
     text: str
     usage: dict[str, Any] = Field(default_factory=dict)
     reason: str = "completed"
+    exit_code: int | None = None
 
 
 @event("activation.failed")
@@ -41,11 +43,13 @@ class ActivationFailed(DomainEvent):
 @event("activation.cancelled")
 class ActivationCancelled(DomainEvent):
     reason: str = ""
+    exit_code: int | None = None
 
 
 @event("activation.timed_out")
 class ActivationTimedOut(DomainEvent):
     timeout_seconds: float
+    exit_code: int | None = None
 
 
 @event("activation.output_recorded")

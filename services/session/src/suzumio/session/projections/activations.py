@@ -106,6 +106,7 @@ class ActivationsProjection(Projection):
                         status="completed",
                         output_text=d.text,
                         usage=d.usage,
+                        exit_code=d.exit_code,
                         end_reason=d.reason,
                         **ended,
                     )
@@ -118,11 +119,18 @@ class ActivationsProjection(Projection):
                         **ended,
                     )
                 case ActivationCancelled() as d:
-                    rows.set(e.aggregate_id, status="cancelled", end_reason=d.reason, **ended)
+                    rows.set(
+                        e.aggregate_id,
+                        status="cancelled",
+                        exit_code=d.exit_code,
+                        end_reason=d.reason,
+                        **ended,
+                    )
                 case ActivationTimedOut() as d:
                     rows.set(
                         e.aggregate_id,
                         status="timed_out",
+                        exit_code=d.exit_code,
                         end_reason=f"timed out after {d.timeout_seconds:g}s",
                         **ended,
                     )
