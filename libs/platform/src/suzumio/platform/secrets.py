@@ -67,10 +67,17 @@ class SecretBox:
             raise SecretError("the data cannot be opened with the configured keys") from exc
 
     def reseal(self, secret: EncryptedSecret) -> EncryptedSecret:
-        """The same secret sealed with the current key (for key rotation)."""
+        """The same secret sealed with the current key (for key rotation).
+
+        Raises:
+            SecretError: none of the configured keys opens it.
+        """
         if secret.key_id == self.current_key_id:
             return secret
-        token = self._multi.rotate(secret.ciphertext.encode()).decode()
+        try:
+            token = self._multi.rotate(secret.ciphertext.encode()).decode()
+        except InvalidToken as exc:
+            raise SecretError("the secret cannot be opened with the configured keys") from exc
         return EncryptedSecret(ciphertext=token, key_id=self.current_key_id)
 
 

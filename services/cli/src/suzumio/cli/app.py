@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from suzumio.cli import activations, agents, projections
+from suzumio.cli import activations, agents, projections, secrets
 from suzumio.cli.admin import ADMIN_KEY_FILE, AdminUnconfirmedError, KeyFileError, bootstrap_admin
 from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.failures import fail, load_settings
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.add_typer(projections.app, name="projections")
 app.add_typer(agents.app, name="agents")
 app.add_typer(activations.app, name="activations")
+app.add_typer(secrets.app, name="secrets")
 
 
 @app.callback()

@@ -8,6 +8,7 @@ from suzumio.contracts.commands.base import Command, command
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import (
     Clean,
+    EncryptedSecret,
     MountMode,
     Name,
     ProjectLimits,
@@ -75,6 +76,19 @@ class SetProvider(Command):
     keep_api_key: bool = Field(
         default=False, description="keep the stored key when `spec` carries none"
     )
+
+
+@command("session", "reseal_provider_key")
+class ResealProviderKey(Command):
+    """The provider's API key sealed again with the platform's current secret key (a key
+    rotation: `suzumio secrets reseal`). Applied only while the stored key is still
+    `previous`: a key set meanwhile is never replaced by an older one. The plaintext never
+    travels; the session service cannot (and need not) open either."""
+
+    project_id: Identifier
+    name: Slug
+    previous: EncryptedSecret
+    api_key: EncryptedSecret
 
 
 @command("session", "remove_provider")

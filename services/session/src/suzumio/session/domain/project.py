@@ -14,6 +14,7 @@ from suzumio.contracts.commands import (
     RemoveProvider,
     RemoveRuntimeProfile,
     RenameProject,
+    ResealProviderKey,
     RevokeMount,
     SetMember,
     SetProvider,
@@ -199,6 +200,18 @@ def set_provider(state: ProjectState, cmd: SetProvider) -> list[DomainEvent]:
     if stored == spec:
         return []
     return [ProviderSet(name=cmd.name, spec=spec)]
+
+
+def reseal_provider_key(state: ProjectState, cmd: ResealProviderKey) -> list[DomainEvent]:
+    stored = state.providers.get(cmd.name)
+    if stored is None:
+        raise NotFoundError("provider not found")
+    if stored.api_key == cmd.api_key:
+        return []  # applied already: a retry of the same reseal
+    if stored.api_key != cmd.previous:
+        # Set (or removed) since it was read: resealing the old key would bring it back.
+        raise ConflictError("the provider's key changed since it was read; read it again")
+    return [ProviderSet(name=cmd.name, spec=stored.model_copy(update={"api_key": cmd.api_key}))]
 
 
 def remove_provider(state: ProjectState, cmd: RemoveProvider) -> list[DomainEvent]:

@@ -32,6 +32,7 @@ def build_router(context: Context) -> CommandRouter:
         (c.RemoveRuntimeProfile, projects.remove_profile),
         (c.SetProvider, projects.set_provider),
         (c.RemoveProvider, projects.remove_provider),
+        (c.ResealProviderKey, projects.reseal_provider_key),
         (c.GrantMount, projects.grant_mount),
         (c.RevokeMount, projects.revoke_mount),
         (c.CreateAgent, agents.create_agent),

@@ -19,6 +19,7 @@ from suzumio.contracts.commands import (
     RemoveProvider,
     RemoveRuntimeProfile,
     RenameProject,
+    ResealProviderKey,
     RevokeMount,
     SetMember,
     SetProvider,
@@ -105,6 +106,13 @@ class ProjectHandlers(HandlerGroup):
     async def set_provider(self, ctx: CommandContext[SetProvider]) -> CommandAccepted:
         cmd = ctx.command
         result = await self._change(ctx, cmd.project_id, lambda s, _: project.set_provider(s, cmd))
+        return accepted(result, name=cmd.name)
+
+    async def reseal_provider_key(self, ctx: CommandContext[ResealProviderKey]) -> CommandAccepted:
+        cmd = ctx.command
+        result = await self._change(
+            ctx, cmd.project_id, lambda s, _: project.reseal_provider_key(s, cmd)
+        )
         return accepted(result, name=cmd.name)
 
     async def remove_provider(self, ctx: CommandContext[RemoveProvider]) -> CommandAccepted:
