@@ -18,4 +18,7 @@ NATS_TROUBLE: tuple[type[Exception], ...] = (
     nats.errors.NoServersError,
     nats.js.errors.ServiceUnavailableError,
     nats.js.errors.ServerError,
+    # No stream answered a publish: after a NATS restart a memory stream (LIVE) is gone until
+    # the services make it again (within seconds); in a cluster, a stream electing its leader.
+    nats.js.errors.NoStreamResponseError,
 )

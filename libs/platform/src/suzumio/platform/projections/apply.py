@@ -31,6 +31,9 @@ from suzumio.platform.projections.decoding import LogEntry
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    # A pooled connection whose server ended it (pg_terminate_backend, a restart) while it lay
+    # idle may fail its next statement so, before asyncpg sees it closed: no event's doing.
+    asyncpg.InternalClientError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.CannotConnectNowError,

@@ -4,9 +4,11 @@ The first response (status, body, the headers that matter) is kept in a KV bucke
 keyed by the caller's credentials, the path and the key, sealed with the platform's secret key
 (some first responses show a new API key once; the bucket must not hold it in the clear).
 The same key with a different body is refused (422); a retry while the first is still
-running gets 409. Every answer is kept, errors too (a 504 may follow a command that did run,
-and a retry must not run it twice), except 401 (nothing ran for an unknown caller) and 503
-(no service took the request). As ASGI middleware, no POST route can forget it.
+running gets 409. Every answer is kept, errors too (a 504 of the read models' lag follows a
+command that did run, and a retry must not run it twice), except 401 (nothing ran for an
+unknown caller), 503 (no service took the request) and a command's own timeout (it may or may
+not have run: a retry sends it again under the same ids, which runs or is refused as a
+duplicate). As ASGI middleware, no POST route can forget it.
 
 An upload (multipart) streams through unbuffered: its digest is taken as it passes and kept
 with the answer; a retry's is taken (its body read) before that answer is replayed. An upload
@@ -28,7 +30,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suzumio.gateway.api.deps import presented_key
-from suzumio.gateway.api.problems import problem_response
+from suzumio.gateway.api.problems import FATE_UNKNOWN, problem_response
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretBox
 
@@ -121,7 +123,7 @@ class IdempotencyMiddleware:
         try:
             await self.app(scope, body.receive, recorded.send)
         finally:
-            await self._keep(kv, slot, body, recorded)
+            await self._keep(kv, slot, body, recorded, scope)
 
     async def _existing(
         self, kv: KeyValue, slot: str, body: _Body, pending: bytes
@@ -148,10 +150,17 @@ class IdempotencyMiddleware:
             )
         return None
 
-    async def _keep(self, kv: KeyValue, slot: str, body: _Body, recorded: _Recorder) -> None:
+    async def _keep(
+        self, kv: KeyValue, slot: str, body: _Body, recorded: _Recorder, scope: Scope
+    ) -> None:
         try:
             fingerprint = body.seen()
-            if recorded.status in (None, 401, 503) or recorded.too_big or fingerprint is None:
+            # A command that timed out may or may not have run: not kept, a retry sends it
+            # again under the same ids — it runs if the first never did, and is refused as a
+            # duplicate (409) if it did. Kept, its 504 would be all the retries ever learn.
+            unknown = bool(scope.get("state", {}).get(FATE_UNKNOWN))
+            skipped = recorded.status in (None, 401, 503) or unknown or recorded.too_big
+            if skipped or fingerprint is None:
                 await kv.delete(slot)
                 return
             record = {

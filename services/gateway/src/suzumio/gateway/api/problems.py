@@ -11,8 +11,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from suzumio.contracts.errors import HTTP_STATUS, CommandError
+from suzumio.contracts.errors import HTTP_STATUS, CommandError, CommandTimeoutError
+from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.logging import get_logger
+from suzumio.platform.projections.apply import INFRASTRUCTURE_ERRORS
 
 log = get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -98,8 +100,15 @@ def problem_response(
     )
 
 
-async def _command_error(_: Request, exc: Exception) -> JSONResponse:
+FATE_UNKNOWN = "command_fate_unknown"  # a request-state flag the idempotency layer reads
+
+
+async def _command_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CommandError)
+    if isinstance(exc, CommandTimeoutError):
+        # Nobody knows whether the command ran (its service may have died holding it): an
+        # answer to keep for an Idempotency-Key would keep a retry from ever finding out.
+        setattr(request.state, FATE_UNKNOWN, True)
     errors = exc.details.get("errors") if isinstance(exc.details.get("errors"), list) else None
     return problem_response(
         STATUS_BY_CODE.get(exc.code, 500), exc.code.value, exc.message, errors=errors
@@ -140,12 +149,36 @@ async def _model_error(_: Request, exc: Exception) -> JSONResponse:
     return problem_response(422, "invalid", "the request is not valid", errors=errors)
 
 
+# The platform's servers in trouble while a request ran (a Postgres connection cut or
+# refused, the server restarting or short of resources; NATS reconnecting or slow): the request
+# was fine and may pass in a moment, so it is a 503 to send again, not a 500 (the gateway's own
+# failure) — and, handled here rather than as any exception, no traceback in the error log.
+TROUBLE: tuple[type[Exception], ...] = (
+    *(e for e in INFRASTRUCTURE_ERRORS if issubclass(e, Exception) and e is not OSError),
+    ConnectionError,  # not every OSError: a file the gateway failed to spool is its own
+    TimeoutError,
+    *NATS_TROUBLE,
+)
+RETRY_AFTER_SECONDS = 1
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("api.unavailable", path=request.url.path, error=repr(exc))
+    return problem_response(
+        503,
+        "unavailable",
+        "the platform is briefly unavailable; retry",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("api.unexpected_error", path=request.url.path, exc_info=exc)
     return problem_response(500, "internal", "the request failed unexpectedly")
 
 
 HANDLERS = {
+    **dict.fromkeys(TROUBLE, _unavailable),
     CommandError: _command_error,
     ApiError: _api_error,
     StarletteHTTPException: _http_error,
