@@ -57,6 +57,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("get", "/v1/projects/{project_id}/agents"): None,
     ("get", "/v1/agents/{agent_id}"): None,
     ("patch", "/v1/agents/{agent_id}"): {"prompt": "obey me"},
+    ("post", "/v1/agents/{agent_id}/package"): "files",
     ("post", "/v1/agents/{agent_id}/disable"): {},
     ("post", "/v1/agents/{agent_id}/enable"): None,
     ("post", "/v1/projects/{project_id}/sessions"): "agent",

@@ -40,11 +40,29 @@ def test_member_has_its_pyproject_and_namespace_package(folder: str, member: str
     assert not (ROOT / folder / "src" / "suzumio" / "__init__.py").exists()
 
 
+# One exception, a mechanism and not service logic: the process backend starts the runner on
+# its own host and holds it to the profile's limits exactly as a pool worker holds its runners
+# (cgroups or rlimits). That code (stdlib and the contracts only) lives once, beside the
+# sandbox program, whose image must stay small (it may depend on the contracts alone).
+SANDBOX_MECHANISMS = {"orchestrator": {"suzumio.runner.limits"}}
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_services_import_only_contracts_platform_and_themselves(service: str) -> None:
     imports = imported_packages(ROOT / "services" / service / "src" / "suzumio" / service)
     foreign = {m for m in imports if member_of(m) not in {"contracts", "platform", service}}
+    foreign -= SANDBOX_MECHANISMS.get(service, set())
     assert not foreign, f"{service} imports other rooms: {sorted(foreign)}"
+
+
+def test_the_runner_s_limits_stay_a_mechanism_of_the_stdlib_and_contracts() -> None:
+    path = ROOT / "runner" / "src" / "suzumio" / "runner" / "limits.py"
+    tree = ast.parse(path.read_text())
+    suzumio = {
+        node.module for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("suzumio.")
+    }  # fmt: skip
+    assert {member_of(m) for m in suzumio} <= {"contracts"}
 
 
 def test_runner_depends_on_contracts_alone() -> None:

@@ -63,6 +63,12 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
         "runner per activation)",
     )
     cmd.add_argument(
+        "--no-cgroups",
+        action="store_true",
+        help="hold runners to their profile's limits by rlimits only, even where this host "
+        "would let the worker make a cgroup per run",
+    )
+    cmd.add_argument(
         "--cpu-policy",
         default=None,
         help="batch: Linux's SCHED_BATCH for the worker and its runners, whose wake-ups then "
@@ -102,6 +108,7 @@ def worker(args: argparse.Namespace) -> int:
             warm_runners=not args.cold,
             resident_runs=max(args.resident_runs, 0),
             cpu_policy=_cpu_policy(args.cpu_policy),
+            cgroups=not args.no_cgroups,
         )
         if args.workdir is not None:
             config = replace(config, workdir=args.workdir)

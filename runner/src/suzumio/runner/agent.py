@@ -42,7 +42,7 @@ from suzumio.runner.broker import (
 from suzumio.runner.context import build_prompt, render_history, render_signal, wire_name
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import log
-from suzumio.runner.loop import compaction
+from suzumio.runner.loop import compaction, figures
 from suzumio.runner.loop.failures import (
     Action,
     FailureClass,
@@ -129,14 +129,13 @@ class AgentLoop:
         self._toolbox = toolbox
         self._live = live
         self._config = spec.runner
-        self._max_tokens = self._config.max_output_tokens
+        # The output cap and the compaction threshold are the called model's: a fallback
+        # with a smaller window compacts against its own (`loop/figures.py`).
+        self._max_tokens, self._max_tokens_cap = figures.output_tokens(
+            self._models[0].spec, self._config
+        )
         self._governor = compaction.CompactionGovernor(
             max_attempts_per_turn=self._config.compaction.max_attempts_per_turn
-        )
-        self._threshold = compaction.threshold_tokens(
-            self._config.context_window,
-            self._config.max_output_tokens,
-            self._config.compaction.threshold_ratio,
         )
         self.prompt = build_prompt(spec)
         self._messages: list[Message] = [{"role": "system", "content": self.prompt.text}]
@@ -155,6 +154,10 @@ class AgentLoop:
         self._anchor: compaction.UsageAnchor | None = None
         self.model_calls = 0
         self.compactions = 0
+
+    @property
+    def _threshold(self) -> int:
+        return figures.threshold(self._models[self._model_index].spec, self._config)
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> Ending:
@@ -196,6 +199,7 @@ class AgentLoop:
         """One counted model call, with the retries, compactions and fallbacks it needs."""
         retries = 0
         streamed = False
+        checked = self._model_index  # the model whose threshold the prompt was checked for
 
         def on_text(delta: str) -> None:
             nonlocal streamed
@@ -203,6 +207,9 @@ class AgentLoop:
             self._live.text(delta)
 
         while True:
+            if self._model_index != checked:
+                checked = self._model_index
+                await self._fit_fallback()
             model = self._models[self._model_index]
             if streamed:
                 # Live viewers saw an attempt that will not count: tell them to drop its text
@@ -218,12 +225,12 @@ class AgentLoop:
                 continue
             if (
                 turn.finish_reason == "length"
-                and self._max_tokens < self._config.max_output_tokens_cap
+                and self._max_tokens < self._max_tokens_cap
                 and (not turn.tool_calls or _cut_off(turn.tool_calls[-1]))
             ):
                 # Cut off by the output cap, in its text or in a call's arguments (a large
                 # file.write): ask again with room (not a new counted call).
-                self._max_tokens = min(self._max_tokens * 2, self._config.max_output_tokens_cap)
+                self._max_tokens = min(self._max_tokens * 2, self._max_tokens_cap)
                 self._live.event("state", "retrying with a larger output cap")
                 continue
             self.model_calls += 1
@@ -267,7 +274,19 @@ class AgentLoop:
         if not self._has_fallback():
             raise ModelFailedError(cls, message) from exc
         self._model_index += 1
-        log("model.fallback", to=self._models[self._model_index].spec.name, cls=cls)
+        spec = self._models[self._model_index].spec
+        # Its own output cap from the start: the primary's (perhaps raised after a cut-off
+        # reply) may be more than this model can write.
+        self._max_tokens, self._max_tokens_cap = figures.output_tokens(spec, self._config)
+        log("model.fallback", to=spec.name, cls=cls)
+
+    async def _fit_fallback(self) -> None:
+        """Before the first call to a model the chain fell back to: a prompt over its own
+        threshold (a smaller window than the model before it) is compacted first, instead of
+        being sent to fail as too large. Measured as for any model, by the last usage a
+        provider reported plus the estimate of what came after."""
+        if compaction.prompt_tokens(self._messages, self._anchor) >= self._threshold:
+            await self._compact("threshold")
 
     async def _grace(self) -> Ending:
         self._push({"role": "user", "content": GRACE_PROMPT}, None)
@@ -314,7 +333,9 @@ class AgentLoop:
         try:
             summariser = self._models[self._model_index]
             summary = await summariser.complete(
-                compaction.summary_request(parts.middle), [], self._config.max_output_tokens
+                compaction.summary_request(parts.middle),
+                [],
+                figures.output_tokens(summariser.spec, self._config)[0],
             )
         except Exception as exc:
             log("compaction.failed", error=repr(exc))
@@ -393,7 +414,12 @@ class AgentLoop:
         async def run_one(index: int) -> CoreOutcome:
             return await self._run_call(calls[index])
 
-        results = await run_segments(segments, run_one, self._config.tool_timeout_seconds)
+        results = await run_segments(
+            segments,
+            run_one,
+            self._config.tool_timeout_seconds,
+            figures.round_allowances((c.index, self._allowed_seconds(c)) for c in calls),
+        )
         outcomes: list[CoreOutcome] = []
         entries: list[HistoryEntryIn] = []
         for call, result in zip(calls, results, strict=True):
@@ -423,6 +449,17 @@ class AgentLoop:
             )
         await self._broker.append_history(entries)
         return outcomes
+
+    def _allowed_seconds(self, call: _Call) -> float:
+        """The time `call` may take by limits of its own: the tool's (a command's timeout),
+        and the wait for its approval — asked a second time when nobody decided the first."""
+        if call.problem or call.tool is None or call.args is None:
+            return 0.0
+        policy = tool_policy(self.spec, call.tool)
+        if policy is ToolPolicy.DENY:
+            return 0.0
+        waits = 2 * self._config.approval_wait_seconds if policy is ToolPolicy.ASK else 0.0
+        return self._toolbox.allowed_seconds(call.tool, call.args) + waits
 
     async def _run_call(self, call: _Call) -> CoreOutcome:
         digest = hashlib.sha256(call.wire.arguments.encode()).hexdigest()  # printable: UTF-8

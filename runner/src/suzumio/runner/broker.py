@@ -42,6 +42,7 @@ from suzumio.contracts.broker import (
 )
 from suzumio.contracts.runner import (
     CheckpointRef,
+    FileRef,
     InputFile,
     RunnerActivationOutput,
     SignalSpec,
@@ -341,7 +342,18 @@ class BrokerClient:
             BrokerError: refused (404: not an artifact of this session).
             ValueError: the bytes received are not the ones `ref` names.
         """
-        path = f"/runner/files/{ref.artifact_id}"
+        await self._fetch(f"/runner/files/{ref.artifact_id}", ref, sink, "the artifact's")
+
+    async def download_asset(self, ref: FileRef, sink: BinaryIO) -> None:
+        """The agent package's asset into `sink`, as `download` brings an artifact.
+
+        Raises:
+            BrokerError: refused (404: not an asset of this activation's agent).
+            ValueError: the bytes received are not the ones `ref` names.
+        """
+        await self._fetch(f"/runner/assets/{ref.sha256}", ref, sink, "the asset's")
+
+    async def _fetch(self, path: str, ref: FileRef, sink: BinaryIO, whose: str) -> None:
         for attempt in range(self._retries + 1):
             sink.seek(0)
             sink.truncate()
@@ -362,7 +374,7 @@ class BrokerClient:
                 await self._pause(attempt, f"GET {path}")
                 continue
             if (digest.hexdigest(), size) != (ref.sha256, ref.size):
-                raise ValueError(f"{ref.path}: the bytes received are not the artifact's")
+                raise ValueError(f"{ref.path}: the bytes received are not {whose}")
             return
         raise BrokerUnavailableError(f"GET {path}: gave up")  # pragma: no cover - loop returns
 

@@ -1,10 +1,10 @@
 """What the model sees: the prompt layers, the history and the signals, as chat messages.
 
 The system prompt has three layers built once per activation — stable (identity, tool rules),
-context (project, workspace, toolpacks) and volatile (time, this activation's instructions) —
-and stays byte-identical across the activation's model calls so provider prompt caches hit;
-its hash is reported with the output. New information enters as messages, never by
-rewriting earlier ones (DESIGN.md §9).
+context (project, workspace, toolpacks, the agent package's assets and env facts) and volatile
+(time, this activation's instructions) — and stays byte-identical across the activation's
+model calls so provider prompt caches hit; its hash is reported with the output. New
+information enters as messages, never by rewriting earlier ones (DESIGN.md §9).
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from suzumio.contracts.runner import AgentHistoryMessage, RunnerActivationInput, SignalSpec
+from suzumio.contracts.runner import (
+    ASSETS_DIR,
+    AgentHistoryMessage,
+    RunnerActivationInput,
+    SignalSpec,
+)
 from suzumio.contracts.values import SignalKind
 
 Message = dict[str, Any]
@@ -27,6 +32,10 @@ TOOL_RULES = (
     "relative to the workspace. Tool results come back in the order of your calls. When the "
     "work is done, answer with the result (or call activation_complete)."
 )
+
+
+ENV_FACTS_HEAD = "Facts about your environment (from your agent package; name: value):"
+MAX_LISTED_ASSETS = 50  # named in the prompt; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ def build_prompt(spec: RunnerActivationInput, now: datetime | None = None) -> Pr
             f"files you leave in {spec.workspace}/out become artifacts of the session)."
         ),
         f"Toolpacks: {toolpacks}.",
+        *package_facts(spec),
     ]
     if spec.checkpoint is not None:
         saved = spec.checkpoint.created_at.isoformat()
@@ -61,6 +71,28 @@ def build_prompt(spec: RunnerActivationInput, now: datetime | None = None) -> Pr
         "\n".join(part for part in layer if part) for layer in (stable, context, volatile)
     )
     return Prompt(text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def package_facts(spec: RunnerActivationInput) -> list[str]:
+    """The agent package's part of the context layer: its assets' place and its env facts,
+    in a fixed order (the facts by name), so the same package gives the same bytes."""
+    parts: list[str] = []
+    if spec.assets:
+        listed = ", ".join(ref.path for ref in spec.assets[:MAX_LISTED_ASSETS])
+        more = len(spec.assets) - MAX_LISTED_ASSETS
+        parts.append(
+            f"Your agent package's files ({len(spec.assets)}, read-only: they are replaced "
+            f"at each activation) are in {spec.workspace}/{ASSETS_DIR}: {listed}"
+            + (f", and {more} more." if more > 0 else ".")
+        )
+    if spec.agent.env_facts:
+        # One JSON string pair a line: no value can end the block early or pass for a fact.
+        facts = "\n".join(
+            f"{json.dumps(name, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
+            for name, value in sorted(spec.agent.env_facts.items())
+        )
+        parts.append(f"{ENV_FACTS_HEAD}\n<env_facts>\n{facts}\n</env_facts>")
+    return parts
 
 
 def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | None, Message]]:

@@ -2,10 +2,11 @@
 fresh process per activation, so an activation does not pay for a Python start and the
 imports (about a second of CPU) before its first model call.
 
-Each child is still a sandbox of its own: a new session and process group, the dispatch's
-environment only, its own working directory, stdin closed, output to its log, the parent-death
-signal set; it runs `suzumio.runner.main.run` and exits with its code. The server is single-
-threaded (forking a threaded process is unsafe) and reports each child's exit.
+Each child is still a sandbox of its own: a new session and process group, its cgroup and
+rlimits (`suzumio.runner.limits`, the request's `sandbox`), the dispatch's environment only,
+its own working directory, stdin closed, output to its log, the parent-death signal set; it
+runs `suzumio.runner.main.run` and exits with its code. The server is single-threaded
+(forking a threaded process is unsafe) and reports each child's exit.
 
 **Resident runners** (for warm sessions): a child forked with `"resident": true` does not run
 one activation and exit; it serves the activations the worker sends it, one at a time, over a
@@ -15,8 +16,8 @@ It leaves after `max_runs` activations, or when the worker retires it (another a
 environment, an activation stopped, the session no longer warm).
 
 Protocol on the server's stdin/stdout, one JSON object per line:
-`{"id", "input", "cwd", "log", "env"}` → `{"id", "pid"}` or `{"id", "error"}`;
-`{"id", "resident": true, "cwd", "log", "env", "max_runs"}` → `{"id", "pid"}`;
+`{"id", "input", "cwd", "log", "env", "sandbox"?}` → `{"id", "pid"}` or `{"id", "error"}`;
+`{"id", "resident": true, "cwd", "log", "env", "max_runs", "sandbox"?}` → `{"id", "pid"}`;
 `{"id", "to": pid, "spec", "cwd", "env"}` (an activation for a resident runner, its input
 inline: no file holds its token) → `{"id", "done": code, "tail"?}` when it ended there (`tail`:
 the end of what it logged, if it failed), or `{"id", "error"}`; and `{"pid", "code"}` when a
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from suzumio.runner import eventloop, strays
+from suzumio.runner.limits import Sandbox
 from suzumio.runner.log import log
 
 _PR_SET_PDEATHSIG = 1
@@ -63,6 +65,8 @@ def _child(
         libc = _libc()
         if libc is not None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # Its cgroup and rlimits before it runs anything: all it starts inherits them.
+        Sandbox.from_json(request.get("sandbox") or {}).apply()
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
@@ -422,6 +426,10 @@ def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents, forked
         reply({"pid": pid, "code": code})
 
 
+def _with(body: dict[str, Any], sandbox: Sandbox | None) -> dict[str, Any]:
+    return body if sandbox is None else {**body, "sandbox": sandbox.to_json()}
+
+
 class ForkedProcess:
     """A runner forked by the server, looking enough like an asyncio Process for the worker."""
 
@@ -479,17 +487,29 @@ class ForkServer:
         self._reader = asyncio.create_task(self._read())
 
     async def spawn(
-        self, input_path: Path, cwd: Path, log: Path, env: dict[str, str]
+        self,
+        input_path: Path,
+        cwd: Path,
+        log: Path,
+        env: dict[str, str],
+        sandbox: Sandbox | None = None,
     ) -> ForkedProcess:
-        """A runner for one activation."""
-        return await self._fork({"input": str(input_path), "cwd": str(cwd), "log": str(log)}, env)
+        """A runner for one activation, held to `sandbox`'s limits."""
+        body = {"input": str(input_path), "cwd": str(cwd), "log": str(log)}
+        return await self._fork(_with(body, sandbox), env)
 
     async def spawn_resident(
-        self, cwd: Path, log: Path, env: dict[str, str], max_runs: int
+        self,
+        cwd: Path,
+        log: Path,
+        env: dict[str, str],
+        max_runs: int,
+        sandbox: Sandbox | None = None,
     ) -> ForkedProcess:
-        """A resident runner, waiting for activations (`run_in`); it leaves after `max_runs`."""
+        """A resident runner, waiting for activations (`run_in`); it leaves after `max_runs`.
+        It is held to `sandbox`'s limits for all of them."""
         body = {"resident": True, "cwd": str(cwd), "log": str(log), "max_runs": max_runs}
-        return await self._fork(body, env)
+        return await self._fork(_with(body, sandbox), env)
 
     async def run_in(
         self, runner: ForkedProcess, spec: str, cwd: Path, env: dict[str, str]

@@ -18,6 +18,7 @@ from suzumio.contracts.broker import StreamBatch
 from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
 from suzumio.runner import eventloop, exits, forkserver, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
+from suzumio.runner.assets import bring_assets
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
 from suzumio.runner.connections import Connections
 from suzumio.runner.handover import fetch_inputs, send_outputs
@@ -141,19 +142,21 @@ async def final_call(
 async def _run_loop(
     spec: RunnerActivationInput, broker: BrokerClient, loop: AgentLoop, workspace: Path
 ) -> tuple[Ending, int]:
-    """The loop (after the inputs, where the runner fetches them) to its ending and exit code.
+    """The loop (after the agent package's assets, and the inputs where the runner fetches
+    them) to its ending and exit code.
 
     Raises:
         FencedError, BrokerUnavailableError: the activation can do nothing more.
     """
     try:
         async with asyncio.timeout(spec.runner.wall_clock_seconds):
+            await bring_assets(broker, workspace, spec.assets)
             if spec.files is not None:
                 await fetch_inputs(broker, workspace, spec.files)
             ending = await loop.run()
         return ending, exits.BY_REASON[ending.reason]
     except ExchangeError as exc:
-        why = f"the session's files could not be brought in: {exc}"
+        why = f"the activation's files could not be brought in: {exc}"
         return Ending("failed", why, loop.usage()), exits.INPUTS_UNAVAILABLE
     except ModelFailedError as exc:
         why = f"the model failed: {exc}"

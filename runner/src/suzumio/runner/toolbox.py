@@ -19,7 +19,14 @@ from suzumio.contracts.toolpacks import ToolpackManifest, discover, resolve
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.context import wire_name
 from suzumio.runner.log import log
-from suzumio.runner.tools.base import CallKind, SandboxTool, ToolContext, ToolInputError, ToolResult
+from suzumio.runner.tools.base import (
+    CallKind,
+    SandboxTool,
+    TimedTool,
+    ToolContext,
+    ToolInputError,
+    ToolResult,
+)
 from suzumio.runner.tools.core import CORE_TOOLS, EXCLUSIVE, CoreOutcome, CoreTools
 from suzumio.runner.tools.registry import builtin_tools
 
@@ -123,6 +130,16 @@ class Toolbox:
                 # round would end the activation), and a write reserving nothing runs alone.
                 return ()
         return ()
+
+    def allowed_seconds(self, tool: str, args: dict[str, Any]) -> float:
+        """How long a call may take by a time limit of its own (0: none, the tool round's limit
+        alone bounds it): a command's timeout, a search's or a fetch's, ask_user's wait."""
+        sandbox: object = self._sandbox.get(tool)  # some have a limit of their own
+        if isinstance(sandbox, TimedTool):
+            return sandbox.allowed_seconds(args, self.ctx)
+        if tool == "ask_user":
+            return self.core.ask_wait
+        return 0.0
 
     # -- running -----------------------------------------------------------------------------
     async def run(self, tool: str, args: dict[str, Any], call_id: str) -> CoreOutcome:

@@ -22,9 +22,16 @@ broker refuses the token of an attempt the orchestrator has ended, whatever a wo
 Warm sessions (`--idle-ttl`): a dispatch names its session (`affinity_key`); its workspace is
 then `<workdir>/<worker>/sessions/<key>` and stays after the run, for the idle TTL, so the
 session's next activation on this worker finds the files, checkouts and caches the last one
-left (and `/workspace/session`). The queue does not route by session: reuse happens when the
-same worker takes the next dispatch — always with one worker, by chance with several — and a
-cold start is only slower, never wrong, since the history and checkpoint come with the input.
+left (and `/workspace/session`). The idle TTL is the worker's, or the profile's
+(`idle_seconds`, carried by the dispatch) if shorter, counted from the session's last
+activation here. The queue does not route by session: reuse happens when the same worker takes
+the next dispatch — always with one worker, by chance with several — and a cold start is only
+slower, never wrong, since the history and checkpoint come with the input.
+
+Limits (`suzumio.runner.limits`): each run, or a warm session's resident runner, is held to
+the dispatch's profile limits — in a cgroup of its own under the worker's where the host
+allows, by rlimits otherwise. A resident runner keeps the limits it was started with: an
+activation with other limits gets a new runner.
 """
 
 from __future__ import annotations
@@ -69,7 +76,9 @@ from suzumio.contracts.runner import (
     PoolWorkerInfo,
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
+from suzumio.contracts.values import ResourceLimits
 from suzumio.runner import cpu, eventloop, exchange, heap
+from suzumio.runner import limits as sandbox_limits
 from suzumio.runner.cpu import CpuPolicy
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
@@ -81,6 +90,11 @@ DEADLINE_BACKSTOP_SECONDS = 30.0
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
 _POOL = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # the contracts' Slug
 _PR_SET_PDEATHSIG = 1
+# A worker's runs' cgroups: <own cgroup>/<this><id>-<pid>-<its start time>/<run>. The process
+# in the name: a worker that stops (removing its tree, and killing what is in it) while its
+# successor with the same id starts must not take the successor's runs with it, and a worker
+# sweeps only the trees of workers that are gone.
+CGROUP_PREFIX = "suzumio-worker-"
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
@@ -109,6 +123,7 @@ class WorkerConfig:
     resident_runs: int = 100  # > 0 (with warm sessions and runners): a warm session's runner
     # stays, and runs up to this many of its activations
     cpu_policy: CpuPolicy = "batch"  # the worker's, its fork server's and its runners'
+    cgroups: bool = True  # a cgroup per run for its limits where the host allows; else rlimits
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
@@ -144,6 +159,8 @@ class _Resident:
     proc: ForkedProcess
     env: dict[str, str]
     log: Path
+    limits: ResourceLimits | None  # what it was held to when it started
+    cgroup: str | None  # the name of its cgroup, if it has one
     runs: int = 0  # it leaves after `resident_runs`: one that has them all is not asked again
 
 
@@ -165,7 +182,7 @@ class WarmSessions:
 
     def __init__(self, root: Path, ttl: float, limit: int) -> None:
         self._root, self._ttl, self._limit = root, ttl, limit
-        self._idle: dict[str, float] = {}
+        self._idle: dict[str, tuple[float, float]] = {}  # key → (last run's end, its TTL)
         self._busy: set[str] = set()
 
     def __len__(self) -> int:
@@ -180,10 +197,11 @@ class WarmSessions:
         warm = self._idle.pop(key, None) is not None
         return path, warm
 
-    def give_back(self, key: str) -> list[str]:
-        """Keep it warm; returns the keys evicted to stay within the limit."""
+    def give_back(self, key: str, ttl: float | None = None) -> list[str]:
+        """Keep it warm — for the worker's TTL, or `ttl` (the profile's) if shorter; returns
+        the keys evicted to stay within the limit."""
         self._busy.discard(key)
-        self._idle[key] = time.monotonic()
+        self._idle[key] = (time.monotonic(), self._ttl if ttl is None else min(ttl, self._ttl))
         evicted = sorted(self._idle, key=self._idle.__getitem__)[
             : max(len(self._idle) - self._limit, 0)
         ]
@@ -193,7 +211,7 @@ class WarmSessions:
 
     def expired(self) -> list[str]:
         now = time.monotonic()
-        keys = [k for k, seen in self._idle.items() if now - seen > self._ttl]
+        keys = [k for k, (seen, ttl) in self._idle.items() if now - seen > ttl]
         for key in keys:
             del self._idle[key]
         return keys
@@ -245,6 +263,7 @@ class Worker:
         self._forks_lock = asyncio.Lock()
         self._residents: dict[str, _Resident] = {}  # by warm session key
         self._store: ObjectStore | None = None  # the artifacts' object store, once needed
+        self._cgroups: sandbox_limits.Cgroups | None = None
 
     @property
     def nc(self) -> NATS:
@@ -257,6 +276,7 @@ class Worker:
         if self._nc is None:
             log("worker.stopped", worker=self.cfg.worker_id, reason="NATS never answered")
             return
+        await asyncio.to_thread(self._find_cgroups)
         if self.cfg.warm_runners:
             self._forks = ForkServer()
             await self._forks.start()
@@ -277,12 +297,46 @@ class Worker:
         finally:
             if self._forks is not None:
                 await self._forks.close()
+            if self._cgroups is not None:
+                await asyncio.to_thread(self._cgroups.close)
             with contextlib.suppress(Exception):
                 await self.nc.close()  # what must reach the server was flushed already
             # All of it, though an agent made directories read-only (`go build` does): the
             # next worker has another id, and nobody would remove what is left here.
             await asyncio.to_thread(remove_tree, self.root)
             log("worker.stopped", worker=self.cfg.worker_id)
+
+    def _find_cgroups(self) -> None:
+        """The host's cgroups for the runs, if it allows them; which profile limits cannot be
+        held here is said once, at the start."""
+        name = f"{CGROUP_PREFIX}{self.cfg.worker_id}-{os.getpid()}-{_started(os.getpid())}"
+        found = sandbox_limits.discover(name) if self.cfg.cgroups else "turned off (--no-cgroups)"
+        if isinstance(found, sandbox_limits.Cgroups):
+            self._cgroups = found
+            found.sweep_siblings(CGROUP_PREFIX, _tree_alive)  # workers killed before cleanup
+            enforcement = found.enforcement
+        else:
+            enforcement = sandbox_limits.rlimit_enforcement(found)
+        event = "worker.limits_unenforced" if enforcement.unenforced else "worker.limits"
+        log(event, worker=self.cfg.worker_id, **enforcement.detail())
+
+    def _sandbox(self, name: str, limits: ResourceLimits | None) -> sandbox_limits.Sandbox:
+        """What a runner applies to itself first: its cgroup (`name`, made now) and rlimits;
+        nothing for a dispatch that brought no limits.
+
+        Raises:
+            OSError: the cgroup could not be made (the run does not start without it).
+        """
+        if limits is None:
+            return sandbox_limits.Sandbox()
+        if self._cgroups is None:
+            return sandbox_limits.Sandbox(rlimits=sandbox_limits.rlimits(limits, contained=False))
+        return self._cgroups.create(name, limits)
+
+    def _drop_cgroup(self, name: str) -> None:
+        """Empty and remove a run's cgroup, in the background (it waits for the kills)."""
+        if self._cgroups is not None:
+            self._background(asyncio.to_thread(self._cgroups.remove, name))
 
     async def _connect(self, stop: asyncio.Event) -> NATS | None:
         """NATS, waited for as long as it takes, but not past a stop: a worker started before
@@ -481,6 +535,7 @@ class Worker:
         its own: its input goes in the request, its log is the runner's."""
         root = self.root / "runs" / dispatch.dispatch_id
         remove_tree(root)  # left by an earlier delivery
+        self._expire_warm()  # a session idle past its TTL starts cold, even between sweeps
         taken = self.warm.take(dispatch.affinity_key) if dispatch.affinity_key else None
         if taken is None:
             workspace, warm_start, key = root / "workspace", False, None
@@ -491,7 +546,7 @@ class Worker:
             return self._lay_out(dispatch, msg, root, workspace, key, warm_start)
         except OSError:
             if key is not None:  # else the session's workspace would stay taken for good
-                for gone in self.warm.give_back(key):
+                for gone in self.warm.give_back(key, dispatch.idle_seconds):
                     self._retire(gone)
                     self._discard(self.warm.path(gone))
             raise
@@ -617,16 +672,25 @@ class Worker:
             **run.dispatch.env,
         }
         forks = await self._fork_server()
+        sandbox = sandbox_limits.Sandbox()  # a resident runner has its own (`_run_resident`)
+        if not run.spec:
+            limits = run.dispatch.limits
+            sandbox = await asyncio.to_thread(self._sandbox, _run_cgroup(run), limits)
         if forks is not None:
             try:
-                return await self._fork(forks, run, env)
+                return await self._fork(forks, run, env, sandbox)
             except OSError:
                 if forks.alive:
                     raise
             # It died under this start (before the worker saw it go): once more, on a new one.
             forks = await self._fork_server()
             assert forks is not None
-            return await self._fork(forks, run, env)
+            return await self._fork(forks, run, env, sandbox)
+
+        def become_sandbox() -> None:  # in the child, between fork and exec
+            _die_with_parent()
+            sandbox.apply()
+
         with (run.root / "runner.log").open("ab") as out:
             return await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -637,14 +701,16 @@ class Worker:
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=become_sandbox,
             )
 
-    async def _fork(self, forks: ForkServer, run: _Run, env: dict[str, str]) -> ForkedProcess:
+    async def _fork(
+        self, forks: ForkServer, run: _Run, env: dict[str, str], sandbox: sandbox_limits.Sandbox
+    ) -> ForkedProcess:
         if run.warm_key is not None and run.spec:
             return await self._run_resident(forks, run, run.warm_key, env)
         return await forks.spawn(
-            run.root / "input.json", run.workspace, run.root / "runner.log", env
+            run.root / "input.json", run.workspace, run.root / "runner.log", env, sandbox
         )
 
     async def _fork_server(self) -> ForkServer | None:
@@ -667,20 +733,35 @@ class Worker:
     ) -> ForkedProcess:
         """The activation on its warm session's resident runner (started if there is none,
         or none for this environment)."""
+        limits = run.dispatch.limits
         resident = self._residents.get(key)
         if resident is not None and (
             resident.proc.returncode is not None
             or resident.runs >= self.cfg.resident_runs
             or resident.env != _resident_env(env)
+            # Limits are set once, as the runner starts (an rlimit cannot be raised again):
+            # a profile changed between two activations gets a runner held to the new ones.
+            or resident.limits != limits
         ):
             self._retire(key)
             resident = None
         run.resident = resident is not None
         if resident is None:
-            log_path = self.root / "residents" / f"{secrets.token_hex(8)}.log"
+            token = secrets.token_hex(8)
+            log_path = self.root / "residents" / f"{token}.log"
             log_path.parent.mkdir(exist_ok=True)
-            proc = await forks.spawn_resident(run.workspace, log_path, env, self.cfg.resident_runs)
-            resident = self._residents[key] = _Resident(proc, _resident_env(env), log_path)
+            cgroup = f"resident-{token}"
+            sandbox = await asyncio.to_thread(self._sandbox, cgroup, limits)
+            try:
+                proc = await forks.spawn_resident(
+                    run.workspace, log_path, env, self.cfg.resident_runs, sandbox
+                )
+            except OSError:
+                self._drop_cgroup(cgroup)
+                raise
+            resident = self._residents[key] = _Resident(
+                proc, _resident_env(env), log_path, limits, cgroup if sandbox.procs else None
+            )
         resident.runs += 1
         run.log = resident.log
         return await forks.run_in(resident.proc, run.spec, run.workspace, env)
@@ -692,6 +773,8 @@ class Worker:
             return
         if resident.proc.returncode is None:
             _signal_group(resident.proc.pid, signal.SIGKILL)
+        if resident.cgroup is not None:  # and whatever its commands left running
+            self._drop_cgroup(resident.cgroup)
         with contextlib.suppress(OSError):
             resident.log.unlink()
 
@@ -767,11 +850,21 @@ class Worker:
             exit_code=status.exit_code, signal=status.signal)  # fmt: skip
 
     async def _release(self, run: _Run) -> None:
+        if not run.spec:  # a resident runner's cgroup goes with the runner
+            self._drop_cgroup(_run_cgroup(run))
         if run.warm_key is not None:
-            for key in self.warm.give_back(run.warm_key):
+            for key in self.warm.give_back(run.warm_key, run.dispatch.idle_seconds):
                 self._retire(key)
                 self._discard(self.warm.path(key))
         self._discard(run.root)
+
+    def _expire_warm(self) -> None:
+        """Drop the warm sessions idle past their TTL: their runners and workspaces."""
+        for key in self.warm.expired():
+            with contextlib.suppress(Exception):  # the others go whatever one key does
+                log("worker.warm_session_expired", key=key)
+                self._retire(key)
+                self._discard(self.warm.path(key))
 
     def _discard(self, path: Path) -> None:
         """Move it aside at once (a new run may want the name), remove it in the background —
@@ -829,10 +922,7 @@ class Worker:
                 await self.nc.publish(
                     subject, self._info(with_exited=False).model_dump_json().encode()
                 )
-            for key in self.warm.expired():
-                with contextlib.suppress(Exception):  # presence goes on whatever a key does
-                    self._retire(key)
-                    self._discard(self.warm.path(key))
+            self._expire_warm()  # presence goes on whatever a key does
             horizon = time.monotonic() - self.cfg.recent_seconds
             self._recent = {k: v for k, v in self._recent.items() if v[0] > horizon}
             self._cancelled = {k: t for k, t in self._cancelled.items() if t > horizon}
@@ -913,6 +1003,28 @@ def serve(config: WorkerConfig) -> int:
 
     eventloop.run(main())
     return 0
+
+
+def _run_cgroup(run: _Run) -> str:
+    return f"run-{run.dispatch.dispatch_id}"
+
+
+def _started(pid: int) -> int | None:
+    """A process's start time in clock ticks (a pid is the same process only if it matches)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _tree_alive(name: str) -> bool:
+    """Whether the worker whose cgroup tree this is still runs (a name not of the form is
+    taken for a live one's: left alone)."""
+    parts = name.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return True
+    return _started(int(parts[1])) == int(parts[2])
 
 
 def _fitting(info: PoolWorkerInfo, limit: int) -> bytes:

@@ -12,9 +12,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from suzumio.contracts.ids import Identifier
-from suzumio.contracts.values import ModelSpec, Priority, SignalKind, Slug, ToolPolicy
+from suzumio.contracts.values import (
+    ModelSpec,
+    Priority,
+    ResourceLimits,
+    SignalKind,
+    Slug,
+    ToolPolicy,
+)
 
 RUNNER_CONTRACT_VERSION = 1
+ASSETS_DIR = "assets"  # the agent package's assets, under the workspace
 
 
 class _Frozen(BaseModel):
@@ -32,6 +40,10 @@ class AgentSpec(_Frozen):
     prompt: str
     model: ModelSpec
     fallbacks: tuple[ModelSpec, ...] = ()
+    env_facts: dict[str, str] = Field(
+        default_factory=dict,
+        description="the agent package's facts about its environment, for the system prompt",
+    )
 
 
 class SessionRef(_Frozen):
@@ -198,6 +210,11 @@ class RunnerActivationInput(_Frozen):
         description="set when the sandbox shares no disk with the platform (kubernetes): the "
         "runner itself brings these files into `in/` and `out/`'s files back, through the broker",
     )
+    assets: tuple[FileRef, ...] = Field(
+        default=(),
+        description="the agent package's assets: on every backend the runner fetches them "
+        f"through the broker into `{ASSETS_DIR}/` (replacing whatever is there) before the loop",
+    )
 
 
 class RunnerActivationOutput(_Frozen):
@@ -247,6 +264,17 @@ class ActivationDispatch(_Frozen):
         default=0, ge=0, description="files of `/workspace/out` to store afterwards (0: none)"
     )
     max_output_bytes: int = Field(default=0, ge=0, description="larger files are left out")
+    limits: ResourceLimits | None = Field(
+        default=None,
+        description="the runtime profile's limits, for the worker's sandbox (none: a dispatch "
+        "from an orchestrator that sent none; the worker's runner is then unlimited)",
+    )
+    idle_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="the profile's idle TTL: a worker keeps the session warm at most this long "
+        "after this activation (and never past its own --idle-ttl); none: its own alone",
+    )
 
     @property
     def dispatch_id(self) -> str:

@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    model_validator,
 )
 
 
@@ -138,6 +139,15 @@ class Author(BaseModel):
     id: str
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
+MIN_CONTEXT_WINDOW = 1_024
+MAX_CONTEXT_WINDOW = 100_000_000
+MAX_OUTPUT_TOKENS = 1_000_000
+
+
 class ModelSpec(BaseModel):
     """Which model an agent calls, through which OpenAI-compatible provider settings."""
 
@@ -147,6 +157,36 @@ class ModelSpec(BaseModel):
     provider: Name | None = Field(
         default=None, description="provider settings id; none means the platform default"
     )
+    # A figure left unset is left out of the JSON (`exclude_if`): a runner from before these
+    # fields refuses unknown keys of a model spec, so an image built from it still reads the
+    # input of an agent that sets none.
+    context_window: int | None = Field(
+        default=None,
+        exclude_if=_unset,
+        ge=MIN_CONTEXT_WINDOW,
+        le=MAX_CONTEXT_WINDOW,
+        description="the model's context window in tokens (compaction aims below it); none "
+        "means the platform default (128,000)",
+    )
+    max_output_tokens: int | None = Field(
+        default=None,
+        exclude_if=_unset,
+        ge=1,
+        le=MAX_OUTPUT_TOKENS,
+        description="the most the model may write in one reply: every call asks for this many "
+        "tokens and a reply cut off at it is not asked again with more; none means the "
+        "platform default (4,096, doubled on a cut-off reply up to 32,768)",
+    )
+
+    @model_validator(mode="after")
+    def _output_fits(self) -> ModelSpec:
+        if (
+            self.context_window is not None
+            and self.max_output_tokens is not None
+            and self.max_output_tokens >= self.context_window
+        ):
+            raise ValueError("max_output_tokens must be smaller than context_window")
+        return self
 
 
 class ProjectLimits(BaseModel):
@@ -230,7 +270,48 @@ class Timeouts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     wall_clock_seconds: int = Field(default=3_600, ge=1, le=7 * 86_400)
-    idle_seconds: int = Field(default=600, ge=1, le=7 * 86_400)
+    idle_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=7 * 86_400,
+        description="the idle TTL of a warm session sandbox: a pool worker keeps the session's "
+        "workspace (and resident runner) at most this long after its last activation, and "
+        "never longer than its own --idle-ttl; the one-shot backends keep nothing warm",
+    )
+
+
+class LoopSettings(BaseModel):
+    """The agent loop's limits for the activations of a runtime profile (DESIGN.md
+    Appendix A); a field left unset (none) takes the platform's default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")  # a typo is an error
+
+    max_model_calls: int | None = Field(
+        default=None, ge=1, le=10_000, description="model calls per activation (default 90)"
+    )
+    max_parallel_tools: int | None = Field(
+        default=None, ge=1, le=64, description="tool calls running at once (default 8)"
+    )
+    tool_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86_400,
+        description="a tool round's time limit (default 300); a call still gets the time it "
+        "is itself allowed (shell.exec's timeout, an approval's wait) plus a margin",
+    )
+    max_retries: int | None = Field(
+        default=None, ge=0, le=20, description="retries of a failing model (default 3)"
+    )
+    ask_wait_seconds: float | None = Field(
+        default=None, ge=0, le=300, description="ask_user's wait before checkpointing (120)"
+    )
+    approval_wait_seconds: float | None = Field(
+        default=None, ge=0, le=300, description="a tool call's wait for its approval (120)"
+    )
+
+    def overrides(self) -> dict[str, int | float]:
+        """The settings given, by the runner configuration's field names."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class RuntimeProfileSpec(BaseModel):
@@ -247,6 +328,7 @@ class RuntimeProfileSpec(BaseModel):
     limits: ResourceLimits = ResourceLimits()
     network: NetworkProfile = NetworkProfile.EGRESS
     timeouts: Timeouts = Timeouts()
+    loop: LoopSettings = LoopSettings()
 
 
 class EncryptedSecret(BaseModel):

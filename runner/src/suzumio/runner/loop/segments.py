@@ -24,7 +24,7 @@ Conflicts are decided on `PlannedCall.paths`:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal, TypeVar
@@ -125,6 +125,7 @@ async def run_segments(
     segments: Sequence[Sequence[int]],
     run_one: Callable[[int], Awaitable[T]],
     batch_timeout: float | None,
+    allowances: Mapping[int, float] | None = None,
 ) -> list[T | CallFailure]:
     """Run segments one after another, each segment's calls concurrently.
 
@@ -134,17 +135,25 @@ async def run_segments(
     the time was spent gets a `CallFailure` instead of a result; nothing here raises for one
     call's sake. Cancelling the caller cancels the running calls and waits for them to end
     (`run_one` must honour cancellation) before `CancelledError` propagates.
+
+    `allowances` (seconds, by call index) is the time a call is allowed once it started,
+    whatever is left of the batch's: a segment runs for at least its calls' largest
+    allowance, so the batch's limit never cuts a call short of a time limit of its own (a
+    command's timeout). It only decides whether later segments still start.
     """
     _check_unique(index for seg in segments for index in seg)
     loop = asyncio.get_running_loop()
     deadline = None if batch_timeout is None else loop.time() + batch_timeout
+    allowed = allowances or {}
     results: dict[int, T | CallFailure] = {}
     for seg in segments:
         remaining = None if deadline is None else deadline - loop.time()
         if remaining is not None and remaining <= 0:
             results.update({i: CallFailure(i, "not_started") for i in seg})
-        else:
-            results.update(await _run_segment(seg, run_one, remaining))
+            continue
+        if remaining is not None:
+            remaining = max([remaining, *(allowed.get(i, 0.0) for i in seg)])
+        results.update(await _run_segment(seg, run_one, remaining))
     return [results[i] for i in sorted(results)]
 
 

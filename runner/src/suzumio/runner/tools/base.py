@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from suzumio.contracts.runner import ToolDefinition
 
@@ -106,3 +106,14 @@ class SandboxTool(Protocol):
         ...
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+@runtime_checkable
+class TimedTool(Protocol):
+    """A sandbox tool that ends a call at a time limit of its own (shell.exec's timeout): the
+    tool round gives such a call that long, even past the round's own limit."""
+
+    def allowed_seconds(self, args: dict[str, Any], ctx: ToolContext) -> float:
+        """How long a call with `args` may take before the tool itself ends it; never raises
+        (bad arguments: 0, the call fails at once)."""
+        ...

@@ -103,7 +103,7 @@ class CoreTools:
         self._broker = broker
         self._activation_id = activation_id
         self._session_id = session_id
-        self._ask_wait = ask_wait
+        self.ask_wait = ask_wait
         self.answered: set[str] = set()  # pending actions answered while this activation ran
 
     async def run(self, name: str, args: dict[str, Any], call_id: str) -> CoreOutcome:
@@ -148,7 +148,7 @@ class CoreTools:
                 pending_action_id=pending_id,
                 prompt=question,
                 options=options,
-                wait_seconds=self._ask_wait,
+                wait_seconds=self.ask_wait,
             )
         )
         if outcome.status == "answered":

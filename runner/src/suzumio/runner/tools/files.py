@@ -351,6 +351,10 @@ class FileSearch(Reads):
         raw = args.get("path")
         return named_paths("." if raw is None or raw == "" else raw, ctx)
 
+    def allowed_seconds(self, args: dict[str, Any], ctx: ToolContext) -> float:
+        del args
+        return ctx.limits.search_timeout_seconds
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         # A thread cannot be cancelled, so the walk checks this flag between lines; a single
         # match is bounded by the search's deadline instead.

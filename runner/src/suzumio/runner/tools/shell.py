@@ -142,6 +142,14 @@ class ShellExec:
         del args, ctx
         return ()
 
+    def allowed_seconds(self, args: dict[str, Any], ctx: ToolContext) -> float:
+        # The timeout it will run with, the kill's grace, the reaping and the last output.
+        try:
+            timeout, _ = _timeout(optional_number(args, "timeout_seconds"), ctx)
+        except (ToolInputError, OverflowError):  # an integer past a float's range
+            return 0.0
+        return timeout + self._grace + _REAP_SECONDS + _DRAIN_SECONDS
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         try:
             check_keys(args, self._keys)

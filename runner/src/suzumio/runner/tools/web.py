@@ -124,6 +124,10 @@ class WebFetch(Reads):
         self._allowed = allowed_networks
         self._verify = verify
 
+    def allowed_seconds(self, args: dict[str, Any], ctx: ToolContext) -> float:
+        del args
+        return ctx.limits.fetch_timeout_seconds
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         limits = ctx.limits
         try:

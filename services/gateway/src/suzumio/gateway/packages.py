@@ -318,4 +318,16 @@ def read_package(data: bytes) -> Package:
         "env_facts": env_facts,
     }
     assets = [Asset(name, body) for name, body in sorted(files.items()) if name not in KNOWN]
+    _check_nesting([a.path for a in assets])
     return Package(fields, assets)
+
+
+def _check_nesting(paths: list[str]) -> None:
+    """Refuse an asset under another one's path (`a` and `a/b`, which an archive can hold):
+    no workspace can hold both, and every activation of the agent would fail to set them out."""
+    names = set(paths)
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if (above := "/".join(parts[:i])) in names:
+                raise PackageError(f"archive entry {path!r} lies under the file {above!r}")

@@ -24,6 +24,7 @@ from suzumio.contracts.events import (
     SessionClosed,
     SessionOpened,
 )
+from suzumio.contracts.runner import FileRef, placeable
 from suzumio.contracts.values import (
     AssetRef,
     ModelSpec,
@@ -34,6 +35,9 @@ from suzumio.contracts.values import (
     WorkspaceMode,
 )
 from suzumio.orchestrator.sessions import Artifact
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Agent:
     runtime_profile: str | None = None
     permissions: dict[str, ToolPolicy] = field(default_factory=dict)
     workspace_mode: WorkspaceMode = WorkspaceMode.COPY
+    env_facts: dict[str, str] = field(default_factory=dict)
     assets: tuple[AssetRef, ...] = ()
 
 
@@ -82,7 +87,7 @@ FILE_EVENTS = frozenset(
 )
 AGENT_FIELDS = (
     "role", "prompt", "model", "fallbacks", "tools", "toolpacks",
-    "runtime_profile", "permissions", "workspace_mode", "assets",
+    "runtime_profile", "permissions", "workspace_mode", "env_facts", "assets",
 )  # fmt: skip
 
 
@@ -171,6 +176,19 @@ class Directory:
                     self._let_go(session_id)
                 else:
                     del self._files[session_id][path]
+
+
+def asset_files(agent: Agent) -> tuple[FileRef, ...]:
+    """The agent package's assets as the runner fetches them; one at a path no workspace can
+    hold (only a command sent by hand could have stored it: an import refuses such names) is
+    left out rather than failing every activation of the agent."""
+    files: list[FileRef] = []
+    for asset in agent.assets:
+        if placeable(asset.path):
+            files.append(FileRef(path=asset.path, sha256=asset.sha256, size=asset.size))
+        else:
+            log.warning("assets.unplaceable", agent=agent.id, path=asset.path[:300])
+    return tuple(files)
 
 
 def fold_agent(agent: Agent, data: AgentCreated | AgentUpdated) -> Agent:

@@ -42,7 +42,7 @@ from suzumio.contracts.values import (
     WorkspaceMode,
 )
 from suzumio.orchestrator.backends.base import WORKSPACE, LaunchPlan, MountPlan, labels_for
-from suzumio.orchestrator.directory import Agent, Grant, Project
+from suzumio.orchestrator.directory import Agent, Grant, Project, asset_files
 from suzumio.orchestrator.sessions import SessionReader
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.platform.bus.eventstore import EventStore
@@ -153,6 +153,7 @@ class Planner:
                 prompt=agent.prompt,
                 model=agent.model,
                 fallbacks=agent.fallbacks,
+                env_facts=agent.env_facts,
             ),
             session=SessionRef(id=session_id),
             activation=ActivationSpec(
@@ -162,7 +163,13 @@ class Planner:
             controller_url=self.settings.broker_url,
             token=token,
             # The orchestrator enforces the limit; the runner's own is a backstop behind it.
-            runner=RunnerConfig(wall_clock_seconds=profile.timeouts.wall_clock_seconds + 60),
+            # The profile's loop settings replace the platform's defaults where they are set.
+            runner=RunnerConfig.model_validate(
+                {
+                    "wall_clock_seconds": profile.timeouts.wall_clock_seconds + 60,
+                    **profile.loop.overrides(),
+                }
+            ),
             tools=tuple(ToolDefinition(name=t) for t in agent.tools),
             toolpacks=tuple(RunnerToolpackSpec(name=t) for t in agent.toolpacks),
             permissions=agent.permissions,
@@ -170,6 +177,7 @@ class Planner:
             allow_private_network=self.settings.allow_private_network,
             history=snapshot.history,
             checkpoint=snapshot.checkpoint,
+            assets=asset_files(agent),
         )
         ids = {
             "SUZUMIO_PROJECT_ID": project.id,

@@ -4,6 +4,9 @@ what it left in `/workspace/out` back, with its activation token.
 
 - `GET /runner/files/{artifact_id}`: the bytes of an artifact of the token's own session (any
   other, deleted, or unknown one is 404 alike, so nothing about other sessions leaks).
+- `GET /runner/assets/{sha256}`: the bytes of an asset of the token's agent package (on every
+  backend: the runner fetches the package's assets itself), one the package lists or once
+  listed; any other digest is 404, whoever's blob it names.
 - `PUT /runner/files/out/{index}?path=…`: one output file, the raw bytes as the body. `index`
   counts the activation's outputs from 0 and names the artifact (`derived_id`), so a retried
   upload is the same artifact and no replica can be talked into more than `max_artifacts` of
@@ -24,7 +27,7 @@ from fastapi.responses import StreamingResponse
 from suzumio.contracts.broker import Recorded
 from suzumio.contracts.commands import RecordArtifact
 from suzumio.contracts.errors import ConflictError
-from suzumio.contracts.events import ArtifactDeleted, ArtifactRecorded
+from suzumio.contracts.events import AgentCreated, AgentUpdated, ArtifactDeleted, ArtifactRecorded
 from suzumio.contracts.ids import Identifier, derived_id
 from suzumio.contracts.runner import placeable
 from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
@@ -71,6 +74,36 @@ async def fetch(artifact_id: Identifier, caller: Auth, broker: Shared) -> Stream
         chunks,
         media_type="application/octet-stream",
         headers={"Content-Length": str(recorded.size), "ETag": f'"{recorded.sha256}"'},
+    )
+
+
+async def _listed_size(broker: Broker, agent_id: str, sha256: str) -> int | None:
+    """The size of the agent package's asset with this digest, if its package lists or once
+    listed one (an activation planned before a package update still fetches the assets it
+    was planned with); else None."""
+    stream = await broker.store.load("agent", agent_id)
+    for event in stream.events:
+        if isinstance(event.data, AgentCreated | AgentUpdated):
+            for asset in event.data.assets or ():
+                if asset.sha256 == sha256:
+                    return asset.size
+    return None
+
+
+@router.get("/runner/assets/{sha256}", response_class=StreamingResponse)
+async def fetch_asset(
+    sha256: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")], caller: Auth, broker: Shared
+) -> StreamingResponse:
+    """An asset of the activation's agent package, by its digest, streamed."""
+    files = broker.artifacts
+    size = await _listed_size(broker, caller.claims.agent_id, sha256)
+    if size is None or not await has_blob(files.store, sha256):
+        raise BrokerError(404, "not_found", "no such asset in this activation's agent package")
+    chunks: AsyncIterator[bytes] = read_chunks(broker.js, files.store, files.bucket, sha256)
+    return StreamingResponse(
+        chunks,
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(size), "ETag": f'"{sha256}"'},
     )
 
 

@@ -51,7 +51,7 @@ The public API of Suzumio, a control plane for LLM agents.
 
 
 # Uploads stream: their parts are spooled and bounded one by one as they arrive (uploads.py).
-_STREAMED = re.compile(r"/v1/projects/[^/]+/(?:artifacts|agents/import)")
+_STREAMED = re.compile(r"/v1/projects/[^/]+/(?:artifacts|agents/import)|/v1/agents/[^/]+/package")
 MAX_BODY_BYTES = MAX_BUFFERED_BODY  # far more than the bus carries in one command anyway
 
 

@@ -227,6 +227,8 @@ class PoolBackend:
             inputs=plan.inputs,
             max_output_files=plan.max_output_files,
             max_output_bytes=plan.max_output_bytes,
+            limits=plan.profile.limits,
+            idle_seconds=plan.profile.timeouts.idle_seconds,
         )
 
     async def _ensure_consumer(self, pool: str) -> None:

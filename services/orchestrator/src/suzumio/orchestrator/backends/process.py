@@ -14,6 +14,11 @@ private /tmp (the runner's own Python and import path bound back read-only where
 and only its own workspace, its session directory and the granted mounts writable. The rest
 of the host stays readable as the orchestrator's user reads it: for a boundary, use the
 docker or kubernetes backend.
+
+The profile's limits (`suzumio.runner.limits`): a cgroup of its own per activation, named by
+it, where the host allows (made at launch, emptied and removed at cleanup, and the empty ones
+of activations gone swept at reconciliation); per-process rlimits otherwise, and `health()`
+says which profile limits this host leaves unenforced.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+import suzumio.runner.limits as sandbox_limits
 from suzumio.contracts.runner import MountSpec
 from suzumio.orchestrator.backends.base import (
     CleanupPolicy,
@@ -51,6 +57,7 @@ RECORD = "process.json"
 EXIT_FILE = "exit_code"
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 GONE = -1  # the recorded start time of a runner that ended before it could be read
+CGROUP_OWNER = "suzumio-process"  # the activations' cgroups: <own cgroup>/<this>/<activation>
 
 
 class ProcessSettings(BaseModel):
@@ -58,6 +65,11 @@ class ProcessSettings(BaseModel):
     isolate: bool = Field(default=True, description="use bubblewrap when it is installed")
     stop_grace_seconds: float = Field(default=3.0, gt=0)
     max_open_files: int = Field(default=1_024, ge=64)
+    cgroups: bool = Field(
+        default=True,
+        description="a cgroup per activation for the profile's memory, pids and cpus, where "
+        "the host lets the orchestrator make them; else (or off) per-process rlimits",
+    )
     cleanup: CleanupPolicy = Field(
         default="always",
         description="the activation's directory once it ended: removed (always), kept when "
@@ -114,6 +126,8 @@ class ProcessBackend:
         self._bwrap_problem: str | None = None  # why bubblewrap cannot sandbox here
         self._probed = False
         self._probing = asyncio.Lock()
+        self._cgroups: sandbox_limits.Cgroups | None = None
+        self._enforcement: sandbox_limits.Enforcement | None = None
 
     # -- launching -------------------------------------------------------------------------
     async def _isolation_problem(self) -> str | None:
@@ -149,6 +163,39 @@ class ProcessBackend:
         if self._bwrap_problem is not None:
             log.warning("process.isolation_unavailable", problem=self._bwrap_problem)
 
+    def _containment(self) -> sandbox_limits.Enforcement:
+        """The host's cgroups for the activations, found (and the outcome logged) once."""
+        if self._enforcement is None:
+            found = (
+                sandbox_limits.discover(CGROUP_OWNER)
+                if self._settings.cgroups
+                else "turned off (SUZUMIO_PROCESS__CGROUPS=false)"
+            )
+            if isinstance(found, sandbox_limits.Cgroups):
+                self._cgroups, self._enforcement = found, found.enforcement
+            else:
+                self._enforcement = sandbox_limits.rlimit_enforcement(found)
+            if self._enforcement.unenforced:  # said once here, and by every health()
+                log.warning("process.limits_unenforced", **self._enforcement.detail())
+            else:
+                log.info("process.limits", **self._enforcement.detail())
+        return self._enforcement
+
+    def _sandbox(self, plan: LaunchPlan) -> sandbox_limits.Sandbox:
+        """The activation's cgroup, made now, and its rlimits.
+
+        Raises:
+            LaunchError: the cgroup could not be made (not run without its limits).
+        """
+        self._containment()
+        limits = plan.profile.limits
+        if self._cgroups is None:
+            return sandbox_limits.Sandbox(rlimits=sandbox_limits.rlimits(limits, contained=False))
+        try:
+            return self._cgroups.create(plan.activation_id, limits)
+        except OSError as exc:
+            raise LaunchError(f"cannot make the activation's cgroup: {exc}") from exc
+
     async def launch(self, plan: LaunchPlan) -> Handle:
         problem = await self._isolation_problem()
         if problem is not None:  # refused, not run unisolated behind the operator's back
@@ -176,6 +223,7 @@ class ProcessBackend:
         env.update(plan.env)
         env["HOME"] = str(workspace)
         argv = self._argv(plan, input_path)
+        sandbox = await asyncio.to_thread(self._sandbox, plan)
         try:
             runner_log = _open_own(plan.host_dir / "runner.log", os.O_WRONLY | os.O_APPEND)
             try:
@@ -187,12 +235,13 @@ class ProcessBackend:
                     stdout=runner_log,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=self._limits(plan),
+                    preexec_fn=self._limits(plan, sandbox),
                 )
             finally:
                 os.close(runner_log)
         # SubprocessError: the child's own set-up failed (it records itself, see `_limits`).
         except (OSError, subprocess.SubprocessError) as exc:
+            await self._remove_cgroup(plan.activation_id)
             raise LaunchError(f"cannot start the runner: {exc}") from exc
         started = _start_time(proc.pid)
         if started is None and not pid_alive(proc.pid):
@@ -206,6 +255,7 @@ class ProcessBackend:
         except OSError as exc:  # a link the sandbox just put there: it does not run unrecorded
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            await self._remove_cgroup(plan.activation_id)
             raise LaunchError(f"cannot record the runner: {exc}") from exc
         self._children[plan.activation_id] = proc
         log.info("process.launched", activation=plan.activation_id, pid=proc.pid)
@@ -248,17 +298,15 @@ class ProcessBackend:
             args += ["--ro-bind", str(path), str(path)]
         return [*args, "--", *inner]
 
-    def _limits(self, plan: LaunchPlan) -> Callable[[], None]:
-        limits = plan.profile.limits
+    def _limits(self, plan: LaunchPlan, sandbox: sandbox_limits.Sandbox) -> Callable[[], None]:
         files = self._settings.max_open_files
         record_path = plan.host_dir / RECORD
         activation_id = plan.activation_id
 
         def apply() -> None:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            # Into its cgroup before anything else runs: all it starts is in there too.
+            sandbox.apply()
             resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
-            disk = limits.disk_mb * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_FSIZE, (disk, disk))
             # The child records itself before the runner starts: an orchestrator killed right
             # after the spawn (before its own write of the same record) would leave a runner
             # no restarted leader can find, and the activation launched a second time beside
@@ -318,6 +366,9 @@ class ProcessBackend:
         if _start_time(pid) is None and _group_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        # And what left the group (`setsid`) but not the cgroup; before the directory goes:
+        # a cgroup whose activation's directory is gone is swept only when empty.
+        await self._remove_cgroup(handle.activation_id)
         host_dir = Path(str(handle.data["dir"]))
         policy = self._settings.cleanup
         if policy == "never" or (policy == "on_success" and not succeeded):
@@ -327,8 +378,19 @@ class ProcessBackend:
         # through `workspace/session` or a planted one: the session's directory stays).
         await asyncio.to_thread(shutil.rmtree, host_dir, ignore_errors=True)
 
+    async def _remove_cgroup(self, activation_id: str) -> None:
+        self._containment()
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.remove, activation_id)
+
     async def list_live(self) -> list[Handle]:
         found: list[Handle] = []
+        self._containment()
+        if self._cgroups is not None:  # left by an orchestrator killed in a cleanup
+            keep = set(self._children)
+            with contextlib.suppress(OSError):
+                keep.update(p.name for p in self._root.iterdir())
+            await asyncio.to_thread(self._cgroups.sweep, keep)
         if not self._root.exists():
             return found
         for record_path in self._root.glob(f"*/{RECORD}"):
@@ -353,6 +415,7 @@ class ProcessBackend:
     async def health(self) -> Health:
         problem = await self._isolation_problem()
         detail: dict[str, object] = {"isolation": "bwrap" if self._bwrap else "none"}
+        detail["limits"] = self._containment().detail()
         if problem is not None:
             detail["isolation_problem"] = problem
         return Health(ok=problem is None, detail=detail)

@@ -22,7 +22,7 @@ from suzumio.gateway.api.models import AgentIn, AgentOut, AgentPatch, DisableIn
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
-from suzumio.gateway.packages import PackageError, read_package
+from suzumio.gateway.packages import Package, PackageError, read_package
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 from suzumio.gateway.uploads import receive_form
@@ -86,40 +86,30 @@ async def create_agent(
     return _agent(await _read(gw, agent_id))
 
 
-@router.post(
-    "/v1/projects/{project_id}/agents/import",
-    status_code=status.HTTP_201_CREATED,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["package"],
-                        "properties": {
-                            "package": {
-                                "type": "string",
-                                "format": "binary",
-                                "description": "agent package: tar, tar.gz or zip",
-                            }
-                        },
-                    }
+PACKAGE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["package"],
+                    "properties": {
+                        "package": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "agent package: tar, tar.gz or zip",
+                        }
+                    },
                 }
-            },
-        }
-    },
-)
-async def import_agent(
-    project_id: Identifier,
-    request: Request,
-    gw: GatewayDep,
-    who: PrincipalDep,
-    response: Response,
-    ids: MintDep,
-) -> AgentOut:
-    """Create an agent from an agent package archive (see docs/agent-packages.md)."""
-    await require_role(gw, who, project_id, Role.ADMIN, "project")
+            }
+        },
+    }
+}
+
+
+async def _package(request: Request, gw: Gateway) -> Package:
+    """The agent package of the request's form field `package`, read and checked (else 422)."""
     form = await receive_form(
         request.headers.get("content-type"),
         request.stream(),
@@ -131,19 +121,65 @@ async def import_agent(
         if uploaded is None:
             raise ApiError(422, "send the archive in a form field named 'package'")
         try:
-            package = await asyncio.to_thread(read_package, uploaded.file.read())
+            return await asyncio.to_thread(read_package, uploaded.file.read())
         except PackageError as exc:
             raise ApiError(422, f"not a valid agent package: {exc}") from exc
     finally:
         form.close()
-    assets = tuple(AssetRef(path=a.path, sha256=a.sha256, size=len(a.data)) for a in package.assets)
-    agent_id = ids("agent")
-    # Built (and so checked) before any asset is stored: a refused package leaves nothing.
-    command = CreateAgent(project_id=project_id, agent_id=agent_id, assets=assets, **package.fields)
+
+
+def _assets(package: Package) -> tuple[AssetRef, ...]:
+    return tuple(AssetRef(path=a.path, sha256=a.sha256, size=len(a.data)) for a in package.assets)
+
+
+async def _store_assets(gw: Gateway, package: Package) -> None:
     for asset in package.assets:
         await put_blob(gw.artifacts, asset.sha256, io.BytesIO(asset.data))
+
+
+@router.post(
+    "/v1/projects/{project_id}/agents/import",
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=PACKAGE_BODY,
+)
+async def import_agent(
+    project_id: Identifier,
+    request: Request,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    ids: MintDep,
+) -> AgentOut:
+    """Create an agent from an agent package archive (see docs/agent-packages.md)."""
+    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    package = await _package(request, gw)
+    agent_id = ids("agent")
+    # Built (and so checked) before any asset is stored: a refused package leaves nothing.
+    command = CreateAgent(
+        project_id=project_id, agent_id=agent_id, assets=_assets(package), **package.fields
+    )
+    await _store_assets(gw, package)
     await settle(gw, await send(gw, who, command, response))
     response.headers["Location"] = f"/v1/agents/{agent_id}"
+    return _agent(await _read(gw, agent_id))
+
+
+@router.post("/v1/agents/{agent_id}/package", openapi_extra=PACKAGE_BODY)
+async def update_package(
+    agent_id: Identifier, request: Request, gw: GatewayDep, who: PrincipalDep, response: Response
+) -> AgentOut:
+    """Replace the agent's definition with a new version of its package: every setting the
+    package holds, its env facts and its assets (the agent's next activations get them)."""
+    await _visible(gw, who, agent_id, Role.ADMIN)
+    package = await _package(request, gw)
+    fields = package.fields
+    # A package names everything it sets: a runtime profile it leaves out is none.
+    clear = fields["runtime_profile"] is None
+    command = UpdateAgent(
+        agent_id=agent_id, assets=_assets(package), clear_runtime_profile=clear, **fields
+    )
+    await _store_assets(gw, package)
+    await settle(gw, await send(gw, who, command, response))
     return _agent(await _read(gw, agent_id))
 
 
