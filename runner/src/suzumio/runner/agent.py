@@ -41,7 +41,7 @@ from suzumio.runner.broker import (
 )
 from suzumio.runner.context import build_prompt, render_history, render_signal, wire_name
 from suzumio.runner.live import LiveStream
-from suzumio.runner.log import log
+from suzumio.runner.log import MIN_SECRET_CHARS, keep_secret, log
 from suzumio.runner.loop import compaction, figures
 from suzumio.runner.loop.failures import (
     Action,
@@ -122,7 +122,11 @@ class AgentLoop:
         secrets: Sequence[str] = (),
     ) -> None:
         self.spec = spec
-        self._secrets = sorted({x for x in (*secrets, spec.token) if len(x) >= 8}, key=len)[::-1]
+        self._secrets = sorted(
+            {x for x in (*secrets, spec.token) if len(x) >= MIN_SECRET_CHARS}, key=len
+        )[::-1]
+        # Per provider, the keys it refused (401): a refreshed key is tried only if new.
+        self._refused_keys: dict[str, set[str]] = {}
         self._broker = broker
         self._models = list(models)
         self._model_index = 0  # sticky: a fallback never hands state back to the primary
@@ -253,6 +257,10 @@ class AgentLoop:
                     raise ModelFailedError(failure.cls, failure.message) from exc
                 return retries  # a restart after compaction is not a new call
             case Action.FALLBACK:
+                if failure.cls is FailureClass.AUTH and await self._refreshed(model):
+                    # The same call again with the key the user put in place since the
+                    # launch: neither a counted call nor a spent retry.
+                    return retries
                 self._fall_back(failure.cls, failure.message, exc)
                 return 0
             case Action.STOP:
@@ -266,6 +274,38 @@ class AgentLoop:
             return 0
         await sleep_in_slices(backoff_seconds(retries, failure.retry_after), cancelled=None)
         return retries
+
+    async def _refreshed(self, model: ModelClient) -> bool:
+        """After the provider refused `model`'s key (401): whether the broker had another one
+        for its provider — one a user put in place while the activation ran — now used by
+        every model of the chain through that provider. A key refused once is never taken
+        again, so a broker that answers the same key (or one refused before) sends the loop
+        on to the fallback, as does one that has none to give."""
+        provider = model.provider
+        if provider is None:
+            return False  # the platform's default endpoint: no key of a project's to refresh
+        refused = self._refused_keys.setdefault(provider, set())
+        refused.add(model.api_key)
+        try:
+            key = await self._broker.credential(model.spec)
+        except BrokerUnavailableError as exc:
+            log("model.credential_unavailable", model=model.spec.name, error=str(exc))
+            return False
+        if key is None or key in refused:
+            log("model.credential_unchanged", model=model.spec.name, provider=provider)
+            return False
+        self._keep_secret(key)
+        for other in self._models:
+            if other.provider == provider:
+                other.use_key(key)
+        log("model.credential_refreshed", model=model.spec.name, provider=provider)
+        return True
+
+    def _keep_secret(self, value: str) -> None:
+        """`value` is redacted from now on: in tool results, the audit and the log."""
+        keep_secret(value)
+        if len(value) >= MIN_SECRET_CHARS:
+            self._secrets = sorted({*self._secrets, value}, key=len)[::-1]
 
     def _has_fallback(self) -> bool:
         return self._model_index + 1 < len(self._models)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from suzumio.contracts.broker import (
     MAX_RECEIVED,
@@ -27,6 +27,8 @@ from suzumio.contracts.broker import (
     AskRequest,
     CheckpointPut,
     CompactionMarker,
+    CredentialAnswer,
+    CredentialRequest,
     FinalCall,
     HistoryAppend,
     HistoryEntryIn,
@@ -47,6 +49,7 @@ from suzumio.contracts.runner import (
     RunnerActivationOutput,
     SignalSpec,
 )
+from suzumio.contracts.values import ModelSpec
 from suzumio.runner.connections import broker_http
 from suzumio.runner.log import log
 
@@ -295,6 +298,33 @@ class BrokerClient:
 
     async def support(self, toolpack: str, call: SupportCall) -> SupportResult:
         return await self._must("POST", f"/toolpacks/{toolpack}/support", call, SupportResult)
+
+    async def credential(self, model: ModelSpec) -> str | None:
+        """The current key of the provider `model` is called through, as its project holds
+        it now (after the provider refused the one the runner has); None when the broker has
+        none to give (404: not a provider of this agent, the platform's default endpoint, a
+        broker from before the route), will not give one yet (429), or sent something else.
+
+        Raises:
+            FencedError: the activation may no longer act.
+            BrokerUnavailableError: no answer below 500 (retried only a little: the loop
+                falls back rather than waiting on it).
+        """
+        request = CredentialRequest(model=model.name, provider=model.provider)
+        try:
+            answer = await self._call(
+                "POST", "/runner/credentials", request, CredentialAnswer, retries=2
+            )
+        except FencedError:
+            raise
+        except BrokerError as exc:
+            log("model.credential_refused", model=model.name, status=exc.status, detail=exc.detail)
+            return None
+        except ValidationError:
+            # Never echoed: the body may be a key in another shape.
+            log("model.credential_unreadable", model=model.name)
+            return None
+        return answer.api_key if answer is not None else None
 
     async def output(
         self,

@@ -1,7 +1,8 @@
 """Model calls through the official `openai` SDK, for any OpenAI-compatible endpoint.
 
 Where a model lives comes from the sandbox's environment (the orchestrator puts the agent's
-provider settings there; keys never pass through the broker):
+provider settings there; a key passes through the broker only when the provider refused the
+environment's and the loop asks for the one the project holds now, `ModelClient.use_key`):
 
 - `SUZUMIO_MODEL_BASE_URL` / `SUZUMIO_MODEL_API_KEY` for models without a provider id
   (falling back to `OPENAI_BASE_URL` / `OPENAI_API_KEY`);
@@ -44,6 +45,9 @@ CALL_OVERHEAD_CHARS = 100  # counted per call, so a stream of empty calls is bou
 class Endpoint:
     base_url: str | None
     api_key: str
+    provider: str | None = None
+    """The project's provider whose settings these are (its key can be refreshed through the
+    broker); None for the platform's default endpoint."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ def endpoint_for(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:
         key = re.sub(r"[^A-Z0-9]", "_", spec.provider.upper())
         prefix = f"SUZUMIO_PROVIDER_{key}_"
         if f"{prefix}BASE_URL" in env or f"{prefix}API_KEY" in env:
-            return Endpoint(env.get(f"{prefix}BASE_URL"), env.get(f"{prefix}API_KEY", "none"))
+            return Endpoint(
+                env.get(f"{prefix}BASE_URL"), env.get(f"{prefix}API_KEY", "none"), spec.provider
+            )
     base = env.get("SUZUMIO_MODEL_BASE_URL") or env.get("OPENAI_BASE_URL")
     key = env.get("SUZUMIO_MODEL_API_KEY") or env.get("OPENAI_API_KEY") or "none"
     return Endpoint(base, key)
@@ -87,15 +93,28 @@ class ModelClient:
         """`kept`: a resident runner's clients (`Connections`), which `close` leaves open;
         without them, the model gets a client of its own."""
         self.spec = spec
+        self.provider = endpoint.provider
+        self.api_key = endpoint.api_key
+        self._base_url = endpoint.base_url
+        self._timeout = timeout
         self._owns_client = kept is None
         if kept is None:
-            self._client = sdk_client(endpoint.base_url, endpoint.api_key, timeout, model_http())
+            self._http = model_http()
+            self._client = sdk_client(endpoint.base_url, endpoint.api_key, timeout, self._http)
         else:
+            self._http = kept.model()
             self._client = kept.sdk(endpoint.base_url, endpoint.api_key, timeout)
+
+    def use_key(self, api_key: str) -> None:
+        """Call with `api_key` from now on (a refreshed credential), on the same connections.
+        A resident runner's kept clients are not given it: they serve the environment's key,
+        and this one is the activation's alone."""
+        self.api_key = api_key
+        self._client = sdk_client(self._base_url, api_key, self._timeout, self._http)
 
     async def close(self) -> None:
         if self._owns_client:
-            await self._client.close()
+            await self._http.aclose()  # every client it had shares it
 
     async def complete(
         self,

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.runner import RunnerActivationOutput, SignalSpec
-from suzumio.contracts.values import Clean, CleanJson, Payload, PendingKind, Priority
+from suzumio.contracts.values import Clean, CleanJson, Name, Payload, PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
 # Sizes and durations of the tool-call audit land in `integer` columns of its read model: a
@@ -194,3 +194,26 @@ class SignalRecord(_Body):
     payload: Payload = Field(default_factory=dict)
     priority: AgentPriority = Priority.P3
     delay_seconds: float = Field(default=0, ge=0, le=365 * 86_400)
+
+
+class CredentialRequest(_Body):
+    """`POST /runner/credentials`: the current key of the provider a model of the activation's
+    agent is called through — asked after the provider refused the key the runner has (401),
+    since a user may have replaced it while the activation ran."""
+
+    model: Name = Field(description="the model's name, as in the agent's `model` or `fallbacks`")
+    provider: Name | None = Field(
+        default=None,
+        description="the model's provider id; none (the platform's default endpoint) is never "
+        "answered: its key is the platform's, not the project's",
+    )
+
+
+class CredentialAnswer(_Body):
+    """The provider's key as its project holds it now, opened for the sandbox (never cached:
+    `Cache-Control: no-store`)."""
+
+    provider: Name
+    # No length bound here: a bound the broker's own answer failed would put the key in a
+    # validation error's text (the gateway stores at most 10,000 characters anyway).
+    api_key: str = Field(min_length=1)

@@ -9,7 +9,9 @@ not help. 400 and 404 (without "model") decide nothing by themselves and fall th
 
 The action is a fixed function of the class (`ACTIONS`). Notes for the loop:
 
-- AUTH → FALLBACK: refresh or rotate the credential first if it can, then fall back.
+- AUTH → FALLBACK: refresh the credential first if it can — the loop asks the tool-broker once
+  for the provider's current key and calls the same model again with it if it is a new one
+  (`AgentLoop._refreshed`) — then fall back.
 - CONTENT_POLICY → STOP: never retry the same request; the loop may try the next model in the
   fallback chain before it reports.
 - OUTPUT_TRUNCATED → RETRY with the output-token cap doubled (up to 32,768).

@@ -10,11 +10,13 @@ from starlette.types import ASGIApp
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.contracts.toolpacks import discover
 from suzumio.platform.bus.kv import ensure_object_store
-from suzumio.platform.secrets import secret_keys
+from suzumio.platform.logging import get_logger
+from suzumio.platform.secrets import SecretBox, SecretError, secret_keys
 from suzumio.platform.service import BodyLimits, ServiceRuntime
 from suzumio.platform.tokens import TokenSigner
-from suzumio.toolbroker import files
+from suzumio.toolbroker import credentials, files
 from suzumio.toolbroker.access import Gate
+from suzumio.toolbroker.credentials import CredentialDesk
 from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.problems import HANDLERS
 from suzumio.toolbroker.registry import ActivationRegistry
@@ -22,6 +24,8 @@ from suzumio.toolbroker.routes import MAX_CHECKPOINT_BYTES, router
 from suzumio.toolbroker.settings import ToolbrokerSettings
 from suzumio.toolbroker.state import Artifacts, Broker, Metrics
 from suzumio.toolbroker.support import SupportOperations
+
+log = get_logger(__name__)
 
 
 def body_limits(settings: ToolbrokerSettings) -> BodyLimits:
@@ -31,11 +35,24 @@ def body_limits(settings: ToolbrokerSettings) -> BodyLimits:
         settings.max_body_bytes,
         {
             "/runner/tool-calls/": 64 * 1024,
+            "/runner/credentials": 64 * 1024,
             "/runner/ask": 1024 * 1024,
             "/runner/checkpoint": 8 * MAX_CHECKPOINT_BYTES,  # JSON escapes may grow it
             "/runner/files/out/": settings.max_artifact_bytes,
         },
     )
+
+
+def credential_desk(settings: ToolbrokerSettings) -> CredentialDesk | None:
+    """What opens provider keys for runners: the platform's secret keys, as the orchestrator
+    opens them at launch. Keys that are not Fernet keys seal nothing, so there is nothing to
+    open: the route then says so (404), and runners fall back as before."""
+    try:
+        box = SecretBox(secret_keys(settings))
+    except SecretError as exc:
+        log.warning("credentials.no_secret_box", error=str(exc))
+        return None
+    return CredentialDesk(box, settings.credential_refresh_seconds)
 
 
 def create_app(broker: Broker) -> FastAPI:
@@ -52,6 +69,7 @@ def create_app(broker: Broker) -> FastAPI:
         app.add_exception_handler(exc_type, handler)
     app.include_router(router)
     app.include_router(files.router)
+    app.include_router(credentials.router)
     return app
 
 
@@ -85,6 +103,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         gate=Gate(TokenSigner(secret_keys(settings)), registry, runtime.store),
         waiter=waiter,
         artifacts=artifacts,
+        credentials=credential_desk(settings),
     )
 
     async def closing(_: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
@@ -36,27 +37,37 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 
 
 class BrokerError(Exception):
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(
+        self, status: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """`headers`: of the answer (a 429's Retry-After)."""
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
+        self.headers = dict(headers or {})
 
 
-def problem(status: int, code: str, detail: str, errors: list[Any] | None = None) -> JSONResponse:
+def problem(
+    status: int,
+    code: str,
+    detail: str,
+    errors: list[Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
     body: dict[str, Any] = {"type": "about:blank", "title": code, "status": status, "code": code}
     body["detail"] = detail
     if errors:
         body["errors"] = errors
-    headers = None
+    sent = dict(headers or {})
     if status == 401:
-        headers = {"WWW-Authenticate": "Bearer"}
+        sent.setdefault("WWW-Authenticate", "Bearer")
     elif status == 503:
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+        sent.setdefault("Retry-After", str(RETRY_AFTER_SECONDS))
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=sent or None)
 
 
 async def _broker(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, BrokerError)
-    return problem(exc.status, exc.code, exc.detail)
+    return problem(exc.status, exc.code, exc.detail, headers=exc.headers)
 
 
 async def _command(_: Request, exc: Exception) -> JSONResponse:

@@ -28,3 +28,10 @@ class ToolbrokerSettings(ServiceSettings):
         description="the largest request body, refused with 413 before it is read (stricter "
         "for small calls; output files are bounded by max_artifact_bytes instead)",
     )
+    credential_refresh_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=3_600,
+        description="an activation gets a provider's current key (`POST /runner/credentials`) "
+        "at most once in this many seconds per provider, on each replica",
+    )

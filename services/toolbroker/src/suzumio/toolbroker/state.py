@@ -20,6 +20,7 @@ from suzumio.toolbroker.support import SupportOperations
 
 if TYPE_CHECKING:
     from suzumio.toolbroker.access import Gate
+    from suzumio.toolbroker.credentials import CredentialDesk
     from suzumio.toolbroker.pending import PendingWaiter
 
 _tool_calls = meter.create_counter(
@@ -105,3 +106,5 @@ class Broker:
     gate: Gate
     waiter: PendingWaiter
     artifacts: Artifacts
+    # Opens provider keys for `POST /runner/credentials`; none: that route answers 404.
+    credentials: CredentialDesk | None = None
