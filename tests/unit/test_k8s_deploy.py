@@ -38,6 +38,7 @@ from suzumio.orchestrator.backends.kubernetes_render import (
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.platform.service.health import Readiness
 from suzumio.runner import __main__ as runner_main
+from suzumio.runner import health
 from suzumio.scheduler.settings import SchedulerSettings
 from suzumio.session.settings import SessionSettings
 from suzumio.testing.fake_kubernetes import FakeKubernetesServer
@@ -616,6 +617,29 @@ def test_the_pool_worker_gets_only_what_the_worker_reads() -> None:
     }
     drain = args.drain + args.kill_grace
     assert pod(worker)["terminationGracePeriodSeconds"] > drain
+
+
+def test_the_pool_worker_is_probed_on_its_health_endpoint() -> None:
+    worker = one("Deployment", "pool-worker")
+    [container] = pod(worker)["containers"]
+    args = worker_args(worker)
+    assert args.health_port is not None
+    assert args.health_host == "0.0.0.0"  # noqa: S104 - probes come from the node
+    expected = {
+        "startupProbe": health.HEALTHZ,
+        "readinessProbe": health.READYZ,
+        "livenessProbe": health.HEALTHZ,
+    }
+    for probe, path in expected.items():
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert path in health.ROUTES
+        port = get["port"]
+        assert container_ports(worker).get(port, port) == args.health_port
+    # A liveness failure restarts the pod (and drops its warm sessions): not for one slow
+    # answer while its runners keep the CPU busy.
+    live = container["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= 30
 
 
 # -- references ----------------------------------------------------------------------------

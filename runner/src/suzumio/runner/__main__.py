@@ -75,6 +75,18 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
         "do not preempt the process running; inherit: the policy it was started with "
         "(default: SUZUMIO_CPU_POLICY, else batch)",
     )
+    cmd.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="serve GET /healthz (alive) and /readyz (taking work) over HTTP on this port "
+        "(0: any free one, logged); default: no health endpoint",
+    )
+    cmd.add_argument(
+        "--health-host",
+        default="127.0.0.1",
+        help="the address --health-port listens on (0.0.0.0 for a kubelet's probes)",
+    )
 
 
 def _cpu_policy(flag: str | None) -> CpuPolicy:
@@ -109,6 +121,8 @@ def worker(args: argparse.Namespace) -> int:
             resident_runs=max(args.resident_runs, 0),
             cpu_policy=_cpu_policy(args.cpu_policy),
             cgroups=not args.no_cgroups,
+            health_port=args.health_port,
+            health_host=args.health_host,
         )
         if args.workdir is not None:
             config = replace(config, workdir=args.workdir)

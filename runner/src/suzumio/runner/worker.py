@@ -32,6 +32,10 @@ Limits (`suzumio.runner.limits`): each run, or a warm session's resident runner,
 the dispatch's profile limits — in a cgroup of its own under the worker's where the host
 allows, by rlimits otherwise. A resident runner keeps the limits it was started with: an
 activation with other limits gets a new runner.
+
+Health (`--health-port`, `suzumio.runner.health`): `/healthz` while it runs and is not
+stopping, `/readyz` while it can take work — NATS connected, the consumer bound, the fork
+server alive.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from suzumio.contracts.runner import (
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.contracts.values import ResourceLimits
-from suzumio.runner import cpu, eventloop, exchange, heap
+from suzumio.runner import cpu, eventloop, exchange, health, heap
 from suzumio.runner import limits as sandbox_limits
 from suzumio.runner.cpu import CpuPolicy
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
@@ -124,12 +128,16 @@ class WorkerConfig:
     # stays, and runs up to this many of its activations
     cpu_policy: CpuPolicy = "batch"  # the worker's, its fork server's and its runners'
     cgroups: bool = True  # a cgroup per run for its limits where the host allows; else rlimits
+    health_port: int | None = None  # serve /healthz and /readyz here (0: any free port)
+    health_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
             raise ValueError(f"worker id must match {_TOKEN.pattern}: {self.worker_id!r}")
         if not _POOL.fullmatch(self.pool):
             raise ValueError(f"pool must match {_POOL.pattern}: {self.pool!r}")
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ValueError(f"health port must be 0 to 65535: {self.health_port}")
         if self.cpu_policy not in get_args(CpuPolicy):
             choices = ", ".join(get_args(CpuPolicy))
             raise ValueError(f"cpu policy must be one of {choices}: {self.cpu_policy!r}")
@@ -264,6 +272,9 @@ class Worker:
         self._residents: dict[str, _Resident] = {}  # by warm session key
         self._store: ObjectStore | None = None  # the artifacts' object store, once needed
         self._cgroups: sandbox_limits.Cgroups | None = None
+        self._stop: asyncio.Event | None = None  # for the health endpoint: set once stopping
+        self._pulling = False  # the pool's consumer is bound and its pull loop runs
+        self._fetch_error: str | None = None  # the last pull failed (not merely timed out)
 
     @property
     def nc(self) -> NATS:
@@ -271,7 +282,43 @@ class Worker:
         return self._nc
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set, then drain: let runs end (or stop them) and ack them."""
+        """Serve until `stop` is set, then drain: let runs end (or stop them) and ack them.
+
+        Raises:
+            HealthEndpointError: its address cannot be bound (before anything else).
+        """
+        self._stop = stop
+        if self.cfg.health_port is None:
+            await self._run(stop)
+            return
+        endpoint = health.HealthServer(self)
+        await endpoint.start(self.cfg.health_host, self.cfg.health_port)
+        log("worker.health_serving", host=self.cfg.health_host, port=endpoint.port)
+        try:
+            await self._run(stop)
+        finally:
+            await endpoint.close()
+
+    def liveness(self) -> str | None:
+        """Why the health endpoint's /healthz fails (None: it passes). Answered at all, the
+        event loop is responsive; NATS away is for /readyz, not a reason to restart."""
+        return "stopping" if self._stop is not None and self._stop.is_set() else None
+
+    def readiness(self) -> str | None:
+        """Why /readyz fails (None: this worker can take the pool's work now)."""
+        if why_not := self.liveness():
+            return why_not
+        if self._nc is None or not self._nc.is_connected:
+            return "not connected to NATS"
+        if not self._pulling:
+            return "the pool's consumer is not bound"
+        if self._fetch_error is not None:
+            return f"pulling from the pool's consumer fails: {self._fetch_error}"
+        if self._forks is not None and not self._forks.alive:
+            return "the fork server is down"
+        return None
+
+    async def _run(self, stop: asyncio.Event) -> None:
         self._nc = await self._connect(stop)
         if self._nc is None:
             log("worker.stopped", worker=self.cfg.worker_id, reason="NATS never answered")
@@ -286,10 +333,12 @@ class Worker:
                 return
             presence = asyncio.create_task(self._presence())
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
+            self._pulling = True
             try:
                 while not stop.is_set():
                     await self._pull_once(psub, stop)
             finally:
+                self._pulling = False
                 await self._drain()
                 presence.cancel()
                 with contextlib.suppress(Exception):
@@ -432,21 +481,24 @@ class Worker:
         if free > 1 and queued > 0:
             await self._take(await self._fetch(psub, min(free - 1, queued), 0.05), stop)
 
-    @staticmethod
     async def _fetch(
-        psub: JetStreamContext.PullSubscription, batch: int, timeout: float
+        self, psub: JetStreamContext.PullSubscription, batch: int, timeout: float
     ) -> list[Msg]:
         """What the queue hands out; nothing on a timeout or an error (NATS away, a 503 or
         a leader's change in a cluster: nats-py raises those), which must not end the
         worker's loop — the next round asks again."""
         try:
-            return await psub.fetch(batch, timeout=timeout)
+            msgs = await psub.fetch(batch, timeout=timeout)
         except (TimeoutError, NatsTimeoutError):
+            self._fetch_error = None  # an empty queue, or NATS away (which /readyz sees)
             return []
         except Exception as exc:
+            self._fetch_error = type(exc).__name__
             log("worker.fetch_failed", error=repr(exc))
             await asyncio.sleep(1.0)
             return []
+        self._fetch_error = None
+        return msgs
 
     async def _take(self, msgs: list[Msg], stop: asyncio.Event) -> bool:
         """Run each dispatch (whether any came) — unless the worker was told to stop while
@@ -728,6 +780,12 @@ class Worker:
             await self._forks.start()
             return self._forks
 
+    async def _revive_fork_server(self) -> None:
+        try:
+            await self._fork_server()
+        except Exception as exc:  # the next heartbeat, or activation, tries again
+            log("worker.forkserver_failed", error=repr(exc)[:300])
+
     async def _run_resident(
         self, forks: ForkServer, run: _Run, key: str, env: dict[str, str]
     ) -> ForkedProcess:
@@ -923,6 +981,9 @@ class Worker:
                     subject, self._info(with_exited=False).model_dump_json().encode()
                 )
             self._expire_warm()  # presence goes on whatever a key does
+            if self._forks is not None and not self._forks.alive:
+                # Now, not at the next activation: until then /readyz would say it is down.
+                self._background(self._revive_fork_server())
             horizon = time.monotonic() - self.cfg.recent_seconds
             self._recent = {k: v for k, v in self._recent.items() if v[0] > horizon}
             self._cancelled = {k: t for k, t in self._cancelled.items() if t > horizon}
@@ -993,16 +1054,20 @@ def serve(config: WorkerConfig) -> int:
     if why_not := cpu.apply(config.cpu_policy):
         log("worker.cpu_policy_unchanged", policy=config.cpu_policy, reason=why_not)
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         heap.settle()
-        await Worker(config).run(stop)
+        try:
+            await Worker(config).run(stop)
+        except health.HealthEndpointError as exc:  # better ended than run unprobed
+            log("worker.stopped", worker=config.worker_id, reason=str(exc))
+            return 1
+        return 0
 
-    eventloop.run(main())
-    return 0
+    return eventloop.run(main())
 
 
 def _run_cgroup(run: _Run) -> str:
