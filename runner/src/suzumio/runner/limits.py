@@ -213,10 +213,14 @@ class Cgroups:
             if keep is None or name not in keep:
                 self.remove(name, kill=False)
 
-    def sweep_siblings(self, prefix: str, alive: Callable[[str], bool]) -> None:
-        """The empty trees of other owners named `prefix…` that are no longer `alive` (pool
-        workers killed before they removed theirs: their runners died with them). A live
-        owner's are never touched: one it just made is empty until its runner joins."""
+    def sweep_siblings(
+        self, prefix: str, alive: Callable[[str], bool], *, wait: float = 5.0
+    ) -> None:
+        """The trees of other owners named `prefix…` that are no longer `alive` (pool workers
+        killed before they removed theirs), emptied and removed. Their runners died with them,
+        but not what the runners' commands left running (a command mid-way, a server started
+        in the background: init's now) — nobody else would ever end those. A live owner's are
+        never touched: one it just made is empty until its runner joins."""
         for parent in dict.fromkeys(self.parents.values()):
             with contextlib.suppress(OSError):
                 for other in parent.parent.iterdir():
@@ -224,6 +228,7 @@ class Cgroups:
                     if other == parent or not name.startswith(prefix) or alive(name):
                         continue
                     for child in (p for p in other.iterdir() if p.is_dir()):
+                        _empty(child, wait)
                         with contextlib.suppress(OSError):
                             child.rmdir()
                     with contextlib.suppress(OSError):
