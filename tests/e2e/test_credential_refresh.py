@@ -90,9 +90,15 @@ def broker(stack: Stack, token: str | None) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=stack.url_of("toolbroker"), headers=headers, timeout=30)
 
 
-async def ask(stack: Stack, token: str | None, spec: ModelSpec) -> httpx.Response:
+ENDPOINT: dict[str, str] = {}  # the scripted model server's, as the providers name it
+
+
+async def ask(
+    stack: Stack, token: str | None, spec: ModelSpec, base_url: str | None = None
+) -> httpx.Response:
     async with broker(stack, token) as b:
         body = {"model": spec.name, **({"provider": spec.provider} if spec.provider else {})}
+        body["base_url"] = base_url or ENDPOINT["url"]
         return await b.post("/runner/credentials", json=body)
 
 
@@ -157,6 +163,7 @@ async def test_a_key_replaced_mid_activation_is_used_without_falling_back(
 async def test_the_broker_answers_only_its_own_agents_providers(
     platform: Stack, model: ScriptedModelServer
 ) -> None:
+    ENDPOINT["url"] = f"{model.url}/v1"
     mine = await keyed_agent(platform, model, "owner")
     theirs = await keyed_agent(platform, model, "stranger")
     their_key = f"sk-theirs-{new_id().lower()}"
@@ -201,9 +208,26 @@ async def test_the_broker_answers_only_its_own_agents_providers(
     problem(await ask(platform, None, PRIMARY), 401, "unauthenticated")
     problem(await ask(platform, token + "x", PRIMARY), 401, "unauthenticated")
 
+    # The provider moved to another endpoint with a new key: the new key is for the new
+    # endpoint, and never goes to a runner still calling the old one (maybe the one refusing).
+    moved_key = f"sk-moved-{new_id().lower()}"
+    async with platform.client(mine.world.key) as c:
+        body = {
+            "base_url": "https://elsewhere.example/v1",
+            "model": "primary",
+            "api_key": moved_key,
+        }
+        ok(await c.put(f"/v1/projects/{mine.world.project_id}/providers/main", json=body))
+    moved = mint(platform, mine.world, await request_activation(platform, mine.world))
+    problem(await ask(platform, moved, PRIMARY), 404, "not_found")
+    again = mint(platform, mine.world, await request_activation(platform, mine.world))
+    answered = await ask(platform, again, PRIMARY, "https://elsewhere.example/v1")
+    assert answered.json() == {"provider": "main", "api_key": moved_key}
+
     logs = "".join(p.read_text(errors="replace") for p in platform.logs)
     assert mine.old_key not in logs
     assert their_key not in logs
+    assert moved_key not in logs
 
 
 async def new_agent_world(stack: Stack, world: World) -> World:

@@ -154,7 +154,10 @@ async def test_a_refused_key_is_replaced_by_the_current_one_and_the_same_model_g
     run = Run(server, broker)
     assert run.keys_sent("primary") == [old, new, new]
     assert run.keys_sent("backup") == []
-    assert broker.asked == [{"model": "primary", "provider": "main"}]  # asked once
+    # Asked once, naming the endpoint it calls (a key is answered only for that one).
+    assert broker.asked == [
+        {"model": "primary", "provider": "main", "base_url": f"{server.url}/v1"}
+    ]
     # The new key is a secret from the moment it arrived: not in a tool's result (history,
     # the model's next prompt), nor in the log.
     results = broker.tool_results()
@@ -181,7 +184,7 @@ async def test_every_model_of_the_provider_takes_the_new_key(
     assert ending.text == "second, with the new key"
     run = Run(server, broker)
     assert run.keys_sent("second") == [old, new]
-    assert broker.asked == [{"model": "second", "provider": "main"}]
+    assert broker.asked == [{"model": "second", "provider": "main", "base_url": f"{server.url}/v1"}]
 
 
 @pytest.mark.parametrize(

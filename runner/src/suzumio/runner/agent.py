@@ -287,7 +287,7 @@ class AgentLoop:
         refused = self._refused_keys.setdefault(provider, set())
         refused.add(model.api_key)
         try:
-            key = await self._broker.credential(model.spec)
+            key = await self._broker.credential(model.spec, model.base_url)
         except BrokerUnavailableError as exc:
             log("model.credential_unavailable", model=model.spec.name, error=str(exc))
             return False

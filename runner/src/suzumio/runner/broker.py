@@ -299,7 +299,7 @@ class BrokerClient:
     async def support(self, toolpack: str, call: SupportCall) -> SupportResult:
         return await self._must("POST", f"/toolpacks/{toolpack}/support", call, SupportResult)
 
-    async def credential(self, model: ModelSpec) -> str | None:
+    async def credential(self, model: ModelSpec, base_url: str | None) -> str | None:
         """The current key of the provider `model` is called through, as its project holds
         it now (after the provider refused the one the runner has); None when the broker has
         none to give (404: not a provider of this agent, the platform's default endpoint, a
@@ -310,7 +310,7 @@ class BrokerClient:
             BrokerUnavailableError: no answer below 500 (retried only a little: the loop
                 falls back rather than waiting on it).
         """
-        request = CredentialRequest(model=model.name, provider=model.provider)
+        request = CredentialRequest(model=model.name, provider=model.provider, base_url=base_url)
         try:
             answer = await self._call(
                 "POST", "/runner/credentials", request, CredentialAnswer, retries=2

@@ -95,7 +95,7 @@ class ModelClient:
         self.spec = spec
         self.provider = endpoint.provider
         self.api_key = endpoint.api_key
-        self._base_url = endpoint.base_url
+        self.base_url = endpoint.base_url
         self._timeout = timeout
         self._owns_client = kept is None
         if kept is None:
@@ -110,7 +110,7 @@ class ModelClient:
         A resident runner's kept clients are not given it: they serve the environment's key,
         and this one is the activation's alone."""
         self.api_key = api_key
-        self._client = sdk_client(self._base_url, api_key, self._timeout, self._http)
+        self._client = sdk_client(self.base_url, api_key, self._timeout, self._http)
 
     async def close(self) -> None:
         if self._owns_client:

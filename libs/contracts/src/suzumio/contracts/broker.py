@@ -207,6 +207,13 @@ class CredentialRequest(_Body):
         description="the model's provider id; none (the platform's default endpoint) is never "
         "answered: its key is the platform's, not the project's",
     )
+    base_url: str | None = Field(
+        default=None,
+        max_length=2_000,
+        description="the endpoint the runner calls the model at: a key is answered only while "
+        "the provider still names this endpoint (a key set for a new endpoint never goes to "
+        "the old one, which may be the one refusing)",
+    )
 
 
 class CredentialAnswer(_Body):

@@ -7,7 +7,9 @@ the provider refuses the key it has, the runner asks here once for the current o
 
 What is answered, and to whom: only a provider of the token's own project, and only one that
 the activation's agent calls a model through (its `model` or `fallbacks` as the log holds them
-now, naming that model and that provider); anything else — another agent's provider, a name
+now, naming that model and that provider), and only while the provider still names the
+endpoint the runner calls (a key set along with a new endpoint never goes to the old one);
+anything else — another agent's provider, a name
 the project does not have, a model of the platform's default endpoint (its key is the
 platform's own, which the broker does not hold) — is 404, alike. The key is opened with the
 platform's secret key, never logged, and the answer says `Cache-Control: no-store`. A runner
@@ -94,6 +96,12 @@ async def credential(
     provider = await _provider(broker, caller.claims.project_id, body.provider)
     if provider is None or provider.api_key is None:
         raise _missing(f"the project has no key for provider {body.provider!r}")
+    if provider.base_url != body.base_url:
+        # Moved to another endpoint since the launch: its new key is for the new endpoint, and
+        # the old one (which may be the very one refusing, to harvest keys) never gets it.
+        raise _missing(
+            f"provider {body.provider!r} names another endpoint than the one the runner calls"
+        )
     try:
         api_key = desk.box.open(provider.api_key)
     except SecretError as exc:
