@@ -41,7 +41,16 @@ class Leadership:
         while not stop.is_set():
             try:
                 await self._term(stop, lead)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            # InternalClientError: a connection its server ended mid-statement may fail so
+            # ("another operation is in progress") before asyncpg sees it closed — trouble of
+            # the server's, not ours: contend again, never end the service.
+            except (
+                OSError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                asyncpg.InternalClientError,
+                TimeoutError,
+            ) as exc:
                 log.warning("leadership.interrupted", name=self.name, error=repr(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._retry)
