@@ -59,6 +59,8 @@ def main() -> int:
         if why_not := cpu.apply(PlatformSettings().cpu_policy):
             print(f"bench: cpu_policy_unchanged: {why_not}", file=sys.stderr)
         nats = start_nats(root / "nats")
+        # Where the throughput figures read the messages each connection sent and received.
+        os.environ["SUZUMIO_BENCH_NATS_MONITORING"] = nats.extra.get("monitoring", "")
         postgres = start_postgres(root / "pg", durable=True)
         try:
             results = _run(nats.url, postgres.url, root, args.sections)

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,7 @@ SERVICES = ("session", "scheduler", "toolbroker", "gateway")
 TERMINAL_SET = frozenset(TERMINAL)
 OVERHEAD_SAMPLES = 30
 MESSAGE_SAMPLES = 10
-THROUGHPUT_ACTIVATIONS = 300
+THROUGHPUT_ACTIVATIONS = int(os.environ.get("SUZUMIO_BENCH_THROUGHPUT", "300"))
 THROUGHPUT_SESSIONS = 20
 WORKER_CONCURRENCY = 8
 # A worker keeping sessions warm (each session's runner stays for its next activations), with
@@ -206,16 +208,61 @@ def _machine_cpu_seconds() -> float:
     return float(t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0))
 
 
+def _own_cpu_seconds(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(t.user + t.system)
+
+
+def _fork_servers(pool: list[int]) -> list[int]:
+    found = []
+    for pid in pool:
+        with contextlib.suppress(psutil.Error):
+            found += [c.pid for c in psutil.Process(pid).children() if "forkserver" in c.cmdline()]
+    return found
+
+
 def _cpu_by_part(h: Harness, pool: list[int]) -> dict[str, float]:
     parts = {
         "machine": _machine_cpu_seconds(),
         "orchestrator_and_bench": _cpu_seconds(os.getpid()),
         "worker_and_runners": sum(_cpu_seconds(pid, with_children=True) for pid in pool),
+        # Of which: the workers themselves and their fork servers (the runners are the rest).
+        "of_which_workers": sum(_own_cpu_seconds(pid) for pid in pool),
+        "of_which_fork_servers": sum(_own_cpu_seconds(pid) for pid in _fork_servers(pool)),
     }
     for service in h.stack.processes:
         if service.process is not None:
             parts[service.name] = _cpu_seconds(service.process.pid)
+    # The servers this process started (`make bench` runs them as its children).
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            name = child.name()
+            if name in ("nats-server", "postgres"):
+                part = "nats_server" if name == "nats-server" else "postgres"
+                parts[part] = parts.get(part, 0.0) + _cpu_seconds(child.pid, with_children=True)
     return parts
+
+
+def _nats_messages() -> dict[str, int]:
+    """Messages in and out of the NATS server, per client connection name (the monitoring
+    listener of the bench's own server), and in all."""
+    url = os.environ.get("SUZUMIO_BENCH_NATS_MONITORING")
+    if not url:
+        return {}
+    with urllib.request.urlopen(f"{url}/connz?limit=1024", timeout=10) as answer:
+        connz = json.load(answer)
+    counts: dict[str, int] = {}
+    for conn in connz.get("connections", []):
+        name = str(conn.get("name") or "unnamed").split(".")[0]
+        counts[name] = counts.get(name, 0) + int(conn["in_msgs"]) + int(conn["out_msgs"])
+    with urllib.request.urlopen(f"{url}/varz", timeout=10) as answer:
+        varz = json.load(answer)
+    counts["server_in"] = int(varz["in_msgs"])
+    counts["server_out"] = int(varz["out_msgs"])
+    return counts
 
 
 async def _throughput(
@@ -235,6 +282,7 @@ async def _throughput(
 
     sub = await h.stack.nc.subscribe(h.stack.topology.events_filter("activation"), cb=on_event)
     try:
+        msgs_before = _nats_messages()
         cpu_before = _cpu_by_part(h, pool)
         started = time.perf_counter()
         for i in range(THROUGHPUT_ACTIVATIONS):
@@ -247,8 +295,9 @@ async def _throughput(
     finally:
         await sub.unsubscribe()
     cpu = {k: v - cpu_before[k] for k, v in _cpu_by_part(h, pool).items()}
-    cpu["nats_postgres_and_the_rest"] = cpu["machine"] - sum(
-        v for k, v in cpu.items() if k != "machine"
+    msgs = {k: v - msgs_before.get(k, 0) for k, v in _nats_messages().items()}
+    cpu["the_rest"] = cpu["machine"] - sum(
+        v for k, v in cpu.items() if k != "machine" and not k.startswith("of_which")
     )
     outcomes = [(await h.story(i))[-1] for i in ids]
     return {
@@ -262,6 +311,10 @@ async def _throughput(
         # Where an activation's CPU goes (ms per activation), to tell what bounds the rate.
         "cpu_ms_per_activation": {
             k: round(v * 1000 / THROUGHPUT_ACTIVATIONS, 1) for k, v in cpu.items()
+        },
+        # NATS messages per activation (each connection's in + out; the server's in and out).
+        "nats_messages_per_activation": {
+            k: round(v / THROUGHPUT_ACTIVATIONS, 1) for k, v in sorted(msgs.items()) if v
         },
     }
 
@@ -314,11 +367,22 @@ async def _backend(
 async def backends(nats_url: str, pg_url: str, root: Path) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(dir=root))
     out: dict[str, Any] = {}
+    # `SUZUMIO_BENCH_BACKENDS=pool_warm_sessions` (comma-separated) measures only those.
+    wanted = set(filter(None, os.environ.get("SUZUMIO_BENCH_BACKENDS", "").split(","))) or {
+        "process",
+        "docker",
+        "pool",
+        "pool_warm_sessions",
+    }
     async with running_stack(nats_url, pg_url, tmp, SERVICES) as stack:
         for name in ("process", "docker"):
-            out[name] = await _backend(stack, tmp / name, name)
-        async with workers(stack, tmp / "cold") as procs:
-            out["pool"] = await _backend(stack, tmp / "pool", "pool", [p.pid for p in procs])
+            if name in wanted:
+                out[name] = await _backend(stack, tmp / name, name)
+        if "pool" in wanted:
+            async with workers(stack, tmp / "cold") as procs:
+                out["pool"] = await _backend(stack, tmp / "pool", "pool", [p.pid for p in procs])
+        if "pool_warm_sessions" not in wanted:
+            return out
         async with workers(stack, tmp / "warm", *WARM_SESSIONS) as procs:
             out["pool_warm_sessions"] = await _backend(
                 stack, tmp / "pool_warm", "pool", [p.pid for p in procs], warm=True

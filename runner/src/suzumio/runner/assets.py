@@ -34,7 +34,10 @@ async def bring_assets(broker: BrokerClient, workspace: Path, assets: tuple[File
         FencedError, BrokerUnavailableError: as any broker call.
     """
     root = workspace / ASSETS_DIR
-    await asyncio.to_thread(prune, root, assets)
+    # Most agents have no assets: one lstat on the loop, not a thread handed work every
+    # activation; the pruning of a tree left there (it may be large) goes off the loop.
+    if assets or os.path.lexists(root):  # noqa: ASYNC240
+        await asyncio.to_thread(prune, root, assets)
     for ref in assets:
         try:
             await place(root, ref, partial(broker.download_asset, ref))
