@@ -47,7 +47,7 @@ class FakeSub:
 def worker(tmp_path: Path, taken: list[object], concurrency: int = 4) -> Worker:
     created = Worker(WorkerConfig(concurrency=concurrency, workdir=tmp_path, worker_id="wa"))
 
-    async def handle(msg: object) -> None:
+    async def handle(msg: object, *, own: bool = False) -> None:  # noqa: ARG001
         taken.append(msg)
 
     created._handle = handle  # type: ignore[method-assign]
@@ -62,7 +62,7 @@ async def test_a_dispatch_fetched_as_the_worker_stops_goes_back_to_the_queue(
     taken: list[object] = []
     stop = asyncio.Event()
     msg = FakeMsg()
-    await worker(tmp_path, taken)._pull_once(FakeSub([msg], during=stop.set), stop)  # type: ignore[arg-type]
+    await worker(tmp_path, taken)._pull_once(FakeSub([msg], during=stop.set), stop, asyncio.Event())  # type: ignore[arg-type]
     await asyncio.sleep(0)
     assert taken == []
     assert msg.naked
@@ -76,7 +76,7 @@ async def test_an_error_of_the_queue_on_a_batch_fetch_does_not_end_the_worker(
     taken: list[object] = []
     first = FakeMsg(pending=3)
     sub = FakeSub([first], APIError(code=503, description="no responders"))
-    await worker(tmp_path, taken)._pull_once(sub, asyncio.Event())  # type: ignore[arg-type]
+    await worker(tmp_path, taken)._pull_once(sub, asyncio.Event(), asyncio.Event())  # type: ignore[arg-type]
     await asyncio.sleep(0)
     assert taken == [first]
 

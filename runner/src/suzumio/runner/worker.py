@@ -24,9 +24,10 @@ then `<workdir>/<worker>/sessions/<key>` and stays after the run, for the idle T
 session's next activation on this worker finds the files, checkouts and caches the last one
 left (and `/workspace/session`). The idle TTL is the worker's, or the profile's
 (`idle_seconds`, carried by the dispatch) if shorter, counted from the session's last
-activation here. The queue does not route by session: reuse happens when the same worker takes
-the next dispatch — always with one worker, by chance with several — and a cold start is only
-slower, never wrong, since the history and checkpoint come with the input.
+activation here. Its presence beats name the sessions it keeps warm, and the orchestrator
+sends a warm session's next dispatch to `act.<pool>.worker.<id>`, which only this worker's own
+consumer takes (session affinity); it pulls that one beside the pool's. A cold start elsewhere
+is only slower, never wrong, since the history and checkpoint come with the input.
 
 Limits (`suzumio.runner.limits`): each run, or a warm session's resident runner, is held to
 the dispatch's profile limits — in a cgroup of its own under the worker's where the host
@@ -70,6 +71,7 @@ from nats.js.object_store import ObjectStore
 from pydantic import ValidationError
 
 from suzumio.contracts.runner import (
+    MAX_WARM_KEYS,
     ActivationDispatch,
     FileRef,
     PoolCancel,
@@ -91,6 +93,9 @@ from suzumio.runner.workfiles import WorkspaceError, remove_tree
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
 DEADLINE_BACKSTOP_SECONDS = 30.0
+# A worker's own consumer (dispatches routed to it) outlives its pulls this long: its id dies
+# with its process, and a new worker makes its own.
+OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
 _POOL = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # the contracts' Slug
 _PR_SET_PDEATHSIG = 1
@@ -196,6 +201,11 @@ class WarmSessions:
     def __len__(self) -> int:
         return len(self._idle)
 
+    def keys(self) -> list[str]:
+        """The sessions kept here, busy or idle: the busy first, then the idle newest first."""
+        idle = sorted(self._idle, key=lambda k: self._idle[k][0], reverse=True)
+        return [*sorted(self._busy), *idle]
+
     def take(self, key: str) -> tuple[Path, bool] | None:
         if self._ttl <= 0 or key in self._busy:
             return None
@@ -265,7 +275,12 @@ class Worker:
         self._recent: dict[str, tuple[float, PoolStatus]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # one per dispatch in hand
         self._aux: set[asyncio.Task[None]] = set()  # kills, removals
-        self._freed = asyncio.Event()
+        self._freed = asyncio.Event()  # a run ended: for the pool's pull loop
+        self._own_freed = asyncio.Event()  # the same, for this worker's own consumer's loop
+        self._running = 0  # runs holding one of the `concurrency` slots
+        self._slot_freed = asyncio.Event()
+        self._own_bound = False  # dispatches routed to this worker reach it (affinity)
+        self._own_error: str | None = None
         self._nc: NATS | None = None
         self._forks: ForkServer | None = None
         self._forks_lock = asyncio.Lock()
@@ -331,14 +346,19 @@ class Worker:
             psub = await self._subscribe(stop)
             if psub is None:
                 return
+            own = asyncio.create_task(self._pull_own(stop))
             presence = asyncio.create_task(self._presence())
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
             self._pulling = True
             try:
                 while not stop.is_set():
-                    await self._pull_once(psub, stop)
+                    await self._pull_once(psub, stop, self._freed)
             finally:
                 self._pulling = False
+                if not stop.is_set():  # else it ends by itself, within a fetch's timeout
+                    own.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await own
                 await self._drain()
                 presence.cancel()
                 with contextlib.suppress(Exception):
@@ -441,6 +461,60 @@ class Worker:
         await self.nc.subscribe(self.topology.pool_list_subject(), cb=self._on_list)
         return await js.pull_subscribe_bind(durable, stream=stream)
 
+    async def _pull_own(self, stop: asyncio.Event) -> None:
+        """Pull the dispatches routed to this worker (its warm sessions' next activations) from
+        its own consumer, beside the pool's loop; the same slots. Made again after an error
+        (its consumer may have gone, idle past its inactivity threshold while NATS was away).
+        Until it is bound, beats name no warm session, so nothing is routed here."""
+        psub: JetStreamContext.PullSubscription | None = None
+        while not stop.is_set():
+            if psub is None:
+                try:
+                    psub = await self._bind_own()
+                except Exception as exc:
+                    self._own_error = repr(exc)
+                    log("worker.own_consumer_failed", error=repr(exc))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 1.0)
+                    continue
+                self._own_bound, self._own_error = True, None
+            await self._pull_once(psub, stop, self._own_freed, own=True)
+            if self._own_error is not None:
+                self._own_bound = False
+                with contextlib.suppress(Exception):
+                    await psub.unsubscribe()
+                psub = None
+        self._own_bound = False
+        if psub is not None:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+    async def _bind_own(self) -> JetStreamContext.PullSubscription:
+        """This worker's consumer of `act.<pool>.worker.<id>`: the pool consumer's ack wait
+        and deliveries, and gone an hour after the worker stopped pulling (its id dies with
+        its process). What was routed to a worker that died stays in the stream: the
+        orchestrator sees the worker gone and ends that attempt as lost."""
+        js = self.nc.jetstream()
+        stream = self.topology.activations_stream
+        pool = await js.consumer_info(stream, self.topology.pool_consumer(self.cfg.pool))
+        durable = self.topology.worker_consumer(self.cfg.pool, self.cfg.worker_id)
+        await js.add_consumer(
+            stream,
+            ConsumerConfig(
+                durable_name=durable,
+                filter_subject=self.topology.worker_activation_subject(
+                    self.cfg.pool, self.cfg.worker_id
+                ),
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=pool.config.ack_wait,
+                max_deliver=pool.config.max_deliver,
+                max_ack_pending=self.cfg.concurrency * 4,
+                deliver_policy=DeliverPolicy.ALL,
+                inactive_threshold=OWN_CONSUMER_INACTIVE_SECONDS,
+            ),
+        )
+        return await js.pull_subscribe_bind(durable, stream=stream)
+
     async def _ensure_consumer(self, js: JetStreamContext, stream: str, durable: str) -> None:
         """Create the pool's consumer if nobody has; the orchestrator's settings win after."""
         with contextlib.suppress(JetStreamError):
@@ -461,28 +535,37 @@ class Worker:
             await js.consumer_info(stream, durable)  # created by someone else meanwhile
 
     async def _pull_once(
-        self, psub: JetStreamContext.PullSubscription, stop: asyncio.Event
+        self,
+        psub: JetStreamContext.PullSubscription,
+        stop: asyncio.Event,
+        freed: asyncio.Event,
+        *,
+        own: bool = False,
     ) -> None:
+        # Both loops (the pool's and this worker's own) may fetch while one slot is free: of
+        # two dispatches taken for it, one sent here waits in `_handle` for a slot (held), one
+        # from the pool's queue goes back to it (nak) — neither runs beside the others.
         free = self.cfg.concurrency - len(self._tasks)
         if free <= 0:
-            self._freed.clear()
+            freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), 1.0)
+                await asyncio.wait_for(freed.wait(), 1.0)
             return
         # One at a time while waiting: nats-py's fetch of a batch waits for the whole batch
         # (or the timeout) once its first message came, which would hold that message back.
-        msgs = await self._fetch(psub, 1, 1.0)
-        if not await self._take(msgs, stop):
+        msgs = await self._fetch(psub, 1, 1.0, own=own)
+        if not await self._take(msgs, stop, own=own):
             return
         # And then whatever else was queued behind it — only if something was: a fetch of a
         # batch from an empty queue lingers (until its timeout, or a whole batch), and would
         # hold back a dispatch that came meanwhile.
         queued = msgs[-1].metadata.num_pending
         if free > 1 and queued > 0:
-            await self._take(await self._fetch(psub, min(free - 1, queued), 0.05), stop)
+            more = await self._fetch(psub, min(free - 1, queued), 0.05, own=own)
+            await self._take(more, stop, own=own)
 
     async def _fetch(
-        self, psub: JetStreamContext.PullSubscription, batch: int, timeout: float
+        self, psub: JetStreamContext.PullSubscription, batch: int, timeout: float, *, own: bool
     ) -> list[Msg]:
         """What the queue hands out; nothing on a timeout or an error (NATS away, a 503 or
         a leader's change in a cluster: nats-py raises those), which must not end the
@@ -490,17 +573,22 @@ class Worker:
         try:
             msgs = await psub.fetch(batch, timeout=timeout)
         except (TimeoutError, NatsTimeoutError):
-            self._fetch_error = None  # an empty queue, or NATS away (which /readyz sees)
+            if not own:
+                self._fetch_error = None  # an empty queue, or NATS away (which /readyz sees)
             return []
         except Exception as exc:
-            self._fetch_error = type(exc).__name__
-            log("worker.fetch_failed", error=repr(exc))
+            if own:
+                self._own_error = type(exc).__name__
+            else:
+                self._fetch_error = type(exc).__name__
+            log("worker.fetch_failed", error=repr(exc), own=own)
             await asyncio.sleep(1.0)
             return []
-        self._fetch_error = None
+        if not own:
+            self._fetch_error = None
         return msgs
 
-    async def _take(self, msgs: list[Msg], stop: asyncio.Event) -> bool:
+    async def _take(self, msgs: list[Msg], stop: asyncio.Event, *, own: bool) -> bool:
         """Run each dispatch (whether any came) — unless the worker was told to stop while
         the fetch waited: then each goes back to the queue at once, for another worker, not
         started here only to be stopped by the drain (nor held until its ack wait passes)."""
@@ -510,7 +598,7 @@ class Worker:
                     await msg.nak()
             return False
         for msg in msgs:
-            task = asyncio.create_task(self._handle(msg))
+            task = asyncio.create_task(self._handle(msg, own=own))
             self._tasks.add(task)
             task.add_done_callback(self._done)
         return bool(msgs)
@@ -518,11 +606,12 @@ class Worker:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._freed.set()
+        self._own_freed.set()
         if not task.cancelled() and task.exception() is not None:
             log("worker.run_crashed", error=repr(task.exception()))
 
     # -- one dispatch ------------------------------------------------------------------------
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: Msg, *, own: bool = False) -> None:
         try:
             dispatch = ActivationDispatch.model_validate_json(msg.data)
         except ValidationError:
@@ -536,6 +625,38 @@ class Worker:
         if did in self._recent:  # it ran here and ended, but its ack was lost: never again
             log("worker.ended_already", dispatch=did)
             await self._report_end(msg, self._recent[did][1])
+            return
+        if not own and self._running >= self.cfg.concurrency:
+            # Its last slot went to a dispatch sent to this worker while this one was being
+            # fetched from the pool's queue: back to the queue at once, for a worker with a
+            # slot free, rather than held here until a run ends (which may take an hour).
+            log("worker.no_slot_left", dispatch=did)
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            return
+        await self._slot(msg)
+        try:
+            await self._handle_in_slot(dispatch, msg)
+        finally:
+            self._running -= 1
+            self._slot_freed.set()
+
+    async def _slot(self, msg: Msg) -> None:
+        """One of the `concurrency` slots, waited for (the message held meanwhile) when the
+        pool's and the own consumer's loops both took a dispatch for the last one and the
+        pool's got it: the one sent here can go nowhere else."""
+        while self._running >= self.cfg.concurrency:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), self.cfg.heartbeat_seconds)
+            if self._running >= self.cfg.concurrency:
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+        self._running += 1
+
+    async def _handle_in_slot(self, dispatch: ActivationDispatch, msg: Msg) -> None:
+        did = dispatch.dispatch_id
+        if did in self._runs:  # redelivered while it waited for its slot: that one runs it
             return
         refusal = self._refusal(dispatch)
         if refusal is not None:
@@ -1024,6 +1145,9 @@ class Worker:
             running=tuple(r.started for r in self._runs.values() if r.started is not None),
             exited=tuple(s for _, s in self._recent.values()) if with_exited else (),
             warm_sessions=len(self.warm),
+            # Only while routed dispatches reach this worker: else none must be sent here.
+            takes_routed=self._own_bound,
+            warm_keys=tuple(self.warm.keys()[:MAX_WARM_KEYS]) if self._own_bound else (),
         )
 
     async def _publish(self, status: PoolStatus, *, flush: bool = False) -> None:

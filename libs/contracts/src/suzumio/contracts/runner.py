@@ -335,6 +335,9 @@ class PoolListRequest(_Frozen):
     dispatch_id: str | None = None
 
 
+MAX_WARM_KEYS = 1024  # in a presence beat: a worker with more warm sessions names its newest
+
+
 class PoolWorkerInfo(_Frozen):
     """A worker's presence beat (`pool.worker.<id>`) and its answer to `pool.list`."""
 
@@ -345,3 +348,11 @@ class PoolWorkerInfo(_Frozen):
     running: tuple[PoolStatus, ...] = Field(default=(), description="the `started` of each run")
     exited: tuple[PoolStatus, ...] = Field(default=(), description="recent ends (`pool.list`)")
     warm_sessions: int = 0
+    takes_routed: bool = Field(
+        default=False, description="its own consumer is bound: dispatches may be routed to it"
+    )
+    warm_keys: tuple[str, ...] = Field(
+        default=(),
+        description="the affinity keys of the sessions it keeps warm (presence beats), at most "
+        "`MAX_WARM_KEYS`: the orchestrator routes their next dispatches to this worker",
+    )

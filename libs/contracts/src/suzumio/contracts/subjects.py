@@ -137,6 +137,14 @@ class Topology(BaseModel):
     def activation_subject(self, pool: str) -> str:
         return self._subject("act", pool)
 
+    def worker_activation_subject(self, pool: str, worker_id: str) -> str:
+        """Dispatches for one worker of `pool` (session affinity): its own consumer takes them."""
+        return self._subject("act", pool, "worker", worker_id)
+
+    def activations_filter(self) -> str:
+        """Every dispatch of every pool, shared and routed to a worker."""
+        return self._subject("act", ">")
+
     def command_subject(self, service: str, verb: str) -> str:
         return self._subject("cmd", service, verb)
 
@@ -150,6 +158,10 @@ class Topology(BaseModel):
     def pool_consumer(self, pool: str) -> str:
         """The durable consumer on ACTIVATIONS that every worker of `pool` pulls from."""
         return f"pool_{pool}"
+
+    def worker_consumer(self, pool: str, worker_id: str) -> str:
+        """The consumer of the dispatches routed to one worker (`worker_activation_subject`)."""
+        return f"pool_{pool}_worker_{worker_id}"
 
     def pool_status_subject(self, activation_id: str) -> str:
         return self._subject("pool", "status", activation_id)

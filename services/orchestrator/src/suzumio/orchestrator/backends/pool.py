@@ -20,7 +20,10 @@ What a pool sandbox does not have: the orchestrator's disk. Host mounts are refu
 `allow_mounts` says the workers see the same paths; files copied into `host_dir` and left in
 `workspace/out/` stay on the side they were written. With `session_affinity` the dispatch names
 its session, and a worker that ran the session's last activation within its idle TTL runs the
-next one in the same workspace (warm sessions; see `suzumio.runner.worker`).
+next one in the same workspace (warm sessions; see `suzumio.runner.worker`): such a dispatch is
+sent to `act.<pool>.worker.<id>`, the worker keeping the session warm, while that worker is
+alive, takes routed dispatches and has a slot free; one stranded there by the worker's death is
+lost once its beats stopped (docs/pool.md, session affinity).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ log = get_logger(__name__)
 # an activation ends).
 NOT_THERE = frozenset({10057, 10043})
 CLEANED_SECONDS = 900.0  # longer than a worker names its recent exits (600 s)
+MAX_WARM_ROUTES = 100_000  # sessions whose warm worker is remembered (the oldest go first)
 QUEUE_ATTEMPTS = 3  # a dispatch's publish, when its answer does not come
 
 
@@ -84,7 +88,10 @@ class PoolSettings(BaseModel):
     allow_mounts: bool = Field(
         default=False, description="pass host mounts through (workers share the paths)"
     )
-    session_affinity: bool = Field(default=True, description="let workers keep sessions warm")
+    session_affinity: bool = Field(
+        default=True,
+        description="let workers keep sessions warm, and send a warm session's dispatches there",
+    )
 
     @model_validator(mode="after")
     def _ack_wait_outlasts_heartbeats(self) -> PoolSettings:
@@ -103,6 +110,8 @@ class _Tracker:
     worker_id: str | None = None
     final: PoolStatus | Exit | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    affinity_key: str | None = None
+    routed_to: str | None = None  # sent to that worker's own consumer (session affinity)
 
     def update(self, status: PoolStatus) -> None:
         self.last_seen = time.monotonic()
@@ -152,6 +161,9 @@ class PoolBackend:
         self._workers: dict[str, tuple[float, PoolWorkerInfo]] = {}
         self._presence: Subscription | None = None
         self._presence_since = 0.0
+        # Affinity key → the worker keeping that session warm, and since when (monotonic):
+        # from its `exited` (warm) and its presence beats. In time order, the oldest first.
+        self._warm: dict[str, tuple[str, float]] = {}
 
     # -- launch -----------------------------------------------------------------------------
     async def launch(self, plan: LaunchPlan) -> Handle:
@@ -170,8 +182,18 @@ class PoolBackend:
             )
         try:
             await self._ensure_consumer(dispatch.pool)
-            await self._track(did, started=False)
-            ack = await self._queue(dispatch.pool, did, body)
+            tracker = await self._track(did, started=False)
+            if dispatch.affinity_key is not None:
+                await self._ensure_presence()
+                tracker.affinity_key = dispatch.affinity_key
+                if tracker.routed_to is None:  # a launch retried goes where the first went
+                    tracker.routed_to = self._warm_worker(dispatch.affinity_key, dispatch.pool)
+            subject = (
+                self.topology.worker_activation_subject(dispatch.pool, tracker.routed_to)
+                if tracker.routed_to is not None
+                else self.topology.activation_subject(dispatch.pool)
+            )
+            ack = await self._queue(subject, did, body)
         except (NatsError, TimeoutError, ValueError) as exc:
             self._untrack(did)
             # It may be queued all the same (only its answer was lost): no worker may start it
@@ -184,25 +206,67 @@ class PoolBackend:
             raise LaunchError(f"could not queue dispatch {did}: {why}")
         seq = int(ack["seq"])
         log.info("pool.dispatched", activation=plan.activation_id, dispatch=did,
-                 pool=dispatch.pool, seq=seq, duplicate=bool(ack.get("duplicate")))  # fmt: skip
+                 pool=dispatch.pool, seq=seq, duplicate=bool(ack.get("duplicate")),
+                 routed_to=tracker.routed_to)  # fmt: skip
         data = {"pool": dispatch.pool, "attempt": dispatch.attempt, "seq": seq,
-                "deadline": dispatch.deadline.timestamp(), "state": "queued"}  # fmt: skip
+                "deadline": dispatch.deadline.timestamp(), "state": "queued",
+                "routed_to": tracker.routed_to}  # fmt: skip
         return Handle(plan.activation_id, self.name, did, data)
 
-    async def _queue(self, pool: str, did: str, body: bytes) -> dict[str, Any]:
+    def _warm_worker(self, key: str, pool: str) -> str | None:
+        """The worker of `pool` keeping the session `key` warm, if it is alive (a beat within
+        `worker_alive_seconds`), takes routed dispatches, and has a slot free by this
+        orchestrator's count (what it runs and what was sent to it and not yet started) —
+        else None: the pool's queue, where any worker takes it."""
+        found = self._warm.get(key)
+        if found is None:
+            return None
+        worker_id, _ = found
+        beat = self._workers.get(worker_id)
+        if beat is None or time.monotonic() - beat[0] > self.settings.worker_alive_seconds:
+            return None
+        info = beat[1]
+        if info.pool != pool or not info.takes_routed:
+            return None
+        busy = sum(
+            1
+            for t in self._trackers.values()
+            if t.final is None
+            and (t.worker_id == worker_id or (not t.started and t.routed_to == worker_id))
+        )
+        # The dispatch being launched is tracked already, routed nowhere yet: not counted.
+        return worker_id if busy < info.capacity else None
+
+    def _keep_warm(self, key: str, worker_id: str, at: float) -> None:
+        self._warm.pop(key, None)  # to the end: the dict stays in time order
+        self._warm[key] = (worker_id, at)
+        if len(self._warm) > MAX_WARM_ROUTES:
+            for old in list(self._warm)[: MAX_WARM_ROUTES // 10]:
+                del self._warm[old]
+
+    def _gone(self, worker_id: str) -> bool:
+        """No beat of that worker within `worker_alive_seconds`, beats having been heard
+        that long (an orchestrator just started has not heard any yet)."""
+        now, alive = time.monotonic(), self.settings.worker_alive_seconds
+        if self._presence is None or now - self._presence_since < alive:
+            return False
+        beat = self._workers.get(worker_id)
+        return beat is None or now - beat[0] > alive
+
+    async def _queue(self, subject: str, did: str, body: bytes) -> dict[str, Any]:
         """The queue's answer to the dispatch, asked again when it does not come: the stream
         keeps it once (`Nats-Msg-Id`, within its duplicate window) and says where it is,
         whether the first answer was lost or the first publish was."""
         for attempt in range(1, QUEUE_ATTEMPTS):
             try:
-                return await self._publish(pool, did, body)
+                return await self._publish(subject, did, body)
             except TimeoutError:
                 log.warning("pool.queue_timeout", dispatch=did, attempt=attempt)
-        return await self._publish(pool, did, body)
+        return await self._publish(subject, did, body)
 
-    async def _publish(self, pool: str, did: str, body: bytes) -> dict[str, Any]:
+    async def _publish(self, subject: str, did: str, body: bytes) -> dict[str, Any]:
         reply = await Replies.of(self._nc).request(
-            self.topology.activation_subject(pool),
+            subject,
             body,
             {"Nats-Msg-Id": did},
             self.settings.request_timeout_seconds,
@@ -290,14 +354,27 @@ class PoolBackend:
                     # reconnect or a restart: once it left the queue, some worker took it to
                     # its end, and the workers say which.
                     tracker.last_seen = time.monotonic()
-                    if not await self._queued_still(handle) and not await self._claimed(tracker):
-                        detail = "its dispatch left the queue and no worker claims it"
-                        lost = Exit(None, "lost", detail, gone=True)
-                        return await self._abandon(handle, lost)
+                    if missing := await self._lost_while_queued(handle, tracker):
+                        return await self._abandon(handle, missing)
                     continue
                 wait = min(wait, self.settings.heartbeat_timeout_seconds - silent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tracker.changed.wait(), max(wait, 0.05))
+
+    async def _lost_while_queued(self, handle: Handle, tracker: _Tracker) -> Exit | None:
+        """A dispatch not heard of for a heartbeat timeout since it was queued: lost if it
+        left the queue and no worker claims it, or if the worker it was sent to (session
+        affinity) is gone — only that worker would ever take it."""
+        if not await self._queued_still(handle):
+            if not await self._claimed(tracker):
+                detail = "its dispatch left the queue and no worker claims it"
+                return Exit(None, "lost", detail, gone=True)
+            return None
+        routed = handle.data.get("routed_to")
+        if isinstance(routed, str) and self._gone(routed) and not await self._claimed(tracker):
+            detail = f"worker {routed}, which its dispatch was sent to, is gone"
+            return Exit(None, "lost", detail, gone=True)
+        return None
 
     async def _claimed(self, tracker: _Tracker) -> bool:
         """Heartbeats stopped: ask the workers before declaring it lost (a core NATS message
@@ -441,7 +518,7 @@ class PoolBackend:
                 raw = await self._js.get_msg(
                     self.topology.activations_stream,
                     seq=seq,
-                    subject=self.topology.activation_subject("*"),
+                    subject=self.topology.activations_filter(),
                     next=True,
                     direct=True,
                 )
@@ -452,8 +529,11 @@ class PoolBackend:
                 d = ActivationDispatch.model_validate_json(raw.data or b"")
             except ValidationError:
                 continue
+            subject = raw.subject or self.topology.activation_subject(d.pool)
+            routed = subject != self.topology.activation_subject(d.pool)
             data = {"pool": d.pool, "attempt": d.attempt, "seq": raw.seq,
-                    "deadline": d.deadline.timestamp(), "state": "queued"}  # fmt: skip
+                    "deadline": d.deadline.timestamp(), "state": "queued",
+                    "routed_to": subject.rsplit(".", 1)[-1] if routed else None}  # fmt: skip
             found.append(Handle(d.input.activation.id, self.name, d.dispatch_id, data))
         return found
 
@@ -474,15 +554,16 @@ class PoolBackend:
                     "workers": sorted(i.worker_id for i in mine),
                     "capacity": sum(i.capacity for i in mine),
                     "running": sum(len(i.running) for i in mine),
-                    **await self._depth(pool),
+                    **await self._depth(pool, [i.worker_id for i in mine if i.takes_routed]),
                 }
         except (NatsError, TimeoutError) as exc:
             return Health(ok=False, detail={"error": f"jetstream: {type(exc).__name__}"})
         ok = all(pools[p]["workers"] for p in self.settings.pools)
         return Health(ok=ok, detail={"pools": pools})
 
-    async def _depth(self, pool: str) -> dict[str, int]:
-        """Dispatches waiting for a worker (`pending`) and held by one (`in_flight`)."""
+    async def _depth(self, pool: str, routable: list[str]) -> dict[str, int]:
+        """Dispatches waiting for a worker (`pending`) and held by one (`in_flight`): the
+        pool's queue's, and those sent to each of the `routable` workers' own consumer."""
         try:
             info = await self._js.consumer_info(
                 self.topology.activations_stream, self.topology.pool_consumer(pool)
@@ -493,7 +574,16 @@ class PoolBackend:
                 subjects_filter=self.topology.activation_subject(pool),
             )
             return {"pending": sum((stream.state.subjects or {}).values()), "in_flight": 0}
-        return {"pending": info.num_pending or 0, "in_flight": info.num_ack_pending or 0}
+        pending, in_flight = info.num_pending or 0, info.num_ack_pending or 0
+        for worker_id in routable:
+            with contextlib.suppress(NotFoundError):
+                own = await self._js.consumer_info(
+                    self.topology.activations_stream,
+                    self.topology.worker_consumer(pool, worker_id),
+                )
+                pending += own.num_pending or 0
+                in_flight += own.num_ack_pending or 0
+        return {"pending": pending, "in_flight": in_flight}
 
     async def close(self) -> None:
         self._trackers.clear()
@@ -538,6 +628,11 @@ class PoolBackend:
         tracker = self._trackers.get(status.dispatch_id)
         if tracker is not None:
             tracker.update(status)
+            if status.kind == "exited" and tracker.affinity_key is not None:
+                if status.warm:
+                    self._keep_warm(tracker.affinity_key, status.worker_id, time.monotonic())
+                else:
+                    self._warm.pop(tracker.affinity_key, None)
 
     async def _ensure_presence(self) -> None:
         if self._presence is not None:
@@ -546,7 +641,11 @@ class PoolBackend:
         async def on_beat(msg: Msg) -> None:
             with contextlib.suppress(ValidationError):
                 info = PoolWorkerInfo.model_validate_json(msg.data)
-                self._workers[info.worker_id] = (time.monotonic(), info)
+                now = time.monotonic()
+                self._workers[info.worker_id] = (now, info)
+                for key in info.warm_keys:  # an orchestrator that just took over learns them
+                    if key not in self._warm:
+                        self._keep_warm(key, info.worker_id, now)
 
         self._presence = await self._nc.subscribe(self.topology.pool_worker_filter(), cb=on_beat)
         self._presence_since = time.monotonic()

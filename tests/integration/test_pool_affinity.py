@@ -1,0 +1,179 @@
+"""Session affinity of the pool backend, with real workers on real NATS: a warm session's next
+dispatches go to the worker that keeps it warm (its own consumer), not to whichever worker
+pulls first — unless that worker is full or gone.
+
+The runners really run; the broker answers 401 (the runner is fenced: exit 6 at once) or never
+answers (the runner hangs until it is stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.subjects import Topology
+from suzumio.orchestrator.backends.base import Handle
+from suzumio.orchestrator.backends.pool import PoolBackend
+from tests.integration import test_pool_backend as pool_tests
+from tests.integration.test_pool_backend import (
+    Hanging,
+    StartWorker,
+    Statuses,
+    eventually,
+    make_plan,
+    queue_is_empty,
+    wait_workers,
+    watch,
+)
+
+# The pool backend tests' fixtures: workers started and stopped, statuses heard, brokers.
+backend, workers, statuses = pool_tests.backend, pool_tests.workers, pool_tests.statuses
+fenced_url, hanging = pool_tests.fenced_url, pool_tests.hanging
+
+
+def ran_on(statuses: Statuses, handle: Handle) -> list[str]:
+    return [s.worker_id for s in statuses.of(handle.sandbox_id, "started")]
+
+
+async def test_a_warm_sessions_next_dispatches_go_to_the_worker_keeping_it(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    """Two idle workers pull the pool's queue by turns; a session's activations after its
+    first all run on the first one's worker, warm, on its resident runner."""
+    workers("wa", concurrency=2, idle_ttl=30)
+    workers("wb", concurrency=2, idle_ttl=30)
+    await wait_workers(backend, "wa", "wb")
+
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert first.data["routed_to"] is None  # nobody keeps it warm yet: the pool's queue
+    assert (await watch(backend, first)).code == 6
+    [home] = ran_on(statuses, first)
+
+    for _ in range(6):
+        handle = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert handle.data["routed_to"] == home
+        assert (await watch(backend, handle)).code == 6
+        [started] = statuses.of(handle.sandbox_id, "started")
+        assert (started.worker_id, started.warm, started.resident) == (home, True, True)
+    # An orchestrator that takes over learns from the workers' beats where sessions are warm.
+    successor = PoolBackend(nc, topology, pool_tests.SETTINGS)
+    try:
+        await wait_workers(successor, "wa", "wb")
+        await eventually(lambda: "s1" in successor._warm)
+        handle = await successor.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert handle.data["routed_to"] == home
+        assert (await watch(successor, handle)).code == 6
+        assert ran_on(statuses, handle) == [home]
+    finally:
+        await successor.close()
+    # Other sessions still spread over both workers.
+    others = [
+        await backend.launch(make_plan(fenced_url, tmp_path, session_id=f"o{i}")) for i in range(6)
+    ]
+    await asyncio.gather(*(watch(backend, h) for h in others))
+    assert {w for h in others for w in ran_on(statuses, h)} == {"wa", "wb"}
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+
+async def test_a_warm_session_goes_to_the_pools_queue_while_its_worker_is_full(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    workers("wa", concurrency=1, idle_ttl=30)
+    workers("wb", concurrency=1, idle_ttl=30)
+    await wait_workers(backend, "wa", "wb")
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    await watch(backend, first)
+    [home] = ran_on(statuses, first)
+    other = "wb" if home == "wa" else "wa"
+
+    # The warm worker's one slot taken by another session's run (routed there too, as warm).
+    url, broker = hanging
+    busy = await backend.launch(make_plan(url, tmp_path, session_id="s1"))
+    await eventually(lambda: broker.open > 0)
+    assert ran_on(statuses, busy) == [home]
+
+    handle = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert handle.data["routed_to"] is None
+    assert (await watch(backend, handle)).code == 6
+    assert ran_on(statuses, handle) == [other]
+    await backend.cancel(busy)
+    await watch(backend, busy, timeout=15)
+
+
+async def test_a_dispatch_sent_to_a_worker_that_died_is_lost_and_the_next_goes_elsewhere(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str,
+) -> None:  # fmt: skip
+    """Only the worker a dispatch was sent to would take it: once that worker is gone, the
+    attempt ends as lost (retryable, as a run whose worker died) and its message leaves the
+    stream; the session's next dispatch goes to the pool's queue."""
+    wa = workers("wa", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    await watch(backend, first)
+    assert ran_on(statuses, first) == ["wa"]
+    workers("wb", idle_ttl=30)
+    await wait_workers(backend, "wa", "wb")
+
+    wa.send_signal(signal.SIGKILL)
+    wa.wait()
+    stranded = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert stranded.data["routed_to"] == "wa"  # its beats were still fresh
+
+    result = await watch(backend, stranded, timeout=30)
+    assert (result.reason, result.gone) == ("lost", True)
+    assert "wa" in result.detail
+    assert ran_on(statuses, stranded) == []
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+    after = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert after.data["routed_to"] is None
+    assert (await watch(backend, after)).code == 6
+    assert ran_on(statuses, after) == ["wb"]
+
+
+async def test_a_worker_runs_no_more_than_its_concurrency_with_dispatches_on_both_queues(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """An idle worker waits on both its queues at once, so a dispatch on each may come for its
+    one slot: the second is held until the first ended, never run beside it."""
+    workers("wa", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    warm = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    await watch(backend, warm)
+
+    url, broker = hanging
+    hung_plan = make_plan(url, tmp_path, session_id="s2")
+    routed_plan = make_plan(fenced_url, tmp_path, session_id="s1")
+    hung, routed = await asyncio.gather(backend.launch(hung_plan), backend.launch(routed_plan))
+    assert (hung.data["routed_to"], routed.data["routed_to"]) == (None, "wa")
+
+    await eventually(lambda: ran_on(statuses, hung) or ran_on(statuses, routed))
+    ids = {hung.sandbox_id, routed.sandbox_id}
+    first = next(s.dispatch_id for s in statuses.seen if s.dispatch_id in ids)
+    if first == hung.sandbox_id:  # the hung one took the slot: the other waits for it
+        await eventually(lambda: broker.open > 0)
+        await asyncio.sleep(1.0)  # time enough to have started it, were it not held
+        assert ran_on(statuses, routed) == []
+        await backend.cancel(hung)
+        assert (await watch(backend, hung, timeout=15)).reason == "killed"
+        assert (await watch(backend, routed)).code == 6
+    else:  # the other way round: the routed one ends (fenced) before the hung one starts
+        assert (await watch(backend, routed)).code == 6
+        await eventually(lambda: ran_on(statuses, hung))
+        await backend.cancel(hung)
+        await watch(backend, hung, timeout=15)
+    order = [
+        (s.kind, s.dispatch_id)
+        for s in statuses.seen
+        if s.dispatch_id in {hung.sandbox_id, routed.sandbox_id} and s.kind in {"started", "exited"}
+    ]
+    assert len(order) == 4
+    assert order[0][0] == "started", order
+    assert order[1] == ("exited", order[0][1]), order
