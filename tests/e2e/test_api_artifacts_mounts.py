@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any, cast
+
+import httpx
+from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
 
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.gateway.api.routes.artifacts import attachment
+from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from suzumio.platform.bus.objects import has_blob
 from tests.e2e.api import new_world, ok, problem
 from tests.e2e.stack import MAX_UPLOAD, Stack
+
+Part = tuple[str, tuple[str, bytes, str]]
 
 
 async def test_upload_list_download_delete(stack: Stack) -> None:
@@ -182,3 +190,72 @@ async def test_an_idempotency_key_tells_uploads_apart_by_their_files(stack: Stac
         assert again.json() == first.json()
         listed = ok(await c.get(base))  # an upload answers once its artifacts are listed
     assert [i["sha256"] for i in listed["items"]] == [hashlib.sha256(b"12345678").hexdigest()]
+
+
+async def _slots(kv: KeyValue) -> set[str]:
+    try:
+        return set(await kv.keys())
+    except NoKeysError:
+        return set()
+
+
+async def _recorded_alone_then_answer_lost(
+    stack: Stack, c: httpx.AsyncClient, base: str, first: Part, headers: dict[str, str]
+) -> dict[str, Any]:
+    """What an upload that failed half-way under `headers`' Idempotency-Key leaves: its first
+    file recorded (through the route, under the artifact id derived from the key), and no
+    answer kept for the key — a timed-out command's answer never is, nor a 503's, nor one the
+    gateway died before keeping. Simulated by uploading the first file alone under the key
+    (the ids derived from a key do not depend on the files) and deleting the answer kept."""
+    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
+    before = await _slots(kv)
+    recorded = ok(await c.post(base, files=[first], headers=headers), 201)
+    [slot] = await _slots(kv) - before
+    await kv.delete(slot)
+    [item] = recorded["items"]
+    return cast("dict[str, Any]", item)
+
+
+async def test_an_upload_retried_with_its_key_after_failing_half_way_is_completed(
+    stack: Stack,
+) -> None:
+    """Before, the retry got the 409 of its first file (recorded by the first attempt) and the
+    rest were never recorded; now the retry goes on past it and answers as the first attempt
+    would have."""
+    world = await new_world(stack, "half")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    headers = {"Idempotency-Key": f"up-{os.urandom(6).hex()}"}
+    readme: Part = ("file", ("docs/readme.md", b"# hi\n", "text/markdown"))
+    blob: Part = ("file", ("data/blob.bin", os.urandom(4096), "application/octet-stream"))
+    async with stack.client(world.key) as c:
+        first = await _recorded_alone_then_answer_lost(stack, c, base, readme, headers)
+        retried = await c.post(base, files=[readme, blob], headers=headers)
+        items = ok(retried, 201)["items"]
+        assert "idempotent-replayed" not in retried.headers
+        assert [i["path"] for i in items] == ["docs/readme.md", "data/blob.bin"]
+        assert items[0] == first  # the file the first attempt recorded, not a second one
+        assert (await c.get(f"/v1/artifacts/{items[1]['id']}/content")).content == blob[1][1]
+        # Its answer is kept now: the same upload again is a replay of it.
+        again = await c.post(base, files=[readme, blob], headers=headers)
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.json() == retried.json()
+        listed = ok(await c.get(base))
+    assert sorted(i["id"] for i in listed["items"]) == sorted(i["id"] for i in items)
+
+
+async def test_an_upload_retried_with_its_key_but_other_files_is_still_a_conflict(
+    stack: Stack,
+) -> None:
+    """The retry sends another file (the same path, other bytes) where the first attempt
+    recorded one: not the first attempt's work, so a conflict, and nothing of it recorded."""
+    world = await new_world(stack, "halfother")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    headers = {"Idempotency-Key": f"up-{os.urandom(6).hex()}"}
+    readme: Part = ("file", ("docs/readme.md", b"# hi\n", "text/markdown"))
+    changed: Part = ("file", ("docs/readme.md", b"# ho\n", "text/markdown"))
+    blob: Part = ("file", ("data/blob.bin", os.urandom(4096), "application/octet-stream"))
+    async with stack.client(world.key) as c:
+        first = await _recorded_alone_then_answer_lost(stack, c, base, readme, headers)
+        problem(await c.post(base, files=[changed, blob], headers=headers), 409, "conflict")
+        listed = ok(await c.get(base))
+    assert listed["items"] == [first]

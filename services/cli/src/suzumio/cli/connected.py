@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import asyncpg
 from nats import errors as nats_errors
@@ -25,6 +25,7 @@ from suzumio.platform.bus.jsapi import (
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.migrations import apply_migrations, platform_migrations
 from suzumio.platform.db.pool import Pool
+from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, POSTGRES_TROUBLE, is_postgres_trouble
 from suzumio.platform.errors import EmbeddedServerError, JetStreamApiError
 from suzumio.platform.service.runtime import resolve_endpoints
 
@@ -38,13 +39,6 @@ _NATS_LOST: tuple[type[BaseException], ...] = (
     nats_errors.TimeoutError,
     nats_errors.NoRespondersError,
     nats_errors.ConnectionClosedError,
-)
-_POSTGRES_LOST: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CannotConnectNowError,
-    ConnectionError,  # refused or reset: what asyncpg raises when it cannot (re)connect
 )
 
 
@@ -97,8 +91,8 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
                 fail(_refused(exc))
             except _NATS_LOST as exc:
                 fail(f"NATS at {redact(nats_url)}: {first_line(exc)}")
-            except _POSTGRES_LOST as exc:
-                fail(f"Postgres at {redact(dsn)}: {first_line(exc)}")
+            except (*POSTGRES_TROUBLE, *POSTGRES_SUSPECTS) as exc:
+                _postgres_lost(exc, dsn)
             finally:
                 await _closed(pool)
         finally:
@@ -109,6 +103,12 @@ def with_platform(work: Callable[[Platform], Awaitable[T]]) -> T:
     finally:
         if servers is not None:
             servers.stop()
+
+
+def _postgres_lost(exc: Exception, dsn: str) -> NoReturn:
+    if not is_postgres_trouble(exc):
+        raise exc  # a bug of ours (a connection misused): its traceback, not a line
+    fail(f"Postgres at {redact(dsn)}: {first_line(exc)}")
 
 
 async def _closed(pool: Pool) -> None:

@@ -15,9 +15,9 @@ from starlette.requests import ClientDisconnect
 from suzumio.contracts.errors import HTTP_STATUS, CommandError
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError
 from suzumio.platform.bus.trouble import NATS_TROUBLE
+from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, POSTGRES_TROUBLE, is_postgres_trouble
 from suzumio.platform.errors import JetStreamApiError, PlatformError
 from suzumio.platform.logging import get_logger
-from suzumio.platform.projections.apply import INFRASTRUCTURE_ERRORS
 
 log = get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -27,10 +27,11 @@ _CODE = {400: "invalid", 401: "unauthenticated", 403: "forbidden", 404: "not_fou
 
 # The platform's servers in trouble (NATS down, restarting or slow; Postgres unreachable): the
 # request was fine and may succeed in a moment, so the runner is told to retry (503), never that
-# it was refused — a 4xx would make it give up on work it still has to deliver. (OSError, among
-# Postgres' troubles, covers TimeoutError, nats' TimeoutError included.)
+# it was refused — a 4xx would make it give up on work it still has to deliver. (OSError
+# covers TimeoutError, nats' TimeoutError included.)
 UNAVAILABLE: tuple[type[Exception], ...] = (
-    *(e for e in INFRASTRUCTURE_ERRORS if issubclass(e, Exception)),
+    *POSTGRES_TROUBLE,
+    OSError,
     *NATS_TROUBLE,
     ConcurrencyConflictError,  # the broker's own writes kept losing races: try again
 )
@@ -94,6 +95,14 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     return problem(503, "unavailable", "the platform is briefly unavailable; retry")
 
 
+async def _postgres_suspect(request: Request, exc: Exception) -> JSONResponse:
+    # asyncpg's client-side errors are a bug of ours unless they are a lost connection: a 503
+    # would have the runner retry one for good.
+    if is_postgres_trouble(exc):
+        return await _unavailable(request, exc)
+    return await _unexpected(request, exc)
+
+
 async def _platform(request: Request, exc: Exception) -> JSONResponse:
     # The platform's mechanisms fail this way when a server is in trouble (a direct get
     # answered 503 while a stream has no leader); a JetStream refusal of the request itself
@@ -123,6 +132,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 HANDLERS: dict[type[Exception], Any] = {
     BrokerError: _broker,
     **dict.fromkeys(UNAVAILABLE, _unavailable),  # before CommandError: a conflict of ours is one
+    **dict.fromkeys(POSTGRES_SUSPECTS, _postgres_suspect),
     PlatformError: _platform,
     MaxPayloadError: _too_large,
     ClientDisconnect: _disconnected,

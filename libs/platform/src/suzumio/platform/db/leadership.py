@@ -17,12 +17,22 @@ from typing import Any
 import asyncpg
 
 from suzumio.platform.db.pool import connect
+from suzumio.platform.db.trouble import is_postgres_trouble
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 
 Lead = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 _LOCK = "SELECT pg_try_advisory_lock(hashtext('suzumio.leader.' || $1))"
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether the lock's connection failed for Postgres's reasons: contend again, never end
+    the service. Any error of the server counts (its two statements are fixed: a refusal is the
+    server's state, such as too many connections, not a bug of the statement), and a late
+    answer; asyncpg's client-side errors only in the shapes of a connection lost (a connection
+    cut mid-statement fails so, before asyncpg sees it closed: see `is_postgres_trouble`)."""
+    return isinstance(exc, OSError | asyncpg.PostgresError) or is_postgres_trouble(exc)
 
 
 class Leadership:
@@ -41,16 +51,9 @@ class Leadership:
         while not stop.is_set():
             try:
                 await self._term(stop, lead)
-            # InternalClientError: a connection its server ended mid-statement may fail so
-            # ("another operation is in progress") before asyncpg sees it closed — trouble of
-            # the server's, not ours: contend again, never end the service.
-            except (
-                OSError,
-                asyncpg.PostgresError,
-                asyncpg.InterfaceError,
-                asyncpg.InternalClientError,
-                TimeoutError,
-            ) as exc:
+            except Exception as exc:
+                if not _interrupted(exc):
+                    raise
                 log.warning("leadership.interrupted", name=self.name, error=repr(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._retry)

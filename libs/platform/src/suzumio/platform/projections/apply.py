@@ -15,37 +15,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import asyncpg
-
 from suzumio.contracts.envelope import DomainEvent, RecordedEvent
 from suzumio.platform.db.pool import Connection
+from suzumio.platform.db.trouble import is_postgres_trouble
 from suzumio.platform.projections.base import Projection
 from suzumio.platform.projections.decoding import LogEntry
 
-# Failures that say nothing about the event: the connection or the server is in trouble.
-# Counted as the event's failures they would park it (skip it for good) after three tries,
-# though the server would take it once it recovered: a full disk, no memory, too many
-# connections (class 53), an I/O error (58), a primary turned read-only by a failover (25006).
-# (Not a cancelled statement, 57014: a statement timeout may be the batch's size, which the
-# event-by-event retry cures.)
-INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    # A pooled connection whose server ended it (pg_terminate_backend, a restart) while it lay
-    # idle may fail its next statement so, before asyncpg sees it closed: no event's doing.
-    asyncpg.InternalClientError,
-    asyncpg.exceptions.AdminShutdownError,
-    asyncpg.exceptions.CrashShutdownError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.DatabaseDroppedError,
-    asyncpg.exceptions.IdleSessionTimeoutError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.PostgresSystemError,
-    asyncpg.exceptions.ReadOnlySQLTransactionError,
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
-    OSError,
-)
+
+def is_infrastructure(exc: BaseException) -> bool:
+    """Whether `exc` says nothing about the event: the connection or the server is in trouble.
+    Counted as the event's failure it would park the event (skip it for good) after three
+    tries, though the server would take it once it recovered. (Not a cancelled statement,
+    57014: a statement timeout may be the batch's size, which the event-by-event retry cures.
+    Nor asyncpg's InterfaceError of a connection misused, a bug in the projection: parked,
+    with the error recorded, like any other.)"""
+    return isinstance(exc, OSError) or is_postgres_trouble(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +105,9 @@ async def apply_entries(
     try:
         async with conn.transaction():  # a savepoint inside the batch transaction
             await projection.apply(conn, schema, [event for _, event in events])
-    except INFRASTRUCTURE_ERRORS:
-        raise
-    except Exception:
+    except Exception as exc:
+        if is_infrastructure(exc):
+            raise
         return parked + await _one_by_one(conn, projection, schema, events, tracker)
     return parked
 
@@ -140,9 +124,9 @@ async def _one_by_one(
         try:
             async with conn.transaction():
                 await projection.apply(conn, schema, [event])
-        except INFRASTRUCTURE_ERRORS:
-            raise
         except Exception as exc:
+            if is_infrastructure(exc):
+                raise
             if not tracker.spent(projection.name, event.seq, event.id):
                 raise RetryBatchError(f"{projection.name} failed on seq {event.seq}") from exc
             error = f"{type(exc).__name__}: {exc}"[:2_000]

@@ -34,12 +34,12 @@ from suzumio.platform.db.pool import Connection
 from suzumio.platform.logging import get_logger
 from suzumio.platform.projections import checkpoints
 from suzumio.platform.projections.apply import (
-    INFRASTRUCTURE_ERRORS,
     Parked,
     PoisonTracker,
     RetryBatchError,
     apply_entries,
     first_newer,
+    is_infrastructure,
 )
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import LogEntry, decode_entry
@@ -59,21 +59,20 @@ _batch_seconds = telemetry.meter.create_histogram(
 )
 
 
-_RECOVERABLE: tuple[type[BaseException], ...] = (TimeoutError, NatsError, *INFRASTRUCTURE_ERRORS)
-
-
 class _ResetError(Exception):
     def __init__(self, seq: int, why: str) -> None:
         super().__init__(why)
         self.seq = seq
 
 
-# Failures of a batch that no savepoint would help with: the connection's, or the order's.
-_NOT_THE_EVENTS: tuple[type[BaseException], ...] = (
-    *INFRASTRUCTURE_ERRORS,
-    _ResetError,
-    RetryBatchError,
-)
+def _recoverable(exc: BaseException) -> bool:
+    """A failure the leader survives by connecting and leading again: NATS's or Postgres's."""
+    return isinstance(exc, NatsError) or is_infrastructure(exc)  # TimeoutError is an OSError
+
+
+def _not_the_events(exc: BaseException) -> bool:
+    """A failure of a batch that no savepoint would help with: the connection's, the order's."""
+    return isinstance(exc, _ResetError | RetryBatchError) or is_infrastructure(exc)
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> bool:
@@ -117,7 +116,9 @@ class Projector:
             try:
                 await self._lead(stop)
                 delay = 0.5
-            except _RECOVERABLE as exc:
+            except Exception as exc:
+                if not _recoverable(exc):
+                    raise
                 log.warning("projector.interrupted", error=repr(exc))
             finally:
                 self.leading = False
@@ -273,9 +274,9 @@ class Projector:
     async def _apply(self, conn: Connection, entries: list[LogEntry]) -> list[Parked]:
         try:
             return await self._transaction(conn, entries, guarded=False)
-        except _NOT_THE_EVENTS:
-            raise
         except Exception as exc:
+            if _not_the_events(exc):
+                raise
             # A projection failed on an event of the batch (rolled back whole): again, each
             # projection in a savepoint of its own, to find the event and park it if spent.
             log.info("projector.batch_guarded", error=repr(exc))

@@ -13,8 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from suzumio.contracts.errors import HTTP_STATUS, CommandError, CommandTimeoutError
 from suzumio.platform.bus.trouble import NATS_TROUBLE
+from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, POSTGRES_TROUBLE, is_postgres_trouble
 from suzumio.platform.logging import get_logger
-from suzumio.platform.projections.apply import INFRASTRUCTURE_ERRORS
 
 log = get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -153,12 +153,9 @@ async def _model_error(_: Request, exc: Exception) -> JSONResponse:
 # refused, the server restarting or short of resources; NATS reconnecting or slow): the request
 # was fine and may pass in a moment, so it is a 503 to send again, not a 500 (the gateway's own
 # failure) — and, handled here rather than as any exception, no traceback in the error log.
-TROUBLE: tuple[type[Exception], ...] = (
-    *(e for e in INFRASTRUCTURE_ERRORS if issubclass(e, Exception) and e is not OSError),
-    ConnectionError,  # not every OSError: a file the gateway failed to spool is its own
-    TimeoutError,
-    *NATS_TROUBLE,
-)
+# Not every OSError (a file the gateway failed to spool is its own failure): Postgres's
+# ConnectionError, and a timeout.
+TROUBLE: tuple[type[Exception], ...] = (*POSTGRES_TROUBLE, TimeoutError, *NATS_TROUBLE)
 RETRY_AFTER_SECONDS = 1
 
 
@@ -172,6 +169,16 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _postgres_suspect(request: Request, exc: Exception) -> JSONResponse:
+    """asyncpg's client-side errors: trouble when they are a lost connection; otherwise a bug
+    of ours (a connection used by two tasks at once, after its release), which a 503 would
+    hide behind retries for good: raised on, to be answered as any failure (500, logged
+    with its traceback, no answer kept for an Idempotency-Key)."""
+    if is_postgres_trouble(exc):
+        return await _unavailable(request, exc)
+    raise exc
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("api.unexpected_error", path=request.url.path, exc_info=exc)
     return problem_response(500, "internal", "the request failed unexpectedly")
@@ -179,6 +186,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 HANDLERS = {
     **dict.fromkeys(TROUBLE, _unavailable),
+    **dict.fromkeys(POSTGRES_SUSPECTS, _postgres_suspect),
     CommandError: _command_error,
     ApiError: _api_error,
     StarletteHTTPException: _http_error,

@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from suzumio.contracts.commands import DeleteArtifact, RecordArtifact
+from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import ID_PATTERN, Identifier
 from suzumio.contracts.values import Clean, Role
 from suzumio.gateway.api.auth import Principal
@@ -31,6 +32,7 @@ from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 from suzumio.gateway.uploads import ReceivedFile, ReceivedForm, media_type, receive_form
+from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.objects import put_blob, read_chunks
 
 router = APIRouter(tags=["artifacts"], responses=RESPONSES)
@@ -154,7 +156,7 @@ async def upload(
             await put_blob(gw.artifacts, received.sha256, received.file)  # type: ignore[arg-type]
         position = 0
         for command in commands:
-            position = max(position, (await send(gw, who, command, response)).position)
+            position = max(position, await _recorded(gw, who, command, response, ids))
     finally:
         form.close()
     created = [c.artifact_id for c in commands]
@@ -165,6 +167,35 @@ async def upload(
     )
     by_id = {r["id"]: r for r in rows}
     return Uploaded(items=[_artifact(by_id[i]) for i in created])
+
+
+async def _recorded(
+    gw: Gateway, who: Principal, command: RecordArtifact, response: Response, ids: Mint
+) -> int:
+    """Record one file of an upload; the log position that holds it.
+
+    An upload sends a command per file. One that failed half-way (a command timed out, the
+    gateway died) keeps no answer for its Idempotency-Key, and a retry with the key names the
+    same artifacts: the files the first attempt recorded are refused as existing. Such a file
+    recorded as the very one sent again is done, and the retry goes on with the rest; another
+    file under its id (the retry sent other files) stays a conflict."""
+    try:
+        return (await send(gw, who, command, response)).position
+    except ConflictError:
+        if not ids.keyed:
+            raise
+        # Its event is in the log by now: read models that reached the log's end show it.
+        end = await stream_last_seq(gw.nc, gw.topology.events_stream)
+        await settled(gw, end)
+        row = await gw.pool.fetchrow(
+            "SELECT project_id, session_id, path, sha256, size FROM proj_artifacts.artifacts"
+            " WHERE id = $1 AND deleted_at IS NULL",
+            command.artifact_id,
+        )
+        sent = (command.project_id, command.session_id, command.path, command.sha256, command.size)
+        if row is None or tuple(row) != sent:
+            raise
+        return end
 
 
 @router.get("/v1/projects/{project_id}/artifacts")
