@@ -204,6 +204,11 @@ async def test_the_sessions_artifacts_are_in_the_next_activations_inputs(
     assert "# the brief: ship it" in results[0], results
 
 
+def model_calls(scripted: ScriptedModelServer, world: World) -> int:
+    """The model calls made for the world's session (its id is in the system prompt)."""
+    return sum(world.session_id in str(r.messages[0]) for r in scripted.requests if r.messages)
+
+
 async def test_cancelling_a_running_activation_kills_its_sandbox(
     everything: Stack, scripted: ScriptedModelServer
 ) -> None:
@@ -225,6 +230,14 @@ async def test_cancelling_a_running_activation_kills_its_sandbox(
         lambda types: "activation.started" in types,
         timeout=30,
         what="the start",
+    )
+    # Cancelled only once its runner waits in the slow model call: cancelled any earlier, the
+    # replacement would take the slow reply itself (and wait it out).
+    await eventually(
+        lambda: asyncio.sleep(0, model_calls(scripted, world)),
+        lambda n: n >= 1,
+        timeout=30,
+        what="the runner calling the model",
     )
     # A P0 message replaces the live activation: the scheduler asks to cancel it.
     await post(everything, world, "stop, new plan", priority="P0")

@@ -26,7 +26,7 @@ from suzumio.platform.projections import load_projections
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.reader import LogReader
 from suzumio.platform.projections.verify import verify
-from suzumio.testing.model_server import Reply, ToolCall
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from suzumio.testing.processes import ServiceProcess
 from tests.e2e.api import World
 from tests.e2e.stack import Stack, running_stack
@@ -64,6 +64,19 @@ async def whole_platform(
     env = {"SUZUMIO_MODEL_BASE_URL": f"{model_url}/v1", **(extra_env or {})}
     async with running_stack(nats_url, postgres_url, tmp, SERVICES, env) as stack:
         yield stack
+
+
+@contextlib.asynccontextmanager
+async def platform_at_work(
+    nats_url: str, postgres_url: str, tmp: Path, answer_delay: float
+) -> AsyncIterator[tuple[Stack, ScriptedModelServer]]:
+    """The whole platform (a namespace and a database of its own) and its model, which works
+    and then answers after `answer_delay` seconds: the stack every fault test of it starts."""
+    async with (
+        ScriptedModelServer(default=work_then_answer(delay=answer_delay)) as model,
+        whole_platform(nats_url, postgres_url, tmp, model.url) as stack,
+    ):
+        yield stack, model
 
 
 def service(stack: Stack, name: str) -> ServiceProcess:

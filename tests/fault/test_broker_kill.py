@@ -10,6 +10,7 @@ scripted one (`suzumio.testing.model_server`, the fake provider)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from tests.fault.faultkit import (
     no_audit_twice,
     no_output_twice,
     one_end_each,
+    platform_at_work,
     post_until_acknowledged,
     projections_equal_a_rebuild,
     requested,
@@ -36,8 +38,6 @@ from tests.fault.faultkit import (
     service,
     signals_settled,
     whole_log,
-    whole_platform,
-    work_then_answer,
 )
 from tests.support import eventually
 
@@ -48,11 +48,22 @@ WORLDS = 3
 async def stack(
     nats_url: str, postgres_url: str, tmp_path: Path
 ) -> AsyncIterator[tuple[Stack, ScriptedModelServer]]:
-    async with (
-        ScriptedModelServer(default=work_then_answer(delay=1.5)) as model,
-        whole_platform(nats_url, postgres_url, tmp_path, model.url) as s,
-    ):
-        yield s, model
+    async with platform_at_work(nats_url, postgres_url, tmp_path, answer_delay=1.5) as s:
+        yield s
+
+
+def unread_bytes(port: int) -> int:
+    """What was sent to the server on `port` over its established connections and lies in
+    their receive queues, unread (/proc/net/tcp: hex ports, state 01, tx:rx queues)."""
+    unread = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, queues = fields[1], fields[3], fields[4]
+                if int(local.rsplit(":", 1)[1], 16) == port and state == "01":
+                    unread += int(queues.split(":")[1], 16)
+    return unread
 
 
 def answers_asked(model: ScriptedModelServer) -> int:
@@ -141,7 +152,12 @@ async def test_a_broker_frozen_then_killed_while_it_takes_the_output_answers_it_
     assert broker.process is not None
     stopped_at = datetime.now(UTC)
     broker.process.send_signal(signal.SIGSTOP)
-    await asyncio.sleep(3.0)  # the answer came meanwhile (1.5 s): the runner's calls hang
+    await eventually(  # the answer came meanwhile (1.5 s): the runner's calls hang
+        lambda: asyncio.sleep(0, (model.in_flight, unread_bytes(broker.port))),
+        lambda now: now[0] == 0 and now[1] > 0,
+        timeout=60,
+        what="the answer given and calls sent to the frozen broker (in flight, unread)",
+    )
     broker.kill()  # a stopped process dies of SIGKILL all the same
     await restart(broker)
 

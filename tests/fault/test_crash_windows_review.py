@@ -15,18 +15,33 @@ import asyncio
 import os
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
+import pytest_asyncio
 
 from suzumio.contracts.events import ActivationRequested
 from suzumio.testing.model_server import Reply, ScriptedModelServer
 from tests.backend_suite import TERMINAL, harness
-from tests.e2e.conftest import model, platform  # noqa: F401 - fixtures
+from tests.e2e.conftest import PLATFORM_SERVICES, model  # noqa: F401 - fixtures
 from tests.e2e.runner_env import post
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, running_stack
 from tests.e2e.test_backend_pool import pool_factory, workers  # noqa: F401 - fixture
 from tests.support import eventually
 
 HEARTBEAT_TIMEOUT = 5.0
+RETRY_BACKOFF = 0.5  # the scheduler's first: a retry, were there one, comes soon
+
+
+@pytest_asyncio.fixture(scope="module")
+async def platform(
+    nats_url: str, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    tmp = Path(tmp_path_factory.mktemp("platform"))
+    env = {"SUZUMIO_RETRY_BACKOFF_SECONDS": f"[{RETRY_BACKOFF}, 10, 60]"}
+    async with running_stack(nats_url, postgres_url, tmp, PLATFORM_SERVICES, env) as s:
+        yield s
 
 
 async def requested(stack: Stack, session_id: str) -> list[str]:
@@ -35,7 +50,7 @@ async def requested(stack: Stack, session_id: str) -> list[str]:
 
 
 async def test_a_worker_killed_after_the_output_was_recorded_leaves_the_activation_completed(
-    platform: Stack,  # noqa: F811
+    platform: Stack,
     model: ScriptedModelServer,  # noqa: F811
     tmp_path: Path,
     workers: list[subprocess.Popen[bytes]],  # noqa: F811
@@ -73,5 +88,5 @@ async def test_a_worker_killed_after_the_output_was_recorded_leaves_the_activati
             ended.data,
         )
         # ... and the work is not done again: no second activation for the same message.
-        await asyncio.sleep(6.0)  # past the scheduler's first retry backoff (2 s)
+        await asyncio.sleep(RETRY_BACKOFF * 4)  # past the scheduler's first retry backoff
         assert len(await requested(platform, world.session_id)) == 1

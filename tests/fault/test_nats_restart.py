@@ -32,14 +32,13 @@ from tests.fault.faultkit import (
     messages_kept,
     no_output_twice,
     one_end_each,
+    platform_at_work,
     post_until_acknowledged,
     projections_equal_a_rebuild,
     requested,
     signals_settled,
     started,
     whole_log,
-    whole_platform,
-    work_then_answer,
 )
 from tests.support import eventually
 
@@ -84,11 +83,8 @@ def nats(tmp_path: Path) -> Iterator[RestartableNats]:
 async def stack(
     nats: RestartableNats, postgres_url: str, tmp_path: Path
 ) -> AsyncIterator[tuple[Stack, ScriptedModelServer]]:
-    async with (
-        ScriptedModelServer(default=work_then_answer(delay=3.0)) as model,
-        whole_platform(nats.url, postgres_url, tmp_path / "stack", model.url) as s,
-    ):
-        yield s, model
+    async with platform_at_work(nats.url, postgres_url, tmp_path / "stack", 3.0) as s:
+        yield s
 
 
 @pytest.mark.timeout(240)

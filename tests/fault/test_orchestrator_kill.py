@@ -16,23 +16,18 @@ import pytest_asyncio
 
 from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.events import ActivationRequested
+from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.values import Backend, RuntimeProfileSpec
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.e2e.api import World, new_world
 from tests.e2e.runner_env import post
-from tests.e2e.stack import Stack, running_stack
+from tests.e2e.stack import Stack
+from tests.fault.faultkit import restart, service, whole_platform
 from tests.support import eventually
 
 ACTIVATIONS = 20
-SERVICES = ("session", "scheduler", "orchestrator", "toolbroker", "gateway")
 COMPLETED = "activation.completed"
-TERMINAL = {
-    "activation.completed",
-    "activation.failed",
-    "activation.cancelled",
-    "activation.timed_out",
-}
 
 
 def write_then_answer_slowly(request: dict[str, Any]) -> Reply:
@@ -54,11 +49,8 @@ async def slow_model() -> AsyncIterator[ScriptedModelServer]:
 async def stack(
     nats_url: str, postgres_url: str, tmp_path: Path, slow_model: ScriptedModelServer
 ) -> AsyncIterator[Stack]:
-    env = {
-        "SUZUMIO_MODEL_BASE_URL": f"{slow_model.url}/v1",
-        "SUZUMIO_BACKENDS": '["docker", "process"]',
-    }
-    async with running_stack(nats_url, postgres_url, tmp_path, SERVICES, env) as s:
+    env = {"SUZUMIO_BACKENDS": '["docker", "process"]'}
+    async with whole_platform(nats_url, postgres_url, tmp_path, slow_model.url, env) as s:
         yield s
 
 
@@ -122,24 +114,23 @@ async def test_kill_9_the_orchestrator_mid_run_and_restart(stack: Stack) -> None
         return sum(["activation.started" in await types_of(stack, i) for i in ids])
 
     await eventually(started, lambda n: n >= ACTIVATIONS // 2, timeout=120, what="starts")
-    orchestrator = next(p for p in stack.processes if p.name == "orchestrator")
+    orchestrator = service(stack, "orchestrator")
     orchestrator.kill()  # SIGKILL: no drain, no cleanup
     assert containers(stack.topology.namespace), "containers should outlive the orchestrator"
     await asyncio.sleep(2.0)
-    orchestrator.start()
-    await orchestrator.wait_ready()
+    await restart(orchestrator)
 
     async def ended() -> list[list[str]]:
         return [await types_of(stack, i) for i in ids]
 
     stories = await eventually(
         ended,
-        lambda all_: all(any(t in TERMINAL for t in types) for types in all_),
+        lambda all_: all(any(t in TERMINAL_ACTIVATION_EVENTS for t in types) for types in all_),
         timeout=180,
         what="every activation's end",
     )
     for story in stories:
-        assert len([t for t in story if t in TERMINAL]) == 1, story
+        assert len([t for t in story if t in TERMINAL_ACTIVATION_EVENTS]) == 1, story
         assert story.count("activation.started") <= 1, story
     completed = [w for w, story in zip(worlds, stories, strict=True) if story[-1] == COMPLETED]
     assert len(completed) >= ACTIVATIONS // 2, stories  # those watched again finished normally

@@ -23,7 +23,6 @@ import pytest
 import pytest_asyncio
 
 from suzumio.platform.embedded import RunningServer, start_postgres
-from suzumio.testing.model_server import ScriptedModelServer
 from tests.e2e.api import World, new_world, ok
 from tests.e2e.stack import Stack
 from tests.fault.faultkit import (
@@ -34,14 +33,13 @@ from tests.fault.faultkit import (
     no_audit_twice,
     no_output_twice,
     one_end_each,
+    platform_at_work,
     post_until_acknowledged,
     projections_equal_a_rebuild,
     requested,
     signals_settled,
     started,
     whole_log,
-    whole_platform,
-    work_then_answer,
 )
 from tests.support import eventually
 
@@ -83,10 +81,7 @@ def postgres(tmp_path: Path) -> Iterator[RestartablePostgres]:
 async def stack(
     nats_url: str, postgres: RestartablePostgres, tmp_path: Path
 ) -> AsyncIterator[Stack]:
-    async with (
-        ScriptedModelServer(default=work_then_answer(delay=2.0)) as model,
-        whole_platform(nats_url, postgres.url, tmp_path / "stack", model.url) as s,
-    ):
+    async with platform_at_work(nats_url, postgres.url, tmp_path / "stack", 2.0) as (s, _):
         yield s
 
 

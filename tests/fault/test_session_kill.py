@@ -25,6 +25,7 @@ from tests.fault.faultkit import (
     messages_kept,
     no_output_twice,
     one_end_each,
+    platform_at_work,
     post_until_acknowledged,
     projections_equal_a_rebuild,
     requested,
@@ -33,8 +34,6 @@ from tests.fault.faultkit import (
     signals_settled,
     started,
     whole_log,
-    whole_platform,
-    work_then_answer,
 )
 from tests.support import eventually
 
@@ -47,11 +46,8 @@ KILLS = 2
 async def stack(
     nats_url: str, postgres_url: str, tmp_path: Path
 ) -> AsyncIterator[tuple[Stack, ScriptedModelServer]]:
-    async with (
-        ScriptedModelServer(default=work_then_answer(delay=2.0)) as model,
-        whole_platform(nats_url, postgres_url, tmp_path, model.url) as s,
-    ):
-        yield s, model
+    async with platform_at_work(nats_url, postgres_url, tmp_path, answer_delay=2.0) as s:
+        yield s
 
 
 async def keep_posting(stack: Stack, worlds: list[World], posted: Posted) -> None:

@@ -26,11 +26,11 @@ from suzumio.orchestrator.backends import process
 from suzumio.orchestrator.backends.pool import PoolBackend
 from suzumio.orchestrator.backends.process import ProcessBackend, ProcessSettings
 from tests.integration.test_pool_backend import (  # noqa: F401 - fixtures
-    ACK_WAIT,
     StartWorker,
     Statuses,
     backend,
     fenced_url,
+    handed_out_once,
     make_plan,
     statuses,
     wait_workers,
@@ -79,7 +79,9 @@ async def test_a_dispatch_whose_worker_died_before_its_ack_is_not_run_again_afte
 
     workers("wb")
     await wait_workers(backend, "wb")
-    await asyncio.sleep(ACK_WAIT + 3.0)  # the queue hands the unacked dispatch out again
+    # Left in the queue, the unacked dispatch would go to wb once its ack wait passed; taken
+    # out, it was handed out once (to the dead worker) and never can be again.
+    await handed_out_once(nc, topology)
     started_by = [s.worker_id for s in statuses.of(did, "started")]
     assert started_by == ["dead"], f"the ended attempt ran again on {started_by[1:]}"
     await psub.unsubscribe()

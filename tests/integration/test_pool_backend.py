@@ -245,6 +245,15 @@ async def queue_is_empty(nc: NATS, topology: Topology, pool: str = "default") ->
     return info.num_pending == 0 and info.num_ack_pending == 0 and stream.state.messages == 0
 
 
+async def handed_out_once(nc: NATS, topology: Topology, pool: str = "default") -> None:
+    """The pool's only dispatch left the queue (acked or deleted: nothing can hand it out
+    again), and the queue handed it out once — no redelivery to another worker."""
+    await eventually(lambda: queue_is_empty(nc, topology, pool), timeout=ACK_WAIT + 10)
+    delivered = (await consumer(nc, topology, pool)).delivered
+    assert delivered is not None
+    assert delivered.consumer_seq == 1, delivered
+
+
 async def watch(backend: PoolBackend, handle: Handle, timeout: float = 45.0) -> Exit:
     return await asyncio.wait_for(backend.watch(handle), timeout)
 
@@ -364,11 +373,10 @@ async def test_a_killed_worker_is_lost_and_its_attempt_never_runs_again(
     assert (result.code, result.reason) == (None, "lost")
     assert time.monotonic() - killed_at < HEARTBEAT_TIMEOUT + 2.5
     await eventually(lambda: broker.open == 0, timeout=5)  # its runner died with it
-    # The dispatch was withdrawn when it was declared lost: past the ack wait, no other worker
-    # has been handed that attempt.
-    await asyncio.sleep(ACK_WAIT + 1.0)
+    # The dispatch was withdrawn when it was declared lost: once it has left the queue (no
+    # waiting for its ack wait to pass), it was handed out once, to wa, and never can be again.
+    await handed_out_once(nc, topology)
     assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["wa"]
-    assert await queue_is_empty(nc, topology)
 
 
 async def test_an_attempt_that_ended_while_no_orchestrator_watched_is_found_with_its_exit(
@@ -437,7 +445,7 @@ async def test_a_dispatch_is_held_while_its_files_come_in_for_longer_than_the_ac
         await eventually(lambda: statuses.of(handle.sandbox_id, "started"), timeout=30)
         assert time.monotonic() - launched_at > ack_wait  # else this proves nothing
         await eventually(lambda: statuses.of(handle.sandbox_id, "exited"), timeout=30)
-        await asyncio.sleep(ack_wait + 0.5)
+        await handed_out_once(nc, topology)  # never redelivered while its files came in
     finally:
         await backend.close()
     assert len(statuses.of(handle.sandbox_id, "started")) == 1  # one worker ran it, once
