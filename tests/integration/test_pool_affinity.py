@@ -44,8 +44,8 @@ async def test_a_warm_sessions_next_dispatches_go_to_the_worker_keeping_it(
 ) -> None:  # fmt: skip
     """Two idle workers pull the pool's queue by turns; a session's activations after its
     first all run on the first one's worker, warm, on its resident runner."""
-    workers("wa", concurrency=2, idle_ttl=30)
-    workers("wb", concurrency=2, idle_ttl=30)
+    workers("wa", "--take-routed", concurrency=2, idle_ttl=30)
+    workers("wb", "--take-routed", concurrency=2, idle_ttl=30)
     await wait_workers(backend, "wa", "wb")
 
     first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
@@ -83,8 +83,8 @@ async def test_a_warm_session_goes_to_the_pools_queue_while_its_worker_is_full(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
     fenced_url: str, hanging: tuple[str, Hanging],
 ) -> None:  # fmt: skip
-    workers("wa", concurrency=1, idle_ttl=30)
-    workers("wb", concurrency=1, idle_ttl=30)
+    workers("wa", "--take-routed", concurrency=1, idle_ttl=30)
+    workers("wb", "--take-routed", concurrency=1, idle_ttl=30)
     await wait_workers(backend, "wa", "wb")
     first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
     await watch(backend, first)
@@ -112,12 +112,12 @@ async def test_a_dispatch_sent_to_a_worker_that_died_is_lost_and_the_next_goes_e
     """Only the worker a dispatch was sent to would take it: once that worker is gone, the
     attempt ends as lost (retryable, as a run whose worker died) and its message leaves the
     stream; the session's next dispatch goes to the pool's queue."""
-    wa = workers("wa", idle_ttl=30)
+    wa = workers("wa", "--take-routed", idle_ttl=30)
     await wait_workers(backend, "wa")
     first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
     await watch(backend, first)
     assert ran_on(statuses, first) == ["wa"]
-    workers("wb", idle_ttl=30)
+    workers("wb", "--take-routed", idle_ttl=30)
     await wait_workers(backend, "wa", "wb")
 
     wa.send_signal(signal.SIGKILL)
@@ -143,7 +143,7 @@ async def test_a_worker_runs_no_more_than_its_concurrency_with_dispatches_on_bot
 ) -> None:  # fmt: skip
     """An idle worker waits on both its queues at once, so a dispatch on each may come for its
     one slot: the second is held until the first ended, never run beside it."""
-    workers("wa", idle_ttl=30)
+    workers("wa", "--take-routed", idle_ttl=30)
     await wait_workers(backend, "wa")
     warm = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
     await watch(backend, warm)

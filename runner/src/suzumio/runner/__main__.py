@@ -49,6 +49,11 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cmd.add_argument("--worker-id", default=None, help="default: host name and a random suffix")
     cmd.add_argument("--heartbeat", type=float, default=3.0, help="seconds between heartbeats")
     cmd.add_argument("--idle-ttl", type=float, default=0.0, help="keep warm sessions (seconds)")
+    cmd.add_argument(
+        "--take-routed",
+        action="store_true",
+        help="take a warm session's next dispatches sent to this worker (session affinity)",
+    )
     cmd.add_argument("--max-warm", type=int, default=8, help="warm sessions kept at most")
     cmd.add_argument("--kill-grace", type=float, default=5.0, help="SIGTERM to SIGKILL (s)")
     cmd.add_argument("--drain", type=float, default=30.0, help="wait for runs at shutdown (s)")
@@ -119,6 +124,7 @@ def worker(args: argparse.Namespace) -> int:
             drain_seconds=args.drain,
             warm_runners=not args.cold,
             resident_runs=max(args.resident_runs, 0),
+            take_routed=args.take_routed,
             cpu_policy=_cpu_policy(args.cpu_policy),
             cgroups=not args.no_cgroups,
             health_port=args.health_port,

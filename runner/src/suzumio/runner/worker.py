@@ -24,10 +24,11 @@ then `<workdir>/<worker>/sessions/<key>` and stays after the run, for the idle T
 session's next activation on this worker finds the files, checkouts and caches the last one
 left (and `/workspace/session`). The idle TTL is the worker's, or the profile's
 (`idle_seconds`, carried by the dispatch) if shorter, counted from the session's last
-activation here. Its presence beats name the sessions it keeps warm, and the orchestrator
-sends a warm session's next dispatch to `act.<pool>.worker.<id>`, which only this worker's own
-consumer takes (session affinity); it pulls that one beside the pool's. A cold start elsewhere
-is only slower, never wrong, since the history and checkpoint come with the input.
+activation here. With `--take-routed` its presence beats name the sessions it keeps warm, and
+the orchestrator sends a warm session's next dispatch to `act.<pool>.worker.<id>`, which only
+this worker's own consumer takes (session affinity); it pulls that one beside the pool's. A
+cold start elsewhere is only slower, never wrong, since the history and checkpoint come with
+the input.
 
 Limits (`suzumio.runner.limits`): each run, or a warm session's resident runner, is held to
 the dispatch's profile limits — in a cgroup of its own under the worker's where the host
@@ -135,6 +136,10 @@ class WorkerConfig:
     cgroups: bool = True  # a cgroup per run for its limits where the host allows; else rlimits
     health_port: int | None = None  # serve /healthz and /readyz here (0: any free port)
     health_host: str = "127.0.0.1"
+    # Pull dispatches sent to this worker for the sessions it keeps warm (session affinity).
+    # Off by default: its second pull loop cost a single worker ~20% of its throughput in the
+    # bench (2026-12-02; cause not found yet), and with one worker every session is here.
+    take_routed: bool = False
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
@@ -346,7 +351,9 @@ class Worker:
             psub = await self._subscribe(stop)
             if psub is None:
                 return
-            own = asyncio.create_task(self._pull_own(stop))
+            own = asyncio.create_task(
+                self._pull_own(stop) if self.cfg.take_routed else asyncio.sleep(0)
+            )
             presence = asyncio.create_task(self._presence())
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
             self._pulling = True
