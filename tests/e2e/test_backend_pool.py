@@ -67,7 +67,16 @@ def pool_factory(
         pool = PoolSettings(
             heartbeat_timeout_seconds=heartbeat_timeout, ack_wait_seconds=heartbeat_timeout * 2
         )
-        return PoolBackend(platform.nc, platform.topology, pool)
+        backend = PoolBackend(platform.nc, platform.topology, pool)
+        # Present once its fork server is warm and it pulls: a dispatch with a wall clock of a
+        # few seconds, queued before, could be past its deadline when the worker takes it.
+        await eventually(
+            backend.health,
+            lambda health: bool(health.detail.get("pools", {}).get("default", {}).get("workers")),
+            timeout=60,
+            what="the pool worker present",
+        )
+        return backend
 
     return pool_backend
 

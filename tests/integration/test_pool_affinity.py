@@ -13,7 +13,9 @@ import signal
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
+from suzumio.contracts.runner import PoolWorkerInfo
 from suzumio.contracts.subjects import Topology
 from suzumio.orchestrator.backends.base import Handle
 from suzumio.orchestrator.backends.pool import PoolBackend
@@ -177,3 +179,22 @@ async def test_a_worker_runs_no_more_than_its_concurrency_with_dispatches_on_bot
     assert len(order) == 4
     assert order[0][0] == "started", order
     assert order[1] == ("exited", order[0][1]), order
+
+
+async def test_a_workers_first_beat_says_it_takes_routed_dispatches(
+    workers: StartWorker, nc: NATS, topology: Topology
+) -> None:
+    """Its own consumer is bound before it first says it is there: an orchestrator routes a
+    warm session's next dispatch to it from then on, not only from its second beat."""
+    beats: asyncio.Queue[PoolWorkerInfo] = asyncio.Queue()
+
+    async def on_beat(msg: Msg) -> None:
+        await beats.put(PoolWorkerInfo.model_validate_json(msg.data))
+
+    sub = await nc.subscribe(topology.pool_worker_subject("wa"), cb=on_beat)
+    try:
+        workers("wa", "--take-routed", concurrency=2, idle_ttl=30)
+        first = await asyncio.wait_for(beats.get(), 60)
+    finally:
+        await sub.unsubscribe()
+    assert first.takes_routed

@@ -1,7 +1,7 @@
 """The pool worker and its fork server under what a review found them to mishandle: an agent
 that made its `out/` unreadable or a directory in it read-only, a worker stopped with such a
 workspace, a Ctrl-C that reaches the worker's whole process group, and a fork server whose
-answers hold a line that is not one.
+answers hold a line that is not one, is slow to warm up, or dies before it is warm.
 
 Permissions only bind an unprivileged user: where the tests run as root, the worker runs as
 `nobody` (in a work directory of its own) so that what an agent does to its files counts.
@@ -253,9 +253,9 @@ sys.stdin.readline()  # dies when asked anything more (or when its stdin closes)
 
 class FakeForkServer(ForkServer):
     """The worker's side against a server that answers with lines that are not answers too,
-    then dies with a runner still running."""
+    then dies with a runner still running (it never says it is warm: not waited for)."""
 
-    async def start(self) -> None:
+    async def start(self, ready_within: float = 0) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", FAKE_SERVER,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -318,3 +318,65 @@ async def test_a_resident_runs_request_of_many_megabytes_does_not_stall_the_fork
         await server.close()
     assert code == 2  # not an input: the runner said so at once
     assert took < 5, f"{took:.1f} s"
+
+
+SLOW_TO_WARM_SERVER = """
+import json, sys, time
+time.sleep(1.0)  # the imports and the warm-up of a real one
+open(sys.argv[1], "w").close()
+def say(line):
+    sys.stdout.write(line + "\\n"); sys.stdout.flush()
+say(json.dumps({"ready": True}))
+say(json.dumps({"id": json.loads(sys.stdin.readline())["id"], "pid": 4242}))
+sys.stdin.readline()
+"""
+
+
+class ScriptedForkServer(ForkServer):
+    """The worker's side against a stand-in server (a script, not the runner's)."""
+
+    def __init__(self, *argv: str) -> None:
+        super().__init__()
+        self._argv = list(argv)
+
+    def _command(self) -> list[str]:
+        return [sys.executable, *self._argv]
+
+
+async def test_a_fork_server_is_waited_for_until_it_is_warm(tmp_path: Path) -> None:
+    """The worker pulls only after `start`: a server still importing would hold the first
+    dispatch it took for seconds, where another worker could have started it at once."""
+    warm = tmp_path / "warm"
+    server = ScriptedForkServer("-c", SLOW_TO_WARM_SERVER, str(warm))
+    try:
+        await asyncio.wait_for(server.start(), 30)
+        assert warm.exists()  # started returned after the warm-up, not at the exec
+        assert server.ready
+        assert server.alive
+        child = await server.spawn(Path("input.json"), tmp_path, tmp_path / "runner.log", {})
+        assert child.pid == 4242
+    finally:
+        await server.close()
+
+
+async def test_a_fork_server_that_dies_while_warming_up_does_not_hold_the_worker() -> None:
+    server = ScriptedForkServer("-c", "import sys; sys.exit(3)")
+    try:
+        await asyncio.wait_for(server.start(ready_within=600), 30)
+        assert not server.ready
+        assert not server.alive  # the worker starts another
+    finally:
+        await server.close()
+
+
+async def test_the_runners_fork_server_says_when_it_is_warm(tmp_path: Path) -> None:
+    server = ForkServer()
+    try:
+        await asyncio.wait_for(server.start(), 120)
+        assert server.ready
+        env = {"PATH": "/usr/bin:/bin"}
+        resident = await server.spawn_resident(tmp_path, tmp_path / "runner.log", env, 1)
+        run = await server.run_in(resident, "not an input", tmp_path, env)
+        assert await asyncio.wait_for(run.wait(), 60) == 2
+    finally:
+        await server.close()

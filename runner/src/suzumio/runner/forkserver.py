@@ -15,7 +15,9 @@ activations, so they pay neither the fork nor the exit, and its HTTP connections
 It leaves after `max_runs` activations, or when the worker retires it (another agent or
 environment, an activation stopped, the session no longer warm).
 
-Protocol on the server's stdin/stdout, one JSON object per line:
+Protocol on the server's stdin/stdout, one JSON object per line. Once warm (everything
+imported, a model and a broker call made on loopback) it says `{"ready": true}`, and only then
+reads requests:
 `{"id", "input", "cwd", "log", "env", "sandbox"?}` → `{"id", "pid"}` or `{"id", "error"}`;
 `{"id", "resident": true, "cwd", "log", "env", "max_runs", "sandbox"?}` → `{"id", "pid"}`;
 `{"id", "to": pid, "spec", "cwd", "env"}` (an activation for a resident runner, its input
@@ -45,6 +47,9 @@ from suzumio.runner.limits import Sandbox
 from suzumio.runner.log import log
 
 _PR_SET_PDEATHSIG = 1
+# How long the worker waits for a new server to be warm before it goes on without it (runs
+# then wait for it as they always could): the imports and warm-up take ~1-4 s of CPU.
+READY_SECONDS = 120.0
 
 
 def _libc() -> Any:
@@ -348,6 +353,7 @@ def serve() -> int:
 
     residents = _Residents(selector, reply)
     forked: set[int] = set()
+    reply({"ready": True})
     while True:
         for key, _ in selector.select():
             if isinstance(key.data, int):
@@ -467,6 +473,11 @@ class ForkServer:
         self._runs: dict[int, ResidentRun] = {}  # request id → an activation on a resident
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._ready = asyncio.Event()  # the server said it is warm
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
 
     @property
     def alive(self) -> bool:
@@ -479,12 +490,24 @@ class ForkServer:
             and not self._reader.done()
         )
 
-    async def start(self) -> None:
+    async def start(self, ready_within: float = READY_SECONDS) -> None:
+        """Start the server and wait until it is warm: a worker that pulled while its server
+        still imported would hold its first dispatch for seconds, where another worker of the
+        pool could start it at once. Returns early if the server died (`alive` then says so:
+        the worker starts another), and after `ready_within` seconds in any case."""
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "suzumio.runner", "forkserver",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            *self._command(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
         self._reader = asyncio.create_task(self._read())
+        ready = asyncio.create_task(self._ready.wait())
+        await asyncio.wait({ready, self._reader}, timeout=ready_within,
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        ready.cancel()
+        if not self.ready:
+            log("forkserver.not_ready", alive=self.alive, waited_seconds=ready_within)
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "suzumio.runner", "forkserver"]
 
     async def spawn(
         self,
@@ -575,6 +598,9 @@ class ForkServer:
                 run.ended(-int(signal.SIGKILL))
 
     def _on_message(self, message: dict[str, Any]) -> None:
+        if isinstance(message, dict) and message.get("ready") is True:
+            self._ready.set()
+            return
         if "code" in message:
             self._exited(int(message["pid"]), int(message["code"]))
             return

@@ -351,8 +351,11 @@ class Worker:
             psub = await self._subscribe(stop)
             if psub is None:
                 return
+            # Bound before the first beat, so that it already says routed dispatches are
+            # taken here (else nothing is routed here until the next beat).
+            routed = await self._bind_own_or_note() if self.cfg.take_routed else None
             own = asyncio.create_task(
-                self._pull_own(stop) if self.cfg.take_routed else asyncio.sleep(0)
+                self._pull_own(stop, routed) if self.cfg.take_routed else asyncio.sleep(0)
             )
             presence = asyncio.create_task(self._presence())
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
@@ -468,23 +471,21 @@ class Worker:
         await self.nc.subscribe(self.topology.pool_list_subject(), cb=self._on_list)
         return await js.pull_subscribe_bind(durable, stream=stream)
 
-    async def _pull_own(self, stop: asyncio.Event) -> None:
+    async def _pull_own(
+        self, stop: asyncio.Event, psub: JetStreamContext.PullSubscription | None
+    ) -> None:
         """Pull the dispatches routed to this worker (its warm sessions' next activations) from
-        its own consumer, beside the pool's loop; the same slots. Made again after an error
-        (its consumer may have gone, idle past its inactivity threshold while NATS was away).
-        Until it is bound, beats name no warm session, so nothing is routed here."""
-        psub: JetStreamContext.PullSubscription | None = None
+        its own consumer (`psub`, if bound already), beside the pool's loop; the same slots.
+        Made again after an error (its consumer may have gone, idle past its inactivity
+        threshold while NATS was away). Until it is bound, beats name no warm session, so
+        nothing is routed here."""
         while not stop.is_set():
             if psub is None:
-                try:
-                    psub = await self._bind_own()
-                except Exception as exc:
-                    self._own_error = repr(exc)
-                    log("worker.own_consumer_failed", error=repr(exc))
+                psub = await self._bind_own_or_note()
+                if psub is None:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), 1.0)
                     continue
-                self._own_bound, self._own_error = True, None
             await self._pull_once(psub, stop, self._own_freed, own=True)
             if self._own_error is not None:
                 self._own_bound = False
@@ -495,6 +496,17 @@ class Worker:
         if psub is not None:
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()
+
+    async def _bind_own_or_note(self) -> JetStreamContext.PullSubscription | None:
+        """This worker's own consumer, bound; None (and why, for health) if it could not be."""
+        try:
+            psub = await self._bind_own()
+        except Exception as exc:
+            self._own_error = repr(exc)
+            log("worker.own_consumer_failed", error=repr(exc))
+            return None
+        self._own_bound, self._own_error = True, None
+        return psub
 
     async def _bind_own(self) -> JetStreamContext.PullSubscription:
         """This worker's consumer of `act.<pool>.worker.<id>`: the pool consumer's ack wait
