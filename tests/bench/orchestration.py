@@ -8,9 +8,10 @@ no-op server, which costs ~60 µs of CPU a call, for the throughput):
 - a user message (sent by a connected client through the gateway) → the first model call of
   its runner, per backend; for the pool, → the worker starting it (`started` on the pool's
   status subject);
-- pool throughput: activations per second from requested to ended, with a no-op model, and
-  where their CPU went (ms per activation: the runners with their worker, the orchestrator
-  with this process, each service, and the rest of the machine).
+- pool throughput: activations per second from requested to ended, with a no-op model, each
+  session with one activation at a time (as the scheduler holds it), and where their CPU went
+  (ms per activation: the runners with their worker, the orchestrator with this process, each
+  service, and the rest of the machine).
 
 The pool is measured twice: `pool`, a worker forking a runner per activation, and
 `pool_warm_sessions`, a worker keeping sessions warm, whose runners stay for their session's
@@ -268,28 +269,51 @@ def _nats_messages() -> dict[str, int]:
 async def _throughput(
     h: Harness, pool: list[int], resident: set[str], sessions: list[World]
 ) -> dict[str, Any]:
-    # The ends are seen as they are stored (a subscription), not polled for: reading every
-    # activation's story again and again would load the machine being measured.
+    # At most one live activation per session, as the scheduler holds it (DESIGN §6): a
+    # session's next request goes when its last one ended. With more sessions than the worker
+    # has slots, the queue never runs dry. (Requested all at once instead, a session's
+    # activations would run side by side on its runner and on cold ones — which the platform
+    # never does.) The ends are seen as they are stored (a subscription), not polled for:
+    # reading every activation's story again and again would load the machine being measured.
     ids: list[str] = []
+    live: dict[str, World] = {}
     ended: set[str] = set()
     all_ended = asyncio.Event()
+    requesting: set[asyncio.Task[None]] = set()
+    issued = 0
+
+    def next_of(world: World) -> None:
+        nonlocal issued
+        if issued >= THROUGHPUT_ACTIVATIONS:
+            if not live and len(ids) == issued:
+                all_ended.set()
+            return
+        issued += 1
+        task = asyncio.create_task(request(world))
+        requesting.add(task)
+        task.add_done_callback(requesting.discard)
+
+    async def request(world: World) -> None:
+        activation_id, _ = await _request(h, world)
+        ids.append(activation_id)
+        live[activation_id] = world
+        if activation_id in ended:  # it ended before its request's answer came back
+            next_of(live.pop(activation_id))
 
     async def on_event(msg: Msg) -> None:
         if TERMINAL_SET.intersection(types_of(msg.headers) or ()):
-            ended.add(msg.subject.rsplit(".", 1)[1])
-            if len(ended) >= THROUGHPUT_ACTIVATIONS and ended.issuperset(ids):
-                all_ended.set()
+            activation_id = msg.subject.rsplit(".", 1)[1]
+            ended.add(activation_id)
+            if activation_id in live:
+                next_of(live.pop(activation_id))
 
     sub = await h.stack.nc.subscribe(h.stack.topology.events_filter("activation"), cb=on_event)
     try:
         msgs_before = _nats_messages()
         cpu_before = _cpu_by_part(h, pool)
         started = time.perf_counter()
-        for i in range(THROUGHPUT_ACTIVATIONS):
-            activation_id, _ = await _request(h, sessions[i % len(sessions)])
-            ids.append(activation_id)
-        if ended.issuperset(ids):
-            all_ended.set()
+        for world in sessions:
+            next_of(world)
         await asyncio.wait_for(all_ended.wait(), 600)
         elapsed = time.perf_counter() - started
     finally:

@@ -12,6 +12,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -181,11 +182,19 @@ async def test_a_worker_runs_no_more_than_its_concurrency_with_dispatches_on_bot
     assert order[1] == ("exited", order[0][1]), order
 
 
-async def test_a_workers_first_beat_says_it_takes_routed_dispatches(
-    workers: StartWorker, nc: NATS, topology: Topology
-) -> None:
-    """Its own consumer is bound before it first says it is there: an orchestrator routes a
-    warm session's next dispatch to it from then on, not only from its second beat."""
+@pytest.mark.parametrize(
+    ("options", "idle_ttl", "takes_routed"),
+    [((), 30, True), (("--no-take-routed",), 30, False), ((), 0, False)],
+    ids=["warm-sessions", "opted-out", "no-warm-sessions"],
+)
+async def test_a_workers_first_beat_says_whether_it_takes_routed_dispatches(
+    workers: StartWorker, nc: NATS, topology: Topology,
+    options: tuple[str, ...], idle_ttl: float, takes_routed: bool,
+) -> None:  # fmt: skip
+    """A worker keeping sessions warm takes the dispatches routed to it unless told not to; one
+    without warm sessions has none routed to it and no consumer for them. Its own consumer is
+    bound before it first says it is there: an orchestrator routes a warm session's next
+    dispatch to it from then on, not only from its second beat."""
     beats: asyncio.Queue[PoolWorkerInfo] = asyncio.Queue()
 
     async def on_beat(msg: Msg) -> None:
@@ -193,8 +202,32 @@ async def test_a_workers_first_beat_says_it_takes_routed_dispatches(
 
     sub = await nc.subscribe(topology.pool_worker_subject("wa"), cb=on_beat)
     try:
-        workers("wa", "--take-routed", concurrency=2, idle_ttl=30)
+        workers("wa", *options, concurrency=2, idle_ttl=idle_ttl)
         first = await asyncio.wait_for(beats.get(), 60)
     finally:
         await sub.unsubscribe()
-    assert first.takes_routed
+    assert first.takes_routed is takes_routed
+
+
+async def test_a_pool_dispatch_whose_slot_a_routed_one_took_waits_for_the_next(
+    backend: PoolBackend, workers: StartWorker, tmp_path: Path, fenced_url: str
+) -> None:
+    """A dispatch on each queue for a worker's one free slot: when the routed one gets it, the
+    pool's waits for the slot it frees, not sent back at once — a nak counts as a delivery, and
+    one sent back at each slot freed on a busy worker was at its `max_deliver` in moments. (The
+    worker takes the two in either order; over the rounds the routed one comes first too.)"""
+    workers("wa", "--take-routed", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    warm = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    await watch(backend, warm)
+    for i in range(6):
+        pooled, routed = await asyncio.gather(
+            backend.launch(make_plan(fenced_url, tmp_path, session_id=f"p{i}")),
+            backend.launch(make_plan(fenced_url, tmp_path, session_id="s1")),
+        )
+        assert (pooled.data["routed_to"], routed.data["routed_to"]) == (None, "wa")
+        ends = await asyncio.gather(watch(backend, pooled), watch(backend, routed))
+        assert [end.code for end in ends] == [6, 6]
+    log = (tmp_path / "wa.log").read_text()
+    assert "worker.no_slot_left" not in log
+    assert "worker.redelivered" not in log

@@ -51,8 +51,10 @@ def add_worker_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cmd.add_argument("--idle-ttl", type=float, default=0.0, help="keep warm sessions (seconds)")
     cmd.add_argument(
         "--take-routed",
-        action="store_true",
-        help="take a warm session's next dispatches sent to this worker (session affinity)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take a warm session's next dispatches sent to this worker (session affinity; "
+        "with --idle-ttl)",
     )
     cmd.add_argument("--max-warm", type=int, default=8, help="warm sessions kept at most")
     cmd.add_argument("--kill-grace", type=float, default=5.0, help="SIGTERM to SIGKILL (s)")

@@ -94,6 +94,9 @@ from suzumio.runner.workfiles import WorkspaceError, remove_tree
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
 DEADLINE_BACKSTOP_SECONDS = 30.0
+# How long a dispatch from the pool's queue that found its slot taken (by one routed here) waits
+# for another before it goes back to the queue.
+NO_SLOT_HOLD_SECONDS = 2.0
 # A worker's own consumer (dispatches routed to it) outlives its pulls this long: its id dies
 # with its process, and a new worker makes its own.
 OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
@@ -136,10 +139,9 @@ class WorkerConfig:
     cgroups: bool = True  # a cgroup per run for its limits where the host allows; else rlimits
     health_port: int | None = None  # serve /healthz and /readyz here (0: any free port)
     health_host: str = "127.0.0.1"
-    # Pull dispatches sent to this worker for the sessions it keeps warm (session affinity).
-    # Off by default: its second pull loop cost a single worker ~20% of its throughput in the
-    # bench (2026-12-02; cause not found yet), and with one worker every session is here.
-    take_routed: bool = False
+    # Pull dispatches sent to this worker for the sessions it keeps warm (session affinity):
+    # only with warm sessions (`idle_ttl_seconds` > 0), the only ones routed anywhere.
+    take_routed: bool = True
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.worker_id):
@@ -353,9 +355,10 @@ class Worker:
                 return
             # Bound before the first beat, so that it already says routed dispatches are
             # taken here (else nothing is routed here until the next beat).
-            routed = await self._bind_own_or_note() if self.cfg.take_routed else None
+            takes_routed = self.cfg.take_routed and self.cfg.idle_ttl_seconds > 0
+            routed = await self._bind_own_or_note() if takes_routed else None
             own = asyncio.create_task(
-                self._pull_own(stop, routed) if self.cfg.take_routed else asyncio.sleep(0)
+                self._pull_own(stop, routed) if takes_routed else asyncio.sleep(0)
             )
             presence = asyncio.create_task(self._presence())
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
@@ -645,15 +648,19 @@ class Worker:
             log("worker.ended_already", dispatch=did)
             await self._report_end(msg, self._recent[did][1])
             return
-        if not own and self._running >= self.cfg.concurrency:
+        if own or self._running < self.cfg.concurrency:
+            await self._slot(msg)
+        elif not await self._slot_within(NO_SLOT_HOLD_SECONDS):
             # Its last slot went to a dispatch sent to this worker while this one was being
-            # fetched from the pool's queue: back to the queue at once, for a worker with a
-            # slot free, rather than held here until a run ends (which may take an hour).
+            # fetched from the pool's queue, and no run ended since: back to the queue, for a
+            # worker with a slot free, rather than held here until a run ends (which may take
+            # an hour). Not at once: a nak counts as a delivery, and a dispatch nak'd at every
+            # slot freed on a busy worker reached the consumer's max_deliver within 150 ms —
+            # never to be delivered again.
             log("worker.no_slot_left", dispatch=did)
             with contextlib.suppress(Exception):
                 await msg.nak()
             return
-        await self._slot(msg)
         try:
             await self._handle_in_slot(dispatch, msg)
         finally:
@@ -672,6 +679,20 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
         self._running += 1
+
+    async def _slot_within(self, seconds: float) -> bool:
+        """One of the slots, if one frees within `seconds`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self._running >= self.cfg.concurrency:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), left)
+        self._running += 1
+        return True
 
     async def _handle_in_slot(self, dispatch: ActivationDispatch, msg: Msg) -> None:
         did = dispatch.dispatch_id
