@@ -875,3 +875,33 @@ async def test_a_resident_runs_input_is_on_no_disk_and_its_failure_reports_its_o
     assert not [p for p in files if b"not-a-real-token" in p.read_bytes()]
     await backend.cancel(running)
     assert (await watch(backend, running, timeout=15)).reason == "killed"
+
+
+async def test_a_dispatch_the_queue_gives_up_on_is_lost_at_once_not_at_its_deadline(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    """Sent back by worker after worker (each full, or stopping) until its consumer's
+    `max_deliver`, a dispatch is handed out no more: its attempt is lost (retryable) when
+    JetStream says so, not left queued until its deadline. The workers here are a pull
+    subscription of the pool's consumer that sends it back."""
+    backend = PoolBackend(nc, topology, SETTINGS.model_copy(update={"max_deliver": 2}))
+    psub = None
+    try:
+        handle = await backend.launch(make_plan(closed_port_url(), tmp_path))
+        watching = asyncio.create_task(watch(backend, handle, timeout=30))
+        psub = await nc.jetstream().pull_subscribe_bind(
+            topology.pool_consumer("default"), stream=topology.activations_stream
+        )
+        for _ in range(2):
+            [msg] = await psub.fetch(1, timeout=5)
+            await msg.nak()
+        with contextlib.suppress(TimeoutError):  # still pulling: nothing comes any more
+            assert await psub.fetch(1, timeout=1) == []
+        ended = await watching
+        assert ended.reason == "lost"
+        assert "handed its dispatch out 2 times" in ended.detail
+        assert await queue_is_empty(nc, topology)
+    finally:
+        if psub is not None:
+            await psub.unsubscribe()
+        await backend.close()

@@ -112,6 +112,9 @@ class _Tracker:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     affinity_key: str | None = None
     routed_to: str | None = None  # sent to that worker's own consumer (session affinity)
+    seq: int | None = None  # its message in the work queue
+    # JetStream handed it out this many times (`max_deliver`) and never will again.
+    given_up_after: int = 0
 
     def update(self, status: PoolStatus) -> None:
         self.last_seen = time.monotonic()
@@ -156,6 +159,7 @@ class PoolBackend:
         self._trackers: dict[str, _Tracker] = {}
         self._cleaned: dict[str, float] = {}  # dispatch → when: in order of cleanup
         self._statuses: Subscription | None = None
+        self._given_up: Subscription | None = None
         self._statuses_made = asyncio.Lock()
         self._consumers: set[str] = set()
         self._workers: dict[str, tuple[float, PoolWorkerInfo]] = {}
@@ -204,7 +208,7 @@ class PoolBackend:
             self._untrack(did)
             why = ack["error"].get("description", "refused")
             raise LaunchError(f"could not queue dispatch {did}: {why}")
-        seq = int(ack["seq"])
+        seq = tracker.seq = int(ack["seq"])
         log.info("pool.dispatched", activation=plan.activation_id, dispatch=did,
                  pool=dispatch.pool, seq=seq, duplicate=bool(ack.get("duplicate")),
                  routed_to=tracker.routed_to)  # fmt: skip
@@ -317,6 +321,8 @@ class PoolBackend:
         tracker = self._trackers.get(did) or await self._track(
             did, started=handle.data.get("state") != "queued"
         )
+        if isinstance(seq := handle.data.get("seq"), int):
+            tracker.seq = seq
         if tracker.final is None and isinstance(ended := handle.data.get("exit"), dict):
             with contextlib.suppress(ValidationError):  # it ended while no one watched
                 tracker.update(PoolStatus.model_validate(ended))
@@ -344,6 +350,14 @@ class PoolBackend:
                     lost = Exit(None, "lost", _silent(tracker), gone=True)
                     return await self._abandon(handle, lost)
             else:
+                if tracker.given_up_after:
+                    # Sent back to the queue by worker after worker (each full, or stopping):
+                    # the queue hands it out no more, and it would wait for its deadline.
+                    detail = (
+                        f"the queue handed its dispatch out {tracker.given_up_after} times "
+                        "and no worker started it"
+                    )
+                    return await self._abandon(handle, Exit(None, "lost", detail, gone=True))
                 wait = deadline - time.time() if isinstance(deadline, (int, float)) else 60.0
                 if wait <= 0:
                     detail = "no worker started it before its deadline"
@@ -587,11 +601,11 @@ class PoolBackend:
 
     async def close(self) -> None:
         self._trackers.clear()
-        for sub in (self._statuses, self._presence):
+        for sub in (self._statuses, self._given_up, self._presence):
             if sub is not None:
                 with contextlib.suppress(NatsError):
                     await sub.unsubscribe()
-        self._statuses = self._presence = None
+        self._statuses = self._given_up = self._presence = None
 
     # -- subscriptions ----------------------------------------------------------------------
     async def _track(self, did: str, *, started: bool) -> _Tracker:
@@ -615,9 +629,29 @@ class PoolBackend:
             return
         async with self._statuses_made:
             if self._statuses is None:
+                self._given_up = await self._nc.subscribe(
+                    MAX_DELIVERIES_ADVISORY + self.topology.activations_stream + ".*",
+                    cb=self._on_given_up,
+                )
                 self._statuses = await self._nc.subscribe(
                     self.topology.pool_status_subject("*"), cb=self._on_status
                 )
+
+    async def _on_given_up(self, msg: Msg) -> None:
+        """JetStream's advisory that a message reached its consumer's `max_deliver`: if it is
+        a dispatch no worker started, its attempt is lost (retryable) now, not at its
+        deadline."""
+        try:
+            advisory = json.loads(msg.data)
+            seq, deliveries = int(advisory["stream_seq"]), int(advisory.get("deliveries", 0))
+        except (ValueError, TypeError, KeyError):
+            return
+        for tracker in self._trackers.values():
+            if tracker.seq == seq and not tracker.started and tracker.final is None:
+                log.warning("pool.dispatch_given_up", dispatch=tracker.dispatch_id,
+                            deliveries=deliveries)  # fmt: skip
+                tracker.given_up_after = max(deliveries, 1)
+                tracker.changed.set()
 
     async def _on_status(self, msg: Msg) -> None:
         try:
@@ -669,6 +703,10 @@ class PoolBackend:
             with contextlib.suppress(NatsError):
                 await sub.unsubscribe()
         return answers
+
+
+# `<prefix><stream>.<consumer>`: a message its consumer will hand out no more.
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
 
 
 def _silent(tracker: _Tracker) -> str:
