@@ -24,11 +24,11 @@ then `<workdir>/<worker>/sessions/<key>` and stays after the run, for the idle T
 session's next activation on this worker finds the files, checkouts and caches the last one
 left (and `/workspace/session`). The idle TTL is the worker's, or the profile's
 (`idle_seconds`, carried by the dispatch) if shorter, counted from the session's last
-activation here. With `--take-routed` its presence beats name the sessions it keeps warm, and
-the orchestrator sends a warm session's next dispatch to `act.<pool>.worker.<id>`, which only
-this worker's own consumer takes (session affinity); it pulls that one beside the pool's. A
-cold start elsewhere is only slower, never wrong, since the history and checkpoint come with
-the input.
+activation here. Unless started with `--no-take-routed`, its presence beats name the sessions
+it keeps warm, and the orchestrator sends a warm session's next dispatch to
+`act.<pool>.worker.<id>`, which only this worker's own consumer takes (session affinity); it
+pulls that one beside the pool's. A cold start elsewhere is only slower, never wrong, since the
+history and checkpoint come with the input.
 
 Limits (`suzumio.runner.limits`): each run, or a warm session's resident runner, is held to
 the dispatch's profile limits — in a cgroup of its own under the worker's where the host
@@ -648,9 +648,7 @@ class Worker:
             log("worker.ended_already", dispatch=did)
             await self._report_end(msg, self._recent[did][1])
             return
-        if own or self._running < self.cfg.concurrency:
-            await self._slot(msg)
-        elif not await self._slot_within(NO_SLOT_HOLD_SECONDS):
+        if not await self._slot(msg, within=None if own else NO_SLOT_HOLD_SECONDS):
             # Its last slot went to a dispatch sent to this worker while this one was being
             # fetched from the pool's queue, and no run ended since: back to the queue, for a
             # worker with a slot free, rather than held here until a run ends (which may take
@@ -667,30 +665,23 @@ class Worker:
             self._running -= 1
             self._slot_freed.set()
 
-    async def _slot(self, msg: Msg) -> None:
-        """One of the `concurrency` slots, waited for (the message held meanwhile) when the
-        pool's and the own consumer's loops both took a dispatch for the last one and the
-        pool's got it: the one sent here can go nowhere else."""
-        while self._running >= self.cfg.concurrency:
-            self._slot_freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), self.cfg.heartbeat_seconds)
-            if self._running >= self.cfg.concurrency:
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
-        self._running += 1
-
-    async def _slot_within(self, seconds: float) -> bool:
-        """One of the slots, if one frees within `seconds`."""
+    async def _slot(self, msg: Msg, within: float | None) -> bool:
+        """One of the `concurrency` slots, waited for when the pool's and the own consumer's
+        loops both took a dispatch for the last one: for `within` seconds at most (False if
+        none freed), or, for one sent here (None: it can go nowhere else), as long as it
+        takes, the message held meanwhile."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
+        deadline = None if within is None else loop.time() + within
         while self._running >= self.cfg.concurrency:
-            left = deadline - loop.time()
-            if left <= 0:
+            wait = self.cfg.heartbeat_seconds if deadline is None else deadline - loop.time()
+            if wait <= 0:
                 return False
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), left)
+                await asyncio.wait_for(self._slot_freed.wait(), wait)
+            if deadline is None and self._running >= self.cfg.concurrency:
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
         self._running += 1
         return True
 
