@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, PrivateAttr, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from suzumio.contracts.values import Backend
@@ -62,8 +62,17 @@ class OrchestratorSettings(ServiceSettings):
     max_artifact_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
     max_artifacts: int = Field(default=200, ge=0)
 
+    # Resolved once per (work_dir, data_dir), not on every call: every activation asks, and a
+    # realpath is a system call per path component.
+    _resolved: tuple[Path | None, Path, Path] | None = PrivateAttr(default=None)
+
     def sandboxes(self) -> Path:
-        return (self.work_dir or Path(self.data_dir) / "sandboxes").resolve()
+        known = self._resolved
+        if known is not None and known[0] == self.work_dir and known[1] == self.data_dir:
+            return known[2]
+        path = (self.work_dir or Path(self.data_dir) / "sandboxes").resolve()
+        self._resolved = (self.work_dir, Path(self.data_dir), path)
+        return path
 
     def activation_dir(self, activation_id: str) -> Path:
         """An activation's directory on this host (its input, workspace and exit record)."""
