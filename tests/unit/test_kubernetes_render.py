@@ -387,6 +387,7 @@ def test_label_values_are_always_valid(value: str) -> None:
 @pytest.mark.parametrize(
     "activation_id",
     [new_id(), "A" * 64, "under_score-and-CAPS", "-x-", "0" * 64, "abc"],
+    ids=["new-id", "64-capitals", "underscore-and-caps", "dashes", "64-zeros", "short"],
 )
 def test_names_are_dns_1123_labels(activation_id: str) -> None:
     for attempt in (1, 12, 999):
