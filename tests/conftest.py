@@ -3,7 +3,11 @@ collects no test is a failure, not a success."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from suzumio.runner import strays
 
 TIERS = ("unit", "integration", "e2e", "fault", "bench")
 
@@ -19,3 +23,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _no_command_carried_over() -> Iterator[None]:
+    """The runner's note of the commands an activation started is process-wide. A test that
+    ran a shell command in this process without ending an activation must not leave it to the
+    next one, whose end would then take this process's later children (its servers) for a
+    command's."""
+    yield
+    strays._Started.commands = False
+    strays._Started.before = frozenset()

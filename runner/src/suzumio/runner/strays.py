@@ -3,7 +3,8 @@
 A shell command's background process (`server &`) outlives its shell, and its own session or
 process group keeps it out of reach of a signal to the runner's group. The runner makes itself
 a child subreaper, so such an orphan becomes the runner's child rather than init's, and ends
-every child it still has when its activation ends (`end_children`). The fork server is one
+every child it still has when its activation ends (`end_children`) but those it had before
+the activation's first command. The fork server is one
 too: a runner killed outright leaves its children to it, and it ends them when it reaps the
 runner. (A worker killed outright takes the fork server and the runners with it; what they
 leave then goes to init.)
@@ -28,10 +29,13 @@ REAP_SECONDS = 2.0
 
 
 class _Started:
-    """Whether this process started a command since it last ended its children: a resident
-    runner's activations that ran none skip the look through /proc."""
+    """Whether this process started a command since it last ended its children (a resident
+    runner's activations that ran none skip the look through /proc), and the children it had
+    before the first of them: not the commands' to end. A runner has none of its own; a
+    process that runs an activation inside itself (a test) keeps its servers."""
 
     commands = False
+    before: frozenset[int] = frozenset()
 
 
 def become_subreaper() -> bool:
@@ -45,9 +49,11 @@ def become_subreaper() -> bool:
     return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
 
 
-def started_command() -> None:
-    """A tool started a command (its process group may leave children behind)."""
-    _Started.commands = True
+def starting_command() -> None:
+    """A tool is about to start a command (its process group may leave children behind)."""
+    if not _Started.commands:
+        _Started.before = frozenset(children(os.getpid()))
+        _Started.commands = True
 
 
 def children(parent: int) -> list[int]:
@@ -102,7 +108,8 @@ async def end_children() -> int:
     if not _Started.commands:
         return 0
     _Started.commands = False
-    strays = kill_children()
+    strays = kill_children(keep=_Started.before)
+    _Started.before = frozenset()
     deadline = time.monotonic() + REAP_SECONDS
     waiting = [pid for pid in strays if not reaped(pid)]
     while waiting and time.monotonic() < deadline:

@@ -167,6 +167,7 @@ class ShellExec:
         loop = asyncio.get_running_loop()
         output = OutputBuffer(ctx.limits.shell_output_max_bytes)
         started = loop.time()
+        strays.starting_command()  # what it leaves running ends with the activation
         try:
             transport, proto = await loop.subprocess_exec(
                 lambda: _Collector(output, loop),
@@ -182,7 +183,6 @@ class ShellExec:
             return ToolResult(f"cannot start {self._shell}: {exc.strerror}", "error")
         except ValueError as exc:  # a NUL or a lone surrogate cannot be passed to exec
             return ToolResult(f"the command cannot be run: {exc}", "error")
-        strays.started_command()  # what it leaves running ends with the activation
         group = transport.get_pid()
         try:
             # asyncio.wait, unlike wait_for, never cancels the futures it watches.
