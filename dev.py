@@ -166,7 +166,7 @@ def images() -> int:
 def _parallel(args: list[str]) -> list[str]:
     """pytest-xdist's workers (`SUZUMIO_TEST_WORKERS`, default 2; 0 or 1: none), unless the
     arguments choose. Much of a test's time is spent waiting on servers and subprocesses: two
-    workers on two cores took the suite from 34 to 22 minutes. Each worker starts its own NATS
+    workers on two cores took the suite from 34 to 18 minutes. Each worker starts its own NATS
     and Postgres; a test module stays on one worker (`loadfile`), with its module-scoped
     fixtures."""
     chosen = any(

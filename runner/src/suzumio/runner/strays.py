@@ -3,11 +3,10 @@
 A shell command's background process (`server &`) outlives its shell, and its own session or
 process group keeps it out of reach of a signal to the runner's group. The runner makes itself
 a child subreaper, so such an orphan becomes the runner's child rather than init's, and ends
-every child it still has when its activation ends (`end_children`) but those it had before
-the activation's first command. The fork server is one
-too: a runner killed outright leaves its children to it, and it ends them when it reaps the
-runner. (A worker killed outright takes the fork server and the runners with it; what they
-leave then goes to init.)
+every child it still has when its activation ends (`end_children`), but those it had before
+the activation's first command. The fork server is one too: a runner killed outright leaves
+its children to it, and it ends them when it reaps the runner. (A worker killed outright
+takes the fork server and the runners with it; what they leave then goes to init.)
 
 Linux only (`prctl`); elsewhere these do nothing.
 """
