@@ -19,7 +19,7 @@ from suzumio.contracts.events import ActivationCancelRequested
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.contracts.values import Backend as BackendName
-from suzumio.contracts.values import RuntimeProfileSpec, Timeouts
+from suzumio.contracts.values import NetworkProfile, RuntimeProfileSpec, Timeouts
 from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend
 from suzumio.orchestrator.engine import Orchestrator
@@ -53,7 +53,13 @@ class Harness:
     backend_name: str
     orchestrator: Orchestrator
 
-    async def world(self, name: str, *, wall_clock: int | None = None) -> World:
+    async def world(
+        self,
+        name: str,
+        *,
+        wall_clock: int | None = None,
+        network: NetworkProfile = NetworkProfile.EGRESS,
+    ) -> World:
         """A session whose agent runs on the backend under test (a runtime profile)."""
         world = await new_world(self.stack, f"{name}{new_id()[-5:]}")
         image = None if self.backend_name in {"process", "pool"} else "suzumio-runner:latest"
@@ -61,6 +67,7 @@ class Harness:
             backend=BackendName(self.backend_name),
             image=image,
             pool="default" if self.backend_name == "pool" else None,
+            network=network,
             timeouts=Timeouts(wall_clock_seconds=wall_clock or 600),
         )
         commands = CommandClient(self.stack.nc, self.stack.topology)
@@ -109,10 +116,13 @@ async def harness(
     name: str,
     *,
     model_url: str | None = None,
+    broker_socket: Path | None = None,
 ) -> AsyncIterator[Harness]:
-    """`model_url`: where the runners call instead of `model` (the bench's no-op model)."""
+    """`model_url`: where the runners call instead of `model` (the bench's no-op model);
+    `broker_socket`: the tool-broker's Unix socket (network `none`)."""
     settings = OrchestratorSettings(
         broker_url=stack.url_of("toolbroker"),
+        broker_socket=broker_socket,
         model_base_url=f"{model_url or model.url}/v1",
         work_dir=tmp / "sandboxes",
         data_dir=tmp,

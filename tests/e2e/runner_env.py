@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.events import ActivationRequested
 from suzumio.contracts.ids import new_id
+from suzumio.platform.tokens import TokenSigner
 from suzumio.testing.model_server import ScriptedModelServer
 from tests.e2e.api import World, ok
 from tests.e2e.stack import Stack
@@ -56,3 +58,14 @@ async def request_activation(stack: Stack, world: World) -> str:
         EventMeta(actor="system:scheduler"),
     )
     return activation_id
+
+
+def token_of(stack: Stack, world: World, activation_id: str) -> str:
+    """A token of `activation_id` in `world`'s session, as the orchestrator signs one."""
+    return TokenSigner([stack.secret_key]).issue(
+        activation_id=activation_id,
+        session_id=world.session_id,
+        project_id=world.project_id,
+        agent_id=world.agent_id,
+        ttl=timedelta(minutes=5),
+    )

@@ -132,8 +132,9 @@ async def test_a_request_for_an_unknown_agent_fails_without_a_launch(
 async def test_a_profile_without_network_stored_earlier_fails_without_a_launch(
     platform: Stack, model: ScriptedModelServer, tmp_path: Path
 ) -> None:
-    """`none` is refused when a profile is set now; one stored before that would cut the
-    runner off from the broker and the model, so its activations fail at once, not retried."""
+    """`none` is refused on the process backend when a profile is set now; one stored
+    before that would cut the runner off from the broker and the model, so its activations
+    fail at once, not retried."""
     async with harness(platform, model, tmp_path, process_backend, "process") as h:
         world = await h.world("offline")
         offline = RuntimeProfileSpec(backend=BackendName.PROCESS, network=NetworkProfile.NONE)
@@ -147,6 +148,6 @@ async def test_a_profile_without_network_stored_earlier_fails_without_a_launch(
         assert await h.ended(activation_id) == ["activation.failed"]
         failed = (await platform.store.load("activation", activation_id)).events[-1].data
         assert isinstance(failed, ActivationFailed)
-        assert "network 'none' is not supported" in failed.reason
+        assert "network 'none' needs the docker backend" in failed.reason
         assert failed.retryable is False
         assert len(model.requests) == calls

@@ -52,10 +52,12 @@ class UnreachableAtFirst(ProcessBackend):
         return await super().list_live()
 
 
-async def started_then_left(h: Harness, world_name: str, **world: int) -> tuple[str, str]:
+async def started_then_left(
+    h: Harness, world_name: str, wall_clock: int | None = None
+) -> tuple[str, str]:
     """An activation started by `h`'s orchestrator, which is stopped right after (by the
     caller leaving `h`): (its session, its id)."""
-    w = await h.world(world_name, **world)
+    w = await h.world(world_name, wall_clock=wall_clock)
     activation_id = await h.request(w)
     await h.started(activation_id)
     return w.session_id, activation_id

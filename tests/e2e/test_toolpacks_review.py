@@ -4,26 +4,18 @@ the command it sends cannot carry are a 422 that records nothing, never a 500.""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 
 import httpx
 
 from suzumio.contracts.events import SignalRecorded
 from suzumio.contracts.values import MAX_PAYLOAD_BYTES
-from suzumio.platform.tokens import TokenSigner
 from tests.e2e.api import World, new_world, problem
-from tests.e2e.runner_env import request_activation
+from tests.e2e.runner_env import request_activation, token_of
 from tests.e2e.stack import Stack
 
 
 def broker(stack: Stack, world: World, activation_id: str) -> httpx.AsyncClient:
-    token = TokenSigner([stack.secret_key]).issue(
-        activation_id=activation_id,
-        session_id=world.session_id,
-        project_id=world.project_id,
-        agent_id=world.agent_id,
-        ttl=timedelta(minutes=5),
-    )
+    token = token_of(stack, world, activation_id)
     return httpx.AsyncClient(
         base_url=stack.url_of("toolbroker"),
         headers={"Authorization": f"Bearer {token}"},

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from suzumio.orchestrator.backends import docker as docker_backend
 from suzumio.orchestrator.backends import docker_settings
 from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan, MountPlan
 from suzumio.orchestrator.backends.docker import DockerBackend, DockerSettings
+from suzumio.platform.service.unix_socket import bind_unix
 
 pytestmark = pytest.mark.timeout(300)  # a cold image build (debootstrap) is in the first test
 STEP = 60.0  # no single wait below may take longer
@@ -104,6 +107,7 @@ def make_plan(
     network: NetworkProfile = NetworkProfile.EGRESS,
     mounts: tuple[MountPlan, ...] = (),
     limits: ResourceLimits = LIMITS,
+    broker_socket: Path | None = None,
 ) -> LaunchPlan:
     ids = {k: f"{k}-{uuid4().hex[:12]}" for k in ("project", "agent", "session", "act")}
     spec = RunnerActivationInput(
@@ -139,6 +143,7 @@ def make_plan(
         host_dir=root / ids["act"],
         session_dir=root / "sessions" / ids["session"],
         mounts=mounts,
+        broker_socket=broker_socket,
     )
 
 
@@ -191,7 +196,13 @@ async def test_container_is_locked_down_and_secrets_stay_out_of_logs(
     (granted / "data.txt").write_text("granted data")
     backend = make_backend()
     egress = make_plan(tmp_path, entry=SLEEP, mounts=(MountPlan(granted, "/data", writable=False),))
-    isolated = make_plan(tmp_path, entry=SLEEP, network=NetworkProfile.NONE)
+    # The broker's socket a sandbox without network gets (only it, not its directory).
+    socket_dir = Path(tempfile.mkdtemp(prefix="szd-", dir="/tmp"))  # noqa: S108
+    broker_socket = bind_unix(socket_dir / "broker.sock")
+    (socket_dir / "not-for-sandboxes.txt").write_text("private")
+    isolated = make_plan(
+        tmp_path, entry=SLEEP, network=NetworkProfile.NONE, broker_socket=broker_socket.path
+    )
     handles = [await backend.launch(egress), await backend.launch(isolated)]
     info = await until_running(engine, handles[0])
     host = info["HostConfig"]
@@ -236,6 +247,21 @@ async def test_container_is_locked_down_and_secrets_stay_out_of_logs(
     assert (egress.session_dir / "probe.txt").read_text() == "ok"  # the session dir is shared
     isolated_info = await until_running(engine, handles[1])
     assert isolated_info["HostConfig"]["NetworkMode"] == "none"
+    assert isolated_info["HostConfig"]["ExtraHosts"] in (None, [])
+    isolated_mounts = {m["Destination"]: m for m in isolated_info["Mounts"]}
+    sock_mount = isolated_mounts["/activation/broker.sock"]
+    assert (sock_mount["Source"], sock_mount["RW"]) == (str(broker_socket.path), False)
+    assert not any(m["Source"] == str(socket_dir) for m in isolated_info["Mounts"])
+    code, out = exec_in(engine, handles[1].sandbox_id, _OFFLINE_PROBE)
+    assert code == 0, out
+    assert json.loads(out) == {
+        "socket": True,
+        "controller_socket": "/activation/broker.sock",
+        "controller_url": "http://suzumio-broker",
+        "interfaces": ["lo"],
+    }
+    broker_socket.sock.close()
+    shutil.rmtree(socket_dir)
 
     for handle in handles:
         await backend.cancel(handle)
@@ -277,6 +303,20 @@ _PROBE = (
 }))
 """
 )
+
+
+# In a sandbox without network: the broker's socket is there (a socket), the input names it,
+# and the only network interface is loopback.
+_OFFLINE_PROBE = """
+import json, os, stat
+spec = json.load(open("/activation/input.json"))
+print(json.dumps({
+    "socket": stat.S_ISSOCK(os.stat("/activation/broker.sock").st_mode),
+    "controller_socket": spec["controller_socket"],
+    "controller_url": spec["controller_url"],
+    "interfaces": sorted(os.listdir("/sys/class/net")),
+}))
+"""
 
 
 async def test_cancel_kills_it_and_watch_returns(make_backend, engine, tmp_path):

@@ -3,7 +3,9 @@ through its gateway address, where a listener on loopback does not answer."""
 
 from __future__ import annotations
 
-from suzumio.cli.app import NETWORK_SETTING, docker_network
+from pathlib import Path
+
+from suzumio.cli.app import NETWORK_SETTING, broker_socket, docker_network
 
 
 def test_with_the_broker_or_the_demo_model_on_loopback_sandboxes_share_the_hosts_network() -> None:
@@ -30,3 +32,14 @@ def test_listeners_on_every_address_and_a_real_model_leave_the_bridge() -> None:
 def test_a_network_set_in_the_environment_wins() -> None:
     environ = {NETWORK_SETTING: "my-net"}
     assert docker_network("127.0.0.1", demo_model=True, environ=environ) == {}
+
+
+def test_up_puts_the_brokers_socket_in_the_data_directory_unless_told_otherwise() -> None:
+    data = Path("/srv/suzumio")  # nothing is made: only the path is chosen
+    assert broker_socket(data, {}) == {"SUZUMIO_BROKER_SOCKET": str(data / "run" / "broker.sock")}
+    assert broker_socket(data, {"SUZUMIO_BROKER_SOCKET": "/elsewhere.sock"}) == {}
+    # Deeper than a socket's address holds: unset (network 'none' then says so), not a broker
+    # that cannot start.
+    assert broker_socket(data / ("x" * 110), {}) == {}
+    relative = broker_socket(Path(".suzumio"), {})["SUZUMIO_BROKER_SOCKET"]
+    assert Path(relative).is_absolute()

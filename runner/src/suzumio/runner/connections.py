@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 
 import httpx
+import httpx2
 import openai
 
 from suzumio.runner import tls
@@ -66,9 +67,23 @@ def kept_broker_http(base_url: str, timeout: float) -> httpx.AsyncClient:
     )
 
 
-def model_http(*, kept: bool = False) -> openai.DefaultAsyncHttpxClient:
+def broker_socket(path: str) -> httpx.AsyncHTTPTransport:
+    """httpx's own transport over the broker's Unix socket (network `none`: the only way out
+    of the sandbox), for the broker client."""
+    return httpx.AsyncHTTPTransport(
+        uds=path, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS)
+    )
+
+
+def model_http(*, kept: bool = False, socket: str | None = None) -> openai.DefaultAsyncHttpxClient:
     """A client for model endpoints (the SDK's own type; it keeps a pool per host); one to
-    keep is on aiohttp where the extra is installed."""
+    keep is on aiohttp where the extra is installed; with `socket`, every request goes
+    through the broker's Unix socket (its model relay)."""
+    if socket is not None:  # the SDK's client is on httpx2, so is its transport
+        limits = httpx2.Limits(keepalive_expiry=KEEPALIVE_SECONDS)
+        return openai.DefaultAsyncHttpxClient(
+            transport=httpx2.AsyncHTTPTransport(uds=socket, limits=limits)
+        )
     if kept and AIOHTTP:
         return openai.DefaultAioHttpClient(verify=tls.CONTEXT)
     return openai.DefaultAsyncHttpxClient(verify=tls.CONTEXT)

@@ -20,13 +20,13 @@ from suzumio.runner import eventloop, exits, forkserver, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.assets import bring_assets
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
-from suzumio.runner.connections import Connections
+from suzumio.runner.connections import Connections, broker_socket
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import context, keep_secret, log, redacted, tail
 from suzumio.runner.log import secrets as log_secrets
 from suzumio.runner.loop.failures import FailureClass
-from suzumio.runner.model import ModelClient, endpoint_for
+from suzumio.runner.model import ModelClient, endpoint_for, relayed_endpoint
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import Mount, ToolContext
 from suzumio.runner.workfiles import ExchangeError
@@ -72,12 +72,22 @@ async def run_activation(
         env=shell_env(env, spec.workspace),
     )
     timeout = BROKER_TIMEOUT_SECONDS
-    broker_http = kept.broker(spec.controller_url, timeout) if kept else None
-    broker = BrokerClient(spec.controller_url, spec.token, timeout=timeout, http=broker_http)
-    models = [
-        ModelClient(m, endpoint_for(m, env), kept=kept)
-        for m in (spec.agent.model, *spec.agent.fallbacks)
-    ]
+    socket = spec.controller_socket  # network `none`: the broker's socket is the only way out
+    if socket is not None:
+        broker = BrokerClient(
+            spec.controller_url, spec.token, timeout=timeout, transport=broker_socket(socket)
+        )
+        models = [
+            ModelClient(m, relayed_endpoint(m, spec.controller_url, spec.token), socket=socket)
+            for m in (spec.agent.model, *spec.agent.fallbacks)
+        ]
+    else:
+        broker_http = kept.broker(spec.controller_url, timeout) if kept else None
+        broker = BrokerClient(spec.controller_url, spec.token, timeout=timeout, http=broker_http)
+        models = [
+            ModelClient(m, endpoint_for(m, env), kept=kept)
+            for m in (spec.agent.model, *spec.agent.fallbacks)
+        ]
     live = LiveStream(broker)
     live.start()
     loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live, secrets)

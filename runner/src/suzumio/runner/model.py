@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import openai
 
@@ -66,6 +67,16 @@ class ModelTurn:
     usage: dict[str, int] = field(default_factory=dict)
 
 
+def relayed_endpoint(spec: ModelSpec, broker_url: str, token: str) -> Endpoint:
+    """The broker's model relay for `spec` (network `none`: the sandbox reaches nothing else),
+    the activation's token as the key. No provider to refresh a key of: the broker calls the
+    provider with the key its project holds now."""
+    relay = f"{broker_url.rstrip('/')}/runner/models/"
+    if spec.provider is None:
+        return Endpoint(relay + "default", token)
+    return Endpoint(relay + "providers/" + quote(spec.provider, safe=""), token)
+
+
 def endpoint_for(spec: ModelSpec, env: Mapping[str, str]) -> Endpoint:
     if spec.provider:
         key = re.sub(r"[^A-Z0-9]", "_", spec.provider.upper())
@@ -89,17 +100,20 @@ class ModelClient:
         endpoint: Endpoint,
         timeout: float = 600.0,
         kept: Connections | None = None,
+        socket: str | None = None,
     ) -> None:
         """`kept`: a resident runner's clients (`Connections`), which `close` leaves open;
-        without them, the model gets a client of its own."""
+        without them, the model gets a client of its own (through the broker's Unix socket,
+        with `socket`)."""
         self.spec = spec
         self.provider = endpoint.provider
         self.api_key = endpoint.api_key
         self.base_url = endpoint.base_url
         self._timeout = timeout
         self._owns_client = kept is None
-        if kept is None:
-            self._http = model_http()
+        if kept is None or socket is not None:
+            self._owns_client = True
+            self._http = model_http(socket=socket)
             self._client = sdk_client(endpoint.base_url, endpoint.api_key, timeout, self._http)
         else:
             self._http = kept.model()

@@ -191,6 +191,13 @@ class RunnerActivationInput(_Frozen):
     activation: ActivationSpec
     workspace: str = "/workspace"
     controller_url: str = Field(description="base URL of the tool-broker")
+    controller_socket: str | None = Field(
+        default=None,
+        max_length=200,
+        description="network 'none': the Unix socket (a path in the sandbox) the tool-broker "
+        "is reached through — `controller_url` then only names it — and the model calls go "
+        "through the broker's relay (`/runner/models/...`) with the token as their key",
+    )
     token: str = Field(description="signed, short-lived token scoped to this activation")
     runner: RunnerConfig = RunnerConfig()
     tools: tuple[ToolDefinition, ...] = ()

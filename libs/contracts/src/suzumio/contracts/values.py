@@ -243,17 +243,21 @@ class Backend(StrEnum):
 
 
 class NetworkProfile(StrEnum):
-    NONE = "none"  # no network at all: refused for new profiles (NO_NETWORK_REFUSED), still read
+    NONE = "none"  # no network at all: docker only, the broker (and the model) through a socket
     EGRESS = "egress"  # outbound only (the tool-broker and model providers)
     FULL = "full"
 
 
-# Why a `none` network profile is refused (by the session service when a profile is set, by the
-# orchestrator for one stored earlier): a sandbox without any network cuts its runner off from
-# the tool-broker and the model, so every activation would fail and be retried in vain.
+# The backends that run a sandbox of the `none` network profile: its runner reaches the
+# tool-broker through a Unix socket mounted into it, and its model through the broker's relay.
+# A pod (kubernetes) shares no socket with the broker, and the process and pool backends isolate
+# no network, so they refuse it (the session service when a profile is set, the orchestrator
+# for one stored before).
+NO_NETWORK_BACKENDS = frozenset({Backend.DOCKER})
 NO_NETWORK_REFUSED = (
-    "network 'none' is not supported: the runner needs the tool-broker and its model; use "
-    "'egress' (on kubernetes narrowed to the broker, DNS and the configured egress CIDRs)"
+    "network 'none' needs the docker backend (its sandboxes reach the tool-broker through a "
+    "socket mounted in, and their model through the broker); elsewhere use 'egress' (on "
+    "kubernetes narrowed to the broker, DNS and the configured egress CIDRs)"
 )
 
 

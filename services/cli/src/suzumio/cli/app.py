@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -15,6 +16,7 @@ from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.failures import fail, load_settings
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
 from suzumio.platform.logging import configure_logging
+from suzumio.platform.service.unix_socket import MAX_PATH_BYTES
 
 app = typer.Typer(
     help="Suzumio: a control plane for LLM agents.", no_args_is_help=True, add_completion=False
@@ -77,13 +79,28 @@ def up(
             " set SUZUMIO_MODEL_BASE_URL and SUZUMIO_MODEL_API_KEY for a real one)"
         )
     env |= docker_network(host, demo_model=bool(banner), environ=os.environ)
+    settings = load_settings()
+    env |= broker_socket(settings.data_dir, os.environ)
     supervisor = Supervisor(
-        load_settings(), host=host, services=tuple(services), extra_env=env,
-        banner=tuple(banner),
+        settings, host=host, services=tuple(services), extra_env=env, banner=tuple(banner),
     )  # fmt: skip
     raise typer.Exit(supervisor.run())
 
 
+def broker_socket(data_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The tool-broker's Unix socket, which docker sandboxes of network 'none' get mounted in
+    (both the broker and the orchestrator read the variable): in the data directory, unless
+    the environment names one, or the path is longer than a socket's address holds (then
+    'none' profiles fail their activations, saying the variable is unset)."""
+    if BROKER_SOCKET_SETTING in environ:
+        return {}
+    path = (data_dir / "run" / "broker.sock").absolute()
+    if len(os.fsencode(path)) > MAX_PATH_BYTES:
+        return {}
+    return {BROKER_SOCKET_SETTING: str(path)}
+
+
+BROKER_SOCKET_SETTING = "SUZUMIO_BROKER_SOCKET"
 MODEL_SETTINGS = ("SUZUMIO_MODEL_BASE_URL", "SUZUMIO_MODEL_API_KEY", "OPENAI_API_KEY")
 
 

@@ -35,6 +35,7 @@ from suzumio.contracts.runner import (
     ToolDefinition,
 )
 from suzumio.contracts.values import (
+    NO_NETWORK_BACKENDS,
     NO_NETWORK_REFUSED,
     NetworkProfile,
     ProviderSpec,
@@ -134,7 +135,15 @@ class Planner:
             raise PlanError(f"agent {request.agent_id} does not exist")
         snapshot = await self._sessions.snapshot(session_id, request)
         profile = self.profile(agent, project)
-        env, secrets = self._model_env(agent, project)
+        offline = profile.network is NetworkProfile.NONE
+        if offline and self.settings.broker_socket is None:
+            raise PlanError(
+                "network 'none' needs SUZUMIO_BROKER_SOCKET: the tool-broker's Unix socket, "
+                "the sandbox's only way out"
+            )
+        # Without any network the model is called through the broker's relay, which holds the
+        # endpoints and keys: the sandbox gets none of them.
+        env, secrets = ({}, set()) if offline else self._model_env(agent, project)
         ttl = timedelta(seconds=profile.timeouts.wall_clock_seconds)
         token = self.signer.issue(
             activation_id=request.activation_id,
@@ -200,6 +209,7 @@ class Planner:
             session_dir=root / "sessions" / session_id,
             mounts=mounts,
             deadline=datetime.now(UTC) + ttl,
+            broker_socket=self.settings.broker_socket if offline else None,
             origins=snapshot.origins,
         )
         return LaunchPlan(**{**plan.__dict__, "labels": labels_for(plan, self.namespace)})
@@ -211,7 +221,8 @@ class Planner:
         profile = project.profiles.get(agent.runtime_profile)
         if profile is None:
             raise PlanError(f"runtime profile {agent.runtime_profile!r} does not exist")
-        if profile.network is NetworkProfile.NONE:  # stored before it was refused
+        if profile.network is NetworkProfile.NONE and profile.backend not in NO_NETWORK_BACKENDS:
+            # stored before it was refused
             raise PlanError(f"runtime profile {agent.runtime_profile!r}: {NO_NETWORK_REFUSED}")
         return profile
 

@@ -40,6 +40,11 @@ class OrchestratorSettings(ServiceSettings):
     broker_url: str = Field(
         default="http://127.0.0.1:8081", description="the tool-broker as sandboxes reach it"
     )
+    broker_socket: Path | None = Field(
+        default=None,
+        description="the tool-broker's Unix socket on this host (its own SUZUMIO_BROKER_SOCKET): "
+        "docker sandboxes of network 'none' get it mounted in, their only way out",
+    )
     # OpenAI's own variables stand in for ours, as the runner takes them (and `suzumio up`
     # takes OPENAI_API_KEY for a configured model, turning its demo model off).
     model_base_url: str | None = Field(

@@ -14,9 +14,10 @@ from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretBox, SecretError, secret_keys
 from suzumio.platform.service import BodyLimits, ServiceRuntime
 from suzumio.platform.tokens import TokenSigner
-from suzumio.toolbroker import credentials, files
+from suzumio.toolbroker import credentials, files, model_relay
 from suzumio.toolbroker.access import Gate
 from suzumio.toolbroker.credentials import CredentialDesk
+from suzumio.toolbroker.model_relay import ModelRelay, Upstream
 from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.problems import HANDLERS
 from suzumio.toolbroker.registry import ActivationRegistry
@@ -70,7 +71,20 @@ def create_app(broker: Broker) -> FastAPI:
     app.include_router(router)
     app.include_router(files.router)
     app.include_router(credentials.router)
+    app.include_router(model_relay.router)
     return app
+
+
+def relay(settings: ToolbrokerSettings) -> ModelRelay | None:
+    """The model relay, where sandboxes without any network reach this broker (its Unix
+    socket); the platform's default endpoint as this broker's environment names it."""
+    if settings.broker_socket is None:
+        return None
+    default = None
+    if settings.model_base_url:
+        key = settings.model_api_key.get_secret_value() if settings.model_api_key else None
+        default = Upstream(settings.model_base_url, key or None)
+    return ModelRelay(default, settings.relay_read_timeout_seconds)
 
 
 async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
@@ -104,14 +118,19 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         waiter=waiter,
         artifacts=artifacts,
         credentials=credential_desk(settings),
+        relay=relay(settings),
     )
 
     async def closing(_: float) -> None:
         await waiter.close()
         await registry.close()
+        if broker.relay is not None:
+            await broker.relay.aclose()
 
     runtime.on_drain(closing)
     runtime.limit_bodies(body_limits(settings))
+    if settings.broker_socket is not None:
+        runtime.serve_unix(settings.broker_socket)
     app = create_app(broker)
     for route in runtime.readiness.routes():
         app.router.routes.append(route)

@@ -27,14 +27,11 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter, Response
 
 from suzumio.contracts.broker import CredentialAnswer, CredentialRequest
-from suzumio.contracts.events import AgentCreated, AgentUpdated, ProviderRemoved, ProviderSet
-from suzumio.contracts.values import ModelSpec, ProviderSpec
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretBox, SecretError
-from suzumio.toolbroker.access import Caller
+from suzumio.toolbroker.model_chain import model_chain, provider_of
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.routes import Auth, Shared
-from suzumio.toolbroker.state import Broker
 
 log = get_logger(__name__)
 router = APIRouter()
@@ -87,13 +84,14 @@ async def credential(
         )
     if desk is None:
         raise _missing("this broker cannot open provider keys (no usable secret key)")
-    if not await _named_by_agent(broker, caller, body.model, body.provider):
+    chain = await model_chain(broker, caller)
+    if not any(m.name == body.model and m.provider == body.provider for m in chain):
         raise _missing(
             f"the activation's agent calls no model {body.model!r} through provider "
             f"{body.provider!r}"
         )
     desk.take(caller.claims.activation_id, body.provider)
-    provider = await _provider(broker, caller.claims.project_id, body.provider)
+    provider = await provider_of(broker, caller.claims.project_id, body.provider)
     if provider is None or provider.api_key is None:
         raise _missing(f"the project has no key for provider {body.provider!r}")
     if provider.base_url != body.base_url:
@@ -120,33 +118,3 @@ async def credential(
 
 def _missing(detail: str) -> BrokerError:
     return BrokerError(404, "not_found", detail)
-
-
-async def _named_by_agent(broker: Broker, caller: Caller, model: str, provider: str) -> bool:
-    """Whether the caller's agent (of the token's project) calls `model` through `provider`,
-    by its model chain as the log holds it now."""
-    chain: tuple[ModelSpec, ...] = ()
-    project_id: str | None = None
-    for event in (await broker.store.load("agent", caller.claims.agent_id)).events:
-        data = event.data
-        if isinstance(data, AgentCreated):
-            project_id, chain = data.project_id, (data.model, *data.fallbacks)
-        elif isinstance(data, AgentUpdated) and chain:
-            chain = (
-                data.model if data.model is not None else chain[0],
-                *(data.fallbacks if data.fallbacks is not None else chain[1:]),
-            )
-    if project_id != caller.claims.project_id:
-        return False
-    return any(m.name == model and m.provider == provider for m in chain)
-
-
-async def _provider(broker: Broker, project_id: str, name: str) -> ProviderSpec | None:
-    spec: ProviderSpec | None = None
-    for event in (await broker.store.load("project", project_id)).events:
-        data = event.data
-        if isinstance(data, ProviderSet) and data.name == name:
-            spec = data.spec
-        elif isinstance(data, ProviderRemoved) and data.name == name:
-            spec = None
-    return spec

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import SettingsConfigDict
 
 from suzumio.platform.settings import ServiceSettings
 
 
 class ToolbrokerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SUZUMIO_", extra="ignore", populate_by_name=True)
+
     http_port: int = Field(default=8081, ge=0, le=65_535)
     http_host: str = Field(
         default="127.0.0.1",
@@ -34,4 +39,26 @@ class ToolbrokerSettings(ServiceSettings):
         le=3_600,
         description="an activation gets a provider's current key (`POST /runner/credentials`) "
         "at most once in this many seconds per provider, on each replica",
+    )
+    broker_socket: Path | None = Field(
+        default=None,
+        description="a Unix socket to serve the runner API on besides the port: docker "
+        "sandboxes of network 'none' reach the broker through it (the orchestrator mounts it "
+        "in, by the same variable, SUZUMIO_BROKER_SOCKET)",
+    )
+    # The orchestrator's variables: the endpoint of models that name no provider, which the
+    # broker's model relay calls for sandboxes of network 'none'.
+    model_base_url: str | None = Field(
+        default=None,
+        description="the model endpoint for agents whose model names no provider (relayed)",
+        validation_alias=AliasChoices("SUZUMIO_MODEL_BASE_URL", "OPENAI_BASE_URL"),
+    )
+    model_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("SUZUMIO_MODEL_API_KEY", "OPENAI_API_KEY")
+    )
+    relay_read_timeout_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        le=3_600,
+        description="the model relay: the longest wait for a provider's next bytes",
     )

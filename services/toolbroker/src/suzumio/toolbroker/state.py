@@ -21,6 +21,7 @@ from suzumio.toolbroker.support import SupportOperations
 if TYPE_CHECKING:
     from suzumio.toolbroker.access import Gate
     from suzumio.toolbroker.credentials import CredentialDesk
+    from suzumio.toolbroker.model_relay import ModelRelay
     from suzumio.toolbroker.pending import PendingWaiter
 
 _tool_calls = meter.create_counter(
@@ -108,3 +109,5 @@ class Broker:
     artifacts: Artifacts
     # Opens provider keys for `POST /runner/credentials`; none: that route answers 404.
     credentials: CredentialDesk | None = None
+    # Model calls of sandboxes without any network (`model_relay`); none: its routes are 404.
+    relay: ModelRelay | None = None

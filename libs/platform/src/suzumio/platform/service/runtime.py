@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
@@ -44,6 +45,7 @@ from suzumio.platform.logging import configure_logging, get_logger
 from suzumio.platform.service import cpu, heap, heartbeat
 from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 from suzumio.platform.service.health import Readiness
+from suzumio.platform.service.unix_socket import UnixListener, bind_unix
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
 
 log = get_logger(__name__)
@@ -84,6 +86,7 @@ class ServiceRuntime:
         self._store: EventStore | None = None
         self._readiness: Readiness | None = None
         self._body_limits: BodyLimits | None = None
+        self._unix_paths: list[Path] = []
         self.http_port: int | None = None
 
     # -- what services use -------------------------------------------------------------
@@ -118,6 +121,10 @@ class ServiceRuntime:
         """Refuse request bodies over `limits` with 413 before the service reads them (see
         `bodylimit`); without it a service takes bodies of any size."""
         self._body_limits = limits
+
+    def serve_unix(self, path: Path) -> None:
+        """Serve HTTP on a Unix socket at `path` too (see `unix_socket`), the same app."""
+        self._unix_paths.append(path)
 
     def on_drain(self, drainer: Drainer) -> None:
         """Call `drainer(seconds_left)` at shutdown, before background tasks are stopped."""
@@ -207,6 +214,15 @@ class ServiceRuntime:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.settings.http_host, self.settings.http_port))
         self.http_port = sock.getsockname()[1]
+        unix: list[UnixListener] = []
+        try:
+            unix.extend(bind_unix(path) for path in self._unix_paths)
+        except BaseException:
+            sock.close()
+            for listener in unix:
+                listener.sock.close()
+                listener.remove()
+            raise
         server = _Server(
             uvicorn.Config(
                 http_app,
@@ -219,11 +235,13 @@ class ServiceRuntime:
                 timeout_graceful_shutdown=max(int(self.settings.drain_seconds) - 2, 1),
             )
         )
-        http = asyncio.create_task(server.serve(sockets=[sock]), name="http")
+        sockets = [sock, *(listener.sock for listener in unix)]
+        http = asyncio.create_task(server.serve(sockets=sockets), name="http")
         running = [asyncio.create_task(task(stop), name=n) for n, task in self._tasks]
         log.info(
             "service.started",
             http=f"http://{self.settings.http_host}:{self.http_port}",
+            unix=[str(listener.path) for listener in unix] or None,
             instance=self.instance,
         )
         watch = [asyncio.create_task(stop.wait()), http, *running]
@@ -232,7 +250,11 @@ class ServiceRuntime:
         for task in crashed:
             log.error("service.task_crashed", task=task.get_name(), exc_info=task.exception())
         stop.set()
-        await self._drain(server, http, running)
+        try:
+            await self._drain(server, http, running)
+        finally:
+            for listener in unix:
+                listener.remove()
         if crashed:
             raise SystemExit(1)
 

@@ -6,7 +6,9 @@ the plan's environment and labels naming the project, agent, session and activat
 as a non-root numeric user (the configured one when the orchestrator is root, else the
 orchestrator's own: the files it is given stay private to it either way) with no capabilities,
 no privilege escalation, a read-only root filesystem (a tmpfs `/tmp`), pids/memory/CPU limits
-and the network of its profile: `none`, or for `egress`/`full` the configured network, else the
+and the network of its profile: `none` (no interface but loopback; the tool-broker's Unix socket
+mounted at `/activation/broker.sock`, the broker's model relay its model), or for
+`egress`/`full` the configured network, else the
 engine's bridge, with `host.docker.internal` mapped to the host gateway (loopback broker URLs
 are rewritten to it). Only on an engine without a bridge does it fall back to the host's
 network (then the sandbox reaches the tool-broker on 127.0.0.1 — and everything else on the
@@ -69,6 +71,9 @@ __all__ = ["DockerBackend", "DockerSettings"]
 log = get_logger(__name__)
 NAME = "docker"
 SESSION_TARGET = f"{WORKSPACE}/session"
+BROKER_SOCKET_TARGET = "/activation/broker.sock"
+# Network `none`: the broker URL only names it (the requests go through the socket).
+OFFLINE_BROKER_URL = "http://suzumio-broker"
 HASH_LABEL = f"{LABEL_PREFIX}.content-hash"  # set by tools/runner_image.py
 # Of `labels_for`'s labels, what a handle carries (a container also inherits its image's).
 HANDLE_LABELS = ("namespace", "project", "agent", "session", "activation", "attempt")
@@ -211,7 +216,17 @@ class DockerBackend:
         for d in (workspace / "out", workspace / "session", plan.session_dir):
             d.mkdir(parents=True, exist_ok=True)
         update: dict[str, Any] = {"workspace": WORKSPACE}
-        if network not in {"host", "none"}:
+        if network == "none":
+            if plan.broker_socket is None:
+                raise LaunchError(
+                    "network 'none' without the broker's socket (SUZUMIO_BROKER_SOCKET)",
+                    retryable=False,
+                )
+            update |= {
+                "controller_url": OFFLINE_BROKER_URL,
+                "controller_socket": BROKER_SOCKET_TARGET,
+            }
+        elif network != "host":
             update["controller_url"] = via_gateway(plan.input.controller_url)
         path = plan.host_dir / "input.json"
         path.unlink(missing_ok=True)
@@ -234,6 +249,13 @@ class DockerBackend:
                 for m in plan.mounts
             ),
         ]
+        if network == "none" and plan.broker_socket is not None:
+            # The socket itself, not its directory (which may hold anything). A broker
+            # restarted meanwhile makes a new one, which this container then does not see: its
+            # runner's calls fail and the attempt is retried.
+            mounts.append(
+                Mount(BROKER_SOCKET_TARGET, str(plan.broker_socket), type="bind", read_only=True)
+            )
         tmp_mb = min(self._settings.tmp_mb, limits.disk_mb)
         host_config = api.create_host_config(
             mounts=mounts,

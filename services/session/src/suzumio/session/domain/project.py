@@ -37,6 +37,7 @@ from suzumio.contracts.events import (
     RuntimeProfileSet,
 )
 from suzumio.contracts.values import (
+    NO_NETWORK_BACKENDS,
     NO_NETWORK_REFUSED,
     NetworkProfile,
     ProjectLimits,
@@ -169,7 +170,7 @@ def set_profile(state: ProjectState, cmd: SetRuntimeProfile) -> list[DomainEvent
         raise InvalidError(f"a {spec.backend.value} runtime profile needs an image")
     if spec.backend.value == "pool" and not spec.pool:
         raise InvalidError("a pool runtime profile needs the pool's name")
-    if spec.network is NetworkProfile.NONE:
+    if spec.network is NetworkProfile.NONE and spec.backend not in NO_NETWORK_BACKENDS:
         raise InvalidError(NO_NETWORK_REFUSED)
     if state.profiles.get(cmd.name) == spec:
         return []
