@@ -15,7 +15,7 @@ from pathlib import Path
 
 from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.events import ActivationCancelRequested
+from suzumio.contracts.events import ActivationCancelRequested, ActivationFailed
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.contracts.values import Backend as BackendName
@@ -102,6 +102,19 @@ class Harness:
             timeout=60,
             what="the start",
         )
+
+    async def refused_at_once(self, world: World) -> str:
+        """An activation of `world` that fails before anything is launched, not to be
+        retried: the reason it gives."""
+        calls = len(self.model.requests)
+        activation_id = await self.request(world)
+        assert await self.ended(activation_id) == ["activation.failed"]
+        failed = (await self.stack.store.load("activation", activation_id)).events[-1].data
+        assert isinstance(failed, ActivationFailed)
+        assert failed.retryable is False
+        assert len(self.model.requests) == calls
+        assert activation_id not in await self.live_ids()
+        return failed.reason
 
     async def live_ids(self) -> set[str]:
         return {h.activation_id for h in await self.backend.list_live()}

@@ -187,14 +187,17 @@ async def test_runtime_profiles(stack: Stack) -> None:
         "network": "egress",
     }
     async with stack.client(world.key) as c:
-        # No network at all: only where the broker's socket can be mounted in (docker).
-        for backend in ("process", "kubernetes"):
-            offline = {**spec, "backend": backend, "network": "none"}
+        # No network at all: only where the broker's socket can be bound in (docker, and the
+        # process backend with bubblewrap).
+        for backend in ("pool", "kubernetes"):
+            offline = {**spec, "backend": backend, "pool": "default", "network": "none"}
             refused = problem(await c.put(f"{base}/small", json=offline), 422, "invalid")
             assert "network 'none' needs the docker backend" in refused["detail"]
         assert ok(await c.get(base)) == []
-        offline = ok(await c.put(f"{base}/offline", json={**spec, "network": "none"}))
-        assert offline["spec"]["network"] == "none"
+        for backend in ("docker", "process"):
+            offline = {**spec, "backend": backend, "network": "none"}
+            saved = ok(await c.put(f"{base}/offline", json=offline))
+            assert saved["spec"]["network"] == "none"
         ok(await c.delete(f"{base}/offline"), 204)
         saved = ok(await c.put(f"{base}/small", json=spec))
         assert saved["spec"]["limits"]["cpus"] == 0.5

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 from suzumio.contracts.commands import UpdateAgent
-from suzumio.contracts.events import ActivationFailed
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.values import WorkspaceMode
 from suzumio.orchestrator.backends.base import Backend
@@ -44,17 +43,6 @@ async def mounting_world(h: Harness, granted: Path) -> World:
     return world
 
 
-async def failed_without_a_launch(h: Harness, world: World) -> str:
-    calls = len(h.model.requests)
-    activation_id = await h.request(world)
-    assert await h.ended(activation_id) == ["activation.failed"]
-    failed = (await h.stack.store.load("activation", activation_id)).events[-1].data
-    assert isinstance(failed, ActivationFailed)
-    assert failed.retryable is False
-    assert len(h.model.requests) == calls
-    return failed.reason
-
-
 async def test_a_link_planted_in_a_granted_path_fails_the_activation(
     platform: Stack, model: ScriptedModelServer, tmp_path: Path
 ) -> None:
@@ -83,7 +71,7 @@ async def test_a_link_planted_in_a_granted_path_fails_the_activation(
         # Anyone who may write to its parent (an agent with it granted rw) can do this.
         shutil.rmtree(granted)
         granted.symlink_to("/etc")
-        reason = await failed_without_a_launch(h, world)
+        reason = await h.refused_at_once(world)
         assert f"mount grant {granted} now resolves to /etc" in reason
 
 
@@ -96,7 +84,7 @@ async def test_a_grant_overlapping_the_orchestrators_directories_fails_the_activ
     home.mkdir()
     async with harness(platform, model, home, process_backend, "process") as h:
         world = await mounting_world(h, platform.mount_root)
-        reason = await failed_without_a_launch(h, world)
+        reason = await h.refused_at_once(world)
         assert "overlaps the platform's own directory" in reason
 
 

@@ -132,22 +132,17 @@ async def test_a_request_for_an_unknown_agent_fails_without_a_launch(
 async def test_a_profile_without_network_stored_earlier_fails_without_a_launch(
     platform: Stack, model: ScriptedModelServer, tmp_path: Path
 ) -> None:
-    """`none` is refused on the process backend when a profile is set now; one stored
-    before that would cut the runner off from the broker and the model, so its activations
-    fail at once, not retried."""
+    """`none` is refused on the pool backend when a profile is set now; one stored before
+    that would cut the runner off from the broker and the model, so its activations fail at
+    once, not retried."""
     async with harness(platform, model, tmp_path, process_backend, "process") as h:
         world = await h.world("offline")
-        offline = RuntimeProfileSpec(backend=BackendName.PROCESS, network=NetworkProfile.NONE)
+        offline = RuntimeProfileSpec(
+            backend=BackendName.POOL, pool="default", network=NetworkProfile.NONE
+        )
         await platform.store.append_next(
             world.project_id,
             [RuntimeProfileSet(name="suite", spec=offline)],  # the agent's profile
             EventMeta(actor="system:test"),
         )
-        calls = len(model.requests)
-        activation_id = await h.request(world)
-        assert await h.ended(activation_id) == ["activation.failed"]
-        failed = (await platform.store.load("activation", activation_id)).events[-1].data
-        assert isinstance(failed, ActivationFailed)
-        assert "network 'none' needs the docker backend" in failed.reason
-        assert failed.retryable is False
-        assert len(model.requests) == calls
+        assert "network 'none' needs the docker backend" in await h.refused_at_once(world)

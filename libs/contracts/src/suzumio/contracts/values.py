@@ -243,21 +243,23 @@ class Backend(StrEnum):
 
 
 class NetworkProfile(StrEnum):
-    NONE = "none"  # no network at all: docker only, the broker (and the model) through a socket
+    NONE = "none"  # no network at all: the broker (and the model) through a socket bound in
     EGRESS = "egress"  # outbound only (the tool-broker and model providers)
     FULL = "full"
 
 
 # The backends that run a sandbox of the `none` network profile: its runner reaches the
-# tool-broker through a Unix socket mounted into it, and its model through the broker's relay.
-# A pod (kubernetes) shares no socket with the broker, and the process and pool backends isolate
-# no network, so they refuse it (the session service when a profile is set, the orchestrator
-# for one stored before).
-NO_NETWORK_BACKENDS = frozenset({Backend.DOCKER})
+# tool-broker through a Unix socket mounted into it, and its model through the broker's relay
+# (the process backend only with bubblewrap, which gives it a network namespace of its own).
+# A pod (kubernetes) shares no socket with the broker, and the pool isolates no network, so
+# they refuse it (the session service when a profile is set, the orchestrator for one stored
+# before).
+NO_NETWORK_BACKENDS = frozenset({Backend.DOCKER, Backend.PROCESS})
 NO_NETWORK_REFUSED = (
-    "network 'none' needs the docker backend (its sandboxes reach the tool-broker through a "
-    "socket mounted in, and their model through the broker); elsewhere use 'egress' (on "
-    "kubernetes narrowed to the broker, DNS and the configured egress CIDRs)"
+    "network 'none' needs the docker backend, or the process backend with bubblewrap (their "
+    "sandboxes reach the tool-broker through a socket bound in, and their model through the "
+    "broker); elsewhere use 'egress' (on kubernetes narrowed to the broker, DNS and the "
+    "configured egress CIDRs)"
 )
 
 

@@ -26,6 +26,9 @@ from suzumio.contracts.values import RuntimeProfileSpec
 LABEL_PREFIX = "io.suzumio"
 INPUT_PATH = "/activation/input.json"  # inside the sandbox
 WORKSPACE = "/workspace"
+# Network `none`: the broker URL a sandbox is given only names the broker (its requests go
+# through the socket bound in).
+OFFLINE_BROKER_URL = "http://suzumio-broker"
 RESERVED_TARGETS = ("/activation", WORKSPACE, "/proc", "/sys", "/dev", "/etc", "/usr", "/bin")
 
 

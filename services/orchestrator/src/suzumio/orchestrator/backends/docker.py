@@ -44,6 +44,7 @@ from docker.types import Mount  # type: ignore[import-untyped]
 from suzumio.orchestrator.backends.base import (
     INPUT_PATH,
     LABEL_PREFIX,
+    OFFLINE_BROKER_URL,
     WORKSPACE,
     Exit,
     Handle,
@@ -72,8 +73,6 @@ log = get_logger(__name__)
 NAME = "docker"
 SESSION_TARGET = f"{WORKSPACE}/session"
 BROKER_SOCKET_TARGET = "/activation/broker.sock"
-# Network `none`: the broker URL only names it (the requests go through the socket).
-OFFLINE_BROKER_URL = "http://suzumio-broker"
 HASH_LABEL = f"{LABEL_PREFIX}.content-hash"  # set by tools/runner_image.py
 # Of `labels_for`'s labels, what a handle carries (a container also inherits its image's).
 HANDLE_LABELS = ("namespace", "project", "agent", "session", "activation", "attempt")

@@ -13,7 +13,9 @@ which the platform's own directories (`hide`: the data directory, every sandbox)
 private /tmp (the runner's own Python and import path bound back read-only where masked),
 and only its own workspace, its session directory and the granted mounts writable. The rest
 of the host stays readable as the orchestrator's user reads it: for a boundary, use the
-docker or kubernetes backend.
+docker or kubernetes backend. Network `none` needs bubblewrap: the runner then also gets a
+network namespace of its own (loopback only), and the tool-broker's Unix socket bound in at its
+host path, its one way out (to the broker and its model relay).
 
 The profile's limits (`suzumio.runner.limits`): a cgroup of its own per activation, named by
 it, where the host allows (made at launch, emptied and removed at cleanup, and the empty ones
@@ -40,7 +42,9 @@ from pydantic import BaseModel, Field
 
 import suzumio.runner.limits as sandbox_limits
 from suzumio.contracts.runner import MountSpec
+from suzumio.contracts.values import NetworkProfile
 from suzumio.orchestrator.backends.base import (
+    OFFLINE_BROKER_URL,
     CleanupPolicy,
     Exit,
     Handle,
@@ -214,7 +218,10 @@ class ProcessBackend:
         # use (there is no bind mount without isolation tools).
         mounts = [MountSpec(path=str(plan.session_dir), writable=True)]
         mounts += [MountSpec(path=str(m.host_path), writable=m.writable) for m in plan.mounts]
-        spec = plan.input.model_copy(update={"workspace": str(workspace), "mounts": tuple(mounts)})
+        update: dict[str, object] = {"workspace": str(workspace), "mounts": tuple(mounts)}
+        if plan.profile.network is NetworkProfile.NONE:
+            update |= self._offline(plan)
+        spec = plan.input.model_copy(update=update)
         input_path = plan.host_dir / "input.json"
         input_path.unlink(missing_ok=True)
         _write_own(input_path, spec.model_dump_json().encode(), 0o400)
@@ -263,6 +270,25 @@ class ProcessBackend:
             plan.activation_id, NAME, str(proc.pid), {**record, "dir": str(plan.host_dir)}
         )
 
+    def _offline(self, plan: LaunchPlan) -> dict[str, object]:
+        """What the input says of the broker in a sandbox without network: its socket.
+
+        Raises:
+            LaunchError: no network namespace can be had here, or no socket to bind in.
+        """
+        if self._bwrap is None:
+            raise LaunchError(
+                "network 'none' on the process backend needs bubblewrap (bwrap installed, "
+                "SUZUMIO_PROCESS__ISOLATE on): without it the runner shares the host's network",
+                retryable=False,
+            )
+        if plan.broker_socket is None:
+            raise LaunchError(
+                "network 'none' without the broker's socket (SUZUMIO_BROKER_SOCKET)",
+                retryable=False,
+            )
+        return {"controller_url": OFFLINE_BROKER_URL, "controller_socket": str(plan.broker_socket)}
+
     def _argv(self, plan: LaunchPlan, input_path: Path) -> list[str]:
         # `exec` keeps one process less; the shell stays only to record the exit code.
         runner = '"$0" -m suzumio.runner run "$1"; echo $? > "$2"'
@@ -296,6 +322,10 @@ class ProcessBackend:
             args += ["--bind", str(path), str(path)]
         for path in readonly:
             args += ["--ro-bind", str(path), str(path)]
+        if plan.profile.network is NetworkProfile.NONE and plan.broker_socket is not None:
+            # Bound after the hidden directories were emptied: it may be in the data directory.
+            socket = str(plan.broker_socket)
+            args += ["--unshare-net", "--ro-bind", socket, socket]
         return [*args, "--", *inner]
 
     def _limits(self, plan: LaunchPlan, sandbox: sandbox_limits.Sandbox) -> Callable[[], None]:
