@@ -230,10 +230,15 @@ class Sessions:
         )
         return project_id
 
-    async def session(self, project_id: str) -> str:
+    async def session(self, project_id: str, toolpacks: tuple[str, ...] = ()) -> str:
         agent_id, session_id = new_id(), new_id()
         agent = AgentCreated(
-            project_id=project_id, name="a", role="r", prompt="", model=ModelSpec(name="m")
+            project_id=project_id,
+            name="a",
+            role="r",
+            prompt="",
+            model=ModelSpec(name="m"),
+            toolpacks=toolpacks,
         )
         await self.store.append(agent_id, [agent], 0)
         await self.store.append(

@@ -1,20 +1,30 @@
 """The example toolpack `todo` (examples/toolpacks/todo) through the real tool-broker: the broker
 found its manifest when it started, runs the operations it allowlists for activations whose
-token names it, and refuses everything else before anything reaches the log."""
+token names it, and refuses everything else before anything reaches the log. And through the
+real scheduler, which runs the manifest's hook for the agents that enable `todo`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from suzumio.contracts.events import SignalRecorded
+from suzumio.contracts.commands import UpdateAgent
+from suzumio.contracts.events import ActivationRequested, SignalRecorded
 from suzumio.contracts.values import Priority, SignalKind
+from suzumio.orchestrator.backends.base import Backend
+from suzumio.orchestrator.backends.process import ProcessBackend
+from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.tokens import TokenSigner
+from suzumio.testing.model_server import Reply, ScriptedModelServer
+from tests.backend_suite import TERMINAL, harness
 from tests.e2e.api import World, new_world, ok, problem
-from tests.e2e.runner_env import request_activation
+from tests.e2e.runner_env import post, request_activation
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -127,3 +137,58 @@ async def test_a_token_that_does_not_name_todo_cannot_use_it(platform: Stack) ->
         assert "'todo' is not enabled" in body["detail"]
     assert await log_sizes(platform, world, activation_id) == sizes
     assert await recorded(platform, world) == []
+
+
+async def test_the_scheduler_reminds_the_agents_that_enable_todo_and_no_other(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """The real scheduler found the manifest's hook at its start: after a useful activation
+    of an agent that enables `todo`, one reminder for later; an agent without it gets none."""
+
+    async def process_backend(settings: OrchestratorSettings) -> Backend:
+        return ProcessBackend(settings.sandboxes())
+
+    commands = CommandClient(platform.nc, platform.topology)
+    # Every call gets it: the module's earlier tests left requested activations, which this
+    # orchestrator starts too.
+    model.default = Reply.text("done, and useful")
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        worlds = [await h.world("todo"), await h.world("plain")]
+        await commands.send(
+            UpdateAgent(agent_id=worlds[0].agent_id, toolpacks=("todo",)), actor="system:test"
+        )
+        for world in worlds:
+            before = datetime.now(UTC)
+            await post(platform, world, "do the thing")
+            answered = await eventually(
+                functools.partial(activation_ends, platform, world),
+                lambda ends: len(ends) == 1,
+                timeout=90,
+                what="the activation's end",
+            )
+            assert answered == ["activation.completed"]
+        reminders = await eventually(
+            lambda: recorded(platform, worlds[0]),
+            lambda signals: any(s.payload.get("kind") == "todo.reminder" for s in signals),
+            timeout=30,
+            what="the todo agent's reminder",
+        )
+    [reminder] = [s for s in reminders if s.payload.get("kind") == "todo.reminder"]
+    assert (reminder.kind, reminder.priority) == (SignalKind.CUSTOM, Priority.P3)
+    assert reminder.payload["hook"] == "todo:suzumio_todo.hooks:remind_when_idle"
+    assert reminder.not_before is not None
+    assert reminder.not_before - before >= timedelta(minutes=29)
+    # The other agent's session was reviewed as well (before the todo one's): no reminder.
+    assert not [s for s in await recorded(platform, worlds[1]) if s.payload.get("hook")]
+
+
+async def activation_ends(stack: Stack, world: World) -> list[str]:
+    session = await stack.store.load("session", world.session_id)
+    ids = [e.data.activation_id for e in session.events if isinstance(e.data, ActivationRequested)]
+    ends: list[str] = []
+    for activation_id in ids:
+        types = [
+            e.envelope.type for e in (await stack.store.load("activation", activation_id)).events
+        ]
+        ends += [t for t in types if t in TERMINAL]
+    return ends

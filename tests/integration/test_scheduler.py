@@ -24,6 +24,7 @@ from suzumio.contracts.events import (
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.runner import SignalSpec
 from suzumio.contracts.subjects import Topology
+from suzumio.contracts.toolpacks import ToolpackManifest
 from suzumio.contracts.values import ActivationReason, Priority, SignalKind
 from suzumio.platform.bus.commands import CommandClient, CommandServer
 from suzumio.platform.bus.eventstore import EventStore
@@ -329,6 +330,44 @@ async def test_hooks_run_before_the_nudge_and_bad_hooks_are_skipped(
         )
         await asyncio.sleep(0.3)
         assert len(launcher.requested) == 2  # the hook asked for one follow-up only
+
+
+async def test_a_toolpacks_own_hook_runs_for_the_agents_that_enable_it_only(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str
+) -> None:
+    """A hook named by a toolpack's manifest sees the ends of its agents' activations, and
+    asks for their follow-ups; an agent without the toolpack is none of its business."""
+    world = Sessions(store)
+    project = await world.project()
+    without = await world.session(project)
+    with_pack = await world.session(project, toolpacks=("packx",))
+    manifest = ToolpackManifest(name="packx", scheduler_hooks=(f"{HOOKS}:follow_up",))
+    hooks = Hooks(load_hooks(toolpacks={"packx": manifest}), timeout=0.3)
+    scheduler_hooks.SEEN.clear()
+    async with (
+        session_service(nc, topology, store),
+        StandInLauncher(nc, topology, store) as launcher,
+        running(nc, topology, store, database_url, hooks),
+    ):
+        await world.signal(without)
+        await requests(launcher, 1)
+        await world.signal(with_pack)
+        await requests(launcher, 3)  # its signal's, then the hook's follow-up
+        await eventually(
+            lambda: asyncio.sleep(0, scheduler_hooks.SEEN),
+            lambda seen: len(seen) == 2,
+            what="the hook after the follow-up",
+        )
+        await asyncio.sleep(0.3)
+    assert [r.session_id for r in launcher.requested] == [without, with_pack, with_pack]
+    assert [s.session_id for s in scheduler_hooks.SEEN] == [with_pack, with_pack]
+    assert scheduler_hooks.SEEN[0].toolpacks == ("packx",)
+    [follow] = [
+        s
+        for s in await world.events(with_pack, SignalRecorded)
+        if s.signal_id in launcher.requested[2].event.signal_ids
+    ]
+    assert follow.payload["hook"] == f"packx:{HOOKS}:follow_up"
 
 
 async def test_one_nudge_after_an_activation_without_effect_and_never_a_loop(

@@ -58,3 +58,23 @@ def test_the_session_service_clears_it_once_and_refuses_both_at_once() -> None:
     assert agent_domain.update(state, project, clear) == []  # nothing left to clear
     with pytest.raises(ValueError, match="not both"):
         UpdateAgent(agent_id="a1", runtime_profile="s", clear_runtime_profile=True)
+
+
+def _profile_and_toolpacks(world: World) -> tuple[str | None, tuple[str, ...]]:
+    agent = world.agents["a1"]
+    return agent.runtime_profile, agent.toolpacks
+
+
+def test_the_schedulers_fold_keeps_the_toolpacks_with_the_profile() -> None:
+    """The toolpacks decide which toolpack hooks see the agent; an update may change them and
+    the profile at once (one case of the fold must not take the whole update)."""
+    world = World()
+    log = Log(world)
+    log.append("a1", CREATED.model_copy(update={"toolpacks": ("todo",)}))
+    assert _profile_and_toolpacks(world) == ("s", ("todo",))
+    log.append("a1", AgentUpdated(runtime_profile="big", toolpacks=("todo", "web")))
+    assert _profile_and_toolpacks(world) == ("big", ("todo", "web"))
+    log.append("a1", AgentUpdated(runtime_profile_cleared=True, toolpacks=()))
+    assert _profile_and_toolpacks(world) == (None, ())
+    log.append("a1", AgentUpdated(prompt="p3"))
+    assert _profile_and_toolpacks(world) == (None, ())

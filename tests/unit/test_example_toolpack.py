@@ -38,7 +38,7 @@ from suzumio.contracts.values import ModelSpec, Priority, SignalKind
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import ToolContext
-from suzumio.scheduler.hooks import Hooks, NamedHook
+from suzumio.scheduler.hooks import Hooks, load_hooks
 from suzumio_todo import hooks, support
 from suzumio_todo.manifest import MANIFEST
 
@@ -208,6 +208,7 @@ def state(
     pending: tuple[PendingSignalView, ...] = (),
     live: str | None = None,
     ended: bool = True,
+    toolpacks: tuple[str, ...] = ("todo",),
 ) -> AgentSchedulingState:
     last = EndedActivationView.model_validate(
         {"id": ENDED, "outcome": outcome, "useful_effect": useful, "signal_ids": ("s0",)}
@@ -219,6 +220,7 @@ def state(
         live_activation_id=live,
         pending=pending,
         last_activation=last if ended else None,
+        toolpacks=toolpacks,
     )
 
 
@@ -253,9 +255,18 @@ async def test_the_hook_is_quiet_otherwise(quiet: AgentSchedulingState) -> None:
     assert await hooks.remind_when_idle(quiet) == []
 
 
-async def test_the_scheduler_runs_the_hook_as_it_is_named_in_the_manifest() -> None:
+async def test_the_scheduler_runs_the_manifests_hook_for_agents_that_enable_todo_only() -> None:
     [ref] = MANIFEST.scheduler_hooks
-    runner = Hooks([NamedHook(ref, resolve(ref))])
+    runner = Hooks(load_hooks(toolpacks={"todo": MANIFEST}))
+    [hook] = [h for h in runner.hooks if h.toolpack is not None]
+    assert (hook.name, hook.call) == (f"todo:{ref}", resolve(ref))
     [(name, action)] = await runner.run(state())
-    assert (name, action.key) == (ref, f"todo.reminder:{ENDED}")
-    assert await runner.run(state(useful=False)) == []
+    assert (name, action.key) == (f"todo:{ref}", f"todo.reminder:{ENDED}")
+    assert await runner.run(state(toolpacks=())) == []
+    assert await runner.run(state(toolpacks=("todo-not",))) == []
+
+
+def test_a_toolpack_hook_also_named_for_every_agent_is_loaded_once_for_every_agent() -> None:
+    [ref] = MANIFEST.scheduler_hooks
+    [hook] = [h for h in load_hooks([ref], {"todo": MANIFEST}) if h.call is resolve(ref)]
+    assert (hook.name, hook.toolpack) == (ref, None)

@@ -1,7 +1,7 @@
 """Scheduler side of the todo toolpack: `remind_when_idle`.
 
-Opt-in (README.md): the scheduler runs its hooks for every session, whatever toolpacks the
-agent has, and this hook would add a reminder to each of them.
+The manifest names it, so the scheduler calls it for the agents that enable `todo` only
+(README.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """What a toolpack's scheduler hook sees and may ask for (DESIGN.md §6, §7 toolpacks).
 
 A hook is an async (or plain) callable `hook(state: AgentSchedulingState) -> Sequence[HookAction]`
-registered under the entry point group `suzumio.scheduler_hooks`. The scheduler calls it when an
+named by an installed toolpack's manifest (`scheduler_hooks`: called for the agents that enable
+that toolpack only), or registered under the entry point group `suzumio.scheduler_hooks` (or the
+scheduler's `SUZUMIO_HOOKS` setting: called for every agent). The scheduler calls it when an
 activation of the agent's session has ended, before its own nudge rule; the actions become
 messages or signals on that session. A hook that raises or overruns its time is logged and
 skipped.
@@ -48,6 +50,7 @@ class AgentSchedulingState(_Frozen):
     live_activation_id: Identifier | None = Field(description="the activation running now, if any")
     pending: tuple[PendingSignalView, ...]
     last_activation: EndedActivationView | None = None
+    toolpacks: tuple[str, ...] = Field(default=(), description="the toolpacks the agent enables")
 
 
 class HookSignal(_Frozen):

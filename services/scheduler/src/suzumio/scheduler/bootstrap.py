@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp
 
+from suzumio.contracts.toolpacks import discover
 from suzumio.platform.service import ServiceRuntime
 from suzumio.scheduler.engine import Scheduler
 from suzumio.scheduler.hooks import Hooks, load_hooks
@@ -13,7 +14,9 @@ from suzumio.scheduler.settings import SchedulerSettings
 async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     settings = runtime.settings
     assert isinstance(settings, SchedulerSettings)
-    hooks = Hooks(load_hooks(settings.hooks), timeout=settings.hook_timeout_seconds)
+    # Installed toolpacks' own hooks too, each for the agents that enable its toolpack.
+    found = load_hooks(settings.hooks, discover())
+    hooks = Hooks(found, timeout=settings.hook_timeout_seconds)
     scheduler = Scheduler(
         runtime.nc,
         runtime.topology,

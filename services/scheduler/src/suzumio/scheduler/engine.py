@@ -553,7 +553,9 @@ class Scheduler:
         return retry
 
     def _hook_state(self, s: SessionSchedule, ended: Ended) -> AgentSchedulingState:
+        agent = self.world.agents.get(s.agent_id)
         return AgentSchedulingState(
+            toolpacks=agent.toolpacks if agent else (),
             project_id=s.project_id,
             agent_id=s.agent_id,
             session_id=s.id,

@@ -1,6 +1,8 @@
-"""Toolpack scheduler hooks: found through entry points (and settings), called with an agent's
-state when one of its activations ended; a hook that raises, overruns or answers nonsense is
-logged and skipped, and never stops scheduling (nor, hung, takes more than a few threads)."""
+"""Scheduler hooks: found through entry points (and settings), called for every agent, and in
+installed toolpacks' manifests, called for the agents that enable the toolpack only; each is
+called with the agent's state when one of its activations ended. A hook that raises, overruns
+or answers nonsense is logged and skipped, and never stops scheduling (nor, hung, takes more
+than a few threads)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import importlib
 import inspect
 import itertools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from importlib.metadata import entry_points
@@ -27,6 +29,7 @@ from suzumio.contracts.scheduling import (
     HookSignal,
     SchedulerHook,
 )
+from suzumio.contracts.toolpacks import ToolpackManifest
 from suzumio.platform.logging import get_logger
 from suzumio.platform.telemetry import meter
 
@@ -41,11 +44,21 @@ _calls = meter.create_counter(
 class NamedHook:
     name: str
     call: SchedulerHook
+    toolpack: str | None = None
+    """A toolpack's own hook (its manifest's `scheduler_hooks`): called only for agents that
+    enable that toolpack. None: for every agent."""
+
+    def applies_to(self, state: AgentSchedulingState) -> bool:
+        return self.toolpack is None or self.toolpack in state.toolpacks
 
 
-def load_hooks(extra: Iterable[str] = ()) -> list[NamedHook]:
+def load_hooks(
+    extra: Iterable[str] = (), toolpacks: Mapping[str, ToolpackManifest] | None = None
+) -> list[NamedHook]:
     """Hooks registered under the `suzumio.scheduler_hooks` entry point group, then the
-    `module:attribute` specs of `extra` (settings). One that cannot be loaded is logged."""
+    `module:attribute` specs of `extra` (settings), then those of `toolpacks`' manifests (by
+    toolpack name, named `<toolpack>:<module:attribute>`). One that cannot be loaded is logged;
+    a toolpack's hook already loaded for every agent is not loaded again for its own."""
     found: list[NamedHook] = []
     for point in sorted(entry_points(group=HOOKS_ENTRY_POINT_GROUP), key=lambda p: p.name):
         try:
@@ -53,12 +66,32 @@ def load_hooks(extra: Iterable[str] = ()) -> list[NamedHook]:
         except Exception:
             log.exception("hooks.load_failed", hook=point.name)
     for spec in extra:
-        module_name, _, attribute = spec.partition(":")
-        try:
-            found.append(NamedHook(spec, getattr(importlib.import_module(module_name), attribute)))
-        except Exception:
-            log.exception("hooks.load_failed", hook=spec)
+        with _logged(spec):
+            found.append(NamedHook(spec, _resolved(spec)))
+    for pack, manifest in sorted((toolpacks or {}).items()):
+        for spec in manifest.scheduler_hooks:
+            name = f"{pack}:{spec}"
+            with _logged(name):
+                call = _resolved(spec)
+                if any(hook.call is call for hook in found):
+                    log.info("hooks.already_for_every_agent", hook=name)
+                    continue
+                found.append(NamedHook(name, call, toolpack=pack))
     return found
+
+
+def _resolved(spec: str) -> SchedulerHook:
+    module_name, _, attribute = spec.partition(":")
+    call: SchedulerHook = getattr(importlib.import_module(module_name), attribute)
+    return call
+
+
+@contextlib.contextmanager
+def _logged(name: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception:
+        log.exception("hooks.load_failed", hook=name)
 
 
 class Hooks:
@@ -72,6 +105,8 @@ class Hooks:
         """Every hook's actions, in hook order; failing hooks contribute none."""
         actions: list[tuple[str, HookAction]] = []
         for hook in self.hooks:
+            if not hook.applies_to(state):
+                continue
             try:
                 answer = _validated(await self._bounded(hook, state))
                 actions += [(hook.name, a) for a in answer]

@@ -114,3 +114,4 @@ class AgentInfo:
     project_id: str
     runtime_profile: str | None = None
     disabled: bool = False
+    toolpacks: tuple[str, ...] = ()  # a toolpack's own scheduler hooks see only its agents

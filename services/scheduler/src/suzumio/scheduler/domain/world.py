@@ -366,11 +366,17 @@ class World:
     def _agent_event(self, agent_id: str, data: DomainEvent, changes: Changes) -> None:
         match data:
             case AgentCreated():
-                self.agents[agent_id] = AgentInfo(data.project_id, data.runtime_profile)
-            case AgentUpdated() if agent_id in self.agents and data.runtime_profile is not None:
-                self.agents[agent_id].runtime_profile = data.runtime_profile
-            case AgentUpdated() if agent_id in self.agents and data.runtime_profile_cleared:
-                self.agents[agent_id].runtime_profile = None
+                self.agents[agent_id] = AgentInfo(
+                    data.project_id, data.runtime_profile, toolpacks=data.toolpacks
+                )
+            case AgentUpdated() if agent_id in self.agents:
+                agent = self.agents[agent_id]
+                if data.runtime_profile is not None:
+                    agent.runtime_profile = data.runtime_profile
+                elif data.runtime_profile_cleared:
+                    agent.runtime_profile = None
+                if data.toolpacks is not None:
+                    agent.toolpacks = data.toolpacks
             case AgentDisabled() if agent_id in self.agents:
                 self.agents[agent_id].disabled = True
             case AgentEnabled() if agent_id in self.agents:
