@@ -121,11 +121,11 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         relay=relay(settings),
     )
 
+    # The relay's client is not closed here: drainers run before the HTTP server stops, and
+    # model streams it relays must be able to finish meanwhile. It goes with the process.
     async def closing(_: float) -> None:
         await waiter.close()
         await registry.close()
-        if broker.relay is not None:
-            await broker.relay.aclose()
 
     runtime.on_drain(closing)
     runtime.limit_bodies(body_limits(settings))

@@ -65,9 +65,6 @@ class ModelRelay:
             follow_redirects=False,  # the key goes to the endpoint named, nowhere else
         )
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
     async def forward(self, upstream: Upstream, body: bytes, caller: Caller, via: str) -> Response:
         headers = {
             "content-type": "application/json",
