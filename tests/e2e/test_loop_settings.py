@@ -28,13 +28,19 @@ async def process_backend(settings: OrchestratorSettings) -> Backend:
 async def test_loop_settings_and_model_figures_are_checked_at_the_api(platform: Stack) -> None:
     world = await new_world(platform, "loopy")
     profiles = f"/v1/projects/{world.project_id}/runtime-profiles"
-    loop = {"max_model_calls": 20, "max_parallel_tools": 4, "tool_timeout_seconds": 900}
+    loop = {
+        "max_model_calls": 20,
+        "max_parallel_tools": 4,
+        "tool_timeout_seconds": 900,
+        "broker_retries": 8,
+    }
     async with platform.client(world.key) as c:
         for bad in (
             {"max_model_calls": 0},
             {"max_parallel_tools": 1_000},
             {"tool_timeout_seconds": -1},
             {"ask_wait_seconds": 301},
+            {"broker_retries": 21},
             {"max_model_call": 5},  # a typo
             "fast",
         ):
@@ -46,6 +52,7 @@ async def test_loop_settings_and_model_figures_are_checked_at_the_api(platform: 
             "max_parallel_tools": 4,
             "tool_timeout_seconds": 900.0,
             "max_retries": None,  # unset: the platform's default
+            "broker_retries": 8,
             "ask_wait_seconds": None,
             "approval_wait_seconds": None,
         }

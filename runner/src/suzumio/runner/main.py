@@ -19,7 +19,13 @@ from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutp
 from suzumio.runner import eventloop, exits, forkserver, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.assets import bring_assets
-from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError, FencedError
+from suzumio.runner.broker import (
+    OUTPUT_RETRIES,
+    BrokerClient,
+    BrokerError,
+    BrokerUnavailableError,
+    FencedError,
+)
 from suzumio.runner.connections import Connections, broker_socket
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.live import LiveStream
@@ -72,22 +78,23 @@ async def run_activation(
         env=shell_env(env, spec.workspace),
     )
     timeout = BROKER_TIMEOUT_SECONDS
+    retries = spec.runner.broker_retries
     socket = spec.controller_socket  # network `none`: the broker's socket is the only way out
-    if socket is not None:
-        broker = BrokerClient(
-            spec.controller_url, spec.token, timeout=timeout, transport=broker_socket(socket)
-        )
-        models = [
-            ModelClient(m, relayed_endpoint(m, spec.controller_url, spec.token), socket=socket)
-            for m in (spec.agent.model, *spec.agent.fallbacks)
-        ]
+    broker = BrokerClient(
+        spec.controller_url,
+        spec.token,
+        timeout=timeout,
+        transport=broker_socket(socket) if socket else None,
+        http=kept.broker(spec.controller_url, timeout) if kept and not socket else None,
+        retries=retries,
+        output_retries=max(OUTPUT_RETRIES, retries),
+    )
+    chain = (spec.agent.model, *spec.agent.fallbacks)
+    if socket:
+        relayed = [relayed_endpoint(m, spec.controller_url, spec.token) for m in chain]
+        models = [ModelClient(m, e, socket=socket) for m, e in zip(chain, relayed, strict=True)]
     else:
-        broker_http = kept.broker(spec.controller_url, timeout) if kept else None
-        broker = BrokerClient(spec.controller_url, spec.token, timeout=timeout, http=broker_http)
-        models = [
-            ModelClient(m, endpoint_for(m, env), kept=kept)
-            for m in (spec.agent.model, *spec.agent.fallbacks)
-        ]
+        models = [ModelClient(m, endpoint_for(m, env), kept=kept) for m in chain]
     live = LiveStream(broker)
     live.start()
     loop = AgentLoop(spec, broker, models, Toolbox(spec, broker, tool_ctx), live, secrets)

@@ -84,6 +84,13 @@ class RunnerConfig(_Frozen):
     tool_timeout_seconds: float = Field(default=300, gt=0)
     wall_clock_seconds: float = Field(default=3_600, gt=0)
     max_retries: int = Field(default=3, ge=0)
+    broker_retries: int = Field(
+        default=5,
+        ge=0,
+        le=20,
+        description="tries again of a broker call the broker does not answer, or answers 5xx "
+        "(backing off 0.2 s doubling to 5 s); the output's own are at least 14",
+    )
     ask_wait_seconds: float = Field(
         default=120, ge=0, le=300, description="how long ask_user waits before checkpointing"
     )

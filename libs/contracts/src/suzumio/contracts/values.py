@@ -308,6 +308,13 @@ class LoopSettings(BaseModel):
     max_retries: int | None = Field(
         default=None, ge=0, le=20, description="retries of a failing model (default 3)"
     )
+    broker_retries: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="retries of a broker call that finds the broker unreachable or failing "
+        "(default 5, ~6-9 s); the output's are at least 14",
+    )
     ask_wait_seconds: float | None = Field(
         default=None, ge=0, le=300, description="ask_user's wait before checkpointing (120)"
     )
