@@ -103,10 +103,15 @@ async def test_every_tool_call_is_audited_with_status_and_duration(platform: Sta
         assert (await c.post("/runner/tool-calls/finish", json=finish)).status_code == 200
         orphan = await c.post("/runner/tool-calls/finish", json={**finish, "call_id": "nope"})
         assert orphan.status_code == 409
+        read = {**start_body("call-2"), "read_only": True}  # what the scheduler's nudge reads
+        assert (await c.post("/runner/tool-calls/start", json=read)).status_code == 200
     stream = await platform.store.load("activation", a.activation_id)
-    [started] = [e.data for e in stream.events if isinstance(e.data, ToolCallStarted)]
+    started = [e.data for e in stream.events if isinstance(e.data, ToolCallStarted)]
     [finished] = [e.data for e in stream.events if isinstance(e.data, ToolCallFinished)]
-    assert started.tool == "file.read"
+    assert [(s.call_id, s.tool, s.read_only) for s in started] == [
+        ("call-1", "file.read", False),  # a runner from before says nothing: not read-only
+        ("call-2", "file.read", True),
+    ]
     assert (finished.status, finished.duration_ms) == ("ok", 37)
 
 

@@ -41,11 +41,12 @@ def test_the_audit_columns_the_bodies_feed_are_int32() -> None:
 
 def test_a_tool_call_start_larger_than_an_int32_is_refused() -> None:
     start = {"call_id": "c", "tool": "t", "arguments_digest": DIGEST}
-    assert ToolCallStart(**start, arguments_size=INT32_MAX).arguments_size == INT32_MAX
+    fits = ToolCallStart.model_validate({**start, "arguments_size": INT32_MAX})
+    assert fits.arguments_size == INT32_MAX
     # Accepted before, appended to the log, then parked by the projection (asyncpg: "value out
     # of int32 range"): the call was missing from the audit.
     with pytest.raises(ValidationError):
-        ToolCallStart(**start, arguments_size=INT32_MAX + 1)
+        ToolCallStart.model_validate({**start, "arguments_size": INT32_MAX + 1})
 
 
 @pytest.mark.parametrize("field", ["result_size", "duration_ms"])

@@ -368,3 +368,21 @@ async def test_a_provider_error_that_echoes_the_key_does_not_put_it_in_the_outpu
     [output] = broker.bodies["/activation-output"]
     assert "Invalid API key provided: [redacted]" in output["text"]
     assert key not in json.dumps(broker.bodies)
+
+
+async def test_the_audit_says_which_calls_used_a_tool_that_changes_nothing(tmp_path: Path) -> None:
+    """The scheduler's nudge rule counts a tool call's success as an effect unless its tool
+    is read-only (DESIGN.md §6): the start of each call says which it is."""
+    (tmp_path / "a.txt").write_text("a")
+    calls = [
+        ToolCall("file_read", json.dumps({"path": "a.txt"}), id="read"),
+        ToolCall("file_write", json.dumps({"path": "b.txt", "content": "b"}), id="write"),
+    ]
+    broker = Broker()
+    code = await _run_activation(
+        spec(tmp_path), [Reply.tool_calls(calls), Reply.text("ok")], broker
+    )
+    assert code == exits.COMPLETED
+    started = {b["call_id"]: b["read_only"] for b in broker.bodies["/runner/tool-calls/start"]}
+    assert started == {"read": True, "write": False}
+    assert (tmp_path / "b.txt").read_text() == "b"

@@ -22,6 +22,7 @@ from suzumio.contracts.events import (
     SignalRecorded,
     SignalsDelivered,
     ToolCallFinished,
+    ToolCallStarted,
 )
 from suzumio.contracts.values import (
     Author,
@@ -237,6 +238,33 @@ def test_useful_effects_are_noticed_for_the_nudge_rule() -> None:
         log.append(activation_id, ActivationCompleted(text=""))
         assert s.last_ended is not None
         assert s.last_ended.useful is (effect is not None), activation_id
+
+
+def test_a_read_only_tools_success_is_no_effect_for_the_nudge_rule() -> None:
+    """DESIGN §6: no message, no completion, no tool *effect*. A file read that succeeded
+    changed nothing; a write beside it did."""
+    world, log = opened()
+    s = world.sessions["s"]
+    digest = "0" * 64
+    for activation_id, calls in (
+        ("r1", [("c1", True)]),
+        ("r2", [("c1", True), ("c2", False)]),
+    ):
+        log.append("s", signal(f"m-{activation_id}"))
+        start(log, activation_id, f"m-{activation_id}")
+        for call_id, read_only in calls:
+            started = ToolCallStarted(
+                call_id=call_id,
+                tool="file.read" if read_only else "file.write",
+                arguments_digest=digest,
+                arguments_size=2,
+                read_only=read_only,
+            )
+            log.append(activation_id, started)
+            log.append(activation_id, ToolCallFinished(call_id=call_id, status="ok", duration_ms=1))
+        log.append(activation_id, ActivationCompleted(text=""))
+        assert s.last_ended is not None
+        assert s.last_ended.useful is (activation_id == "r2"), activation_id
 
 
 def test_admission_goes_round_robin_across_projects_within_limits() -> None:

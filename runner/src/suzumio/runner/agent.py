@@ -510,6 +510,7 @@ class AgentLoop:
                 tool=tool[:200],
                 arguments_digest=digest,
                 arguments_size=len(call.wire.arguments.encode()),
+                read_only=call.tool is not None and self._toolbox.read_only(call.tool),
             )
         )
         self._open_calls[call.wire.id] = time.monotonic()

@@ -113,6 +113,12 @@ class Toolbox:
     def canonical(self, wire: str) -> str | None:
         return self._by_wire.get(wire) or (wire if wire in self._definitions else None)
 
+    def read_only(self, tool: str) -> bool:
+        """Whether `tool`'s definition says it changes nothing (what the nudge rule counts as
+        no effect)."""
+        definition = self._definitions.get(tool)
+        return definition is not None and definition.read_only
+
     # -- how calls share a round -------------------------------------------------------------
     def kind(self, tool: str, args: dict[str, Any]) -> CallKind:
         if tool in self._sandbox:

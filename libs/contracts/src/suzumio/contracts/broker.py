@@ -44,6 +44,11 @@ class ToolCallStart(_Body):
     tool: Clean = Field(min_length=1, max_length=200)
     arguments_digest: Digest = Field(pattern=r"^[0-9a-f]{64}$")
     arguments_size: int = Field(ge=0, le=AUDIT_INT_MAX)
+    read_only: bool = Field(
+        default=False,
+        description="the tool changes nothing (its definition says so: file.read, file.search, "
+        "web.fetch, a toolpack's read-only tools): its success is no effect for the nudge rule",
+    )
 
 
 class ToolCallFinish(_Body):

@@ -145,6 +145,7 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
                     tool=body.tool,
                     arguments_digest=body.arguments_digest,
                     arguments_size=body.arguments_size,
+                    read_only=body.read_only,
                 )
             ],
             caller.actor,

@@ -75,6 +75,9 @@ class ToolCallStarted(DomainEvent):
     tool: str = Field(max_length=200)
     arguments_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     arguments_size: int = Field(ge=0)
+    read_only: bool = Field(
+        default=False, description="a tool that changes nothing: its success is no effect"
+    )
 
 
 @event("activation.tool_call_finished")

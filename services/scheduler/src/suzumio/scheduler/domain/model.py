@@ -61,6 +61,7 @@ class Activation:
     cancel_requested: bool = False
     started: bool = False
     useful: bool = False  # wrote a message, finished a tool call well, or produced output
+    read_only_calls: set[str] = field(default_factory=set)  # their success is no effect
 
 
 @dataclass(frozen=True)

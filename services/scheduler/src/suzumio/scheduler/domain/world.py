@@ -33,6 +33,7 @@ from suzumio.contracts.events import (
     SignalRecorded,
     SignalsDelivered,
     ToolCallFinished,
+    ToolCallStarted,
 )
 from suzumio.contracts.values import Backend, ProjectLimits, RuntimeProfileSpec, SignalKind
 from suzumio.scheduler.domain.model import (
@@ -62,6 +63,7 @@ WANTED: frozenset[str] = frozenset(
         ActivationFailed,
         ActivationCancelled,
         ActivationTimedOut,
+        ToolCallStarted,
         ToolCallFinished,
         AgentCreated,
         AgentUpdated,
@@ -294,8 +296,11 @@ class World:
         match data:
             case ActivationStarted():
                 activation.started = True
+            case ToolCallStarted(read_only=True):
+                activation.read_only_calls.add(data.call_id)
             case ToolCallFinished():
-                activation.useful = activation.useful or data.status == "ok"
+                done = data.status == "ok" and data.call_id not in activation.read_only_calls
+                activation.useful = activation.useful or done
             case ActivationCompleted():
                 activation.useful = activation.useful or bool(data.text.strip())
                 self._ended(activation, "completed", at, changes)
