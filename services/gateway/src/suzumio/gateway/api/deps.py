@@ -36,8 +36,11 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
         raise ApiError(401, "an API key is required", headers={"WWW-Authenticate": "Bearer"})
     principal = await gw.keys.principal(key)
     if principal is None and gw.positions.position < await _log_end(gw):
-        # A key created a moment ago may not be in the read model yet: let it catch up.
-        await gw.positions.wait_for(await _log_end(gw), 2.0)
+        # A key created a moment ago may not be in the read model yet: let it catch up, as
+        # long as a client's own writes are waited for (a fresh gateway's projector, on a
+        # loaded machine, took more than the 2 s this once was). Only while it lags: a wrong
+        # key is refused at once when the read model is up to date.
+        await gw.positions.wait_for(await _log_end(gw), gw.settings.read_your_writes_timeout)
         principal = await gw.keys.principal(key, refresh=True)
     if principal is None:
         raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
