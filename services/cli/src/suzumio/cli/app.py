@@ -88,8 +88,8 @@ def up(
 
 
 def broker_socket(data_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The tool-broker's Unix socket, which docker sandboxes of network 'none' get mounted in
-    (both the broker and the orchestrator read the variable): in the data directory, unless
+    """The tool-broker's Unix socket, which sandboxes of network 'none' get bound in (both the
+    broker and the orchestrator read the variable): in the data directory, unless
     the environment names one, or the path is longer than a socket's address holds (then
     'none' profiles fail their activations, saying the variable is unset)."""
     if BROKER_SOCKET_SETTING in environ:

@@ -1,6 +1,7 @@
-"""The model relay: a sandbox without any network (network profile `none`, docker) reaches the
-broker alone, through a Unix socket mounted into it, and calls its models here. The broker
-calls the endpoint with the key, so the sandbox never holds one.
+"""The model relay: a sandbox without any network (network profile `none`: docker, or the
+process backend with bubblewrap) reaches the broker alone, through a Unix socket bound into it,
+and calls its models here. The broker calls the endpoint with the key, so the sandbox never
+holds one.
 
 - `POST /runner/models/default/chat/completions`: the platform's default endpoint
   (`SUZUMIO_MODEL_BASE_URL` / `SUZUMIO_MODEL_API_KEY`, as the broker has them), for a model

@@ -65,8 +65,9 @@ class LaunchPlan:
     max_output_files: int = 0
     max_output_bytes: int = 0
     broker_socket: Path | None = None
-    """Network `none` (docker): the tool-broker's Unix socket on this host, which the sandbox
-    gets mounted in — its only way out, to the broker and its model relay."""
+    """Network `none` (docker, and process with bubblewrap): the tool-broker's Unix socket on
+    this host, which the sandbox gets bound in — its only way out, to the broker and its model
+    relay."""
     origins: tuple[int, ...] = ()
     """Where the log stored its batch's signals (stream sequences): the requests whose trace
     the launch continues (`suzumio.orchestrator.tracing`)."""
