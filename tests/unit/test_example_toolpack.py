@@ -264,6 +264,12 @@ async def test_the_scheduler_runs_the_manifests_hook_for_agents_that_enable_todo
     assert (name, action.key) == (f"todo:{ref}", f"todo.reminder:{ENDED}")
     assert await runner.run(state(toolpacks=())) == []
     assert await runner.run(state(toolpacks=("todo-not",))) == []
+    # What the scheduler asks before it builds a state at all.
+    assert (runner.any_for(("todo",)), runner.any_for(()), runner.any_for(("web",))) == (
+        True,
+        False,
+        False,
+    )
 
 
 def test_a_toolpack_hook_also_named_for_every_agent_is_loaded_once_for_every_agent() -> None:

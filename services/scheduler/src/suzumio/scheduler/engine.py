@@ -512,8 +512,14 @@ class Scheduler:
     async def _review(self, s: SessionSchedule, ended: Ended) -> None:
         retry: _ReviewRetry | None = None
         try:
-            state = self._hook_state(s, ended)
-            actions = await self._hooks.run(state) if self._hooks.hooks else []
+            agent = self.world.agents.get(s.agent_id)
+            toolpacks = agent.toolpacks if agent else ()
+            # The state is built only for a hook that will see it (most agents enable no
+            # toolpack with hooks of its own).
+            if self._hooks.any_for(toolpacks):
+                actions = await self._hooks.run(self._hook_state(s, ended, toolpacks))
+            else:
+                actions = []
             performed = [await self._perform(s, ended, name, action) for name, action in actions]
             if not any(performed) and policy.needs_nudge(ended):
                 await self._nudge(s, ended)
@@ -552,10 +558,11 @@ class Scheduler:
         )
         return retry
 
-    def _hook_state(self, s: SessionSchedule, ended: Ended) -> AgentSchedulingState:
-        agent = self.world.agents.get(s.agent_id)
+    def _hook_state(
+        self, s: SessionSchedule, ended: Ended, toolpacks: tuple[str, ...]
+    ) -> AgentSchedulingState:
         return AgentSchedulingState(
-            toolpacks=agent.toolpacks if agent else (),
+            toolpacks=toolpacks,
             project_id=s.project_id,
             agent_id=s.agent_id,
             session_id=s.id,

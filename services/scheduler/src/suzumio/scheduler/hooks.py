@@ -48,8 +48,8 @@ class NamedHook:
     """A toolpack's own hook (its manifest's `scheduler_hooks`): called only for agents that
     enable that toolpack. None: for every agent."""
 
-    def applies_to(self, state: AgentSchedulingState) -> bool:
-        return self.toolpack is None or self.toolpack in state.toolpacks
+    def applies_to(self, toolpacks: Iterable[str]) -> bool:
+        return self.toolpack is None or self.toolpack in toolpacks
 
 
 def load_hooks(
@@ -101,11 +101,15 @@ class Hooks:
         self._threads = _HookThreads()
         self._lingering: dict[str, int] = {}  # calls past their time, still going, by hook
 
+    def any_for(self, toolpacks: tuple[str, ...]) -> bool:
+        """Whether any hook is called for an agent enabling `toolpacks`."""
+        return any(hook.applies_to(toolpacks) for hook in self.hooks)
+
     async def run(self, state: AgentSchedulingState) -> list[tuple[str, HookAction]]:
         """Every hook's actions, in hook order; failing hooks contribute none."""
         actions: list[tuple[str, HookAction]] = []
         for hook in self.hooks:
-            if not hook.applies_to(state):
+            if not hook.applies_to(state.toolpacks):
                 continue
             try:
                 answer = _validated(await self._bounded(hook, state))
