@@ -140,7 +140,8 @@ async def test_timeout_kills_the_whole_group_even_processes_ignoring_term(tmp_pa
     assert not survived.exists()
 
 
-async def test_cancellation_kills_the_group(tmp_path: Path) -> None:
+async def cancel_once_the_job_runs(tmp_path: Path) -> int:
+    """Cancels a call whose shell started a background `sleep`; returns the sleep's pid."""
     pid_file = tmp_path / "pids"
     command = f"sleep 30 & echo $! > {pid_file}; wait"
     call = asyncio.create_task(sh(ctx_for(tmp_path), command, timeout_seconds=20))
@@ -148,6 +149,31 @@ async def test_cancellation_kills_the_group(tmp_path: Path) -> None:
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+    return sleeper
+
+
+async def test_cancellation_kills_the_group(tmp_path: Path) -> None:
+    sleeper = await cancel_once_the_job_runs(tmp_path)
+    assert await wait_dead(sleeper), f"sleep {sleeper} survived the cancellation"
+
+
+async def test_cancellation_while_the_shell_is_being_started_kills_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shell runs before asyncio has connected its pipes. The spawn here returns only once
+    the shell's background job exists, so the cancel lands inside it, deterministically."""
+    pid_file = tmp_path / "pids"
+    loop = asyncio.get_running_loop()
+    real_spawn = loop.subprocess_exec
+
+    async def slow_spawn(*args: Any, **kwargs: Any) -> Any:
+        started = await real_spawn(*args, **kwargs)
+        await read_pid(pid_file)
+        await asyncio.sleep(0.2)
+        return started
+
+    monkeypatch.setattr(loop, "subprocess_exec", slow_spawn)
+    sleeper = await cancel_once_the_job_runs(tmp_path)
     assert await wait_dead(sleeper), f"sleep {sleeper} survived the cancellation"
 
 

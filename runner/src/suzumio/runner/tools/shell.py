@@ -12,7 +12,8 @@ reaches every process the command started.
   pipe.
 - A non-zero exit is an ordinary result (`[exit 1 ...]`, status "ok"): failing tests are
   information, not a tool failure. Past the deadline the whole group gets SIGTERM, a short
-  grace, then SIGKILL, and the status is "timeout". A cancelled call SIGKILLs the group at once.
+  grace, then SIGKILL, and the status is "timeout". A cancelled call SIGKILLs the group at once,
+  also when the cancel lands while the shell is being started.
 - Background jobs that outlive the shell are left running (a dev server started with `&` is
   legitimate); if one still holds the output pipe, the result is returned after a short drain
   and whatever it prints later is dropped.
@@ -168,8 +169,8 @@ class ShellExec:
         output = OutputBuffer(ctx.limits.shell_output_max_bytes)
         started = loop.time()
         strays.starting_command()  # what it leaves running ends with the activation
-        try:
-            transport, proto = await loop.subprocess_exec(
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
                 lambda: _Collector(output, loop),
                 *(self._shell, "-c", command),
                 stdin=subprocess.DEVNULL,
@@ -179,6 +180,14 @@ class ShellExec:
                 env=dict(ctx.env),
                 start_new_session=True,
             )
+        )
+        try:
+            # The shell runs before asyncio has connected its pipes; a cancel landing in that
+            # window would make asyncio kill the shell alone and leave what it already started.
+            transport, proto = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            spawn.add_done_callback(_kill_spawned_group)
+            raise
         except OSError as exc:
             return ToolResult(f"cannot start {self._shell}: {exc.strerror}", "error")
         except ValueError as exc:  # a NUL or a lone surrogate cannot be passed to exec
@@ -259,6 +268,17 @@ async def _terminate(group: int, grace: float) -> None:
         if not _group_alive(group):
             return
     _signal_group(group, signal.SIGKILL)
+
+
+def _kill_spawned_group(
+    spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _Collector]],
+) -> None:
+    """End what a spawn started after its caller was cancelled."""
+    if spawn.cancelled() or spawn.exception() is not None:
+        return
+    transport, _ = spawn.result()
+    _signal_group(transport.get_pid(), signal.SIGKILL)
+    transport.close()
 
 
 def _signal_group(group: int, sig: signal.Signals) -> bool:
