@@ -3,7 +3,8 @@ against the FAKE API server, `suzumio.testing.fake_kubernetes`): a leader that t
 leaves a finished sandbox of an ended activation to its cleanup policy, with the activation's
 real outcome, and stops only one that still runs; a timeout whose stop fails at first still
 ends as a timeout; a cancel that deletes a Job just after its runner recorded its output does
-not undo the work; and the process backend's cleanup policy.
+not undo the work, nor does an error of ours or a cancel while a new leader lists the
+backends; and the process backend's cleanup policy.
 
 The activations here were launched by a leader that is gone: the log says what became of them
 and the backend lists what is left of their sandboxes."""
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,17 @@ async def leading(
         stop.set()
         await asyncio.wait_for(task, 30)
         await orchestrator.close()
+
+
+Lead = Callable[[Mapping[str, Backend]], contextlib.AbstractAsyncContextManager[Orchestrator]]
+
+
+@pytest.fixture
+def lead(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str, pool: Pool, tmp_path: Path
+) -> Lead:
+    """`leading` on this test's servers: given the backends only."""
+    return functools.partial(leading, nc, topology, store, database_url, pool, tmp_path)
 
 
 async def launched_before(
@@ -333,6 +346,84 @@ async def test_a_job_deleted_by_a_cancel_after_the_output_was_recorded_ends_comp
     assert handle.sandbox_id not in job_names(kube)  # the cancel did delete it
     assert [type(e) for e in ends] == [ActivationCompleted], ends
     assert ends[0].text == "finished before the cancel"  # type: ignore[attr-defined]
+
+
+class BrokenWatch(Sandboxes):
+    """Watching its sandboxes fails: an error of ours, not the activation's."""
+
+    async def watch(self, handle: Handle) -> Exit:
+        raise RuntimeError("the watch broke")
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["output_recorded", "no_output"])
+async def test_an_error_of_ours_ends_as_the_recorded_output_says(
+    store: EventStore,
+    lead: Lead,
+    recorded: bool,
+) -> None:
+    """The orchestrator fails watching a sandbox whose runner had recorded its output: the
+    work is done, so it ends completed (a retryable failure would have it done again), and
+    the cleanup hears so. Without an output, it fails, retryable."""
+    output = ActivationOutputRecorded(text="finished before the error")
+    _, activation_id = await launched_before(store, "fake", *([output] if recorded else []))
+    sandboxes = BrokenWatch([Handle(activation_id, "fake", "s1")])
+    async with lead({"fake": sandboxes}):
+        ends = await eventually(
+            lambda: terminals(store, activation_id), bool, timeout=30, what="the end"
+        )
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), cleaned_up, what="cleanup"
+        )
+    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", recorded)]
+    if recorded:
+        assert [type(e) for e in ends] == [ActivationCompleted], ends
+        assert ends[0].text == "finished before the error"  # type: ignore[attr-defined]
+    else:
+        assert [type(e) for e in ends] == [ActivationFailed], ends
+        assert ends[0].reason.startswith("orchestrator: RuntimeError")  # type: ignore[attr-defined]
+        assert ends[0].retryable  # type: ignore[attr-defined]
+
+
+class SlowToList(Sandboxes):
+    """Listing its sandboxes takes until the test lets it answer."""
+
+    def __init__(self, live: list[Handle]) -> None:
+        super().__init__(live)
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def list_live(self) -> list[Handle]:
+        self.asked.set()
+        await self.answer.wait()
+        return list(self.live)
+
+
+async def test_a_cancel_while_a_new_leader_lists_does_not_undo_a_recorded_output(
+    store: EventStore,
+    lead: Lead,
+) -> None:
+    """The gone leader launched it but died before appending its start; its runner finished
+    and recorded its output. A cancel arrives while the new leader still lists the backends:
+    the work is done, so it ends completed, not cancelled; its sandbox, found afterwards, is
+    an orphan, stopped and cleaned up as a success."""
+    session_id, activation_id = new_id(), new_id()
+    request = ActivationRequested(activation_id=activation_id, agent_id=new_id(), signal_ids=())
+    await store.append(session_id, [request], 0)
+    await store.append(activation_id, [ActivationOutputRecorded(text="done before it")], 0)
+    sandboxes = SlowToList([Handle(activation_id, "fake", "s1")])
+    async with lead({"fake": sandboxes}):
+        await asyncio.wait_for(sandboxes.asked.wait(), 30)
+        cancel = ActivationCancelRequested(activation_id=activation_id, reason="asked")
+        await store.append_next(session_id, [cancel], EventMeta(actor="system:scheduler"))
+        ends = await eventually(
+            lambda: terminals(store, activation_id), bool, timeout=30, what="the end"
+        )
+        sandboxes.answer.set()
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), cleaned_up, what="cleanup"
+        )
+    assert [type(e) for e in ends] == [ActivationCompleted], ends
+    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", True)]
 
 
 # -- 4. the process backend's cleanup policy ---------------------------------------------------

@@ -129,6 +129,11 @@ class _Doubling:
         self.delay = min(self.delay * 2, self._most)
 
 
+class _EndRefusedError(Exception):
+    """The store refused an activation's terminal event itself (invalid: it would refuse it
+    each time it is asked). Its cause is the refusal."""
+
+
 def _trouble(exc: BaseException) -> bool:
     return isinstance(exc, _TROUBLE) or (isinstance(exc, JetStreamApiError) and exc.code >= 500)
 
@@ -457,10 +462,11 @@ class Orchestrator:
         tracked = self.activations[activation_id]
         task = self._tasks.get(activation_id)
         if task is None and not tracked.started:
+            # Not started as the log has it, yet its runner may have run (launched just before
+            # a leader went, its start never appended) and finished: its output decides.
+            cancelled = ActivationCancelled(reason=tracked.cancel_reason or "")
             self._tasks[activation_id] = asyncio.create_task(
-                self._end_and_forget(
-                    tracked, ActivationCancelled(reason=tracked.cancel_reason or "")
-                )
+                self._end_and_forget(tracked, self._unless_finished(tracked, cancelled))
             )
         elif tracked.handle is not None:
             self._keep_cancelling(tracked, tracked.handle)
@@ -621,8 +627,10 @@ class Orchestrator:
 
     async def _fail(self, tracked: Tracked, exc: Exception) -> None:
         """An error of ours: its sandbox, if it has one, is stopped — asked again until the
-        backend says it is, for as long as this replica leads — and removed (the failure ends
-        the attempt; a retry must not meet it still at work), and it ends as failed."""
+        backend says it is, for as long as this replica leads: the failure ends the attempt,
+        and a retry must not meet it still at work — and it ends as failed, unless its runner
+        had recorded its output (then as that output says). The sandbox is then left to its
+        cleanup policy with that outcome."""
         handle = tracked.handle
         if handle is not None:
             backend = self.backends[handle.backend]
@@ -635,12 +643,22 @@ class Orchestrator:
                     log.warning("orchestrator.stop_failed", activation=handle.activation_id,
                                 error=repr(err)[:500], retry_in=pause.delay)  # fmt: skip
                 await pause.wait()
+        refused = isinstance(exc, _EndRefusedError) and exc.__cause__ is not None
+        failed = ActivationFailed(
+            reason=f"orchestrator: {exc.__cause__ if refused else exc!r}"[:2_000]
+        )
+        # An end the store refused is not asked for again: it would be refused again.
+        ended = await self._end(
+            tracked, failed if refused else self._unless_finished(tracked, failed)
+        )
+        if handle is not None:
             try:
-                await backend.cleanup(handle, succeeded=False)
+                await self.backends[handle.backend].cleanup(
+                    handle, succeeded=isinstance(ended, ActivationCompleted)
+                )
             except Exception as err:
                 log.warning("orchestrator.cleanup_failed", activation=handle.activation_id,
                             error=repr(err)[:500])  # fmt: skip
-        await self._end(tracked, ActivationFailed(reason=f"orchestrator: {exc!r}"[:2_000]))
 
     async def _watch(self, tracked: Tracked, handle: Handle, plan: LaunchPlan | None) -> None:
         backend = self.backends[handle.backend]
@@ -748,6 +766,19 @@ class Orchestrator:
         detail = output.text[:500] if output is not None else "no output"
         return ActivationFailed(reason=f"runner exit {exit_.code}: {detail}", exit_code=exit_.code)
 
+    def _unless_finished(self, tracked: Tracked, event: DomainEvent) -> Decide:
+        """`event`, unless the runner recorded its output: then it had finished, and it ends
+        as a runner exits after that output (ours failing, or a cancel that came after, must
+        not have the scheduler do the work again)."""
+
+        def decide(output: ActivationOutputRecorded | None) -> DomainEvent:
+            if output is None:
+                return event
+            exit_ = exit_after_output(output, "its output was recorded")
+            return self._terminal(tracked, exit_, output)
+
+        return decide
+
     # -- the log -------------------------------------------------------------------------------
     async def _end(
         self,
@@ -789,7 +820,7 @@ class Orchestrator:
                 continue
             except Exception as exc:  # it may be stored all the same: read before writing again
                 if not _trouble(exc):
-                    raise
+                    raise _EndRefusedError(str(exc)) from exc
                 log.warning("orchestrator.end_failed", activation=activation_id,
                             error=repr(exc)[:500], retry_in=pause.delay)  # fmt: skip
                 await pause.wait()
@@ -824,7 +855,7 @@ class Orchestrator:
                             error=repr(exc)[:500], retry_in=pause.delay)  # fmt: skip
             await pause.wait()
 
-    async def _end_and_forget(self, tracked: Tracked, event: DomainEvent) -> None:
+    async def _end_and_forget(self, tracked: Tracked, event: DomainEvent | Decide) -> None:
         try:
             await self._end(tracked, event)
         finally:
