@@ -227,11 +227,11 @@ async def test_a_data_directory_that_cannot_be_made_is_named(data_dir: str) -> N
 
 
 async def import_agent(
-    stack: Stack, key: str, package: Path, project: str
+    stack: Stack, key: str, package: Path, project: str, **settings: str
 ) -> subprocess.CompletedProcess[str]:
     return await suzumio(
         "agents", "import", str(package), "--project", project,
-        SUZUMIO_API_URL=stack.api, SUZUMIO_API_KEY=key,
+        SUZUMIO_API_URL=stack.api, SUZUMIO_API_KEY=key, **settings,
     )  # fmt: skip
 
 
@@ -256,6 +256,11 @@ async def test_a_project_id_stays_one_path_segment_and_its_errors_are_shown(
         done = await import_agent(stack, world.key, tmp_path, project)
         one_line_error(done, 1, "422", "project_id")
     done = await import_agent(stack, world.key, tmp_path, "a/../../x")
+    assert done.returncode == 1
+    assert "HTTP Request" not in done.stderr  # a command's requests are not logged, but
+    done = await import_agent(
+        stack, world.key, tmp_path, "a/../../x", SUZUMIO_LOG_LEVEL="debug"
+    )  # with debug logs
     assert done.returncode == 1
     assert "/v1/projects/a%2F..%2F..%2Fx/agents/import" in done.stderr  # httpx's log line
 

@@ -60,6 +60,25 @@ async def demo_answer(api_port: int, data_dir: Path) -> str:
     raise AssertionError("no answer from the demo model within 60 s")
 
 
+def cli_conversation(api_port: int, env: dict[str, str]) -> str:
+    """The README's conversation through the CLI, which finds the admin key in the data
+    directory by itself: the text `suzumio chat` printed."""
+    env = {**env, "SUZUMIO_API_URL": f"http://127.0.0.1:{api_port}"}
+
+    def suzumio(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "suzumio.cli", *args],
+            env=env, capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout.strip()
+
+    project = suzumio("projects", "create", "demo")
+    agent = suzumio("agents", "create", project, "writer", "--model", "demo")
+    session = suzumio("sessions", "create", project, "--agent", agent)
+    return suzumio("chat", session, "hello")
+
+
 async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: Path) -> None:
     ports = {"api": free_port(), "broker": free_port()}
     internal = free_port_run(4)
@@ -102,6 +121,8 @@ async def test_up_starts_everything_and_sigterm_leaves_nothing_behind(tmp_path: 
         assert "OFFLINE DEMO MODEL" in out.read_text()
         answer = await demo_answer(ports["api"], tmp_path / "data")
         assert answer.startswith("[offline demo model]"), answer
+        said = await asyncio.to_thread(cli_conversation, ports["api"], env)
+        assert said.startswith("[offline demo model]"), said
 
         started = time.monotonic()
         up.send_signal(signal.SIGTERM)

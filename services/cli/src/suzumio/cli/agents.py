@@ -1,4 +1,5 @@
-"""`suzumio agents import DIR`: pack an agent package directory and create the agent from it."""
+"""`suzumio agents import DIR`: pack an agent package directory and create the agent from it;
+`suzumio agents create PROJECT NAME`: an agent from a few options."""
 
 from __future__ import annotations
 
@@ -99,3 +100,31 @@ def import_command(
     # The name is the package's, any text: as markup `[beta]` would vanish and `[/x]` crash
     # the command after the agent was made (and a second run make another).
     console.print(f"[green]agent {escape(str(body['name']))}[/green] created: {body['id']}")
+
+
+@app.command("create")
+def create_command(
+    project: Annotated[str, typer.Argument(help="the project's id")],
+    name: Annotated[str, typer.Argument(help="the agent's name")],
+    model: Annotated[str, typer.Option(help="the model's name, as its provider knows it")],
+    role: Annotated[str | None, typer.Option(help="its role (default: its name)")] = None,
+    prompt: Annotated[str, typer.Option(help="its system prompt")] = "",
+    provider: Annotated[
+        str | None, typer.Option(help="the project's provider settings (default: the platform's)")
+    ] = None,
+    runtime_profile: Annotated[
+        str | None, typer.Option(help="the project's runtime profile (default: the platform's)")
+    ] = None,
+    api: rest.ApiUrl = rest.API_URL,
+    key: rest.ApiKey = None,
+) -> None:
+    """Create an agent with the default tools (files, shell); prints its id. The API, or
+    `agents import`, sets everything else: tools, toolpacks, permissions, env facts."""
+    spec: dict[str, object] = {"name": model}
+    if provider:
+        spec["provider"] = provider
+    body: dict[str, object] = {"name": name, "role": role or name, "prompt": prompt, "model": spec}
+    if runtime_profile:
+        body["runtime_profile"] = runtime_profile
+    path = f"/v1/projects/{quote(project, safe='')}/agents"
+    typer.echo(rest.create(api, path, body, key, "agent"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,8 +11,9 @@ from urllib.parse import urlsplit
 
 import typer
 
-from suzumio.cli import activations, agents, projections, secrets
+from suzumio.cli import activations, agents, projections, projects, secrets, sessions
 from suzumio.cli.admin import ADMIN_KEY_FILE, AdminUnconfirmedError, KeyFileError, bootstrap_admin
+from suzumio.cli.chat import chat_command
 from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.failures import fail, load_settings
 from suzumio.cli.supervisor import ServiceSpec, Supervisor
@@ -22,15 +24,23 @@ app = typer.Typer(
     help="Suzumio: a control plane for LLM agents.", no_args_is_help=True, add_completion=False
 )
 app.add_typer(projections.app, name="projections")
+app.add_typer(projects.app, name="projects")
+app.add_typer(sessions.app, name="sessions")
 app.add_typer(agents.app, name="agents")
 app.add_typer(activations.app, name="activations")
 app.add_typer(secrets.app, name="secrets")
+app.command("chat")(chat_command)
 
 
 @app.callback()
 def _configure() -> None:
     settings = load_settings()  # a wrong SUZUMIO_* variable: one line naming it, exit 2
     configure_logging("cli", level=settings.log_level, fmt=settings.log_format)
+    # A command's own requests are its output's business, not a log line each (`chat` asks
+    # every quarter of a second), unless asked for with SUZUMIO_LOG_LEVEL=debug.
+    if settings.log_level != "debug":
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 MAX_PORT = 65535  # past it an option is a usage error, not a traceback from bind()

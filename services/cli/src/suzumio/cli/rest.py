@@ -86,3 +86,12 @@ def short(response: httpx.Response, limit: int = 200) -> str:
     if not text:
         return response.reason_phrase or "(empty body)"
     return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def create(api: str, path: str, body: dict[str, object], key: str | None, what: str) -> str:
+    """POST `body` to `path` for a new `what`; its id (exits 1 on a refusal, with one line)."""
+    answer, response = post(api, path, 201, headers=key_headers(key), json=body)
+    made = answer.get("id") if answer is not None else None
+    if not isinstance(made, str):
+        fail(f"the API at {redact(api)} answered 201 without a {what}: {short(response)}")
+    return made

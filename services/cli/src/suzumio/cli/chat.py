@@ -1,0 +1,285 @@
+"""`suzumio chat SESSION TEXT`: send a message to a session and follow the agent's answer.
+
+The message is posted (`POST /v1/sessions/{id}/messages`); then the session's timeline
+(`GET /v1/sessions/{id}/stream`, SSE, from the message's log position) says which activations
+were handed the message's signal (`session.signals_delivered`), and their live output is
+printed as it comes: text as the model writes it, a line per tool call. An activation's end is
+not on the session's timeline: each one handed the signal is asked for (`GET
+/v1/activations/{id}`) until it ended.
+
+- One of them completed: its answer has been shown as its live text came (else its recorded
+  output is shown now) and the command exits 0.
+- One failed, timed out or was cancelled: that is said, and the command goes on waiting — the
+  scheduler retries the signal within its budget, handing it to the next activation.
+- The signal was closed (`session.signal_closed`: its retry budget spent, a non-retryable
+  failure, a cancel): the outcome and reason are said, exit 1.
+- Nothing of that within `--timeout` seconds: said, exit 1 (the work may still go on).
+
+A refusal of the post or of the stream (no such session, no access) is one line, exit 1. The
+stream is resumed from its last cursor when the gateway ends it with 503 (live output
+restarted, a slow reader), as docs/api.md asks of clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import httpx
+import typer
+from rich.console import Console
+
+from suzumio.cli import rest
+from suzumio.cli.failures import fail, first_line, redact
+
+console = Console(highlight=False)
+TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
+POLL_SECONDS = 0.25
+SETTLE_SECONDS = 2.0  # for the stream to bring a completed activation's last words
+RESUMABLE = 503
+
+
+class StreamRefusedError(Exception):
+    """The gateway refused the timeline (or ended it for a reason a reconnect cannot mend)."""
+
+
+@dataclass
+class Conversation:
+    """What the timeline told so far of the message's work."""
+
+    signal_id: str
+    activations: dict[str, str] = field(default_factory=dict)  # handed the signal: status
+    shown: set[str] = field(default_factory=set)  # activations whose live text was printed
+    finished: set[str] = field(default_factory=set)  # their final entry (no tool calls) came
+    closed: tuple[str, str] | None = None  # the signal's outcome and reason, once closed
+    mid_line: bool = False  # live text was printed without its line's end
+    entry_came: asyncio.Event = field(default_factory=asyncio.Event)  # a final entry did
+
+    def end_line(self) -> None:
+        if self.mid_line:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.mid_line = False
+
+    def say(self, text: str, style: str = "dim") -> None:
+        self.end_line()
+        console.print(text, style=style, markup=False)
+
+    def take(self, event: str, data: dict[str, Any]) -> None:
+        """One timeline item (`event`: the log event's type, or `live`)."""
+        if event == "live":
+            self._live(data)
+            return
+        body = data.get("data")
+        if not isinstance(body, dict):
+            return
+        if event == "session.signals_delivered" and self.signal_id in body.get("signal_ids", ()):
+            self.activations.setdefault(str(body.get("activation_id")), "handed")
+        elif event == "session.signal_closed" and body.get("signal_id") == self.signal_id:
+            self.closed = (str(body.get("outcome")), str(body.get("reason") or ""))
+        elif event == "session.message_appended" and body.get("role") == "assistant":
+            self._entry(body)
+
+    def _live(self, chunk: dict[str, Any]) -> None:
+        activation_id = chunk.get("activation_id")
+        if activation_id not in self.activations:
+            return
+        text, data = str(chunk.get("text") or ""), chunk.get("data") or {}
+        match chunk.get("kind"):
+            case "text" if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                self.mid_line = True
+                self.shown.add(activation_id)
+            case "tool_progress" if data.get("phase") == "started":
+                self.say(f"· {text}")
+            case "state" if data.get("discard"):
+                self.say(f"[{text}]")
+
+    def _entry(self, body: dict[str, Any]) -> None:
+        # The words are printed from the live text only: the two kinds come in no fixed order,
+        # so printing entries too would print some twice. An activation whose live text did
+        # not come has its recorded output printed when it completed (`_settle`).
+        activation_id = body.get("activation_id")
+        if activation_id in self.activations and not body.get("tool_calls"):
+            self.finished.add(activation_id)
+            self.entry_came.set()
+
+
+def chat_command(
+    session_id: Annotated[str, typer.Argument(help="the session's id")],
+    text: Annotated[str, typer.Argument(help="the message")],
+    wait: Annotated[
+        bool, typer.Option("--wait/--no-wait", help="follow the answer, or only send")
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="seconds to wait for the answer before giving up")
+    ] = 600,
+    api: rest.ApiUrl = rest.API_URL,
+    key: rest.ApiKey = None,
+) -> None:
+    """Send a message to a session and print the agent's answer as it is written (exit 0
+    once an activation handed the message completed; 1 if the message's work failed for
+    good, or nothing ended within --timeout)."""
+    headers = rest.key_headers(key)
+    path = f"/v1/sessions/{quote(session_id, safe='')}/messages"
+    posted, response = rest.post(api, path, 201, headers=headers, json={"text": text})
+    signal_id = posted.get("signal_id") if posted else None
+    position = posted.get("position") if posted else None
+    if not isinstance(signal_id, str) or not isinstance(position, int) or position < 1:
+        fail(f"the API at {redact(api)} answered 201 without a signal: {rest.short(response)}")
+    if not wait:
+        console.print(f"message sent (signal {signal_id})", style="green", markup=False)
+        return
+    conversation = Conversation(signal_id)
+    try:
+        code = asyncio.run(follow(api, headers, session_id, position, conversation, timeout))
+    except KeyboardInterrupt:
+        conversation.end_line()
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+async def follow(
+    api: str,
+    headers: dict[str, str],
+    session_id: str,
+    position: int,
+    conversation: Conversation,
+    timeout: float,
+) -> int:
+    """Follow the message's work to its end; the exit code."""
+    base = api.rstrip("/")
+    limits = httpx.Timeout(30, read=None)  # the stream is quiet between keep-alives
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=limits) as client:
+        reading = asyncio.create_task(
+            read_timeline(client, session_id, f"{position - 1}.0", conversation)
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                return await _until_ended(client, conversation, reading)
+        except TimeoutError:
+            conversation.say(
+                f"no answer within {timeout:g} s; the work may still go on "
+                f"(GET /v1/sessions/{session_id}/activations)",
+                style="red",
+            )
+            return 1
+        except (httpx.HTTPError, StreamRefusedError) as exc:
+            conversation.say(
+                f"could not follow the answer at {redact(api)}: {first_line(exc)}", style="red"
+            )
+            return 1
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError, StreamRefusedError):
+                await reading
+
+
+async def _until_ended(
+    client: httpx.AsyncClient, conversation: Conversation, reading: asyncio.Task[None]
+) -> int:
+    while True:
+        if reading.done():
+            reading.result()  # its refusal, else it ended by itself: nothing more will come
+            raise StreamRefusedError("the session's stream ended")
+        if conversation.closed is not None:
+            outcome, reason = conversation.closed
+            conversation.say(f"the message's work ended {outcome}: {reason}", style="red")
+            return 1
+        for activation_id, status in list(conversation.activations.items()):
+            if status in TERMINAL:
+                continue
+            row = await _activation(client, activation_id)
+            if row is None or row.get("status") not in TERMINAL:
+                continue
+            conversation.activations[activation_id] = str(row["status"])
+            if row["status"] == "completed":
+                await _settle(conversation, activation_id, row)
+                return 0
+            why = row.get("end_reason") or "no reason given"
+            conversation.say(f"[activation {activation_id} {row['status']}: {why}]")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+async def _settle(conversation: Conversation, activation_id: str, row: dict[str, Any]) -> None:
+    """A completed activation's last words: from the stream, which may lag the read model
+    by a moment, else its recorded output."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(SETTLE_SECONDS):
+            while activation_id not in conversation.finished:
+                conversation.entry_came.clear()
+                await conversation.entry_came.wait()
+    if activation_id not in conversation.shown and row.get("output_text"):
+        conversation.say(str(row["output_text"]), style="")
+    conversation.end_line()
+
+
+async def _activation(client: httpx.AsyncClient, activation_id: str) -> dict[str, Any] | None:
+    """The activation's row; None while the read model has not got it yet."""
+    response = await client.get(f"/v1/activations/{quote(activation_id, safe='')}")
+    if response.status_code == 404:
+        return None
+    if response.status_code != 200:
+        raise StreamRefusedError(f"{response.status_code}: {_detail(response)}")
+    return rest.json_object(response)
+
+
+async def read_timeline(
+    client: httpx.AsyncClient, session_id: str, cursor: str, conversation: Conversation
+) -> None:
+    """Read the session's timeline into `conversation`, from `cursor`, resuming from the last
+    cursor given when the gateway ends the stream with 503."""
+    path = f"/v1/sessions/{quote(session_id, safe='')}/stream"
+    while True:
+        async with client.stream("GET", path, params={"since": cursor}) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise StreamRefusedError(f"{response.status_code}: {_detail(response)}")
+            ended: dict[str, Any] | None = None
+            async for event, data, item_id in _items(response):
+                if item_id:
+                    cursor = item_id
+                if event == "end":
+                    ended = data
+                    break
+                conversation.take(event, data)
+        if ended is None or ended.get("status") != RESUMABLE:
+            why = ended.get("detail") if ended else "the gateway closed it"
+            status = ended.get("status") if ended else "closed"
+            raise StreamRefusedError(f"the session's stream ended ({status}): {why}")
+
+
+async def _items(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str, Any], str]]:
+    """The SSE items of `response`: (event, data as a JSON object, id)."""
+    event, data, item_id = "message", "", ""
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                with contextlib.suppress(ValueError):
+                    parsed = json.loads(data)
+                    if isinstance(parsed, dict):
+                        yield event, parsed, item_id
+            event, data, item_id = "message", "", ""
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        match name:
+            case "event":
+                event = value
+            case "data":
+                data = f"{data}\n{value}" if data else value
+            case "id":
+                item_id = value
+
+
+def _detail(response: httpx.Response) -> str:
+    body = rest.json_object(response)
+    detail = body.get("detail") if body is not None else None
+    return str(detail) if detail is not None else rest.short(response)

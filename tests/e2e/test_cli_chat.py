@@ -1,0 +1,133 @@
+"""`suzumio chat SESSION TEXT` against the real platform (session, scheduler, orchestrator on
+the process backend, tool-broker, gateway), with the scripted model (a fake OpenAI-compatible
+provider): the message is sent, the agent's answer printed as it is written with a line for
+its tool call, and the exit code says whether the message's work completed. And a whole
+conversation through the CLI: a project, an agent and a session made, a chat, the history."""
+
+from __future__ import annotations
+
+import pytest
+
+from suzumio.contracts.ids import new_id
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
+from tests.e2e.api import new_user, new_world, ok
+from tests.e2e.stack import Stack
+from tests.e2e.test_cli_agents import cli
+
+
+@pytest.fixture
+def stack(everything_on_process: Stack) -> Stack:
+    return everything_on_process
+
+
+@pytest.fixture
+def scripted(scripted_model: ScriptedModelServer) -> ScriptedModelServer:
+    return scripted_model
+
+
+async def test_chat_prints_the_answer_and_its_tool_call(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    world = await new_world(stack, "chat")
+    marker = f"ran-{new_id()[-8:]}"
+    scripted.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": f"echo {marker}"})]),
+            Reply.text(f"The command printed {marker}."),
+        ]
+    )
+
+    said = await cli(stack, world.key, "chat", world.session_id, "run the command")
+
+    assert said.returncode == 0, said.stdout + said.stderr
+    lines = said.stdout.splitlines()
+    assert "· shell.exec" in lines, said.stdout
+    assert lines[-1] == f"The command printed {marker}.", said.stdout
+    assert lines.index("· shell.exec") < len(lines) - 1  # the call came before the answer
+    # The model saw the message, and its answer is the session's history.
+    assert scripted.requests[-1].json["messages"][1]["content"].endswith("run the command")
+    async with stack.client(world.key) as c:
+        items = ok(await c.get(f"/v1/sessions/{world.session_id}/messages"))["items"]
+    assert items[-1]["role"] == "assistant"
+    assert items[-1]["text"] == f"The command printed {marker}."
+
+
+async def test_chat_says_when_the_work_failed_for_good(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """The provider refuses the key (not retryable): the signal is closed `failed`, and the
+    command says so and exits 1 — it does not wait for its timeout."""
+    world = await new_world(stack, "chat-refused")
+    async with stack.client(world.key) as c:
+        spec = {"name": "refused", "role": "refused", "model": {"name": "refusing-model"}}
+        agent = ok(await c.post(f"/v1/projects/{world.project_id}/agents", json=spec), 201)
+        path = f"/v1/projects/{world.project_id}/sessions"
+        session = ok(await c.post(path, json={"agent_id": agent["id"]}), 201)
+    refused = '{"error": {"message": "the key was revoked", "type": "invalid_request_error"}}'
+    # Its own queue: what the runner does not ask for (a refreshed key's retry) stays there.
+    scripted.script([Reply.error(401, refused) for _ in range(3)], model="refusing-model")
+
+    said = await cli(stack, world.key, "chat", session["id"], "hello", "--timeout", "50")
+
+    assert said.returncode == 1, said.stdout + said.stderr
+    assert "the message's work ended failed:" in said.stdout, said.stdout
+    assert "no answer within" not in said.stdout
+
+
+async def test_chat_refusals_are_one_line(stack: Stack) -> None:
+    world = await new_world(stack, "chat-refusals")
+
+    missing = await cli(stack, world.key, "chat", new_id(), "hello")
+    assert missing.returncode == 1, missing
+    assert missing.stdout.strip() == "404: session not found", missing.stdout
+
+    empty = await cli(stack, world.key, "chat", world.session_id, "")
+    assert empty.returncode == 1, empty
+    assert empty.stdout.startswith("422: "), empty.stdout
+
+    sent = await cli(stack, world.key, "chat", world.session_id, "later", "--no-wait")
+    assert sent.returncode == 0, sent
+    assert sent.stdout.startswith("message sent (signal "), sent.stdout
+
+
+async def test_a_whole_conversation_through_the_cli(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    key, _ = await new_user(stack, "cli-conversation")
+
+    async def ok_line(*args: str) -> str:
+        said = await cli(stack, key, *args)
+        assert said.returncode == 0, said.stdout + said.stderr
+        lines = said.stdout.splitlines()
+        assert len(lines) == 1, said.stdout
+        [line] = lines
+        return line
+
+    project = await ok_line("projects", "create", "cli demo")
+    agent = await ok_line("agents", "create", project, "writer", "--model", "writer-model")
+    session = await ok_line("sessions", "create", project, "--agent", agent, "--title", "t")
+    async with stack.client(key) as c:
+        made = ok(await c.get(f"/v1/agents/{agent}"))
+        assert (made["project_id"], made["role"], made["model"]["name"]) == (
+            project,
+            "writer",
+            "writer-model",
+        )
+        assert ok(await c.get(f"/v1/sessions/{session}"))["agent_id"] == agent
+
+    scripted.script([Reply.text("Hello from the writer.")], model="writer-model")
+    assert (await ok_line("chat", session, "hi")) == "Hello from the writer."
+    history = await cli(stack, key, "sessions", "history", session)
+    assert history.returncode == 0, history.stdout + history.stderr
+    assert history.stdout.splitlines()[-2:] == ["user: hi", "assistant: Hello from the writer."]
+
+    # Refusals: one line each, exit 1, nothing made.
+    for args, expected in (
+        (("agents", "create", new_id(), "x", "--model", "demo"), "404: project not found"),
+        (("sessions", "create", project, "--agent", new_id()), "404: agent not found"),
+        (("sessions", "history", new_id()), "404: session not found"),
+        (("projects", "create", ""), "422: "),
+    ):
+        said = await cli(stack, key, *args)
+        assert said.returncode == 1, (args, said)
+        assert said.stdout.startswith(expected), (args, said.stdout)
