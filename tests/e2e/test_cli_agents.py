@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from suzumio.cli.agents import pack
+from suzumio.contracts.ids import new_id
 from tests.e2e.api import new_world, ok
 from tests.e2e.stack import Stack
 from tests.e2e.test_api_agents_sessions import AGENT_YAML
@@ -26,13 +28,18 @@ async def cli(stack: Stack, key: str, *args: str) -> subprocess.CompletedProcess
     )
 
 
-async def test_import_a_package_directory(stack: Stack, tmp_path: Path) -> None:
-    world = await new_world(stack, "cli-user")
+def reviewer_package(tmp_path: Path) -> Path:
     package = tmp_path / "reviewer"
     (package / "prompt").mkdir(parents=True)
     (package / "agent.yaml").write_bytes(AGENT_YAML)
     (package / "prompt" / "system.md").write_text("Review with care.")
     (package / "notes.md").write_text("house rules")
+    return package
+
+
+async def test_import_a_package_directory(stack: Stack, tmp_path: Path) -> None:
+    world = await new_world(stack, "cli-user")
+    package = reviewer_package(tmp_path)
 
     done = await cli(
         stack, world.key, "agents", "import", str(package), "--project", world.project_id
@@ -51,3 +58,37 @@ async def test_import_a_package_directory(stack: Stack, tmp_path: Path) -> None:
     )
     assert refused.returncode == 1
     assert "422" in refused.stdout
+
+
+async def test_update_an_agent_from_a_new_version_of_its_package(
+    stack: Stack, tmp_path: Path
+) -> None:
+    world = await new_world(stack, "cli-updater")
+    package = reviewer_package(tmp_path)
+    async with stack.client(world.key) as c:
+        path = f"/v1/projects/{world.project_id}/agents/import"
+        archive = {"package": ("p.tar.gz", pack(package), "application/gzip")}
+        agent_id = ok(await c.post(path, files=archive), 201)["id"]
+
+    (package / "prompt" / "system.md").write_text("Review briefly.")
+    (package / "notes.md").unlink()
+    (package / "style.md").write_text("short sentences")
+    done = await cli(stack, world.key, "agents", "update", agent_id, str(package))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == f"agent reviewer updated: {agent_id}"
+    async with stack.client(world.key) as c:
+        agent = ok(await c.get(f"/v1/agents/{agent_id}"))
+    assert agent["prompt"] == "Review briefly."
+    assert [a["path"] for a in agent["assets"]] == ["style.md"]
+
+    # Refused: one line, exit 1, the agent unchanged.
+    missing = await cli(stack, world.key, "agents", "update", new_id(), str(package))
+    assert missing.returncode == 1
+    assert missing.stdout.strip() == "404: agent not found", missing.stdout
+    (package / "agent.yaml").write_text("name: broken\n")
+    refused = await cli(stack, world.key, "agents", "update", agent_id, str(package))
+    assert refused.returncode == 1
+    assert refused.stdout.startswith("422: "), refused.stdout
+    async with stack.client(world.key) as c:
+        assert ok(await c.get(f"/v1/agents/{agent_id}"))["prompt"] == "Review briefly."

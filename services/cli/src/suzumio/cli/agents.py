@@ -1,5 +1,6 @@
 """`suzumio agents import DIR`: pack an agent package directory and create the agent from it;
-`suzumio agents create PROJECT NAME`: an agent from a few options."""
+`suzumio agents update ID DIR`: a new version of its package; `suzumio agents create PROJECT
+NAME`: an agent from a few options."""
 
 from __future__ import annotations
 
@@ -73,33 +74,49 @@ def _walk(directory: Path) -> Iterator[Path]:
         yield path
 
 
-@app.command("import")
-def import_command(
-    directory: Annotated[Path, typer.Argument(exists=True, file_okay=False, resolve_path=True)],
-    project: Annotated[str, typer.Option(help="project id")],
-    api: rest.ApiUrl = rest.API_URL,
-    key: rest.ApiKey = None,
-) -> None:
-    """Create an agent from a package directory (agent.yaml, prompt/system.md, ...)."""
+def _send(api: str, key: str | None, directory: Path, path: str, expect: int, done: str) -> None:
+    """POST the package in `directory` to `path`; say which agent it made or changed."""
     headers = rest.key_headers(key)
     try:
         archive = pack(directory)
     except OSError as exc:  # a file we may not read, or one gone while packing
         where = f": {exc.filename}" if exc.filename else ""
         fail(f"cannot pack {directory}: {exc.strerror or exc}{where}", code=2)
-    # One path segment whatever it holds: `a/../x` or `x?y` must not name another endpoint.
-    body, response = rest.post(
-        api,
-        f"/v1/projects/{quote(project, safe='')}/agents/import",
-        201,
-        headers=headers,
-        files={"package": (f"{directory.name}.tar.gz", archive, "application/gzip")},
-    )
+    files = {"package": (f"{directory.name}.tar.gz", archive, "application/gzip")}
+    body, response = rest.post(api, path, expect, headers=headers, files=files)
     if body is None or not {"name", "id"} <= body.keys():
-        fail(f"the API at {redact(api)} answered 201 without an agent: {rest.short(response)}")
+        fail(f"the API at {redact(api)} answered without an agent: {rest.short(response)}")
     # The name is the package's, any text: as markup `[beta]` would vanish and `[/x]` crash
     # the command after the agent was made (and a second run make another).
-    console.print(f"[green]agent {escape(str(body['name']))}[/green] created: {body['id']}")
+    console.print(f"[green]agent {escape(str(body['name']))}[/green] {done}: {body['id']}")
+
+
+PackageDir = Annotated[Path, typer.Argument(exists=True, file_okay=False, resolve_path=True)]
+
+
+@app.command("import")
+def import_command(
+    directory: PackageDir,
+    project: Annotated[str, typer.Option(help="project id")],
+    api: rest.ApiUrl = rest.API_URL,
+    key: rest.ApiKey = None,
+) -> None:
+    """Create an agent from a package directory (agent.yaml, prompt/system.md, ...)."""
+    # One path segment whatever it holds: `a/../x` or `x?y` must not name another endpoint.
+    path = f"/v1/projects/{quote(project, safe='')}/agents/import"
+    _send(api, key, directory, path, 201, "created")
+
+
+@app.command("update")
+def update_command(
+    agent_id: Annotated[str, typer.Argument(help="the agent's id")],
+    directory: PackageDir,
+    api: rest.ApiUrl = rest.API_URL,
+    key: rest.ApiKey = None,
+) -> None:
+    """Replace an agent's definition with a new version of its package (every setting,
+    the prompt, env facts and assets; from its next activation on)."""
+    _send(api, key, directory, f"/v1/agents/{quote(agent_id, safe='')}/package", 200, "updated")
 
 
 @app.command("create")
