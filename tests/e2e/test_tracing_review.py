@@ -1,10 +1,11 @@
 """DESIGN.md §11 end to end: one activation is one trace, and its metrics are on `/metrics`.
 
 A message is posted through the gateway with a `traceparent` of the test's; the services export
-their spans over OTLP/HTTP to a receiver in this process. The orchestrator's launch span, the
-tool-broker's spans of the runner's calls and the `tool.call` span of the tool the model asked
-for must all carry the request's trace id — the launch as a child of the request's trace, the
-broker's as children of the launch (the runner hands it on in `traceparent`). Then the
+their spans over OTLP/HTTP to a receiver in this process. The scheduler's decision span, the
+orchestrator's launch span, the tool-broker's spans of the runner's calls and the `tool.call`
+span of the tool the model asked for must all carry the request's trace id — the decision as a
+child of the request's trace, the launch of the decision, the broker's as children of the
+launch (the runner hands it on in `traceparent`). Then the
 orchestrator's and the broker's `/metrics` show the new metrics: latency by stage, live
 activations, model tokens and errors by class, tool calls by (bounded) tool name."""
 
@@ -198,6 +199,7 @@ async def test_the_launch_and_the_brokers_tool_calls_are_in_the_requests_trace(
     def launched(spans: list[Span]) -> bool:
         names = {(s.service, s.name) for s in spans}
         return {
+            ("suzumio-scheduler", "scheduler.decision"),
             ("suzumio-orchestrator", "activation.launch"),
             ("suzumio-toolbroker", "tool.call"),
         } <= names and any(
@@ -212,11 +214,15 @@ async def test_the_launch_and_the_brokers_tool_calls_are_in_the_requests_trace(
         timeout=30,
         what="the launch's and the broker's spans in the request's trace",
     )
+    # The scheduler's decision continues the trace of the signal it starts (the session
+    # service's handling of the request), and the launch continues the decision's.
+    [decision] = [s for s in spans if s.name == "scheduler.decision"]
+    assert decision.attributes["suzumio.activation"] == activation_id
+    assert decision.attributes["suzumio.kind"] == "start"
+    assert decision.parent_id in {s.span_id for s in spans if s.service == "suzumio-session"}
     [launch] = [s for s in spans if s.name == "activation.launch"]
     assert launch.attributes["suzumio.activation"] == activation_id
-    assert launch.parent_id.strip("0"), "the launch continues the request's trace"
-    # The parent is a span of the request's trace (the session service's handling of it).
-    assert launch.parent_id in {s.span_id for s in spans}
+    assert launch.parent_id == decision.span_id
     [tool] = [s for s in spans if s.name == "tool.call"]
     assert tool.parent_id == launch.span_id  # the runner's `traceparent`: the launch's
     assert tool.attributes["suzumio.tool"] == "file.write"

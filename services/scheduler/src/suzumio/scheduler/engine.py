@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client as NATS
+from opentelemetry.context import Context
 from pydantic import ValidationError
 
 from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
@@ -48,6 +49,7 @@ from suzumio.contracts.scheduling import (
 )
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Priority, SignalKind, SignalOutcome
+from suzumio.platform import telemetry, trace_origin
 from suzumio.platform.bus.commands import CommandClient, CommandServer
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogMessage
@@ -84,6 +86,19 @@ _latency = meter.create_histogram(
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """What one decision appends on a session, and what its span and metrics need."""
+
+    session_id: str
+    hold: Hold
+    version: int
+    events: Sequence[DomainEvent]
+    kind: str
+    youngest: datetime | None  # the youngest signal it starts: its scheduling latency
+    origins: tuple[int, ...]  # the log positions of the signals it starts (their traces)
 
 
 class _UnreachableError(Exception):
@@ -291,23 +306,19 @@ class Scheduler:
                 ),
                 SignalsDelivered(activation_id=activation_id, signal_ids=plan.start.signal_ids),
             ]
-        chosen = set(plan.start.signal_ids) if plan.start else set()
+        chosen = plan.start.signal_ids if plan.start else ()
         stamps = [s.pending[i].recorded_at for i in chosen if i in s.pending]
         youngest = max((t for t in stamps if t is not None), default=None)
+        origins = tuple(s.pending[i].seq for i in chosen if i in s.pending)
         hold = self._holds.take(s.id, s.version + len(events), capacity)
-        self._spawn(self._append(s.id, hold, s.version, events, kind, youngest))
+        decision = _Decision(s.id, hold, s.version, events, kind, youngest, origins)
+        self._spawn(self._append(decision))
 
-    async def _append(
-        self,
-        session_id: str,
-        hold: Hold,
-        version: int,
-        events: Sequence[DomainEvent],
-        kind: str,
-        youngest: datetime | None,
-    ) -> None:
+    async def _append(self, d: _Decision) -> None:
+        session_id, hold, kind = d.session_id, d.hold, d.kind
         try:
-            await self._store.append(session_id, events, version, EventMeta(actor=ACTOR))
+            async with self._span(d):
+                await self._store.append(session_id, d.events, d.version, EventMeta(actor=ACTOR))
         except ConcurrencyConflictError as exc:
             _decisions.add(1, {"kind": kind, "outcome": "conflict"})
             self._after_conflict(session_id, hold, exc.actual_version)
@@ -318,8 +329,33 @@ class Scheduler:
             self._again(session_id, hold)
         else:
             _decisions.add(1, {"kind": kind, "outcome": "ok"})
-            if youngest is not None:
-                _latency.record(max((self._clock() - youngest).total_seconds(), 0.0))
+            if d.youngest is not None:
+                _latency.record(max((self._clock() - d.youngest).total_seconds(), 0.0))
+
+    @contextlib.asynccontextmanager
+    async def _span(self, d: _Decision) -> AsyncIterator[None]:
+        """The decision's span, when spans are exported: in the trace of the first signal it
+        starts (read back from the log, `trace_origin`), linked to the other signals' traces.
+        Its append carries it, so the orchestrator's launch is its child."""
+        if not telemetry.spans_exported():
+            yield
+            return
+        subject = self._topology.event_subject("session", d.session_id)
+        parent, links = await trace_origin.origin(
+            self._nc, self._topology.events_stream, subject, d.origins
+        )
+        requested = next((e for e in d.events if isinstance(e, ActivationRequested)), None)
+        attributes: dict[str, str | int] = {"suzumio.session": d.session_id, "suzumio.kind": d.kind}
+        if requested is not None:
+            attributes |= {
+                "suzumio.activation": requested.activation_id,
+                "suzumio.signals": len(requested.signal_ids),
+                "suzumio.attempt": requested.attempt,
+            }
+        with telemetry.tracer.start_as_current_span(
+            "scheduler.decision", context=parent or Context(), links=links, attributes=attributes
+        ):
+            yield
 
     def _again(self, session_id: str, hold: Hold) -> None:
         if not self._holds.release(session_id, hold):
