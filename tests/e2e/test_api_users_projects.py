@@ -278,3 +278,39 @@ async def test_an_agents_runtime_profile_can_be_set_back_to_none(stack: Stack) -
         assert cleared["runtime_profile"] is None
         assert ok(await c.get(agent))["runtime_profile"] is None
         assert ok(await c.patch(agent, json={"runtime_profile": None}))["runtime_profile"] is None
+
+
+async def test_a_profile_or_provider_an_agent_names_is_not_removed(stack: Stack) -> None:
+    """Its activations would fail, unplanned: 409 naming the agents, and nothing removed.
+    Once no agent names it (changed, or another project's), it goes."""
+    world = await new_world(stack, "ida")
+    other = await new_world(stack, "ida-other")
+    profiles = f"/v1/projects/{world.project_id}/runtime-profiles"
+    providers = f"/v1/projects/{world.project_id}/providers"
+    agent = f"/v1/agents/{world.agent_id}"
+    async with stack.client(world.key) as c:
+        ok(await c.put(f"{profiles}/small", json={"backend": "process"}))
+        for name in ("main", "spare"):
+            ok(await c.put(f"{providers}/{name}", json={"base_url": "https://x", "model": "m"}))
+        changed = {
+            "runtime_profile": "small",
+            "model": {"name": "m", "provider": "main"},
+            "fallbacks": [{"name": "m2", "provider": "spare"}],
+        }
+        ok(await c.patch(agent, json=changed))
+
+        for path in (f"{profiles}/small", f"{providers}/main", f"{providers}/spare"):
+            refused = problem(await c.delete(path), 409, "conflict")
+            assert "is used by agent 'helper': change them first" in refused["detail"], refused
+        assert [p["name"] for p in ok(await c.get(profiles))] == ["small"]
+        assert [p["name"] for p in ok(await c.get(providers))] == ["main", "spare"]
+
+        ok(await c.patch(agent, json={"runtime_profile": None, "fallbacks": []}))
+        ok(await c.delete(f"{profiles}/small"), 204)
+        ok(await c.delete(f"{providers}/spare"), 204)
+        problem(await c.delete(f"{providers}/main"), 409, "conflict")
+    # Another project's agent naming a provider of the same name does not hold this one.
+    async with stack.client(other.key) as c:
+        path = f"/v1/projects/{other.project_id}/providers/main"
+        ok(await c.put(path, json={"base_url": "https://x", "model": "m"}))
+        ok(await c.delete(path), 204)

@@ -37,7 +37,7 @@ from suzumio.gateway.api.models import (
     RuntimeProfileOut,
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
-from suzumio.gateway.api.problems import not_found
+from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
@@ -253,12 +253,49 @@ async def put_profile(
     status_code=status.HTTP_204_NO_CONTENT,
 )
 async def delete_profile(
-    project_id: Identifier, name: Slug, gw: GatewayDep, who: PrincipalDep, response: Response
+    project_id: Identifier,
+    name: Slug,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    _: ReadPosition,
 ) -> None:
+    """Remove a runtime profile. One an agent of the project names is refused (409, naming
+    those agents): its activations would fail, unplanned, until the agent is changed."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
+    await _refuse_if_used(gw, project_id, "runtime profile", name, _NAMING_PROFILE)
     await settle(
         gw, await send(gw, who, RemoveRuntimeProfile(project_id=project_id, name=name), response)
     )
+
+
+# The agents of a project that name a runtime profile, or provider settings ($2).
+_NAMING_PROFILE = "runtime_profile = $2"
+_NAMING_PROVIDER = (
+    "(model->>'provider' = $2"
+    " OR fallbacks @> jsonb_build_array(jsonb_build_object('provider', $2::text)))"
+)
+_NAMED_AT_MOST = 5
+
+
+async def _refuse_if_used(gw: Gateway, project_id: str, what: str, name: str, naming: str) -> None:
+    """409 if an agent of the project names `name` (as the read model has them: an agent
+    changed at the same moment may still slip through, and its activations then fail as
+    unplanned, saying why)."""
+    rows = await gw.pool.fetch(
+        f"SELECT name FROM proj_agents.agents WHERE project_id = $1 AND {naming}"  # noqa: S608
+        f" ORDER BY name LIMIT {_NAMED_AT_MOST + 1}",
+        project_id,
+        name,
+    )
+    if rows:
+        names = ", ".join(repr(r["name"]) for r in rows[:_NAMED_AT_MOST])
+        more = " and more" if len(rows) > _NAMED_AT_MOST else ""
+        raise ApiError(
+            409,
+            f"{what} {name!r} is used by agent {names}{more}: change them first",
+            code="conflict",
+        )
 
 
 # -- providers ------------------------------------------------------------------------------
@@ -338,9 +375,17 @@ async def put_provider(
     "/{project_id}/providers/{name}", tags=["providers"], status_code=status.HTTP_204_NO_CONTENT
 )
 async def delete_provider(
-    project_id: Identifier, name: Slug, gw: GatewayDep, who: PrincipalDep, response: Response
+    project_id: Identifier,
+    name: Slug,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    _: ReadPosition,
 ) -> None:
+    """Remove provider settings. Ones an agent of the project names (as its model's provider
+    or a fallback's) are refused (409, naming those agents)."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
+    await _refuse_if_used(gw, project_id, "provider", name, _NAMING_PROVIDER)
     await settle(
         gw, await send(gw, who, RemoveProvider(project_id=project_id, name=name), response)
     )
