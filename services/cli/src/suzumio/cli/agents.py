@@ -85,7 +85,10 @@ def _send(api: str, key: str | None, directory: Path, path: str, expect: int, do
     files = {"package": (f"{directory.name}.tar.gz", archive, "application/gzip")}
     body, response = rest.post(api, path, expect, headers=headers, files=files)
     if body is None or not {"name", "id"} <= body.keys():
-        fail(f"the API at {redact(api)} answered without an agent: {rest.short(response)}")
+        fail(
+            f"the API at {redact(api)} answered {response.status_code} without an agent:"
+            f" {rest.short(response)}"
+        )
     # The name is the package's, any text: as markup `[beta]` would vanish and `[/x]` crash
     # the command after the agent was made (and a second run make another).
     console.print(f"[green]agent {escape(str(body['name']))}[/green] {done}: {body['id']}")
