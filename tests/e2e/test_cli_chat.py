@@ -6,13 +6,20 @@ conversation through the CLI: a project, an agent and a session made, a chat, th
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
+from typing import Any
+
 import pytest
 
 from suzumio.contracts.ids import new_id
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.e2e.api import new_user, new_world, ok
+from tests.e2e.api import World, new_user, new_world, ok
 from tests.e2e.stack import Stack
 from tests.e2e.test_cli_agents import cli
+from tests.support import eventually
 
 
 @pytest.fixture
@@ -131,3 +138,100 @@ async def test_a_whole_conversation_through_the_cli(
         said = await cli(stack, key, *args)
         assert said.returncode == 1, (args, said)
         assert said.stdout.startswith(expected), (args, said.stdout)
+
+
+async def cli_with_stdin(
+    stack: Stack, key: str, stdin: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SUZUMIO_API_URL": stack.api, "SUZUMIO_API_KEY": key, "COLUMNS": "200"}
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "suzumio.cli", *args],
+        env=env, input=stdin, capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+
+
+async def asking_agent(stack: Stack, world: World, model: str, **agent: Any) -> str:
+    """A session of a new agent of the world's project whose `shell.exec` needs an approval;
+    its id."""
+    async with stack.client(world.key) as c:
+        spec = {"name": model, "role": "r", "model": {"name": model}}
+        spec |= {"permissions": {"shell.exec": "ask"}, **agent}
+        made = ok(await c.post(f"/v1/projects/{world.project_id}/agents", json=spec), 201)
+        path = f"/v1/projects/{world.project_id}/sessions"
+        return str(ok(await c.post(path, json={"agent_id": made["id"]}), 201)["id"])
+
+
+async def test_chat_asks_for_an_approval_and_sends_the_answer(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """Interactive (here `--interactive`, stdin a pipe): the approval the `ask` policy makes
+    is shown, the answer typed is sent, and the approved call runs in the same activation."""
+    world = await new_world(stack, "chat-approver")
+    session = await asking_agent(stack, world, "approving-model")
+    marker = f"approved-{new_id()[-8:]}"
+    scripted.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": f"echo {marker}"})]),
+            Reply.text("Ran it."),
+        ],
+        model="approving-model",
+    )
+
+    said = await cli_with_stdin(
+        stack, world.key, "maybe\ny\n", "chat", session, "run it", "--interactive"
+    )
+
+    assert said.returncode == 0, said.stdout + said.stderr
+    lines = said.stdout.splitlines()
+    assert any(line.startswith("? approve: ") for line in lines), said.stdout
+    assert "  approve? [y/n]   approve? [y/n]   answered" in lines, said.stdout  # asked again
+    assert lines[-1] == "Ran it.", said.stdout
+    last = scripted.completion_requests[-1].json["messages"][-1]
+    assert last["role"] == "tool", last
+    assert marker in last["content"], last
+
+
+async def test_chat_says_how_to_reply_and_exits_waiting_then_the_reply_goes_on(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """Not interactive, and nobody approves within the profile's wait: the approval and how
+    to reply are said, and the chat exits 3 (waiting). `suzumio pending` lists and answers
+    it; the next activation runs the approved call."""
+    world = await new_world(stack, "chat-waiter")
+    async with stack.client(world.key) as c:
+        profile = {"backend": "process", "loop": {"approval_wait_seconds": 1}}
+        ok(await c.put(f"/v1/projects/{world.project_id}/runtime-profiles/quick", json=profile))
+    session = await asking_agent(stack, world, "waiting-model", runtime_profile="quick")
+    call = Reply.tool_calls([ToolCall("shell_exec", {"command": "echo later"})])
+    scripted.script([call, call, Reply.text("Done after the approval.")], model="waiting-model")
+
+    said = await cli(stack, world.key, "chat", session, "run it", "--no-interactive")
+
+    assert said.returncode == 3, said.stdout + said.stderr
+    assert "[the agent waits for an answer;" in said.stdout, said.stdout
+    [hint] = [line for line in said.stdout.splitlines() if line.startswith("  reply: ")]
+    assert hint.endswith("--approve (or --deny)"), hint
+    action_id = hint.split()[4]
+    listed = await cli(stack, world.key, "pending", "list", session)
+    assert listed.stdout.startswith(f"{action_id} open ? approve: "), listed.stdout
+
+    replied = await cli(stack, world.key, "pending", "reply", action_id, "--approve")
+    assert replied.returncode == 0, replied.stdout + replied.stderr
+    assert replied.stdout.strip() == f"{action_id} answered"
+    history = await eventually(
+        lambda: cli(stack, world.key, "sessions", "history", session),
+        lambda done: "assistant: Done after the approval." in done.stdout,
+        timeout=60,
+        what="the next activation's answer",
+    )
+    assert history.returncode == 0
+
+    for args, code, expected in (
+        (("pending", "reply", action_id), 2, "error: say what"),
+        (("pending", "reply", new_id(), "--approve"), 1, "404: "),
+        (("pending", "reply", action_id, "--deny"), 1, "409: "),
+    ):
+        done = await cli(stack, world.key, *args)
+        assert done.returncode == code, (args, done)
+        assert expected in done.stdout + done.stderr, (args, done)

@@ -27,7 +27,7 @@ def entry(activation_id: str, text: str, tool_calls: bool = False) -> dict[str, 
 async def test_only_the_messages_activations_are_printed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    talk = Conversation("s1")
+    talk = Conversation("session", "s1")
     talk.take("live", live("other", "text", "not ours"))  # before any delivery: not ours
     talk.take("session.signals_delivered", delivered(["s0"], "other"))
     talk.take("session.signals_delivered", delivered(["s0", "s1"], "a1"))
@@ -49,7 +49,7 @@ async def test_the_recorded_output_stands_in_for_missing_live_text(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.05)
-    talk = Conversation("s1")
+    talk = Conversation("session", "s1")
     talk.take("session.signals_delivered", delivered(["s1"], "a1"))
     await chat._settle(talk, "a1", {"output_text": "The answer."})  # no entry came: waits
     assert capsys.readouterr().out == "The answer.\n"
@@ -58,7 +58,7 @@ async def test_the_recorded_output_stands_in_for_missing_live_text(
 def test_a_retry_discards_the_text_shown_and_the_signal_closing_is_kept(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    talk = Conversation("s1")
+    talk = Conversation("session", "s1")
     talk.take("session.signals_delivered", delivered(["s1"], "a1"))
     talk.take("live", live("a1", "text", "half"))
     talk.take("live", live("a1", "state", "retrying: the text above is discarded", discard=True))

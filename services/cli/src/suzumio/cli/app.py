@@ -11,7 +11,15 @@ from urllib.parse import urlsplit
 
 import typer
 
-from suzumio.cli import activations, agents, projections, projects, secrets, sessions
+from suzumio.cli import (
+    activations,
+    agents,
+    pending,
+    projections,
+    projects,
+    secrets,
+    sessions,
+)
 from suzumio.cli.admin import ADMIN_KEY_FILE, AdminUnconfirmedError, KeyFileError, bootstrap_admin
 from suzumio.cli.chat import chat_command
 from suzumio.cli.connected import Platform, with_platform
@@ -26,6 +34,7 @@ app = typer.Typer(
 app.add_typer(projections.app, name="projections")
 app.add_typer(projects.app, name="projects")
 app.add_typer(sessions.app, name="sessions")
+app.add_typer(pending.app, name="pending")
 app.add_typer(agents.app, name="agents")
 app.add_typer(activations.app, name="activations")
 app.add_typer(secrets.app, name="secrets")

@@ -14,6 +14,11 @@ not on the session's timeline: each one handed the signal is asked for (`GET
 - The signal was closed (`session.signal_closed`: its retry budget spent, a non-retryable
   failure, a cancel): the outcome and reason are said, exit 1.
 - Nothing of that within `--timeout` seconds: said, exit 1 (the work may still go on).
+- What those activations wait on (a question, an approval of a tool call under the `ask`
+  policy, files) is said once each; interactive (stdin a terminal, or `--interactive`), the
+  answer is typed right there and sent, and the activation goes on. One that ended waiting
+  for an answer nobody gave in time (`completed`, reason `waiting`) exits 3: its next
+  activation starts when the answer comes (`suzumio pending reply`).
 
 A refusal of the post or of the stream (no such session, no access) is one line, exit 1. The
 stream is resumed from its last cursor when the gateway ends it with 503 (live output
@@ -25,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -35,7 +41,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from suzumio.cli import rest
+from suzumio.cli import pending, rest
 from suzumio.cli.failures import fail, first_line, redact
 
 console = Console(highlight=False)
@@ -43,6 +49,8 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
 POLL_SECONDS = 0.25
 SETTLE_SECONDS = 2.0  # for the stream to bring a completed activation's last words
 RESUMABLE = 503
+WAITING = 3  # the activation ended waiting for a person (as the runner's exit 3 says)
+PENDING_EVERY = 4  # polls between looks at what the activations wait on (~1 s)
 
 
 class StreamRefusedError(Exception):
@@ -53,13 +61,19 @@ class StreamRefusedError(Exception):
 class Conversation:
     """What the timeline told so far of the message's work."""
 
+    session_id: str
     signal_id: str
     activations: dict[str, str] = field(default_factory=dict)  # handed the signal: status
+    asked: set[str] = field(default_factory=set)  # pending actions said
     shown: set[str] = field(default_factory=set)  # activations whose live text was printed
     finished: set[str] = field(default_factory=set)  # their final entry (no tool calls) came
     closed: tuple[str, str] | None = None  # the signal's outcome and reason, once closed
     mid_line: bool = False  # live text was printed without its line's end
     entry_came: asyncio.Event = field(default_factory=asyncio.Event)  # a final entry did
+
+    def live(self) -> bool:
+        """Whether an activation handed the message may still run."""
+        return any(status not in TERMINAL for status in self.activations.values())
 
     def end_line(self) -> None:
         if self.mid_line:
@@ -121,6 +135,14 @@ def chat_command(
     timeout: Annotated[
         float, typer.Option(min=1, help="seconds to wait for the answer before giving up")
     ] = 600,
+    interactive: Annotated[
+        bool | None,
+        typer.Option(
+            "--interactive/--no-interactive",
+            help="answer the agent's questions and approvals here, from stdin (default: when "
+            "stdin is a terminal)",
+        ),
+    ] = None,
     api: rest.ApiUrl = rest.API_URL,
     key: rest.ApiKey = None,
 ) -> None:
@@ -137,9 +159,10 @@ def chat_command(
     if not wait:
         console.print(f"message sent (signal {signal_id})", style="green", markup=False)
         return
-    conversation = Conversation(signal_id)
+    conversation = Conversation(session_id, signal_id)
+    asking = sys.stdin.isatty() if interactive is None else interactive
     try:
-        code = asyncio.run(follow(api, headers, session_id, position, conversation, timeout))
+        code = asyncio.run(follow(api, headers, position, conversation, timeout, asking))
     except KeyboardInterrupt:
         conversation.end_line()
         raise typer.Exit(130) from None
@@ -149,21 +172,25 @@ def chat_command(
 async def follow(
     api: str,
     headers: dict[str, str],
-    session_id: str,
     position: int,
     conversation: Conversation,
     timeout: float,
+    interactive: bool = False,
 ) -> int:
     """Follow the message's work to its end; the exit code."""
     base = api.rstrip("/")
     limits = httpx.Timeout(30, read=None)  # the stream is quiet between keep-alives
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=limits) as client:
+    session_id = conversation.session_id
+    async with (
+        httpx.AsyncClient(base_url=base, headers=headers, timeout=limits) as client,
+        _stdin_lines(interactive) as answers,
+    ):
         reading = asyncio.create_task(
             read_timeline(client, session_id, f"{position - 1}.0", conversation)
         )
         try:
             async with asyncio.timeout(timeout):
-                return await _until_ended(client, conversation, reading)
+                return await _until_ended(client, conversation, reading, answers)
         except TimeoutError:
             conversation.say(
                 f"no answer within {timeout:g} s; the work may still go on "
@@ -182,9 +209,44 @@ async def follow(
                 await reading
 
 
+@contextlib.asynccontextmanager
+async def _stdin_lines(wanted: bool) -> AsyncIterator[asyncio.StreamReader | None]:
+    """Stdin's lines, read without blocking the loop (None when not wanted, or when stdin is
+    a regular file or closed). Its blocking mode, which it shares with the shell, is given
+    back."""
+    if not wanted:
+        yield None
+        return
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    try:
+        pipe = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+    except (OSError, ValueError):
+        yield None
+        return
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+    except (OSError, ValueError):  # a regular file: asyncio reads pipes and terminals only
+        pipe.close()
+        yield None
+        return
+    try:
+        yield reader
+    finally:
+        transport.close()
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(sys.stdin.fileno(), True)
+
+
 async def _until_ended(
-    client: httpx.AsyncClient, conversation: Conversation, reading: asyncio.Task[None]
+    client: httpx.AsyncClient,
+    conversation: Conversation,
+    reading: asyncio.Task[None],
+    answers: asyncio.StreamReader | None,
 ) -> int:
+    rounds = 0
     while True:
         if reading.done():
             reading.result()  # its refusal, else it ended by itself: nothing more will come
@@ -202,10 +264,67 @@ async def _until_ended(
             conversation.activations[activation_id] = str(row["status"])
             if row["status"] == "completed":
                 await _settle(conversation, activation_id, row)
+                if row.get("end_reason") == "waiting":
+                    conversation.say(
+                        "[the agent waits for an answer; its next activation starts when it "
+                        f"comes: suzumio pending list {conversation.session_id}]"
+                    )
+                    return WAITING
                 return 0
             why = row.get("end_reason") or "no reason given"
             conversation.say(f"[activation {activation_id} {row['status']}: {why}]")
+        rounds += 1
+        if rounds % PENDING_EVERY == 0 and conversation.live():
+            await _pending(client, conversation, answers)
         await asyncio.sleep(POLL_SECONDS)
+
+
+async def _pending(
+    client: httpx.AsyncClient, conversation: Conversation, answers: asyncio.StreamReader | None
+) -> None:
+    """What the message's activations wait on: said once each, and answered here when the
+    command is interactive."""
+    path = f"/v1/sessions/{quote(conversation.session_id, safe='')}/pending-actions"
+    response = await client.get(path)
+    listed = response.json() if response.status_code == 200 else []
+    for action in listed if isinstance(listed, list) else ():
+        if (
+            not isinstance(action, dict)
+            or action.get("status") != "open"
+            or action.get("activation_id") not in conversation.activations
+            or action.get("id") in conversation.asked
+        ):
+            continue
+        conversation.asked.add(str(action.get("id")))
+        conversation.say(pending.describe(action), style="bold")
+        reply = await _answer(action, answers) if answers is not None else None
+        if reply is None:
+            conversation.say(f"  reply: {pending.how_to_reply(action)}")
+            continue
+        answered = await client.post(
+            f"/v1/pending-actions/{quote(str(action['id']), safe='')}/reply", json=reply
+        )
+        said = "answered" if answered.status_code == 200 else _detail(answered)
+        conversation.say(f"  {said}")
+
+
+async def _answer(action: dict[str, Any], lines: asyncio.StreamReader) -> dict[str, object] | None:
+    """The reply typed for `action` (None: none can be typed, or stdin ended)."""
+    approval = action.get("kind") == "approval"
+    if action.get("kind") == "artifact_request":
+        return None
+    while True:
+        sys.stdout.write("  approve? [y/n] " if approval else "  your answer: ")
+        sys.stdout.flush()
+        line = await lines.readline()
+        if not line:
+            sys.stdout.write("\n")
+            return None
+        text = line.decode(errors="replace").strip()
+        if approval and text.lower() in {"y", "yes", "n", "no"}:
+            return {"approved": text.lower().startswith("y")}
+        if not approval and text:
+            return {"answer": text}
 
 
 async def _settle(conversation: Conversation, activation_id: str, row: dict[str, Any]) -> None:

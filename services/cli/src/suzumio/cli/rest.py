@@ -95,3 +95,43 @@ def create(api: str, path: str, body: dict[str, object], key: str | None, what: 
     if not isinstance(made, str):
         fail(f"the API at {redact(api)} answered 201 without a {what}: {short(response)}")
     return made
+
+
+def get(api: str, path: str, headers: dict[str, str], **params: str | int) -> object:
+    """GET `path` (quoted by the caller) from the API at `api`: its JSON body when the status is
+    200. Anything else exits 1 with `<status>: <the problem's detail>`, as `post` does."""
+    shown = redact(api)
+    if not api.startswith(("http://", "https://")):
+        fail(f"--api {shown!r} needs a scheme, like http://{shown}")
+    try:
+        response = httpx.get(f"{api.rstrip('/')}{path}", headers=headers, params=params, timeout=60)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code != 200 or body is None:
+        detail = body.get("detail") if isinstance(body, dict) else None
+        text = str(detail) if detail is not None else short(response)
+        console.print(f"{response.status_code}: {text}", style="red", markup=False)
+        raise typer.Exit(1)
+    return body
+
+
+def get_list(api: str, path: str, key: str | None) -> list[dict[str, Any]]:
+    """A list endpoint's items, every page of it (`{items, next_cursor}`), or its plain list."""
+    headers = key_headers(key)
+    found: list[dict[str, Any]] = []
+    params: dict[str, str | int] = {"limit": 200}
+    while True:
+        body = get(api, path, headers, **params)
+        if isinstance(body, list):
+            return [item for item in body if isinstance(item, dict)]
+        page = body if isinstance(body, dict) else {}
+        items = page.get("items")
+        found += [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+        following = page.get("next_cursor")
+        if not isinstance(following, str) or not following:
+            return found
+        params["cursor"] = following

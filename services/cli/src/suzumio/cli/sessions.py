@@ -6,16 +6,13 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.console import Console
 
 from suzumio.cli import rest
-from suzumio.cli.failures import fail, first_line, redact
 
 app = typer.Typer(help="Sessions, through the REST API.", no_args_is_help=True)
 console = Console(highlight=False)
-PAGE = 200
 
 
 @app.command("create")
@@ -39,30 +36,9 @@ def history_command(
 ) -> None:
     """Print the session's history, oldest first: one `role: text` entry each (an assistant
     entry that only called tools names them)."""
-    headers = rest.key_headers(key)
-    path = f"{api.rstrip('/')}/v1/sessions/{quote(session_id, safe='')}/messages"
-    cursor: str | None = None
-    with httpx.Client(headers=headers, timeout=60) as client:
-        while True:
-            params: dict[str, str | int] = {"limit": PAGE, **({"cursor": cursor} if cursor else {})}
-            try:
-                response = client.get(path, params=params)
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                fail(f"could not reach the API at {redact(api)}: {first_line(exc)}")
-            page = rest.json_object(response)
-            if response.status_code != 200 or page is None:
-                detail = page.get("detail") if page is not None else None
-                said = str(detail) if detail is not None else rest.short(response)
-                console.print(f"{response.status_code}: {said}", style="red", markup=False)
-                raise typer.Exit(1)
-            items = page.get("items")
-            for item in items if isinstance(items, list) else ():
-                if isinstance(item, dict):
-                    console.print(_entry(item), markup=False)
-            following = page.get("next_cursor")
-            if not isinstance(following, str) or not following:
-                return
-            cursor = following
+    path = f"/v1/sessions/{quote(session_id, safe='')}/messages"
+    for item in rest.get_list(api, path, key):
+        console.print(_entry(item), markup=False)
 
 
 def _entry(item: dict[str, object]) -> str:
