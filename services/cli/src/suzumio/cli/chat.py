@@ -21,15 +21,13 @@ not on the session's timeline: each one handed the signal is asked for (`GET
   activation starts when the answer comes (`suzumio pending reply`).
 
 A refusal of the post or of the stream (no such session, no access) is one line, exit 1. The
-stream is resumed from its last cursor when the gateway ends it with 503 (live output
-restarted, a slow reader), as docs/api.md asks of clients.
+stream is read by `timeline`, which resumes it when the gateway asks for that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -43,18 +41,14 @@ from rich.console import Console
 
 from suzumio.cli import pending, rest
 from suzumio.cli.failures import fail, first_line, redact
+from suzumio.cli.timeline import StreamRefusedError, detail, read_timeline
 
 console = Console(highlight=False)
 TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
 POLL_SECONDS = 0.25
 SETTLE_SECONDS = 2.0  # for the stream to bring a completed activation's last words
-RESUMABLE = 503
 WAITING = 3  # the activation ended waiting for a person (as the runner's exit 3 says)
 PENDING_EVERY = 4  # polls between looks at what the activations wait on (~1 s)
-
-
-class StreamRefusedError(Exception):
-    """The gateway refused the timeline (or ended it for a reason a reconnect cannot mend)."""
 
 
 @dataclass
@@ -286,7 +280,10 @@ async def _pending(
     command is interactive."""
     path = f"/v1/sessions/{quote(conversation.session_id, safe='')}/pending-actions"
     response = await client.get(path)
-    listed = response.json() if response.status_code == 200 else []
+    try:
+        listed = response.json() if response.status_code == 200 else []
+    except ValueError:  # not JSON (a proxy's error page): looked at again next time
+        return
     for action in listed if isinstance(listed, list) else ():
         if (
             not isinstance(action, dict)
@@ -304,7 +301,7 @@ async def _pending(
         answered = await client.post(
             f"/v1/pending-actions/{quote(str(action['id']), safe='')}/reply", json=reply
         )
-        said = "answered" if answered.status_code == 200 else _detail(answered)
+        said = "answered" if answered.status_code == 200 else detail(answered)
         conversation.say(f"  {said}")
 
 
@@ -346,59 +343,5 @@ async def _activation(client: httpx.AsyncClient, activation_id: str) -> dict[str
     if response.status_code == 404:
         return None
     if response.status_code != 200:
-        raise StreamRefusedError(f"{response.status_code}: {_detail(response)}")
+        raise StreamRefusedError(f"{response.status_code}: {detail(response)}")
     return rest.json_object(response)
-
-
-async def read_timeline(
-    client: httpx.AsyncClient, session_id: str, cursor: str, conversation: Conversation
-) -> None:
-    """Read the session's timeline into `conversation`, from `cursor`, resuming from the last
-    cursor given when the gateway ends the stream with 503."""
-    path = f"/v1/sessions/{quote(session_id, safe='')}/stream"
-    while True:
-        async with client.stream("GET", path, params={"since": cursor}) as response:
-            if response.status_code != 200:
-                await response.aread()
-                raise StreamRefusedError(f"{response.status_code}: {_detail(response)}")
-            ended: dict[str, Any] | None = None
-            async for event, data, item_id in _items(response):
-                if item_id:
-                    cursor = item_id
-                if event == "end":
-                    ended = data
-                    break
-                conversation.take(event, data)
-        if ended is None or ended.get("status") != RESUMABLE:
-            why = ended.get("detail") if ended else "the gateway closed it"
-            status = ended.get("status") if ended else "closed"
-            raise StreamRefusedError(f"the session's stream ended ({status}): {why}")
-
-
-async def _items(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str, Any], str]]:
-    """The SSE items of `response`: (event, data as a JSON object, id)."""
-    event, data, item_id = "message", "", ""
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                with contextlib.suppress(ValueError):
-                    parsed = json.loads(data)
-                    if isinstance(parsed, dict):
-                        yield event, parsed, item_id
-            event, data, item_id = "message", "", ""
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        match name:
-            case "event":
-                event = value
-            case "data":
-                data = f"{data}\n{value}" if data else value
-            case "id":
-                item_id = value
-
-
-def _detail(response: httpx.Response) -> str:
-    body = rest.json_object(response)
-    detail = body.get("detail") if body is not None else None
-    return str(detail) if detail is not None else rest.short(response)
