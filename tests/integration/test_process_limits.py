@@ -91,10 +91,10 @@ async def run_probe(
 async def test_a_runner_and_what_it_starts_are_held_to_the_profile_in_a_cgroup(
     tmp_path: Path, isolate: bool
 ) -> None:
-    found = sandbox_limits.discover(CGROUP_OWNER)
-    assert isinstance(found, sandbox_limits.Cgroups), f"this host has cgroups to use: {found}"
     settings = ProcessSettings(python=str(probe_runner(tmp_path / "r")), isolate=isolate)
     backend = ProcessBackend(tmp_path / "sandboxes", settings)
+    found = sandbox_limits.discover(backend.cgroup_owner)
+    assert isinstance(found, sandbox_limits.Cgroups), f"this host has cgroups to use: {found}"
     plan = with_limits(plan_in(tmp_path))
 
     def cpu_quota() -> str:
@@ -141,11 +141,40 @@ async def test_the_reconciliation_sweeps_the_empty_cgroup_of_an_activation_gone(
 ) -> None:
     """An orchestrator killed in a cleanup, after the directory went: its next `list_live`
     removes the cgroup left (an empty one only)."""
-    found = sandbox_limits.discover(CGROUP_OWNER)
-    assert isinstance(found, sandbox_limits.Cgroups), found
     backend = ProcessBackend(tmp_path / "sandboxes", ProcessSettings(isolate=False))
+    found = sandbox_limits.discover(backend.cgroup_owner)
+    assert isinstance(found, sandbox_limits.Cgroups), found
     plan = plan_in(tmp_path)
     found.create(plan.activation_id, LIMITS)
     assert plan.activation_id in found.sandboxes()
     assert await backend.list_live() == []
     assert plan.activation_id not in found.sandboxes()
+
+
+async def test_the_sweep_leaves_another_orchestrators_cgroups_alone(tmp_path: Path) -> None:
+    """Two orchestrators on one host (two installations, or tests side by side): one's
+    reconciliation must not remove the empty cgroup the other just made for a runner about to
+    join it — that launch failed ("cannot start the runner"). Each sandboxes directory has
+    its own tree."""
+    first = ProcessBackend(tmp_path / "one", ProcessSettings(isolate=False))
+    second = ProcessBackend(tmp_path / "two", ProcessSettings(isolate=False))
+    assert first.cgroup_owner != second.cgroup_owner
+    assert first.cgroup_owner.startswith(CGROUP_OWNER)
+    found = sandbox_limits.discover(first.cgroup_owner)
+    assert isinstance(found, sandbox_limits.Cgroups), found
+    plan = plan_in(tmp_path)
+    try:
+        found.create(plan.activation_id, LIMITS)  # the first's launch, its runner not in yet
+        assert await second.list_live() == []
+        assert plan.activation_id in found.sandboxes()
+        # Closing, an orchestrator leaves its tree only while a sandbox's cgroup is in it.
+        await second.close()
+        theirs = [p.parent / second.cgroup_owner for p in found.parents.values()]
+        assert not any(p.exists() for p in theirs), theirs
+        found.release()
+        assert all(p.is_dir() for p in found.parents.values())
+        found.remove(plan.activation_id)
+        found.release()
+        assert not any(p.exists() for p in found.parents.values())
+    finally:
+        found.close()

@@ -234,6 +234,13 @@ class Cgroups:
                     with contextlib.suppress(OSError):
                         other.rmdir()
 
+    def release(self) -> None:
+        """Remove the owner's directory if no sandbox's cgroup is left in it (what still runs
+        is left to the next owner of the same name)."""
+        for parent in dict.fromkeys(self.parents.values()):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
     def close(self) -> None:
         """Remove every sandbox's cgroup (killing what is in it), then the owner's."""
         for name in self.sandboxes():

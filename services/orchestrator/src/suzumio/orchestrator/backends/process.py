@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -61,7 +62,17 @@ RECORD = "process.json"
 EXIT_FILE = "exit_code"
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 GONE = -1  # the recorded start time of a runner that ended before it could be read
-CGROUP_OWNER = "suzumio-process"  # the activations' cgroups: <own cgroup>/<this>/<activation>
+CGROUP_OWNER = "suzumio-process"  # the activations' cgroups: <own cgroup>/<this>-<root>/<id>
+
+
+def cgroup_owner(root: Path) -> str:
+    """The cgroup tree of the backend whose sandboxes are under `root`: one per directory, so
+    an orchestrator's sweep of empty cgroups never takes one another orchestrator on the host
+    (a test's, a second installation's) just made for a runner about to join it. Replicas
+    sharing a directory share the tree; the sweep keeps the cgroups of the activations whose
+    directories exist, which are made before their cgroups."""
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
+    return f"{CGROUP_OWNER}-{digest}"
 
 
 class ProcessSettings(BaseModel):
@@ -133,6 +144,10 @@ class ProcessBackend:
         self._cgroups: sandbox_limits.Cgroups | None = None
         self._enforcement: sandbox_limits.Enforcement | None = None
 
+    @property
+    def cgroup_owner(self) -> str:
+        return cgroup_owner(self._root.parent)
+
     # -- launching -------------------------------------------------------------------------
     async def _isolation_problem(self) -> str | None:
         """Whether bubblewrap can make its namespaces here (inside an unprivileged container it
@@ -171,7 +186,7 @@ class ProcessBackend:
         """The host's cgroups for the activations, found (and the outcome logged) once."""
         if self._enforcement is None:
             found = (
-                sandbox_limits.discover(CGROUP_OWNER)
+                sandbox_limits.discover(self.cgroup_owner)
                 if self._settings.cgroups
                 else "turned off (SUZUMIO_PROCESS__CGROUPS=false)"
             )
@@ -451,7 +466,9 @@ class ProcessBackend:
         return Health(ok=problem is None, detail=detail)
 
     async def close(self) -> None:
-        return
+        # Its sandboxes live on for the next leader; an empty tree of its own does not.
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.release)
 
 
 def _open_own(path: Path, flags: int, mode: int = 0o600) -> int:
