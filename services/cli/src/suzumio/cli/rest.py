@@ -41,21 +41,27 @@ def post(
     a JSON object (None if it is not one) and the response, when the status is `expect`.
     Anything else exits 1 with `<status>: <the problem's detail and field errors>`; an
     unusable URL or an unreachable API exits with one line too."""
+    response = _send("POST", api, path, expect, **request)
+    return json_object(response), response
+
+
+def _send(method: str, api: str, path: str, expect: int, **request: Any) -> httpx.Response:
+    """The response of a request whose status is `expect`; anything else exits, one line."""
     shown = redact(api)  # as we print it: a proxy's password (https://user:pw@host) masked
     if not api.startswith(("http://", "https://")):
         fail(f"--api {shown!r} needs a scheme, like http://{shown}")
     try:
-        response = httpx.post(f"{api.rstrip('/')}{path}", timeout=60, **request)
+        response = httpx.request(method, f"{api.rstrip('/')}{path}", timeout=60, **request)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
-    body = json_object(response)
     if response.status_code != expect:
+        body = json_object(response)
         detail = body.get("detail") if body is not None else None
         text = str(detail) if detail is not None else short(response)
         text += _field_errors(body)
         console.print(f"{response.status_code}: {text}", style="red", markup=False)
         raise typer.Exit(1)
-    return body, response
+    return response
 
 
 def json_object(response: httpx.Response) -> dict[str, object] | None:
@@ -99,24 +105,13 @@ def create(api: str, path: str, body: dict[str, object], key: str | None, what: 
 
 def get(api: str, path: str, headers: dict[str, str], **params: str | int) -> object:
     """GET `path` (quoted by the caller) from the API at `api`: its JSON body when the status is
-    200. Anything else exits 1 with `<status>: <the problem's detail>`, as `post` does."""
-    shown = redact(api)
-    if not api.startswith(("http://", "https://")):
-        fail(f"--api {shown!r} needs a scheme, like http://{shown}")
+    200. Anything else exits 1 with one line, as `post` does."""
+    response = _send("GET", api, path, 200, headers=headers, params=params)
     try:
-        response = httpx.get(f"{api.rstrip('/')}{path}", headers=headers, params=params, timeout=60)
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
-    try:
-        body = response.json()
+        return response.json()
     except ValueError:
-        body = None
-    if response.status_code != 200 or body is None:
-        detail = body.get("detail") if isinstance(body, dict) else None
-        text = str(detail) if detail is not None else short(response)
-        console.print(f"{response.status_code}: {text}", style="red", markup=False)
-        raise typer.Exit(1)
-    return body
+        console.print(f"200: {short(response)}", style="red", markup=False)
+        raise typer.Exit(1) from None
 
 
 def get_list(api: str, path: str, key: str | None) -> list[dict[str, Any]]:
