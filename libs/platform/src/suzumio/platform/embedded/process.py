@@ -77,20 +77,15 @@ _handed_out: set[tuple[str, int]] = set()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago and that this process has not handed out before.
+    """A TCP port that was free a moment ago and that this process has not handed out before,
+    for a server that binds it later (often in another process).
 
-    The kernel may offer a just-closed port again (about one in fifteen thousand draws), so two
-    servers started side by side could otherwise be told the same port; the loser's bind then
-    fails while its probe is answered by the winner. Someone else may still take the port
-    before it is bound: callers retry then."""
-    for _ in range(1000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if (host, port) not in _handed_out:
-            _handed_out.add((host, port))
-            return port
-    raise OSError(f"no port on {host} that was not handed out already")
+    It is drawn below the kernel's ephemeral range, as `free_port_run` does: a port from the
+    kernel (`bind(0)`) is an ephemeral one, and in the moment before the server binds it, any
+    process's outgoing connection may take it as its local port (seen in CI: the tool-broker of
+    a `suzumio up` got "Address already in use" on its `--broker-port`). Someone may still
+    take the port before it is bound: callers retry then."""
+    return free_port_run(1, host)
 
 
 def free_port_run(count: int, host: str = "127.0.0.1") -> int:
