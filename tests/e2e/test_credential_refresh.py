@@ -153,6 +153,8 @@ async def test_a_key_replaced_mid_activation_is_used_without_falling_back(
     assert completed.text == "answered with the current key"
     assert completed.usage["model"] == "primary"
     assert completed.usage["model_calls"] == 1
+    # The refused call, past which the loop got, is in the event the orchestrator counts from.
+    assert completed.usage["model_failures"] == {"auth": 1}
     # Neither key in the runner's log nor in any service's.
     logs = run.stderr + "".join(p.read_text(errors="replace") for p in platform.logs)
     assert "credential_refreshed" in run.stderr

@@ -59,21 +59,35 @@ def output(text, usage, reason="failed"):
 
 metrics.ended(
     ActivationCompleted(text="ok", usage={}),
-    output("ok", {"prompt_tokens": 11, "completion_tokens": 5}, "completed"),
+    output(
+        "ok",
+        # Two rate limits and a transport failure a retry or a fallback got past.
+        {"prompt_tokens": 11, "completion_tokens": 5,
+         "model_failures": {"rate_limit": 2, "transport": 1}},
+        "completed",
+    ),
 )
 # From the sandbox: nothing it says may become a series of its own, nor a count it is not.
 metrics.ended(
     ActivationFailed(reason="x"),
     output(
         "the model failed: rate_limit: slow down",
-        {"prompt_tokens": "9", "completion_tokens": True},
+        {"prompt_tokens": "9", "completion_tokens": True,
+         "model_failures": {"rate_limit": 3, "made-up-0123": 2, "auth": True, "server_error": -1}},
     ),
 )
 metrics.ended(
     ActivationFailed(reason="x"),
     output("the model failed: act-0123456789abcdef: made up", {"prompt_tokens": -4}),
 )
-metrics.ended(ActivationFailed(reason="x"), output("runner exit 1", {"prompt_tokens": 10**12}))
+metrics.ended(
+    ActivationFailed(reason="x"),
+    output("runner exit 1", {"prompt_tokens": 10**12, "model_failures": ["rate_limit"]}),
+)
+metrics.ended(
+    ActivationFailed(reason="x"),
+    output("runner exit 1", {"model_failures": {"overloaded": 10**9, "transport": "4"}}),
+)
 metrics.ended(ActivationFailed(reason="lost"), None)
 for stage, seconds in (("queued", 0.02), ("launching", 0.4), ("total", 3.0)):
     metrics.stage(stage, seconds)
@@ -108,6 +122,14 @@ def test_the_orchestrators_new_metrics_with_bounded_labels() -> None:
     assert tokens == {'{kind="prompt"}': 11.0, '{kind="completion"}': 5.0}, tokens
     errors = _samples(text, "suzumio_model_errors_total")
     assert errors == {'{class="rate_limit"}': 1.0, '{class="unknown"}': 1.0}, errors
+    # Every failed call, also those the activation got past; a class the runner does not
+    # have is `unknown`, a count that is not a plausible integer is not counted.
+    calls = _samples(text, "suzumio_model_call_failures_total")
+    assert calls == {
+        '{class="rate_limit"}': 5.0,
+        '{class="transport"}': 1.0,
+        '{class="unknown"}': 2.0,
+    }, calls
     stages = _samples(text, "suzumio_activation_stage_seconds_count")
     assert stages == {f'{{stage="{s}"}}': 1.0 for s in ("queued", "launching", "total")}
     # Its own buckets: a launch of 0.4 s is not lost among a 5 s bucket's.
@@ -123,6 +145,7 @@ def test_the_orchestrators_new_metrics_with_bounded_labels() -> None:
         '{pool="default",state="in_flight"}': 1.0,
     }, depth
     assert "act-0123456789abcdef" not in text
+    assert "made-up-0123" not in text
 
 
 def test_model_failure_classes_are_the_runners() -> None:

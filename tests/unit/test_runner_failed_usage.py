@@ -1,16 +1,21 @@
-"""An activation that fails after it spent model calls says what it spent: before, the
-endings the loop did not reach itself (the model failed, the time ran out, the broker refused)
-reported an empty usage. The model is the scripted model server (the one allowed fake)."""
+"""What an activation's usage says it spent and what failed on the way.
+
+An activation that fails after it spent model calls says what it spent: before, the endings
+the loop did not reach itself (the model failed, the time ran out, the broker refused)
+reported an empty usage. Every failed model call is in it by failure class, the ones the loop
+got past included (operators count them). The model is the scripted model server (the one
+allowed fake)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
+import pytest
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner import exits
-from suzumio.runner.agent import AgentLoop
+from suzumio.runner.agent import AgentLoop, Ending
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.live import LiveStream
 from suzumio.runner.main import _run_loop
@@ -21,27 +26,65 @@ from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.unit.loop_support import TOKEN, Broker, spec
 
 
-async def test_a_model_that_fails_after_a_round_leaves_its_calls_counted(tmp_path: Path) -> None:
-    broker = Broker()
-    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(broker.answer))
+async def run_chain(
+    tmp_path: Path, replies: list[Reply], chain: tuple[str, ...] = ("primary",)
+) -> tuple[Ending, int]:
+    """One activation's loop against `replies`, with `chain`'s models in turn (a fallback
+    chain), all on the scripted server."""
+    http = httpx.AsyncClient(
+        base_url="http://broker", transport=httpx.MockTransport(Broker().answer)
+    )
     client = BrokerClient("http://broker", TOKEN, http=http)
     activation = spec(tmp_path)
-    (tmp_path / "a.txt").write_text("x")
     toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
     async with ScriptedModelServer() as server:
-        server.script(
-            [
-                Reply.tool_calls([ToolCall("file_read", {"path": "a.txt"})]),
-                Reply.error(401, '{"error": {"message": "key revoked"}}'),
-            ]
-        )
-        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
-        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
+        server.script(replies)
+        models = [ModelClient(ModelSpec(name=n), Endpoint(f"{server.url}/v1", "k")) for n in chain]
+        loop = AgentLoop(activation, client, models, toolbox, LiveStream(client), [])
         try:
-            ending, code = await _run_loop(activation, client, loop, tmp_path)
+            return await _run_loop(activation, client, loop, tmp_path)
         finally:
-            await model.close()
+            for model in models:
+                await model.close()
             await http.aclose()
+
+
+async def test_a_model_that_fails_after_a_round_leaves_its_calls_counted(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    ending, code = await run_chain(
+        tmp_path,
+        [
+            Reply.tool_calls([ToolCall("file_read", {"path": "a.txt"})]),
+            Reply.error(401, '{"error": {"message": "key revoked"}}'),
+        ],
+    )
     assert (ending.reason, code) == ("failed", exits.MODEL_REFUSED)  # a refused key
     assert ending.usage["model_calls"] == 1
     assert ending.usage["model"] == "primary"
+    # The failure that ended it is a failed call too.
+    assert ending.usage["model_failures"] == {"auth": 1}
+
+
+async def test_the_usage_counts_the_failed_calls_the_loop_got_past(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rate limit a retry got past and a missing model the fallback got past leave the
+    activation completed: its usage still says they happened."""
+    monkeypatch.setattr("suzumio.runner.agent.backoff_seconds", lambda *_: 0.0)
+    replies = [
+        Reply.error(429, '{"error": {"message": "slow down"}}'),
+        Reply.error(404, '{"error": {"message": "model not found"}}'),
+        Reply.text("the backup answered"),
+    ]
+    ending, code = await run_chain(tmp_path, replies, ("primary", "backup"))
+    assert (ending.reason, code) == ("completed", exits.COMPLETED), ending.text
+    assert ending.text == "the backup answered"
+    assert ending.usage["model"] == "backup"
+    assert ending.usage["model_calls"] == 1  # the failed calls are not counted calls
+    assert ending.usage["model_failures"] == {"rate_limit": 1, "model_not_found": 1}
+
+
+async def test_an_activation_without_a_failed_call_reports_no_failures(tmp_path: Path) -> None:
+    ending, _ = await run_chain(tmp_path, [Reply.text("all well")])
+    assert ending.text == "all well"
+    assert "model_failures" not in ending.usage

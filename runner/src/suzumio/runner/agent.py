@@ -158,6 +158,10 @@ class AgentLoop:
         self._anchor: compaction.UsageAnchor | None = None
         self.model_calls = 0
         self.compactions = 0
+        # Every model call that failed, by failure class, the ones a retry, a compaction or
+        # a fallback got past included: operators count them (`suzumio_model_call_failures`)
+        # to see a provider failing before activations do.
+        self._failures: dict[str, int] = {}
 
     @property
     def _threshold(self) -> int:
@@ -249,6 +253,7 @@ class AgentLoop:
         """Act on a failed model call (compact, fall back, back off) and return the retry
         count to go on with, or raise when the call cannot succeed."""
         failure = classify(exc)
+        self._failed(failure.cls)
         model = self._models[self._model_index]
         log("model.failed", model=model.spec.name, cls=failure.cls, status=failure.status)
         match failure.action:
@@ -378,6 +383,7 @@ class AgentLoop:
                 figures.output_tokens(summariser.spec, self._config)[0],
             )
         except Exception as exc:
+            self._failed(classify(exc).cls)
             log("compaction.failed", error=repr(exc))
             self._governor.record_failure(now)
             return False
@@ -662,6 +668,9 @@ class AgentLoop:
         if entries:
             await self._broker.append_history(entries)
 
+    def _failed(self, cls: FailureClass) -> None:
+        self._failures[cls.value] = self._failures.get(cls.value, 0) + 1
+
     def usage(self) -> dict[str, Any]:
         """What the activation spent so far (also for an ending the loop did not reach)."""
         return {
@@ -670,7 +679,7 @@ class AgentLoop:
             "compactions": self.compactions,
             "prompt_hash": self.prompt.hash,
             "model": self._models[self._model_index].spec.name,
-        }
+        } | ({"model_failures": dict(self._failures)} if self._failures else {})
 
     def _ending(self, reason: Reason, text: str, *unsent: HistoryEntryIn) -> Ending:
         return Ending(reason, text, self.usage(), history=unsent)

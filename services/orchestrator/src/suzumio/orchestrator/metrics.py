@@ -1,5 +1,6 @@
 """The orchestrator's metrics (DESIGN.md §11): activation latency by stage, live activations,
-pool queue depth, model tokens and the model failures that ended activations.
+pool queue depth, model tokens, the model failures that ended activations and every failed
+model call the runners report.
 
 Labels are bounded: stages, states and failure classes are fixed sets, pools are the
 operator's; never an id. What the runner reports (its output's usage and text) comes from the
@@ -46,6 +47,7 @@ MODEL_FAILURE_CLASSES = frozenset(
 )
 MODEL_FAILED_PREFIX = "the model failed: "
 MAX_TOKENS = 10**10  # a count above this in one activation is nonsense, not usage
+MAX_CALL_FAILURES = 10**6  # nor failed model calls above this (the budget is ~90 calls)
 
 _stages = meter.create_histogram(
     "suzumio_activation_stage_seconds",
@@ -60,6 +62,11 @@ _tokens = meter.create_counter(
 _model_errors = meter.create_counter(
     "suzumio_model_errors",
     description="activations ended by a model failure, by the runner's failure class",
+)
+_call_failures = meter.create_counter(
+    "suzumio_model_call_failures",
+    description="failed model calls the ended activations report, by the runner's failure "
+    "class, the ones a retry, a compaction or a fallback got past included",
 )
 
 _watched: list[Orchestrator] = []
@@ -85,6 +92,8 @@ def ended(event: DomainEvent, output: ActivationOutputRecorded | None) -> None:
         count = _count(output.usage, f"{kind}_tokens")
         if count:
             _tokens.add(count, {"kind": kind})
+    for cls, calls in call_failures(output.usage).items():
+        _call_failures.add(calls, {"class": cls})
     if isinstance(event, ActivationFailed) and output.reason == "failed":
         failure = model_failure(output.text)
         if failure is not None:
@@ -97,6 +106,24 @@ def model_failure(text: str) -> str | None:
         return None
     named = text[len(MODEL_FAILED_PREFIX) :].split(":", 1)[0].strip()
     return named if named in MODEL_FAILURE_CLASSES else "unknown"
+
+
+def call_failures(usage: Mapping[str, Any]) -> dict[str, int]:
+    """The failed model calls a runner's usage reports (`model_failures`), by failure class: a
+    class that is not one of the runner's counts as `unknown`, a count that is not a
+    plausible integer not at all."""
+    reported = usage.get("model_failures")
+    counted: dict[str, int] = {}
+    if not isinstance(reported, Mapping):
+        return counted
+    for name, count in reported.items():
+        if isinstance(count, bool) or not isinstance(count, int):
+            continue
+        if not 0 < count <= MAX_CALL_FAILURES:
+            continue
+        failure = name if name in MODEL_FAILURE_CLASSES else "unknown"
+        counted[failure] = counted.get(failure, 0) + count
+    return counted
 
 
 def _count(usage: Mapping[str, Any], key: str) -> int:
