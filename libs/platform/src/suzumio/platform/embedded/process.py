@@ -74,6 +74,8 @@ def stop_process(process: subprocess.Popen[bytes], stop_signal: int, timeout: fl
 
 
 _handed_out: set[tuple[str, int]] = set()
+FIRST_DRAWN = 10_000  # above the ports services commonly listen on
+LAST_PORT = 65_535
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -92,25 +94,34 @@ def free_port_run(count: int, host: str = "127.0.0.1") -> int:
     """The first of `count` consecutive TCP ports that were free a moment ago, for a caller
     that is given one port and counts on from it (`suzumio up --internal-ports-from`).
 
-    The run is taken below the kernel's ephemeral range: a run within it could be free when
-    probed and then be the local port of anyone's outgoing connection before it is bound
-    (seen in CI as "port ... is in use" for the fourth port of a run from `free_port`)."""
-    low = _ephemeral_low()
+    The run is taken outside the kernel's ephemeral range (below it, else above it): a run
+    within it could be free when probed and then be the local port of anyone's outgoing
+    connection before it is bound (seen in CI as "port ... is in use" for the fourth port of
+    a run from `bind(0)`). A host whose range leaves no room on either side gets a run from
+    the whole range of unprivileged ports."""
+    low, high = _ephemeral_range()
+    if low - count > FIRST_DRAWN:
+        span = (FIRST_DRAWN, low - count)
+    elif high + 1 < LAST_PORT - count:
+        span = (high + 1, LAST_PORT - count)
+    else:
+        span = (FIRST_DRAWN, LAST_PORT - count)
     for _ in range(1000):
-        first = random.randrange(10_000, low - count)
+        first = random.randrange(*span)
         run = [(host, port) for port in range(first, first + count)]
         if any(taken in _handed_out for taken in run) or not all(map(_bindable, run)):
             continue
         _handed_out.update(run)
         return first
-    raise OSError(f"no run of {count} free ports on {host} below {low}")
+    raise OSError(f"no run of {count} free ports on {host} in {span[0]}-{span[1]}")
 
 
-def _ephemeral_low() -> int:
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768  # Linux's default
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
 
 
 def _bindable(address: tuple[str, int]) -> bool:
