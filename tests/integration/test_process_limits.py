@@ -178,3 +178,29 @@ async def test_the_sweep_leaves_another_orchestrators_cgroups_alone(tmp_path: Pa
         assert not any(p.exists() for p in found.parents.values())
     finally:
         found.close()
+
+
+async def test_a_replica_closing_does_not_break_the_launches_of_one_sharing_its_tree(
+    tmp_path: Path,
+) -> None:
+    """Replicas with one sandboxes directory share its tree; one that closes while nothing
+    runs removes it, empty. The other's next launch made its cgroup in a tree that was gone
+    ("cannot make the activation's cgroup"), and every launch after it, until it restarted."""
+    staying = ProcessBackend(tmp_path / "shared", ProcessSettings(isolate=False))
+    leaving = ProcessBackend(tmp_path / "shared", ProcessSettings(isolate=False))
+    assert staying.cgroup_owner == leaving.cgroup_owner
+    found = sandbox_limits.discover(staying.cgroup_owner)
+    assert isinstance(found, sandbox_limits.Cgroups), found
+    assert (await leaving.health()).ok
+    await leaving.close()
+    assert not any(p.exists() for p in found.parents.values())  # the tree went with it
+    plan = plan_in(tmp_path)
+    try:
+        sandbox = found.create(plan.activation_id, LIMITS)
+        assert plan.activation_id in found.sandboxes()
+        assert all(Path(procs).exists() for procs in sandbox.procs)
+        if found.version == 1:
+            memory = found.parents["memory"] / plan.activation_id / "memory.limit_in_bytes"
+            assert int(memory.read_text()) == LIMITS.memory_mb << 20
+    finally:
+        found.close()

@@ -42,6 +42,7 @@ CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 MAIN_LEAF = "suzumio-main"  # where a v2 cgroup's own processes go
 MB = 1024 * 1024
+RETRIES = 3  # a tree another owner removes again while this one remakes it: given up then
 Mechanism = Literal["cgroup2", "cgroup1", "rlimits"]
 
 
@@ -172,7 +173,7 @@ class Cgroups:
             }
         try:
             for directory, values in writes.items():
-                directory.mkdir(exist_ok=True)
+                self._make(directory)
                 for name, value in values.items():
                     (directory / name).write_text(value)
         except OSError:
@@ -180,6 +181,25 @@ class Cgroups:
             raise
         procs = tuple(str(d / "cgroup.procs") for d in writes)
         return Sandbox(procs, rlimits(limits, contained=True))
+
+    def _make(self, directory: Path) -> None:
+        """A sandbox's directory; its owner's made again first when it is gone: another
+        replica sharing the tree removed it, empty, as it closed (`release`)."""
+        for _ in range(RETRIES):
+            try:
+                directory.mkdir(exist_ok=True)
+            except FileNotFoundError:
+                with contextlib.suppress(FileNotFoundError):
+                    self._make_owner(directory.parent)
+            else:
+                return
+        directory.mkdir(exist_ok=True)
+
+    def _make_owner(self, parent: Path) -> None:
+        parent.mkdir(exist_ok=True)
+        if self.version == 2:  # the controllers handed down again, as `discover` did
+            wanted = " ".join(f"+{c}" for c in CONTROLLERS)
+            (parent / "cgroup.subtree_control").write_text(wanted)
 
     def remove(self, sandbox: str, *, kill: bool = True, wait: float = 5.0) -> bool:
         """Kill what the sandbox's cgroup still holds (`kill`) and remove it; whether it is
@@ -236,7 +256,8 @@ class Cgroups:
 
     def release(self) -> None:
         """Remove the owner's directory if no sandbox's cgroup is left in it (what still runs
-        is left to the next owner of the same name)."""
+        is left to the next owner of the same name). Another owner of the same name makes it
+        again at its next sandbox (`create`)."""
         for parent in dict.fromkeys(self.parents.values()):
             with contextlib.suppress(OSError):
                 parent.rmdir()
