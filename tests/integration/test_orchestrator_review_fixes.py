@@ -24,6 +24,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.envelope import DomainEvent, EventMeta
+from suzumio.contracts.errors import InvalidError
 from suzumio.contracts.events import (
     ActivationCancelled,
     ActivationCancelRequested,
@@ -384,6 +385,27 @@ async def test_an_error_of_ours_ends_as_the_recorded_output_says(
         assert ends[0].retryable  # type: ignore[attr-defined]
 
 
+async def test_an_error_of_ours_whose_end_cannot_be_stored_still_cleans_up(
+    store: EventStore, lead: Lead, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No end could be stored (an event on the subject this release cannot read, say): the
+    stopped sandbox is still cleaned up, as failed. Before, the cleanup came only after a
+    stored end, and the sandbox stayed while this replica led."""
+    _, activation_id = await launched_before(store, "fake")
+    sandboxes = BrokenWatch([Handle(activation_id, "fake", "s1")])
+
+    async def unstorable(*_: object, **__: object) -> DomainEvent:
+        raise RuntimeError("an event on the subject this release cannot read")
+
+    monkeypatch.setattr(Orchestrator, "_end", unstorable)
+    async with lead({"fake": sandboxes}):
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), cleaned_up, what="cleanup"
+        )
+    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", False)]
+    assert await terminals(store, activation_id) == []
+
+
 class SlowToList(Sandboxes):
     """Listing its sandboxes takes until the test lets it answer."""
 
@@ -398,18 +420,31 @@ class SlowToList(Sandboxes):
         return list(self.live)
 
 
+@pytest.mark.parametrize("refused", [False, True], ids=["stored", "end_refused"])
 async def test_a_cancel_while_a_new_leader_lists_does_not_undo_a_recorded_output(
-    store: EventStore,
-    lead: Lead,
+    store: EventStore, lead: Lead, monkeypatch: pytest.MonkeyPatch, refused: bool
 ) -> None:
     """The gone leader launched it but died before appending its start; its runner finished
     and recorded its output. A cancel arrives while the new leader still lists the backends:
     the work is done, so it ends completed, not cancelled; its sandbox, found afterwards, is
-    an orphan, stopped and cleaned up as a success."""
+    an orphan, stopped and cleaned up as a success.
+
+    `end_refused`: that end is refused as invalid, as one too large for the bus is. Only the
+    watch's path ended such an activation failed: the cancel's left it with no end at all."""
     session_id, activation_id = new_id(), new_id()
     request = ActivationRequested(activation_id=activation_id, agent_id=new_id(), signal_ids=())
     await store.append(session_id, [request], 0)
     await store.append(activation_id, [ActivationOutputRecorded(text="done before it")], 0)
+    append = store.append
+
+    async def refusing_completions(aggregate_id: str, events: list[DomainEvent], *a: object,
+                                   **kw: object) -> object:  # fmt: skip
+        if any(isinstance(e, ActivationCompleted) for e in events):
+            raise InvalidError("the event is too large for the bus")
+        return await append(aggregate_id, events, *a, **kw)  # type: ignore[arg-type]
+
+    if refused:
+        monkeypatch.setattr(store, "append", refusing_completions)
     sandboxes = SlowToList([Handle(activation_id, "fake", "s1")])
     async with lead({"fake": sandboxes}):
         await asyncio.wait_for(sandboxes.asked.wait(), 30)
@@ -422,8 +457,12 @@ async def test_a_cancel_while_a_new_leader_lists_does_not_undo_a_recorded_output
         await eventually(
             lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), cleaned_up, what="cleanup"
         )
-    assert [type(e) for e in ends] == [ActivationCompleted], ends
-    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", True)]
+    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", not refused)]
+    if refused:
+        assert [type(e) for e in ends] == [ActivationFailed], ends
+        assert "too large for the bus" in ends[0].reason  # type: ignore[attr-defined]
+    else:
+        assert [type(e) for e in ends] == [ActivationCompleted], ends
 
 
 # -- 4. the process backend's cleanup policy ---------------------------------------------------

@@ -647,18 +647,23 @@ class Orchestrator:
         failed = ActivationFailed(
             reason=f"orchestrator: {exc.__cause__ if refused else exc!r}"[:2_000]
         )
-        # An end the store refused is not asked for again: it would be refused again.
-        ended = await self._end(
-            tracked, failed if refused else self._unless_finished(tracked, failed)
-        )
-        if handle is not None:
-            try:
-                await self.backends[handle.backend].cleanup(
-                    handle, succeeded=isinstance(ended, ActivationCompleted)
-                )
-            except Exception as err:
-                log.warning("orchestrator.cleanup_failed", activation=handle.activation_id,
-                            error=repr(err)[:500])  # fmt: skip
+        ended: DomainEvent | None = None
+        try:
+            # An end the store refused is not asked for again: it would be refused again.
+            ended = await self._end(
+                tracked, failed if refused else self._unless_finished(tracked, failed)
+            )
+        finally:
+            # Also when no end could be stored: the sandbox is stopped, and nothing else
+            # would remove it while this replica leads (it is left to the policy as failed).
+            if handle is not None:
+                try:
+                    await self.backends[handle.backend].cleanup(
+                        handle, succeeded=isinstance(ended, ActivationCompleted)
+                    )
+                except Exception as err:
+                    log.warning("orchestrator.cleanup_failed", activation=handle.activation_id,
+                                error=repr(err)[:500])  # fmt: skip
 
     async def _watch(self, tracked: Tracked, handle: Handle, plan: LaunchPlan | None) -> None:
         backend = self.backends[handle.backend]
@@ -795,17 +800,38 @@ class Orchestrator:
         The first try goes by the activation's subject as folded, not read: the condition is
         its version, so a fold that missed a later event (its output, on its way) only loses
         the append, and the subject is read then."""
-        activation_id = tracked.request.activation_id
         decide: Decide = event if callable(event) else (lambda _: event)
+        seen = _Seen.read(stream) if stream is not None else self._as_folded(tracked)
+        try:
+            ended = await self._append_end(tracked, decide, seen)
+        except _EndRefusedError as exc:
+            # Refused as invalid (too large for the bus, say): it would be each time it is
+            # asked. Whatever path ends it, the activation ends failed, saying why, rather
+            # than with no end at all.
+            log.warning("orchestrator.end_refused", activation=tracked.request.activation_id,
+                        error=repr(exc.__cause__)[:500])  # fmt: skip
+            failed = ActivationFailed(reason=f"orchestrator: {exc.__cause__}"[:2_000])
+            ended = await self._append_end(tracked, lambda _: failed, None)
+        tracked.ended, tracked.completed = True, isinstance(ended, ActivationCompleted)
+        return ended
+
+    async def _append_end(
+        self, tracked: Tracked, decide: Decide, seen: _Seen | None
+    ) -> DomainEvent:
+        """The terminal event `decide` makes of the activation's subject (`seen`: as folded or
+        read, if it was), appended; or the one already there.
+
+        Raises:
+            _EndRefusedError: the store refused it (not trouble that passes).
+        """
+        activation_id = tracked.request.activation_id
         pause = _Doubling(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
         conflicts = 0
-        seen = _Seen.read(stream) if stream is not None else self._as_folded(tracked)
         while True:
             if seen is None:
                 seen = _Seen.read(await self._load(activation_id))
             if seen.ended is not None:
-                ended = seen.ended
-                break
+                return seen.ended
             ended = decide(seen.output)
             try:
                 await self._store.append(
@@ -830,9 +856,7 @@ class Orchestrator:
             metrics.ended(ended, seen.output)
             if (total := metrics.since(tracked.requested_at)) is not None:
                 metrics.stage("total", total)
-            break
-        tracked.ended, tracked.completed = True, isinstance(ended, ActivationCompleted)
-        return ended
+            return ended
 
     @staticmethod
     def _as_folded(tracked: Tracked) -> _Seen | None:
