@@ -4,6 +4,9 @@ no live text came, and the signal's closing."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+
 import pytest
 
 from suzumio.cli import chat
@@ -70,3 +73,102 @@ def test_a_retry_discards_the_text_shown_and_the_signal_closing_is_kept(
     )
     assert capsys.readouterr().out == "half\n[retrying: the text above is discarded]\n"
     assert talk.closed == ("failed", "budget spent")
+
+
+def recorded(signal_id: str, pending_action_id: str) -> dict[str, object]:
+    payload = {"pending_action_id": pending_action_id, "outcome": "answered"}
+    return {"data": {"signal_id": signal_id, "payload": payload}}
+
+
+def test_live_text_that_comes_before_the_handover_is_printed_once_it_comes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The timeline sends the live stream's backlog before the log's events: an activation's
+    first words came before the event handing it the message, and were dropped."""
+    talk = Conversation("session", "s1")
+    talk.take("live", live("a1", "text", "The first words"))
+    talk.take("live", live("other", "text", "not ours"))
+    assert capsys.readouterr().out == ""
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
+    talk.take("live", live("a1", "text", ", then the rest."))
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))  # again: nothing twice
+    assert capsys.readouterr().out == "The first words, then the rest."
+    assert "a1" not in talk.early
+
+
+def test_the_chunks_kept_before_a_handover_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chat, "EARLY_ACTIVATIONS", 2)
+    monkeypatch.setattr(chat, "EARLY_CHUNKS", 3)
+    talk = Conversation("session", "s1")
+    for activation_id in ("a1", "a2", "a3"):
+        for n in range(5):
+            talk.take("live", live(activation_id, "text", str(n)))
+    assert list(talk.early) == ["a2", "a3"]  # the oldest activation's went
+    assert all(len(chunks) == 3 for chunks in talk.early.values())
+
+
+async def test_a_result_given_with_activation_complete_is_printed_after_the_live_text(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent said something, then ended with `activation.complete(result)`: the result
+    is in its output only (no final entry, no live text). Hidden by the earlier text before."""
+    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.05)
+    talk = Conversation("session", "s1")
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
+    talk.take("live", live("a1", "text", "Let me check."))
+    talk.take("session.message_appended", entry("a1", "Let me check.", tool_calls=True))
+    await chat._settle(talk, "a1", {"output_text": "The result."})
+    assert capsys.readouterr().out == "Let me check.\nThe result.\n"
+
+
+async def test_an_answer_given_here_after_the_wait_ended_is_followed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Typed after the activation stopped waiting: the answer is accepted and its own signal
+    starts the next activation. The chat said "the agent waits" and exited 3."""
+    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.01)
+    talk = Conversation("session", "s1")
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
+    talk.answered["p1"] = "a1"
+    talk.take("session.signal_recorded", recorded("r1", "p1"))
+    talk.take("session.signal_recorded", recorded("r0", "someone else's"))
+    assert talk.signals == {"s1", "r1"}
+    waiting = {"status": "completed", "end_reason": "waiting", "output_text": "waiting for x"}
+    assert await chat._ended(talk, "a1", waiting) is None  # goes on
+    talk.take("session.signals_delivered", delivered(["r1"], "a2"))
+    talk.take("live", live("a2", "text", "Thanks for the answer."))
+    assert talk.activations == {"a1": "handed", "a2": "handed"}
+    assert "Thanks for the answer." in capsys.readouterr().out
+
+
+async def test_an_answer_the_activation_took_while_it_ran_does_not_hold_the_chat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its answer reached it at a tool call; it then ended waiting on something else, nobody
+    answered that: exit 3, not a wait for a next activation that no answer starts."""
+    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.01)
+    talk = Conversation("session", "s1")
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
+    talk.answered["p1"] = "a1"
+    talk.take("session.signal_recorded", recorded("r1", "p1"))
+    talk.take("session.signals_delivered", delivered(["r1"], "a1"))
+    waiting = {"status": "completed", "end_reason": "waiting", "output_text": "waiting for y"}
+    assert await chat._ended(talk, "a1", waiting) == chat.WAITING
+
+
+async def test_a_prompt_gives_up_when_the_messages_work_is_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(chat, "PROMPT_LOOK_SECONDS", 0.02)
+    talk = Conversation("session", "s1")
+    read, write = os.pipe()
+    loop = asyncio.get_running_loop()
+    lines = chat.StdinLines(read)
+    loop.add_reader(read, lines.readable)
+    try:
+        loop.call_later(0.1, setattr, talk, "closed", ("cancelled", "asked"))
+        assert await asyncio.wait_for(chat._typed(lines, talk), 10) == b""
+    finally:
+        loop.remove_reader(read)
+        os.close(read)
+        os.close(write)

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -49,6 +50,11 @@ POLL_SECONDS = 0.25
 SETTLE_SECONDS = 2.0  # for the stream to bring a completed activation's last words
 WAITING = 3  # the activation ended waiting for a person (as the runner's exit 3 says)
 PENDING_EVERY = 4  # polls between looks at what the activations wait on (~1 s)
+EARLY_ACTIVATIONS = 16  # activations whose live chunks are kept before one is handed the message
+EARLY_CHUNKS = 2_000  # chunks kept of each
+PROMPT_LOOK_SECONDS = 1.0  # while a prompt waits for its answer: how often the work is looked at
+MAX_ANSWER_BYTES = 1 << 20  # a longer line is taken as it is
+TRANSIENT = frozenset({502, 503, 504})  # a proxy or gateway between restarts: asked again
 
 
 @dataclass
@@ -59,11 +65,24 @@ class Conversation:
     signal_id: str
     activations: dict[str, str] = field(default_factory=dict)  # handed the signal: status
     asked: set[str] = field(default_factory=set)  # pending actions said
+    # Pending actions answered here → their activation: the answer's own signal (the session
+    # records one per answer) is followed as the message's is.
+    answered: dict[str, str] = field(default_factory=dict)
+    resume_of: dict[str, str] = field(default_factory=dict)  # such an action → its signal
+    signals: set[str] = field(default_factory=set)  # the message's, and those answers'
+    delivered: dict[str, str] = field(default_factory=dict)  # such a signal → its activation
     shown: set[str] = field(default_factory=set)  # activations whose live text was printed
     finished: set[str] = field(default_factory=set)  # their final entry (no tool calls) came
     closed: tuple[str, str] | None = None  # the signal's outcome and reason, once closed
     mid_line: bool = False  # live text was printed without its line's end
     entry_came: asyncio.Event = field(default_factory=asyncio.Event)  # a final entry did
+    # Live chunks of activations not (yet) known to be handed a followed signal: the live
+    # stream comes before the log's events on the timeline, so an activation's first words
+    # may come before the event that hands it the message.
+    early: OrderedDict[str, list[dict[str, Any]]] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        self.signals.add(self.signal_id)
 
     def live(self) -> bool:
         """Whether an activation handed the message may still run."""
@@ -87,16 +106,45 @@ class Conversation:
         body = data.get("data")
         if not isinstance(body, dict):
             return
-        if event == "session.signals_delivered" and self.signal_id in body.get("signal_ids", ()):
-            self.activations.setdefault(str(body.get("activation_id")), "handed")
-        elif event == "session.signal_closed" and body.get("signal_id") == self.signal_id:
+        handed = body.get("signal_ids")
+        if event == "session.signals_delivered" and self.signals.intersection(handed or ()):
+            activation_id = str(body.get("activation_id"))
+            for signal_id in self.signals.intersection(handed or ()):
+                self.delivered[signal_id] = activation_id
+            self._handed(activation_id)
+        elif event == "session.signal_closed" and body.get("signal_id") in self.signals:
             self.closed = (str(body.get("outcome")), str(body.get("reason") or ""))
+        elif event == "session.signal_recorded":
+            payload = body.get("payload")
+            action_id = payload.get("pending_action_id") if isinstance(payload, dict) else None
+            if action_id in self.answered:
+                self.signals.add(str(body.get("signal_id")))
+                self.resume_of[str(action_id)] = str(body.get("signal_id"))
         elif event == "session.message_appended" and body.get("role") == "assistant":
             self._entry(body)
 
+    def answer_to_come(self, activation_id: str) -> bool:
+        """Whether an answer given here to what `activation_id` waited on has not reached it:
+        it came after the activation stopped waiting, and starts the next one."""
+        return any(
+            asked_by == activation_id
+            and self.delivered.get(self.resume_of.get(action_id, "")) != activation_id
+            for action_id, asked_by in self.answered.items()
+        )
+
+    def _handed(self, activation_id: str) -> None:
+        if activation_id in self.activations:
+            return
+        self.activations[activation_id] = "handed"
+        for chunk in self.early.pop(activation_id, ()):
+            self._live(chunk)
+
     def _live(self, chunk: dict[str, Any]) -> None:
         activation_id = chunk.get("activation_id")
+        if not isinstance(activation_id, str):
+            return
         if activation_id not in self.activations:
+            self._keep_early(activation_id, chunk)
             return
         text, data = str(chunk.get("text") or ""), chunk.get("data") or {}
         match chunk.get("kind"):
@@ -109,6 +157,15 @@ class Conversation:
                 self.say(f"· {text}")
             case "state" if data.get("discard"):
                 self.say(f"[{text}]")
+
+    def _keep_early(self, activation_id: str, chunk: dict[str, Any]) -> None:
+        kept = self.early.get(activation_id)
+        if kept is None:
+            if len(self.early) >= EARLY_ACTIVATIONS:  # the oldest one's were someone else's
+                self.early.popitem(last=False)
+            kept = self.early[activation_id] = []
+        if len(kept) < EARLY_CHUNKS:
+            kept.append(chunk)
 
     def _entry(self, body: dict[str, Any]) -> None:
         # The words are printed from the live text only: the two kinds come in no fixed order,
@@ -142,7 +199,8 @@ def chat_command(
 ) -> None:
     """Send a message to a session and print the agent's answer as it is written (exit 0
     once an activation handed the message completed; 1 if the message's work failed for
-    good, or nothing ended within --timeout)."""
+    good, or nothing ended within --timeout; 3 if the agent ended waiting for an answer
+    nobody gave in time: `suzumio pending list SESSION`)."""
     headers = rest.key_headers(key)
     path = f"/v1/sessions/{quote(session_id, safe='')}/messages"
     posted, response = rest.post(api, path, 201, headers=headers, json={"text": text})
@@ -154,7 +212,8 @@ def chat_command(
         console.print(f"message sent (signal {signal_id})", style="green", markup=False)
         return
     conversation = Conversation(session_id, signal_id)
-    asking = sys.stdin.isatty() if interactive is None else interactive
+    on_terminal = sys.stdin is not None and sys.stdin.isatty()  # None: stdin closed (`<&-`)
+    asking = on_terminal if interactive is None else interactive
     try:
         code = asyncio.run(follow(api, headers, position, conversation, timeout, asking))
     except KeyboardInterrupt:
@@ -203,42 +262,72 @@ async def follow(
                 await reading
 
 
+class StdinLines:
+    """Stdin's lines, read as the loop says stdin is readable. Its blocking mode stays as it
+    is: in a shell stdin is the same open file as the terminal's output, and made
+    non-blocking, a write of the live text to a full terminal (a slow link, Ctrl-S) raised
+    `BlockingIOError` and ended the chat."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+        self._ended = False
+        self._changed = asyncio.Event()
+
+    def readable(self) -> None:
+        try:
+            data = os.read(self._fd, 65_536)  # readable: returns at once, blocking or not
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._buffer += data
+        else:
+            self._ended = True
+            asyncio.get_running_loop().remove_reader(self._fd)
+        self._changed.set()
+
+    async def readline(self) -> bytes:
+        """The next line (b"" once stdin ended). Cancelled, it loses nothing."""
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0 and (self._ended or len(self._buffer) >= MAX_ANSWER_BYTES):
+                end = len(self._buffer) - 1
+            if end >= 0 or self._ended:
+                line = bytes(self._buffer[: end + 1])
+                del self._buffer[: end + 1]
+                return line
+            self._changed.clear()
+            await self._changed.wait()
+
+
 @contextlib.asynccontextmanager
-async def _stdin_lines(wanted: bool) -> AsyncIterator[asyncio.StreamReader | None]:
-    """Stdin's lines, read without blocking the loop (None when not wanted, or when stdin is
-    a regular file or closed). Its blocking mode, which it shares with the shell, is given
-    back."""
-    if not wanted:
+async def _stdin_lines(wanted: bool) -> AsyncIterator[StdinLines | None]:
+    """Stdin's lines (None when not wanted, or when stdin is closed or something the loop
+    cannot wait on: a regular file, /dev/null)."""
+    if not wanted or sys.stdin is None:
         yield None
         return
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
     try:
-        pipe = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
-    except (OSError, ValueError):
+        fd = sys.stdin.fileno()
+        lines = StdinLines(fd)
+        loop.add_reader(fd, lines.readable)
+    except (OSError, ValueError):  # epoll refuses regular files and /dev/null (EPERM)
         yield None
         return
     try:
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe
-        )
-    except (OSError, ValueError):  # a regular file: asyncio reads pipes and terminals only
-        pipe.close()
-        yield None
-        return
-    try:
-        yield reader
+        yield lines
     finally:
-        transport.close()
-        with contextlib.suppress(OSError, ValueError):
-            os.set_blocking(sys.stdin.fileno(), True)
+        loop.remove_reader(fd)
 
 
 async def _until_ended(
     client: httpx.AsyncClient,
     conversation: Conversation,
     reading: asyncio.Task[None],
-    answers: asyncio.StreamReader | None,
+    answers: StdinLines | None,
 ) -> int:
     rounds = 0
     while True:
@@ -256,25 +345,39 @@ async def _until_ended(
             if row is None or row.get("status") not in TERMINAL:
                 continue
             conversation.activations[activation_id] = str(row["status"])
-            if row["status"] == "completed":
-                await _settle(conversation, activation_id, row)
-                if row.get("end_reason") == "waiting":
-                    conversation.say(
-                        "[the agent waits for an answer; its next activation starts when it "
-                        f"comes: suzumio pending list {conversation.session_id}]"
-                    )
-                    return WAITING
-                return 0
-            why = row.get("end_reason") or "no reason given"
-            conversation.say(f"[activation {activation_id} {row['status']}: {why}]")
+            code = await _ended(conversation, activation_id, row)
+            if code is not None:
+                return code
         rounds += 1
         if rounds % PENDING_EVERY == 0 and conversation.live():
             await _pending(client, conversation, answers)
         await asyncio.sleep(POLL_SECONDS)
 
 
+async def _ended(conversation: Conversation, activation_id: str, row: dict[str, Any]) -> int | None:
+    """What an activation handed the message ending says: the exit code, or None to go on
+    (the scheduler retries a failed one; an answer given here starts the next one)."""
+    if row["status"] != "completed":
+        why = row.get("end_reason") or "no reason given"
+        conversation.say(f"[activation {activation_id} {row['status']}: {why}]")
+        return None
+    await _settle(conversation, activation_id, row)
+    if row.get("end_reason") != "waiting":
+        return 0
+    if conversation.answer_to_come(activation_id):
+        # Answered here after it stopped waiting: the answer's signal starts the next
+        # activation, which is followed as this one was.
+        conversation.say("[the answer goes to the agent's next activation]")
+        return None
+    conversation.say(
+        "[the agent waits for an answer; its next activation starts when it comes: "
+        f"suzumio pending list {conversation.session_id}]"
+    )
+    return WAITING
+
+
 async def _pending(
-    client: httpx.AsyncClient, conversation: Conversation, answers: asyncio.StreamReader | None
+    client: httpx.AsyncClient, conversation: Conversation, answers: StdinLines | None
 ) -> None:
     """What the message's activations wait on: said once each, and answered here when the
     command is interactive."""
@@ -294,26 +397,33 @@ async def _pending(
             continue
         conversation.asked.add(str(action.get("id")))
         conversation.say(pending.describe(action), style="bold")
-        reply = await _answer(action, answers) if answers is not None else None
+        reply = await _answer(action, answers, conversation) if answers is not None else None
         if reply is None:
             conversation.say(f"  reply: {pending.how_to_reply(action)}")
             continue
+        # Before the answer is sent: its signal may be on the timeline before the reply is.
+        conversation.answered[str(action["id"])] = str(action["activation_id"])
         answered = await client.post(
             f"/v1/pending-actions/{quote(str(action['id']), safe='')}/reply", json=reply
         )
+        if answered.status_code != 200:
+            del conversation.answered[str(action["id"])]
         said = "answered" if answered.status_code == 200 else detail(answered)
         conversation.say(f"  {said}")
 
 
-async def _answer(action: dict[str, Any], lines: asyncio.StreamReader) -> dict[str, object] | None:
-    """The reply typed for `action` (None: none can be typed, or stdin ended)."""
+async def _answer(
+    action: dict[str, Any], lines: StdinLines, conversation: Conversation
+) -> dict[str, object] | None:
+    """The reply typed for `action` (None: none can be typed, stdin ended, or the message's
+    work was closed while the prompt waited)."""
     approval = action.get("kind") == "approval"
     if action.get("kind") == "artifact_request":
         return None
     while True:
         sys.stdout.write("  approve? [y/n] " if approval else "  your answer: ")
         sys.stdout.flush()
-        line = await lines.readline()
+        line = await _typed(lines, conversation)
         if not line:
             sys.stdout.write("\n")
             return None
@@ -324,6 +434,15 @@ async def _answer(action: dict[str, Any], lines: asyncio.StreamReader) -> dict[s
             return {"answer": text}
 
 
+async def _typed(lines: StdinLines, conversation: Conversation) -> bytes:
+    """A line typed at the prompt; b"" when stdin ended or the message's signal was closed
+    meanwhile (a cancel: the timeline, read on, says so)."""
+    while conversation.closed is None:
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(lines.readline(), PROMPT_LOOK_SECONDS)
+    return b""
+
+
 async def _settle(conversation: Conversation, activation_id: str, row: dict[str, Any]) -> None:
     """A completed activation's last words: from the stream, which may lag the read model
     by a moment, else its recorded output."""
@@ -332,7 +451,10 @@ async def _settle(conversation: Conversation, activation_id: str, row: dict[str,
             while activation_id not in conversation.finished:
                 conversation.entry_came.clear()
                 await conversation.entry_came.wait()
-    if activation_id not in conversation.shown and row.get("output_text"):
+    # Its live text is its answer only when the final entry came: an activation that ended
+    # with `activation.complete` has its result in its output, never in live text.
+    told = activation_id in conversation.shown and activation_id in conversation.finished
+    if not told and row.get("output_text"):
         conversation.say(str(row["output_text"]), style="")
     conversation.end_line()
 
@@ -340,8 +462,8 @@ async def _settle(conversation: Conversation, activation_id: str, row: dict[str,
 async def _activation(client: httpx.AsyncClient, activation_id: str) -> dict[str, Any] | None:
     """The activation's row; None while the read model has not got it yet."""
     response = await client.get(f"/v1/activations/{quote(activation_id, safe='')}")
-    if response.status_code == 404:
-        return None
+    if response.status_code == 404 or response.status_code in TRANSIENT:
+        return None  # asked again at the next poll, within --timeout
     if response.status_code != 200:
         raise StreamRefusedError(f"{response.status_code}: {detail(response)}")
     return rest.json_object(response)

@@ -34,17 +34,12 @@ def history_command(
     api: rest.ApiUrl = rest.API_URL,
     key: rest.ApiKey = None,
 ) -> None:
-    """Print the session's history, oldest first: one `role: text` entry each (an assistant
-    entry that only called tools names them)."""
+    """Print the session's history, oldest first: one `role: text` line per entry (an
+    assistant entry that only called tools has no text: `(no text)`)."""
     path = f"/v1/sessions/{quote(session_id, safe='')}/messages"
     for item in rest.get_list(api, path, key):
         console.print(_entry(item), markup=False)
 
 
 def _entry(item: dict[str, object]) -> str:
-    text = str(item.get("text") or "")
-    calls = item.get("tool_calls")
-    if not text and isinstance(calls, list) and calls:
-        names = ", ".join(str(c.get("name")) for c in calls if isinstance(c, dict))
-        text = f"(calls {names})"
-    return f"{item.get('role')}: {text}"
+    return f"{item.get('role')}: {item.get('text') or '(no text)'}"

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -15,6 +16,9 @@ import httpx
 from suzumio.cli import rest
 
 RESUMABLE = 503
+TRANSIENT = frozenset({502, 503, 504})  # before the stream began: a proxy, a gateway restarting
+RECONNECTS = 5  # in a row, without an item between them
+RECONNECT_SECONDS = 1.0
 
 
 class Reader(Protocol):
@@ -31,25 +35,57 @@ async def read_timeline(
     client: httpx.AsyncClient, session_id: str, cursor: str, reader: Reader
 ) -> None:
     """Read the session's timeline into `reader`, from `cursor`, resuming from the last
-    cursor given when the gateway ends the stream with 503."""
+    cursor given when the gateway ends the stream with 503 — and when the connection drops
+    without an end, or a proxy answers 502/503/504 (a gateway restarting): a few times in a
+    row, a second apart, before it is given up."""
     path = f"/v1/sessions/{quote(session_id, safe='')}/stream"
+    stream = _Stream(cursor)
+    dropped = 0
     while True:
-        async with client.stream("GET", path, params={"since": cursor}) as response:
-            if response.status_code != 200:
-                await response.aread()
-                raise StreamRefusedError(f"{response.status_code}: {detail(response)}")
-            ended: dict[str, Any] | None = None
-            async for event, data, item_id in _items(response):
-                if item_id:
-                    cursor = item_id
-                if event == "end":
-                    ended = data
-                    break
-                reader.take(event, data)
-        if ended is None or ended.get("status") != RESUMABLE:
-            why = ended.get("detail") if ended else "the gateway closed it"
-            status = ended.get("status") if ended else "closed"
-            raise StreamRefusedError(f"the session's stream ended ({status}): {why}")
+        ended, why = await stream.read(client, path, reader)
+        if stream.items:
+            dropped = 0
+        if ended is not None and ended.get("status") == RESUMABLE:
+            continue
+        if ended is None and dropped < RECONNECTS:
+            dropped += 1
+            await asyncio.sleep(RECONNECT_SECONDS)
+            continue
+        status = ended.get("status") if ended else "closed"
+        raise StreamRefusedError(f"the session's stream ended ({status}): {why}")
+
+
+class _Stream:
+    """One connection to the timeline after another, each from the last cursor given."""
+
+    def __init__(self, cursor: str) -> None:
+        self.cursor = cursor
+        self.items = 0  # read on the last connection
+
+    async def read(
+        self, client: httpx.AsyncClient, path: str, reader: Reader
+    ) -> tuple[dict[str, Any] | None, str]:
+        """One connection's items into `reader`: its `end` item (None: there was none), and
+        why it ended."""
+        self.items = 0
+        try:
+            async with client.stream("GET", path, params={"since": self.cursor}) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    refusal = f"{response.status_code}: {detail(response)}"
+                    if response.status_code not in TRANSIENT:
+                        raise StreamRefusedError(refusal)
+                    return None, refusal
+                async for event, data, item_id in _items(response):
+                    self.items += 1
+                    if item_id:
+                        self.cursor = item_id
+                    if event == "end":
+                        return data, str(data.get("detail"))
+                    reader.take(event, data)
+        except httpx.TransportError as exc:  # refused, reset or cut off mid-stream
+            return None, f"{type(exc).__name__}: {exc}"
+        return None, "the gateway closed it"
 
 
 async def _items(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str, Any], str]]:
