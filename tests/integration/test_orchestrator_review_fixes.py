@@ -465,6 +465,45 @@ async def test_a_cancel_while_a_new_leader_lists_does_not_undo_a_recorded_output
         assert [type(e) for e in ends] == [ActivationCompleted], ends
 
 
+async def test_a_sandbox_listed_while_its_activation_is_being_ended_is_cleared_after_the_end(
+    store: EventStore, lead: Lead, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but the listing comes back while the cancel's end is still being stored:
+    the sandbox was skipped as "being launched" and left running, unwatched, until the next
+    leader. Now it is cleared once the end is in, by that end."""
+    session_id, activation_id = new_id(), new_id()
+    request = ActivationRequested(activation_id=activation_id, agent_id=new_id(), signal_ids=())
+    await store.append(session_id, [request], 0)
+    await store.append(activation_id, [ActivationOutputRecorded(text="done before it")], 0)
+    append, storing, stored = store.append, asyncio.Event(), asyncio.Event()
+
+    async def slow_ends(aggregate_id: str, events: list[DomainEvent], *a: object,
+                        **kw: object) -> object:  # fmt: skip
+        if aggregate_id == activation_id:
+            storing.set()
+            await stored.wait()
+        return await append(aggregate_id, events, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "append", slow_ends)
+    sandboxes = SlowToList([Handle(activation_id, "fake", "s1")])
+    async with lead({"fake": sandboxes}) as orchestrator:
+        await asyncio.wait_for(sandboxes.asked.wait(), 30)
+        cancel = ActivationCancelRequested(activation_id=activation_id, reason="asked")
+        await store.append_next(session_id, [cancel], EventMeta(actor="system:scheduler"))
+        await asyncio.wait_for(storing.wait(), 30)
+        sandboxes.answer.set()  # the listing comes back while the end waits
+        await eventually(
+            lambda: asyncio.sleep(0, orchestrator._orphaned), bool, what="the orphan seen"
+        )
+        assert sandboxes.calls[activation_id] == []  # nothing before the end decides
+        stored.set()
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), cleaned_up, what="cleanup"
+        )
+    assert [type(e) for e in await terminals(store, activation_id)] == [ActivationCompleted]
+    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", True)]
+
+
 # -- 4. the process backend's cleanup policy ---------------------------------------------------
 
 

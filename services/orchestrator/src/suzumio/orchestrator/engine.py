@@ -218,6 +218,11 @@ class Orchestrator:
         self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancels: dict[str, asyncio.Task[None]] = {}  # cancels sent until the end is seen
+        # Activations being ended without a sandbox of theirs known (a cancel before a new
+        # leader's listing came back), and the orphan the listing then found of each: cleared
+        # once the end is in, which decides its cleanup.
+        self._ending: set[str] = set()
+        self._orphaned: dict[str, Handle] = {}
         self.folded = self.replica.folded
         self.leading = False
         self.health_report: list[dict[str, object]] = []  # the backends', as last asked
@@ -382,9 +387,12 @@ class Orchestrator:
             else:  # each on its own: one whose log cannot be read holds up no other
                 self._tasks[activation_id] = asyncio.create_task(self._recover(tracked))
         for handle in live.values():  # sandboxes no live activation owns: orphans
-            if handle.activation_id in self._tasks or handle.ended:
-                continue  # being launched, or over with nothing left of it
-            await self._clear_orphan(handle)
+            if handle.ended:
+                continue  # over, with nothing left of it
+            if handle.activation_id in self._ending:
+                self._orphaned[handle.activation_id] = handle  # cleared after its end
+            elif handle.activation_id not in self._tasks:  # else being launched
+                await self._clear_orphan(handle)
 
     async def _clear_orphan(self, handle: Handle) -> None:
         """A sandbox whose activation is over (or unknown): stopped only if it still runs —
@@ -880,10 +888,18 @@ class Orchestrator:
             await pause.wait()
 
     async def _end_and_forget(self, tracked: Tracked, event: DomainEvent | Decide) -> None:
+        """The end of an activation without a known sandbox; then the sandbox a listing found
+        of it meanwhile (`_match`), cleared as an orphan by that end."""
+        activation_id = tracked.request.activation_id
+        self._ending.add(activation_id)
         try:
             await self._end(tracked, event)
-        finally:
-            self._tasks.pop(tracked.request.activation_id, None)
+            if (orphan := self._orphaned.pop(activation_id, None)) is not None:
+                await self._clear_orphan(orphan)
+        finally:  # not ended (no longer leading, say): the next leader finds the sandbox
+            self._ending.discard(activation_id)
+            self._orphaned.pop(activation_id, None)
+            self._tasks.pop(activation_id, None)
 
     async def _append_started(self, activation_id: str, event: ActivationStarted) -> None:
         # The activation's subject is new when it starts: nothing is there to look up, unless
