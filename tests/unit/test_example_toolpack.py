@@ -258,7 +258,7 @@ async def test_the_hook_is_quiet_otherwise(quiet: AgentSchedulingState) -> None:
 async def test_the_scheduler_runs_the_manifests_hook_for_agents_that_enable_todo_only() -> None:
     [ref] = MANIFEST.scheduler_hooks
     runner = Hooks(load_hooks(toolpacks={"todo": MANIFEST}))
-    [hook] = [h for h in runner.hooks if h.toolpack is not None]
+    [hook] = [h for h in runner.hooks if h.toolpacks is not None]
     assert (hook.name, hook.call) == (f"todo:{ref}", resolve(ref))
     [(name, action)] = await runner.run(state())
     assert (name, action.key) == (f"todo:{ref}", f"todo.reminder:{ENDED}")
@@ -275,4 +275,22 @@ async def test_the_scheduler_runs_the_manifests_hook_for_agents_that_enable_todo
 def test_a_toolpack_hook_also_named_for_every_agent_is_loaded_once_for_every_agent() -> None:
     [ref] = MANIFEST.scheduler_hooks
     [hook] = [h for h in load_hooks([ref], {"todo": MANIFEST}) if h.call is resolve(ref)]
-    assert (hook.name, hook.toolpack) == (ref, None)
+    assert (hook.name, hook.toolpacks) == (ref, None)
+
+
+async def test_a_hook_two_toolpacks_name_runs_for_agents_enabling_either_once() -> None:
+    """The second toolpack's copy was dropped as "already for every agent": an agent that
+    enabled only that toolpack never had the hook run."""
+    [ref] = MANIFEST.scheduler_hooks
+    twin = MANIFEST.model_copy(update={"name": "todo-twin"})
+    runner = Hooks(load_hooks(toolpacks={"todo": MANIFEST, "todo-twin": twin}))
+    [hook] = [h for h in runner.hooks if h.call is resolve(ref)]
+    assert hook.toolpacks == frozenset({"todo", "todo-twin"})
+    assert len(await runner.run(state(toolpacks=("todo-twin",)))) == 1
+    assert len(await runner.run(state(toolpacks=("todo", "todo-twin")))) == 1  # not twice
+    assert await runner.run(state(toolpacks=("web",))) == []
+
+
+def test_a_hook_named_by_a_dotted_attribute_loads_as_the_manifests_handlers_do() -> None:
+    [hook] = load_hooks(["os:path.join"])
+    assert hook.call is resolve("os:path.join")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import itertools
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC
 from importlib.metadata import entry_points
 from typing import Any
@@ -29,7 +28,7 @@ from suzumio.contracts.scheduling import (
     HookSignal,
     SchedulerHook,
 )
-from suzumio.contracts.toolpacks import ToolpackManifest
+from suzumio.contracts.toolpacks import ToolpackManifest, resolve
 from suzumio.platform.logging import get_logger
 from suzumio.platform.telemetry import meter
 
@@ -44,12 +43,13 @@ _calls = meter.create_counter(
 class NamedHook:
     name: str
     call: SchedulerHook
-    toolpack: str | None = None
-    """A toolpack's own hook (its manifest's `scheduler_hooks`): called only for agents that
-    enable that toolpack. None: for every agent."""
+    toolpacks: frozenset[str] | None = None
+    """A toolpack's own hook (its manifest's `scheduler_hooks`; several toolpacks' when their
+    manifests name the same one): called only for agents that enable one of them. None: for
+    every agent."""
 
     def applies_to(self, toolpacks: Iterable[str]) -> bool:
-        return self.toolpack is None or self.toolpack in toolpacks
+        return self.toolpacks is None or not self.toolpacks.isdisjoint(toolpacks)
 
 
 def load_hooks(
@@ -57,8 +57,10 @@ def load_hooks(
 ) -> list[NamedHook]:
     """Hooks registered under the `suzumio.scheduler_hooks` entry point group, then the
     `module:attribute` specs of `extra` (settings), then those of `toolpacks`' manifests (by
-    toolpack name, named `<toolpack>:<module:attribute>`). One that cannot be loaded is logged;
-    a toolpack's hook already loaded for every agent is not loaded again for its own."""
+    toolpack name, named `<toolpack>:<module:attribute>`). One that cannot be loaded is logged.
+    A toolpack's hook already loaded for every agent is not loaded again for its own; one
+    several toolpacks name is loaded once, for the agents enabling any of them (so an agent
+    enabling two is not called twice)."""
     found: list[NamedHook] = []
     for point in sorted(entry_points(group=HOOKS_ENTRY_POINT_GROUP), key=lambda p: p.name):
         try:
@@ -73,16 +75,21 @@ def load_hooks(
             name = f"{pack}:{spec}"
             with _logged(name):
                 call = _resolved(spec)
-                if any(hook.call is call for hook in found):
-                    log.info("hooks.already_for_every_agent", hook=name)
+                at = next((i for i, hook in enumerate(found) if hook.call is call), None)
+                if at is None:
+                    found.append(NamedHook(name, call, toolpacks=frozenset({pack})))
                     continue
-                found.append(NamedHook(name, call, toolpack=pack))
+                loaded = found[at]
+                if loaded.toolpacks is None:
+                    log.info("hooks.already_for_every_agent", hook=name)
+                else:  # another toolpack's too
+                    found[at] = replace(loaded, toolpacks=loaded.toolpacks | {pack})
     return found
 
 
 def _resolved(spec: str) -> SchedulerHook:
-    module_name, _, attribute = spec.partition(":")
-    call: SchedulerHook = getattr(importlib.import_module(module_name), attribute)
+    """`module:attribute`, the attribute perhaps dotted, as the manifest's handlers are."""
+    call: SchedulerHook = resolve(spec)
     return call
 
 
