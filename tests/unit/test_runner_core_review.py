@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from suzumio.contracts.broker import ToolCallStart
 from suzumio.contracts.runner import FileExchange, RunnerActivationInput, RunnerConfig
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner import exits, model
@@ -383,6 +384,33 @@ async def test_the_audit_says_which_calls_used_a_tool_that_changes_nothing(tmp_p
         spec(tmp_path), [Reply.tool_calls(calls), Reply.text("ok")], broker
     )
     assert code == exits.COMPLETED
-    started = {b["call_id"]: b["read_only"] for b in broker.bodies["/runner/tool-calls/start"]}
+    bodies = broker.bodies["/runner/tool-calls/start"]
+    started = {b["call_id"]: b.get("read_only", False) for b in bodies}
     assert started == {"read": True, "write": False}
+    # Left out when false: a broker from before the field refuses unknown fields.
+    assert ["read_only" in b for b in bodies] == [True, False]
     assert (tmp_path / "b.txt").read_text() == "b"
+
+
+async def test_a_broker_older_than_read_only_gets_the_start_without_it() -> None:
+    """A runner image newer than its broker: the broker refuses the unknown field (422), and
+    the tool call failed the whole activation ("the tool-broker refused a request")."""
+    sent: list[dict[str, object]] = []
+
+    def older(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        if "read_only" in body:
+            return httpx.Response(422, json={"detail": "read_only: extra inputs are not permitted"})
+        return httpx.Response(200, json={"recorded": True})
+
+    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(older))
+    client = BrokerClient("http://broker", TOKEN, http=http)
+    start = ToolCallStart(
+        call_id="c1", tool="file.read", arguments_digest="0" * 64, arguments_size=2, read_only=True
+    )
+    try:
+        assert (await client.start_call(start)).recorded
+    finally:
+        await http.aclose()
+    assert [b.get("read_only") for b in sent] == [True, None]

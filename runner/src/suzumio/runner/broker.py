@@ -244,7 +244,15 @@ class BrokerClient:
 
     # -- the API -------------------------------------------------------------------------
     async def start_call(self, body: ToolCallStart) -> Recorded:
-        return await self._must("POST", "/runner/tool-calls/start", body, Recorded)
+        try:
+            return await self._must("POST", "/runner/tool-calls/start", body, Recorded)
+        except BrokerError as exc:
+            if exc.status != 422 or not body.read_only:
+                raise
+        # A broker older than `read_only` refuses it: the start goes without (the call then
+        # counts as an effect for the nudge rule there, as every call did before).
+        plain = body.model_copy(update={"read_only": False})
+        return await self._must("POST", "/runner/tool-calls/start", plain, Recorded)
 
     async def finish_call(self, body: ToolCallFinish) -> Recorded:
         return await self._must("POST", "/runner/tool-calls/finish", body, Recorded)

@@ -39,6 +39,10 @@ class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _false(value: object) -> bool:
+    return value is False
+
+
 class ToolCallStart(_Body):
     call_id: Clean = Field(min_length=1, max_length=200)
     tool: Clean = Field(min_length=1, max_length=200)
@@ -48,6 +52,9 @@ class ToolCallStart(_Body):
         default=False,
         description="the tool changes nothing (its definition says so: file.read, file.search, "
         "web.fetch, a toolpack's read-only tools): its success is no effect for the nudge rule",
+        # Left out when false: a broker from before the field refuses unknown fields (422),
+        # and a runner image is often newer than the broker it calls.
+        exclude_if=_false,
     )
 
 
