@@ -80,3 +80,29 @@ async def test_any_call_after_its_retries_says_unavailable_and_a_4xx_says_refuse
         await client.append_history([ENTRY])
     assert not (status >= 500 and isinstance(caught.value, BrokerError))
     assert len(broker.bodies) == (3 if status >= 500 else 1)
+
+
+async def test_the_final_call_rides_out_a_broker_it_cannot_reach_even_with_no_retries() -> None:
+    """A profile's `broker_retries: 0` gave the output no try after a dropped connection:
+    the real answer was lost and the attempt done again. Its tries stay the output's own."""
+    failures = 3
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        nonlocal failures
+        if failures > 0:
+            failures -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"recorded": True})
+
+    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(answer))
+    client = BrokerClient("http://broker", "token", http=http, retries=0, output_retries=1)
+    try:
+        assert await final_call(client, ENDING, None, exits.COMPLETED) == exits.COMPLETED
+        failures = 1
+        with pytest.raises(BrokerUnavailableError):  # any other call: the profile's none
+            await client.append_history([ENTRY])
+    finally:
+        await http.aclose()
+    assert [real(b) for b in bodies] == [True]

@@ -19,6 +19,7 @@ import openai
 import pytest
 from httpx_aiohttp import AiohttpTransport
 
+from suzumio.contracts.broker import HistoryEntryIn
 from suzumio.contracts.runner import RunnerActivationOutput
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner import connections as connections_module
@@ -95,11 +96,15 @@ def _broker(url: str, connections: Connections | None, **kw: Any) -> BrokerClien
     return BrokerClient(url, "token", timeout=5, http=http, **kw)
 
 
-async def _output_unavailable(url: str, connections: Connections | None) -> None:
+async def _unavailable(url: str, connections: Connections | None) -> None:
+    """A call with one retry ends unavailable (the output's own tries are more: see
+    test_runner_broker_unavailable.py)."""
     client = _broker(url, connections, retries=1, output_retries=1)
     try:
         with pytest.raises(BrokerUnavailableError):
-            await client.output(RunnerActivationOutput(text="lost?"))
+            await client.append_history(
+                [HistoryEntryIn(message_id="m" * 26, role="user", text="x")]
+            )
     finally:
         await client.aclose()
 
@@ -190,7 +195,7 @@ async def test_a_kept_broker_connection_the_server_dropped_is_recovered() -> Non
 @KINDS
 async def test_a_broker_nobody_listens_on_is_unavailable_not_a_crash(kept: bool) -> None:
     async with _kept(kept) as connections:
-        await _output_unavailable(f"http://127.0.0.1:{_closed_port()}", connections)
+        await _unavailable(f"http://127.0.0.1:{_closed_port()}", connections)
 
 
 @KINDS
@@ -286,7 +291,7 @@ async def test_a_broker_answer_that_is_not_http_is_unavailable_not_a_crash(kept:
         writer.close()
 
     async with _server(garbage) as url, _kept(kept) as connections:
-        await _output_unavailable(url, connections)
+        await _unavailable(url, connections)
     assert tries == 2
 
 

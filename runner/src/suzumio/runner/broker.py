@@ -63,6 +63,9 @@ MAX_RETRY_AFTER = 10.0
 # The output is the one call whose loss costs the whole activation: a broker that answers it
 # with 5xx is waited for longer (about a minute) than for the others.
 OUTPUT_RETRIES = 14
+# One that cannot be reached is tried as often as before runtime profiles set the tries
+# (`loop.broker_retries`), however few they ask for: it may be gone, not merely in trouble.
+OUTPUT_UNREACHED_RETRIES = 5
 # W3C trace context (version 00; ids not all zeros): the launch's, which the orchestrator puts
 # in the sandbox's `TRACEPARENT`; every call to the broker carries it, so the broker's spans
 # of this activation are in the trace of what asked for it. The runner makes no spans itself:
@@ -137,6 +140,9 @@ class BrokerClient:
         self._auth = {"Authorization": f"Bearer {token}", **traceparent(os.environ)}
         self._retries = retries
         self._output_retries = output_retries
+        # Whatever the profile's `broker_retries` (even 0), the output rides out a moment
+        # without a broker: its loss costs the whole activation.
+        self._output_unreached = max(retries, OUTPUT_UNREACHED_RETRIES)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -152,14 +158,16 @@ class BrokerClient:
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
         retries: int | None = None,
+        unreached: int | None = None,
     ) -> M | None:
         content = body.model_dump_json().encode() if body is not None else None
         headers = self._auth
         if content is not None:
             headers = {**self._auth, "Content-Type": "application/json"}
         response = await self._send(
-            method, path, lambda: content, headers, params=params, timeout=timeout, retries=retries
-        )
+            method, path, lambda: content, headers, params=params, timeout=timeout,
+            retries=retries, unreached=unreached,
+        )  # fmt: skip
         return self._answer(response, answer)
 
     async def _send(
@@ -172,11 +180,12 @@ class BrokerClient:
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
         retries: int | None = None,
+        unreached: int | None = None,
     ) -> httpx.Response:
-        """The broker's answer (below 500), retrying transport errors (`self._retries` times)
-        and 5xx answers (`retries` times: a broker that answers is alive, and its trouble —
-        NATS or Postgres gone for a moment — may take longer to pass); `content` makes the
-        body afresh for each try.
+        """The broker's answer (below 500), retrying transport errors (`unreached` times,
+        else `self._retries`) and 5xx answers (`retries` times, else `self._retries`: a
+        broker that answers is alive, and its trouble — NATS or Postgres gone for a moment —
+        may take longer to pass); `content` makes the body afresh for each try.
 
         Raises:
             BrokerUnavailableError: no answer below 500 after the retries. A 5xx is the
@@ -184,7 +193,8 @@ class BrokerClient:
                 take it for a refusal.
         """
         answered_retries = self._retries if retries is None else retries
-        unreached = answered = 0
+        unreached_retries = self._retries if unreached is None else unreached
+        missed = answered = 0
         while True:
             try:
                 response = await self._http.request(
@@ -196,8 +206,8 @@ class BrokerClient:
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError:
-                await self._pause(unreached, f"{method} {path}", self._retries)
-                unreached += 1
+                await self._pause(missed, f"{method} {path}", unreached_retries)
+                missed += 1
                 continue
             if response.status_code >= 500:
                 what = f"{method} {path}: {response.status_code} {_detail(response)}"
@@ -237,8 +247,9 @@ class BrokerClient:
         body: BaseModel | None,
         answer: type[M],
         retries: int | None = None,
+        unreached: int | None = None,
     ) -> M:
-        result = await self._call(method, path, body, answer, retries=retries)
+        result = await self._call(method, path, body, answer, retries=retries, unreached=unreached)
         assert result is not None
         return result
 
@@ -355,8 +366,9 @@ class BrokerClient:
             )
             try:
                 await self._must(
-                    "POST", "/activation-output", final, Recorded, self._output_retries
-                )
+                    "POST", "/activation-output", final, Recorded,
+                    self._output_retries, self._output_unreached,
+                )  # fmt: skip
             except BrokerError as exc:
                 if exc.status != 422:
                     raise
@@ -370,7 +382,10 @@ class BrokerClient:
                 except Exception as exc:
                     log("live.flush_failed", error=repr(exc), chunks=len(live.chunks))
             await self.append_history(history)
-        await self._must("POST", "/activation-output", output, Recorded, self._output_retries)
+        await self._must(
+            "POST", "/activation-output", output, Recorded,
+            self._output_retries, self._output_unreached,
+        )  # fmt: skip
 
     async def download(self, ref: InputFile, sink: BinaryIO) -> None:
         """The artifact's bytes into `sink` (from its start), checked against `ref`'s digest and
