@@ -112,10 +112,11 @@ async def kept_or_isolated(settings: OrchestratorSettings) -> Backend:
     return ProcessBackend(settings.sandboxes(), hidden, data_dir=settings.data_dir)
 
 
-def probe(port: int) -> str:
+def probe(port: int, host_socket: Path) -> str:
     """A command telling whether the sandbox reaches the host's loopback (the broker's port:
-    an `egress` sandbox here shares the host's network, where it connects) and which model
-    settings its environment holds."""
+    an `egress` sandbox here shares the host's network, where it connects) or a socket file
+    of the host's in /run (where systemd-resolved's DNS, the user's D-Bus and docker.sock
+    are), and which model settings its environment holds."""
     script = (
         "import os, socket\n"
         "held = sorted(k for k in os.environ if k.endswith(('API_KEY', 'BASE_URL')))\n"
@@ -124,8 +125,25 @@ def probe(port: int) -> str:
         "    print('REACHED-THE-HOST', held)\n"
         "except OSError:\n"
         "    print('NO-WAY-OUT', held)\n"
+        "try:\n"
+        f"    socket.socket(socket.AF_UNIX).connect('{host_socket}')\n"
+        "    print('REACHED-A-HOST-SOCKET')\n"
+        "except OSError:\n"
+        "    print('NO-HOST-SOCKET')\n"
     )
     return f'python3 -c "{script}"'
+
+
+@pytest.fixture
+def host_socket() -> Iterator[Path]:
+    """A socket file of the host's in /run, listening (as a host service's is)."""
+    where = Path(tempfile.mkdtemp(prefix="szm-", dir="/run"))
+    path = where / "service.sock"
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(path))
+        listening.listen(8)
+        yield path
+    shutil.rmtree(where, ignore_errors=True)
 
 
 @pytest.mark.parametrize("backend", ["docker", "process"])
@@ -136,6 +154,7 @@ async def test_a_sandbox_without_network_reaches_the_broker_and_its_model_throug
     broker_socket: Path,
     tmp_path: Path,
     engine: Any,
+    host_socket: Path,
 ) -> None:
     broker_port = int(offline.url_of("toolbroker").rsplit(":", 1)[1])
     async with harness(
@@ -149,7 +168,9 @@ async def test_a_sandbox_without_network_reaches_the_broker_and_its_model_throug
         world = await h.world("offline", network=NetworkProfile.NONE)
         default_model.script(
             [
-                Reply.tool_calls([ToolCall("shell_exec", {"command": probe(broker_port)})]),
+                Reply.tool_calls(
+                    [ToolCall("shell_exec", {"command": probe(broker_port, host_socket)})]
+                ),
                 Reply.text("answered without a network"),
             ]
         )
@@ -164,6 +185,7 @@ async def test_a_sandbox_without_network_reaches_the_broker_and_its_model_throug
     assert {c.headers["authorization"] for c in calls} == {f"Bearer {DEFAULT_KEY}"}
     [result] = tool_results(calls)
     assert "NO-WAY-OUT []" in result, result
+    assert "NO-HOST-SOCKET" in result, result
     async with offline.client(world.key) as c:
         await eventually(
             lambda: c.get(f"/v1/sessions/{world.session_id}/messages"),

@@ -65,6 +65,20 @@ GONE = -1  # the recorded start time of a runner that ended before it could be r
 CGROUP_OWNER = "suzumio-process"  # the activations' cgroups: <own cgroup>/<this>-<root>/<id>
 
 
+# Where a host keeps its services' socket files (`/var/run` is mostly a link to `/run`).
+RUNTIME_DIRS = (Path("/run"), Path("/var/run"))
+
+
+def _emptied(dirs: tuple[Path, ...]) -> list[str]:
+    """bubblewrap's arguments putting an empty tmpfs over each of `dirs` that is a directory
+    of its own (a link to another is emptied with it)."""
+    args: list[str] = []
+    for path in dirs:
+        if path.is_dir() and not path.is_symlink():
+            args += ["--tmpfs", str(path)]
+    return args
+
+
 def cgroup_owner(root: Path) -> str:
     """The cgroup tree of the backend whose sandboxes are under `root`: one per directory, so
     an orchestrator's sweep of empty cgroups never takes one another orchestrator on the host
@@ -328,10 +342,16 @@ class ProcessBackend:
         args = [self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                 "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--unshare-uts",  # noqa: S108
                 "--cap-drop", "ALL"]  # fmt: skip
+        offline = plan.profile.network is NetworkProfile.NONE
+        if offline:
+            # A network namespace cuts IP and abstract sockets, not socket files: the host's
+            # in /run (systemd-resolved's DNS, the user's D-Bus, an engine's docker.sock)
+            # would be ways out. Emptied here; what the activation may use is bound back.
+            args += _emptied(RUNTIME_DIRS)
         for path in self._hidden:  # empty; what this activation may use is bound back below
             if path.is_dir():
                 args += ["--tmpfs", str(path)]
-        masked = (Path("/tmp"), *self._hidden)  # noqa: S108
+        masked = (Path("/tmp"), *(RUNTIME_DIRS if offline else ()), *self._hidden)  # noqa: S108
         for path in self._startup:  # the Python it starts, if masked (never a hidden dir again)
             inside = any(path.is_relative_to(m) for m in masked)
             if inside and not any(h.is_relative_to(path) for h in self._hidden):
@@ -340,7 +360,7 @@ class ProcessBackend:
             args += ["--bind", str(path), str(path)]
         for path in readonly:
             args += ["--ro-bind", str(path), str(path)]
-        if plan.profile.network is NetworkProfile.NONE and plan.broker_socket is not None:
+        if offline and plan.broker_socket is not None:
             # Bound after the hidden directories were emptied: it may be in the data directory.
             socket = str(plan.broker_socket)
             args += ["--unshare-net", "--ro-bind", socket, socket]
