@@ -69,6 +69,8 @@ async def offline(
         "SUZUMIO_BROKER_SOCKET": str(broker_socket),
         "SUZUMIO_MODEL_BASE_URL": f"{default_model.url}/v1",
         "SUZUMIO_MODEL_API_KEY": DEFAULT_KEY,
+        # The projects' providers here are the scripted server, on this host's loopback.
+        "SUZUMIO_RELAY_ALLOW_PRIVATE_PROVIDERS": "true",
     }
     tmp = Path(tmp_path_factory.mktemp("offline"))
     async with running_stack(nats_url, postgres_url, tmp, PLATFORM_SERVICES, env) as stack:

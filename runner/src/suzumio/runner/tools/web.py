@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from suzumio.contracts.addresses import refused_reason
 from suzumio.contracts.runner import ToolDefinition
 from suzumio.runner.tools.base import ToolContext, ToolInputError, ToolResult, printable
 from suzumio.runner.tools.paths import Reads, check_keys, object_schema, optional_int, required_str
@@ -40,40 +41,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/javascript")
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
-
-
-def refused_reason(address: IPAddress) -> str | None:
-    """Why `address` may not be fetched by default, or None for a public unicast address."""
-    embedded = _embedded_ipv4(address)
-    if embedded is not None:
-        inner = refused_reason(embedded)
-        return f"{inner} (embedded in {address})" if inner else None
-    checks = (
-        ("loopback", address.is_loopback),
-        ("link-local", address.is_link_local),
-        ("unspecified", address.is_unspecified),
-        ("multicast", address.is_multicast),
-        ("private", address.is_private),
-        ("reserved", address.is_reserved),
-        ("site-local", isinstance(address, ipaddress.IPv6Address) and address.is_site_local),
-        ("non-global", not address.is_global),
-    )
-    return next((label for label, hit in checks if hit), None)
-
-
-def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    if not isinstance(address, ipaddress.IPv6Address):
-        return None
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
-    return None
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:

@@ -84,7 +84,11 @@ def relay(settings: ToolbrokerSettings) -> ModelRelay | None:
     if settings.model_base_url:
         key = settings.model_api_key.get_secret_value() if settings.model_api_key else None
         default = Upstream(settings.model_base_url, key or None)
-    return ModelRelay(default, settings.relay_read_timeout_seconds)
+    return ModelRelay(
+        default,
+        settings.relay_read_timeout_seconds,
+        allow_private=settings.relay_allow_private_providers,
+    )
 
 
 async def setup(runtime: ServiceRuntime) -> ASGIApp | None:

@@ -19,21 +19,30 @@ key replaced (a provider quoting the key it refused must not put it in the runne
 the runner, which never had the key, could not redact it). An endpoint that cannot be reached
 is 502; a stream broken midway breaks the runner's too (never a reply cut short that looks
 whole).
+
+The relay calls from the broker's place in the network, not the sandbox's: a project's
+provider whose host is a loopback, private or link-local address is refused unless the
+operator allows it, and an activation may hold only a few calls open at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from suzumio.contracts.addresses import refused_reason
 from suzumio.contracts.values import ModelSpec
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretError
@@ -47,6 +56,9 @@ log = get_logger(__name__)
 router = APIRouter()
 PASSED_HEADERS = ("content-type", "retry-after", "retry-after-ms", "x-request-id")
 MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out of it
+# Relayed calls one activation may have open at once: its loop makes one at a time (two with
+# a compaction's); more is a sandbox holding the relay's connections from everyone else.
+MAX_CALLS_PER_ACTIVATION = 4
 
 
 @dataclass(frozen=True)
@@ -58,15 +70,94 @@ class Upstream:
 class ModelRelay:
     """The relay's one HTTP client (a pool per endpoint), and the default endpoint."""
 
-    def __init__(self, default: Upstream | None, read_timeout: float) -> None:
+    def __init__(
+        self, default: Upstream | None, read_timeout: float, *, allow_private: bool = False
+    ) -> None:
         self.default = default
+        self._allow_private = allow_private
+        self._open: dict[str, int] = {}  # activation → its relayed calls still open
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(10.0, read=read_timeout, write=60.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
             follow_redirects=False,  # the key goes to the endpoint named, nowhere else
         )
 
+    async def check_provider(self, base_url: str, via: str) -> None:
+        """A project's provider endpoint, called from the broker's place in the network (not
+        the sandbox's): refused (403) when its host resolves to a loopback, private,
+        link-local or other non-global address — the platform's own servers, a cloud's
+        metadata service — unless the operator allows it (`relay_allow_private_providers`),
+        and when it carries a query or a fragment (the relay's path would land in them).
+        The platform's default endpoint is the operator's own, and is not checked."""
+        parts = urlsplit(base_url)
+        if parts.query or parts.fragment:
+            raise BrokerError(
+                403, "forbidden", f"provider {via!r}: an endpoint with a query is not called"
+            )
+        if self._allow_private:
+            return
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                parts.hostname, port, type=socket.SOCK_STREAM
+            )
+        except (OSError, ValueError):
+            raise BrokerError(
+                502, "model_unreachable", f"provider {via!r}: its host does not resolve"
+            ) from None
+        for *_, sockaddr in infos:
+            try:
+                reason = refused_reason(ipaddress.ip_address(sockaddr[0]))
+            except ValueError:  # a scoped IPv6 address: a link's own
+                reason = "link-local"
+            if reason is not None:
+                raise BrokerError(
+                    403,
+                    "forbidden",
+                    f"provider {via!r}: its endpoint is a {reason} address, which the relay "
+                    "calls only where SUZUMIO_RELAY_ALLOW_PRIVATE_PROVIDERS is set",
+                )
+
+    def _lease(self, activation_id: str) -> Callable[[], None]:
+        """One more open call of the activation's (429 past its share); what ends it, once."""
+        held = self._open.get(activation_id, 0)
+        if held >= MAX_CALLS_PER_ACTIVATION:
+            raise BrokerError(
+                429,
+                "too_many_requests",
+                f"an activation has at most {MAX_CALLS_PER_ACTIVATION} relayed calls open",
+                {"Retry-After": "1"},
+            )
+        self._open[activation_id] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._open.pop(activation_id, 1) - 1
+            if left > 0:
+                self._open[activation_id] = left
+
+        return release
+
     async def forward(self, upstream: Upstream, body: bytes, caller: Caller, via: str) -> Response:
+        release = self._lease(caller.claims.activation_id)
+        try:
+            return await self._forward(upstream, body, caller, via, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _forward(
+        self,
+        upstream: Upstream,
+        body: bytes,
+        caller: Caller,
+        via: str,
+        release: Callable[[], None],
+    ) -> Response:
         headers = {
             "content-type": "application/json",
             "accept": "text/event-stream, application/json",
@@ -100,14 +191,21 @@ class ModelRelay:
                 text = b""
             finally:
                 await answer.aclose()
+                release()
             if upstream.api_key:
                 text = text.replace(upstream.api_key.encode(), b"***")
             return Response(text, status_code=answer.status_code, headers=passed)
+
+        async def done() -> None:
+            release()
+            await answer.aclose()
+
+        # Ended by the stream's end or by the runner leaving (either may come first).
         return StreamingResponse(
-            _relayed(answer, via),
+            _relayed(answer, via, release),
             status_code=answer.status_code,
             headers=passed,
-            background=BackgroundTask(answer.aclose),
+            background=BackgroundTask(done),
         )
 
 
@@ -122,7 +220,9 @@ async def _bounded(answer: httpx.Response) -> bytes:
     return b"".join(chunks)[:MAX_ERROR_BYTES]
 
 
-async def _relayed(answer: httpx.Response, via: str) -> AsyncIterator[bytes]:
+async def _relayed(
+    answer: httpx.Response, via: str, release: Callable[[], None]
+) -> AsyncIterator[bytes]:
     try:
         async for chunk in answer.aiter_raw():
             yield chunk
@@ -132,6 +232,7 @@ async def _relayed(answer: httpx.Response, via: str) -> AsyncIterator[bytes]:
         log.warning("model_relay.stream_broken", via=via, error=type(exc).__name__)
         raise
     finally:
+        release()
         await answer.aclose()
 
 
@@ -200,4 +301,5 @@ async def relay_provider(
         except SecretError as exc:
             log.warning("model_relay.key_unopenable", provider=name, error=str(exc))
             raise BrokerError(502, "model_unreachable", f"provider {name!r}: {exc}") from None
+    await relay.check_provider(provider.base_url, name)
     return await relay.forward(Upstream(provider.base_url, api_key or None), body, caller, name)

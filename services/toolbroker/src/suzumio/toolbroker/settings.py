@@ -56,6 +56,12 @@ class ToolbrokerSettings(ServiceSettings):
     model_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("SUZUMIO_MODEL_API_KEY", "OPENAI_API_KEY")
     )
+    relay_allow_private_providers: bool = Field(
+        default=False,
+        description="the model relay calls a project's provider whose host resolves to a "
+        "loopback, private or link-local address (a model server on this host or network): "
+        "off, a project's admin could point it at the platform's own servers",
+    )
     relay_read_timeout_seconds: float = Field(
         default=600.0,
         gt=0,
