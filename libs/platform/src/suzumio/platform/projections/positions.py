@@ -1,7 +1,8 @@
 """Read-your-writes: waiting until the read models reached a position of the log.
 
-The projector notifies `suzumio_projections` on every commit; a `PositionWatcher` keeps the
-lowest checkpoint of all projections and wakes whoever waits for a position at or below it.
+The projector notifies `suzumio_projections` on every commit; a `PositionWatcher` keeps each
+projection's checkpoint and the lowest of them, and wakes whoever waits for a position at or
+below one of them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from suzumio.platform.position import Position
 
 log = get_logger(__name__)
 CHANNEL = "suzumio_projections"
-MIN_POSITION = "SELECT coalesce(min(position), 0) FROM suzumio.projection_checkpoints WHERE serving"
+POSITIONS = "SELECT name, position FROM suzumio.projection_checkpoints WHERE serving"
 
 
 async def notify(conn: Connection, position: int) -> None:
@@ -28,6 +29,7 @@ class PositionWatcher:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self._position = Position()
+        self._named: dict[str, Position] = {}  # each serving projection's own
         self._conn: Connection | None = None
         self._query = asyncio.Lock()  # one query at a time on the listening connection
         self._dirty = False
@@ -67,7 +69,12 @@ class PositionWatcher:
                 self._dirty = False
                 if self._conn is None or self._conn.is_closed():
                     return
-                position = int(await self._conn.fetchval(MIN_POSITION))
+                rows = await self._conn.fetch(POSITIONS)
+                for row in rows:
+                    named = self._named.setdefault(str(row["name"]), Position())
+                    if int(row["position"]) != named.value:
+                        await named.advance(int(row["position"]))
+                position = min((int(row["position"]) for row in rows), default=0)
                 if position != self._position.value:
                     await self._position.advance(position)
 
@@ -76,6 +83,15 @@ class PositionWatcher:
         """The lowest position every serving read model reflects."""
         return self._position.value
 
-    async def wait_for(self, position: int, timeout: float) -> bool:
-        """True once every read model reflects `position`; False after `timeout` seconds."""
-        return await self._position.reached(position, timeout)
+    def position_of(self, projection: str) -> int:
+        """The position the read model `projection` reflects (0: not known to be serving)."""
+        named = self._named.get(projection)
+        return named.value if named is not None else 0
+
+    async def wait_for(self, position: int, timeout: float, projection: str | None = None) -> bool:
+        """True once every read model (or `projection` alone) reflects `position`; False
+        after `timeout` seconds."""
+        if projection is None:
+            return await self._position.reached(position, timeout)
+        named = self._named.setdefault(projection, Position())
+        return await named.reached(position, timeout)

@@ -33,6 +33,9 @@ class _Entry:
     fetched: float
 
 
+KEYS_PROJECTION = "users"  # the read model the keys are read from (`proj_users`)
+
+
 class KeyCache:
     """Key id → stored digest and owner, read from the `users` projection, cached briefly."""
 

@@ -10,7 +10,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.values import Role
-from suzumio.gateway.api.auth import Principal
+from suzumio.gateway.api.auth import KEYS_PROJECTION, Principal
 from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.jsapi import stream_last_seq
@@ -35,12 +35,17 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
     if not key:
         raise ApiError(401, "an API key is required", headers={"WWW-Authenticate": "Bearer"})
     principal = await gw.keys.principal(key)
-    if principal is None and gw.positions.position < await _log_end(gw):
+    lagging = principal is None and gw.positions.position_of(KEYS_PROJECTION) < (
+        end := await _log_end(gw)
+    )
+    if lagging:
         # A key created a moment ago may not be in the read model yet: let it catch up, as
         # long as a client's own writes are waited for (a fresh gateway's projector, on a
-        # loaded machine, took more than the 2 s this once was). Only while it lags: a wrong
-        # key is refused at once when the read model is up to date.
-        await gw.positions.wait_for(await _log_end(gw), gw.settings.read_your_writes_timeout)
+        # loaded machine, took more than the 2 s this once was). Only while the keys' own
+        # read model lags: a wrong key is refused at once when it is up to date, whatever
+        # another read model's lag.
+        timeout = gw.settings.read_your_writes_timeout
+        await gw.positions.wait_for(end, timeout, projection=KEYS_PROJECTION)
         principal = await gw.keys.principal(key, refresh=True)
     if principal is None:
         raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
