@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from suzumio.contracts.addresses import refused_reason
 from suzumio.runner.tools.base import ToolContext, ToolLimits
-from suzumio.runner.tools.web import IPAddress, WebFetch, html_to_text, refused_reason
+from suzumio.runner.tools.web import IPAddress, WebFetch, html_to_text
 
 LOOPBACK = (ipaddress.IPv4Network("127.0.0.1/32"),)
 
