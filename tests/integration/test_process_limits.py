@@ -204,21 +204,3 @@ async def test_a_replica_closing_does_not_break_the_launches_of_one_sharing_its_
             assert int(memory.read_text()) == LIMITS.memory_mb << 20
     finally:
         found.close()
-
-
-async def test_the_tree_of_an_older_release_goes_once_its_activations_are_over(
-    tmp_path: Path,
-) -> None:
-    """Before trees were per sandboxes directory, every orchestrator on a host used one,
-    `suzumio-process`: after an upgrade nothing looked there again, and the empty cgroups
-    its activations left stayed for good."""
-    legacy = sandbox_limits.discover(CGROUP_OWNER)
-    assert isinstance(legacy, sandbox_limits.Cgroups), legacy
-    legacy.create("an-old-activation", LIMITS)  # over: empty
-    backend = ProcessBackend(tmp_path / "sandboxes", ProcessSettings(isolate=False))
-    try:
-        assert (await backend.health()).ok
-        assert not any(p.exists() for p in legacy.parents.values())
-    finally:
-        legacy.close()
-        await backend.close()

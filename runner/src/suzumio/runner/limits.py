@@ -254,19 +254,6 @@ class Cgroups:
                     with contextlib.suppress(OSError):
                         other.rmdir()
 
-    def remove_empty_tree(self, name: str) -> None:
-        """Another owner's tree `name` beside this one's, with its empty cgroups (an older
-        release's tree, its activations over): one that still holds processes stays."""
-        for parent in dict.fromkeys(self.parents.values()):
-            other = parent.parent / name
-            if other == parent:
-                continue
-            with contextlib.suppress(OSError):
-                for child in (p for p in other.iterdir() if p.is_dir()):
-                    with contextlib.suppress(OSError):
-                        child.rmdir()
-                other.rmdir()
-
     def release(self) -> None:
         """Remove the owner's directory if no sandbox's cgroup is left in it (what still runs
         is left to the next owner of the same name). Another owner of the same name makes it

@@ -206,9 +206,6 @@ class ProcessBackend:
             )
             if isinstance(found, sandbox_limits.Cgroups):
                 self._cgroups, self._enforcement = found, found.enforcement
-                # The one tree every orchestrator on the host shared before trees were per
-                # sandboxes directory: what its activations left, once they are over.
-                found.remove_empty_tree(CGROUP_OWNER)
             else:
                 self._enforcement = sandbox_limits.rlimit_enforcement(found)
             if self._enforcement.unenforced:  # said once here, and by every health()
