@@ -406,6 +406,27 @@ async def test_an_error_of_ours_whose_end_cannot_be_stored_still_cleans_up(
     assert await terminals(store, activation_id) == []
 
 
+async def test_a_replica_that_stops_leading_while_it_ends_an_error_of_ours_leaves_the_sandbox(
+    store: EventStore, lead: Lead, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end waits out a store outage and the replica stops leading meanwhile: the next
+    leader takes the sandbox over (and collects its files), so this one must not clean it up
+    on its way out — only an end that failed for good is cleaned up after."""
+    _, activation_id = await launched_before(store, "fake")
+    sandboxes = BrokenWatch([Handle(activation_id, "fake", "s1")])
+    ending = asyncio.Event()
+
+    async def store_out(*_: object, **__: object) -> DomainEvent:
+        ending.set()
+        await asyncio.Event().wait()  # retried until the replica stops leading
+        raise AssertionError("never ends")
+
+    monkeypatch.setattr(Orchestrator, "_end", store_out)
+    async with lead({"fake": sandboxes}):
+        await asyncio.wait_for(ending.wait(), 30)
+    assert sandboxes.calls[activation_id] == [("cancel", None)]
+
+
 class SlowToList(Sandboxes):
     """Listing its sandboxes takes until the test lets it answer."""
 

@@ -655,23 +655,29 @@ class Orchestrator:
         failed = ActivationFailed(
             reason=f"orchestrator: {exc.__cause__ if refused else exc!r}"[:2_000]
         )
-        ended: DomainEvent | None = None
         try:
             # An end the store refused is not asked for again: it would be refused again.
             ended = await self._end(
                 tracked, failed if refused else self._unless_finished(tracked, failed)
             )
-        finally:
-            # Also when no end could be stored: the sandbox is stopped, and nothing else
-            # would remove it while this replica leads (it is left to the policy as failed).
-            if handle is not None:
-                try:
-                    await self.backends[handle.backend].cleanup(
-                        handle, succeeded=isinstance(ended, ActivationCompleted)
-                    )
-                except Exception as err:
-                    log.warning("orchestrator.cleanup_failed", activation=handle.activation_id,
-                                error=repr(err)[:500])  # fmt: skip
+        except Exception:
+            # No end could be stored: the sandbox is stopped, and nothing else would remove
+            # it while this replica leads (left to the policy as failed). Not when cancelled:
+            # a replica that stops leading leaves the sandbox to the next leader.
+            await self._clean_up_failed(handle, None)
+            raise
+        await self._clean_up_failed(handle, ended)
+
+    async def _clean_up_failed(self, handle: Handle | None, ended: DomainEvent | None) -> None:
+        if handle is None:
+            return
+        try:
+            await self.backends[handle.backend].cleanup(
+                handle, succeeded=isinstance(ended, ActivationCompleted)
+            )
+        except Exception as err:
+            log.warning("orchestrator.cleanup_failed", activation=handle.activation_id,
+                        error=repr(err)[:500])  # fmt: skip
 
     async def _watch(self, tracked: Tracked, handle: Handle, plan: LaunchPlan | None) -> None:
         backend = self.backends[handle.backend]
