@@ -294,3 +294,19 @@ async def test_a_hook_two_toolpacks_name_runs_for_agents_enabling_either_once() 
 def test_a_hook_named_by_a_dotted_attribute_loads_as_the_manifests_handlers_do() -> None:
     [hook] = load_hooks(["os:path.join"])
     assert hook.call is resolve("os:path.join")
+
+
+class Reminders:
+    @classmethod
+    async def remind(cls, _: AgentSchedulingState) -> list[HookSignal]:
+        return []
+
+
+def test_a_method_two_toolpacks_name_is_loaded_once() -> None:
+    """Each lookup of `Class.method` makes a new bound method: compared by identity, the
+    second toolpack's copy was loaded beside the first, and ran twice for an agent with both."""
+    ref = f"{__name__}:Reminders.remind"
+    one = MANIFEST.model_copy(update={"name": "one", "scheduler_hooks": (ref,)})
+    two = MANIFEST.model_copy(update={"name": "two", "scheduler_hooks": (ref,)})
+    [hook] = load_hooks(toolpacks={"one": one, "two": two})
+    assert hook.toolpacks == frozenset({"one", "two"})

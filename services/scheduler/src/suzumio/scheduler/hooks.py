@@ -75,7 +75,8 @@ def load_hooks(
             name = f"{pack}:{spec}"
             with _logged(name):
                 call = _resolved(spec)
-                at = next((i for i, hook in enumerate(found) if hook.call is call), None)
+                # `==`, not `is`: each lookup of a method makes a new bound method.
+                at = next((i for i, hook in enumerate(found) if hook.call == call), None)
                 if at is None:
                     found.append(NamedHook(name, call, toolpacks=frozenset({pack})))
                     continue
