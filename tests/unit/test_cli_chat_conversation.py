@@ -172,3 +172,15 @@ async def test_a_prompt_gives_up_when_the_messages_work_is_closed(
         loop.remove_reader(read)
         os.close(read)
         os.close(write)
+
+
+async def test_an_answer_shown_live_is_not_printed_again_when_its_entry_lags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.05)
+    talk = Conversation("session", "s1")
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
+    talk.take("live", live("a1", "text", "The answer, "))
+    talk.take("live", live("a1", "text", "in full."))
+    await chat._settle(talk, "a1", {"output_text": "The answer, in full."})  # no entry yet
+    assert capsys.readouterr().out == "The answer, in full.\n"

@@ -6,6 +6,7 @@ stream cut off without its end is resumed from the last cursor."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import pty
@@ -142,3 +143,28 @@ async def test_a_refusal_is_not_asked_again() -> None:
         with pytest.raises(StreamRefusedError, match="403: not a member"):
             await read_timeline(client, "s1", "6.0", Taken())
     assert gateway.cursors == ["6.0"]
+
+
+async def test_a_stdin_that_never_stops_is_read_only_as_lines_are_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`yes | suzumio chat ... --interactive`: all of stdin was read into memory as it came."""
+    monkeypatch.setattr(chat, "MAX_ANSWER_BYTES", 1024)
+    read, write = os.pipe()
+    os.set_blocking(write, False)  # the test writes what the pipe takes, then stops
+    lines = chat.StdinLines(read)
+    lines.start()
+    try:
+        written = 0
+        for _ in range(3):  # filled, read once by the loop, filled again
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    written += os.write(write, b"y\n" * 512)
+            await asyncio.sleep(0.05)
+        held = len(lines._buffer)
+        assert held <= 65_536 < written  # one read, then the rest waits in the pipe
+        assert await asyncio.wait_for(lines.readline(), 10) == b"y\n"
+    finally:
+        lines.stop()
+        os.close(read)
+        os.close(write)

@@ -52,6 +52,7 @@ WAITING = 3  # the activation ended waiting for a person (as the runner's exit 3
 PENDING_EVERY = 4  # polls between looks at what the activations wait on (~1 s)
 EARLY_ACTIVATIONS = 16  # activations whose live chunks are kept before one is handed the message
 EARLY_CHUNKS = 2_000  # chunks kept of each
+SHOWN_TAIL = 4_096  # characters of each activation's live text kept, to compare its output with
 PROMPT_LOOK_SECONDS = 1.0  # while a prompt waits for its answer: how often the work is looked at
 MAX_ANSWER_BYTES = 1 << 20  # a longer line is taken as it is
 TRANSIENT = frozenset({502, 503, 504})  # a proxy or gateway between restarts: asked again
@@ -72,6 +73,9 @@ class Conversation:
     signals: set[str] = field(default_factory=set)  # the message's, and those answers'
     delivered: dict[str, str] = field(default_factory=dict)  # such a signal → its activation
     shown: set[str] = field(default_factory=set)  # activations whose live text was printed
+    # The end of each one's live text printed (`SHOWN_TAIL` characters): what its recorded
+    # output is compared with, so an answer already shown is not printed again.
+    tails: dict[str, str] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)  # their final entry (no tool calls) came
     closed: tuple[str, str] | None = None  # the signal's outcome and reason, once closed
     mid_line: bool = False  # live text was printed without its line's end
@@ -153,6 +157,7 @@ class Conversation:
                 sys.stdout.flush()
                 self.mid_line = True
                 self.shown.add(activation_id)
+                self.tails[activation_id] = (self.tails.get(activation_id, "") + text)[-SHOWN_TAIL:]
             case "tool_progress" if data.get("phase") == "started":
                 self.say(f"· {text}")
             case "state" if data.get("discard"):
@@ -272,7 +277,20 @@ class StdinLines:
         self._fd = fd
         self._buffer = bytearray()
         self._ended = False
+        self._paused = False  # a full buffer: not read on until a line is taken
         self._changed = asyncio.Event()
+
+    def start(self) -> None:
+        """Read as the loop says stdin is readable.
+
+        Raises:
+            OSError: stdin is nothing the loop can wait on (a regular file, /dev/null).
+        """
+        asyncio.get_running_loop().add_reader(self._fd, self.readable)
+
+    def stop(self) -> None:
+        if not self._ended and not self._paused:
+            asyncio.get_running_loop().remove_reader(self._fd)
 
     def readable(self) -> None:
         try:
@@ -283,6 +301,9 @@ class StdinLines:
             data = b""
         if data:
             self._buffer += data
+            if len(self._buffer) >= MAX_ANSWER_BYTES:  # `yes | suzumio chat`: hold on
+                self._paused = True
+                asyncio.get_running_loop().remove_reader(self._fd)
         else:
             self._ended = True
             asyncio.get_running_loop().remove_reader(self._fd)
@@ -297,6 +318,9 @@ class StdinLines:
             if end >= 0 or self._ended:
                 line = bytes(self._buffer[: end + 1])
                 del self._buffer[: end + 1]
+                if self._paused and len(self._buffer) < MAX_ANSWER_BYTES:
+                    self._paused = False
+                    self.start()
                 return line
             self._changed.clear()
             await self._changed.wait()
@@ -309,18 +333,16 @@ async def _stdin_lines(wanted: bool) -> AsyncIterator[StdinLines | None]:
     if not wanted or sys.stdin is None:
         yield None
         return
-    loop = asyncio.get_running_loop()
     try:
-        fd = sys.stdin.fileno()
-        lines = StdinLines(fd)
-        loop.add_reader(fd, lines.readable)
+        lines = StdinLines(sys.stdin.fileno())
+        lines.start()
     except (OSError, ValueError):  # epoll refuses regular files and /dev/null (EPERM)
         yield None
         return
     try:
         yield lines
     finally:
-        loop.remove_reader(fd)
+        lines.stop()
 
 
 async def _until_ended(
@@ -451,11 +473,16 @@ async def _settle(conversation: Conversation, activation_id: str, row: dict[str,
             while activation_id not in conversation.finished:
                 conversation.entry_came.clear()
                 await conversation.entry_came.wait()
-    # Its live text is its answer only when the final entry came: an activation that ended
-    # with `activation.complete` has its result in its output, never in live text.
-    told = activation_id in conversation.shown and activation_id in conversation.finished
-    if not told and row.get("output_text"):
-        conversation.say(str(row["output_text"]), style="")
+    # Its live text is its answer when the final entry came, or when it ends with the output
+    # (the entry may lag behind): an activation that ended with `activation.complete` has
+    # its result in its output only, never in live text.
+    output = str(row.get("output_text") or "")
+    shown = conversation.tails.get(activation_id, "").strip()
+    told = activation_id in conversation.finished or (
+        bool(shown) and shown.endswith(output.strip()[-SHOWN_TAIL:])
+    )
+    if output and not (activation_id in conversation.shown and told):
+        conversation.say(output, style="")
     conversation.end_line()
 
 
