@@ -48,16 +48,6 @@ async def test_only_the_messages_activations_are_printed(
     assert talk.finished == {"a1"}
 
 
-async def test_the_recorded_output_stands_in_for_missing_live_text(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.05)
-    talk = Conversation("session", "s1")
-    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
-    await chat._settle(talk, "a1", {"output_text": "The answer."})  # no entry came: waits
-    assert capsys.readouterr().out == "The answer.\n"
-
-
 def test_a_retry_discards_the_text_shown_and_the_signal_closing_is_kept(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -105,20 +95,6 @@ def test_the_chunks_kept_before_a_handover_are_bounded(monkeypatch: pytest.Monke
             talk.take("live", live(activation_id, "text", str(n)))
     assert list(talk.early) == ["a2", "a3"]  # the oldest activation's went
     assert all(len(chunks) == 3 for chunks in talk.early.values())
-
-
-async def test_a_result_given_with_activation_complete_is_printed_after_the_live_text(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The agent said something, then ended with `activation.complete(result)`: the result
-    is in its output only (no final entry, no live text). Hidden by the earlier text before."""
-    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.05)
-    talk = Conversation("session", "s1")
-    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
-    talk.take("live", live("a1", "text", "Let me check."))
-    talk.take("session.message_appended", entry("a1", "Let me check.", tool_calls=True))
-    await chat._settle(talk, "a1", {"output_text": "The result."})
-    assert capsys.readouterr().out == "Let me check.\nThe result.\n"
 
 
 async def test_an_answer_given_here_after_the_wait_ended_is_followed(
@@ -174,13 +150,43 @@ async def test_a_prompt_gives_up_when_the_messages_work_is_closed(
         os.close(write)
 
 
-async def test_an_answer_shown_live_is_not_printed_again_when_its_entry_lags(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("texts", "tool_entry", "output", "printed"),
+    [
+        pytest.param([], False, "The answer.", "The answer.\n", id="no-live-text"),
+        pytest.param(
+            ["The answer, ", "in full."],
+            False,
+            "The answer, in full.",
+            "The answer, in full.\n",
+            id="shown-live-entry-lagging",
+        ),
+        pytest.param(
+            ["Let me check."],
+            True,
+            "The result.",
+            "Let me check.\nThe result.\n",
+            id="activation-complete",
+        ),
+    ],
+)
+async def test_the_recorded_output_is_printed_unless_the_live_text_said_it(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    texts: list[str],
+    tool_entry: bool,
+    output: str,
+    printed: str,
 ) -> None:
+    """No final entry came (within the settle wait): the output stands in for live text that
+    never came; live text that ends with it is not printed again (the entry lags); and the
+    result of `activation.complete`, in the output only, is printed after what was said."""
     monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.05)
     talk = Conversation("session", "s1")
     talk.take("session.signals_delivered", delivered(["s1"], "a1"))
-    talk.take("live", live("a1", "text", "The answer, "))
-    talk.take("live", live("a1", "text", "in full."))
-    await chat._settle(talk, "a1", {"output_text": "The answer, in full."})  # no entry yet
-    assert capsys.readouterr().out == "The answer, in full.\n"
+    for text in texts:
+        talk.take("live", live("a1", "text", text))
+    if tool_entry:
+        talk.take("session.message_appended", entry("a1", texts[-1], tool_calls=True))
+    await chat._settle(talk, "a1", {"output_text": output})
+    assert capsys.readouterr().out == printed
