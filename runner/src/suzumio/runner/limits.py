@@ -39,6 +39,7 @@ from typing import Literal
 from suzumio.contracts.values import ResourceLimits
 
 CONTROLLERS = ("memory", "pids", "cpu")
+DELEGATED = " ".join(f"+{c}" for c in CONTROLLERS)  # a v2 parent's `cgroup.subtree_control`
 CPU_PERIOD_US = 100_000
 MAIN_LEAF = "suzumio-main"  # where a v2 cgroup's own processes go
 MB = 1024 * 1024
@@ -198,8 +199,7 @@ class Cgroups:
     def _make_owner(self, parent: Path) -> None:
         parent.mkdir(exist_ok=True)
         if self.version == 2:  # the controllers handed down again, as `discover` did
-            wanted = " ".join(f"+{c}" for c in CONTROLLERS)
-            (parent / "cgroup.subtree_control").write_text(wanted)
+            (parent / "cgroup.subtree_control").write_text(DELEGATED)
 
     def remove(self, sandbox: str, *, kill: bool = True, wait: float = 5.0) -> bool:
         """Kill what the sandbox's cgroup still holds (`kill`) and remove it; whether it is
@@ -329,10 +329,9 @@ def discover(name: str, proc: Path = Path("/proc/self")) -> Cgroups | str:
 def _setup_v2(base: Path, name: str) -> Cgroups | str:
     """`<base>/<name>` with the controllers handed down to its children. A cgroup with
     processes cannot hand them down: its processes go into a leaf of it first."""
-    wanted = " ".join(f"+{c}" for c in CONTROLLERS)
     try:
         try:
-            (base / "cgroup.subtree_control").write_text(wanted)
+            (base / "cgroup.subtree_control").write_text(DELEGATED)
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
@@ -341,10 +340,10 @@ def _setup_v2(base: Path, name: str) -> Cgroups | str:
             for pid in _read(base / "cgroup.procs").split():
                 with contextlib.suppress(ProcessLookupError, OSError):
                     (leaf / "cgroup.procs").write_text(pid)
-            (base / "cgroup.subtree_control").write_text(wanted)
+            (base / "cgroup.subtree_control").write_text(DELEGATED)
         parent = base / name
         parent.mkdir(exist_ok=True)
-        (parent / "cgroup.subtree_control").write_text(wanted)
+        (parent / "cgroup.subtree_control").write_text(DELEGATED)
     except OSError as exc:
         return f"cannot make cgroups (v2) under {base}: {exc}"
     return Cgroups(2, dict.fromkeys(CONTROLLERS, parent))
