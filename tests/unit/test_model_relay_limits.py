@@ -1,22 +1,36 @@
 """The tool-broker's model relay calls a project's provider from the broker's place in the
 network, not the sandbox's: a provider endpoint on a loopback, private or link-local address
 (the platform's own servers, a cloud's metadata service) is refused unless the operator allows
-it, and one sandbox may not hold the relay's connections from every other activation. The
-upstream is the no-op model server (the one allowed fake); no name is resolved (addresses are
+it, the call goes to the address that was checked (no DNS rebinding), one sandbox or one
+project may not hold the relay's connections from every other, and no call outlives its
+activation's token or the operator's longest call. The upstream is the no-op or the scripted
+model server (the one allowed fake); names are resolved by a table here (addresses are
 literals: no traffic leaves this host)."""
 
 from __future__ import annotations
 
+import ipaddress
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import cast
 
 import pytest
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from suzumio.testing.model_server import NoopModelServer
+from suzumio.contracts.addresses import IPAddress
+from suzumio.testing.model_server import NoopModelServer, Reply, ScriptedModelServer
 from suzumio.toolbroker.access import Caller
-from suzumio.toolbroker.model_relay import MAX_CALLS_PER_ACTIVATION, ModelRelay, Upstream
+from suzumio.toolbroker.model_relay import (
+    MAX_CALLS_PER_ACTIVATION,
+    ModelRelay,
+    Resolver,
+    Upstream,
+    _pinned,
+    redacted,
+)
 from suzumio.toolbroker.problems import BrokerError
+
+BODY = b'{"model": "m", "stream": true, "messages": []}'
 
 
 @pytest.mark.parametrize(
@@ -50,8 +64,19 @@ async def test_a_public_provider_is_called_and_the_operator_may_allow_private_on
         await allowed.check_provider("http://127.0.0.1:11434/v1?to=elsewhere", "ollama-here")
 
 
-def caller(activation_id: str) -> Caller:
-    return cast("Caller", SimpleNamespace(claims=SimpleNamespace(activation_id=activation_id)))
+def caller(activation_id: str, project_id: str = "p", expires_in: float = 3600) -> Caller:
+    claims = SimpleNamespace(
+        activation_id=activation_id,
+        project_id=project_id,
+        expires_at=datetime.now(UTC) + timedelta(seconds=expires_in),
+    )
+    return cast("Caller", SimpleNamespace(claims=claims))
+
+
+async def read(answer: Response) -> bytes:
+    assert isinstance(answer, StreamingResponse)
+    chunks = [chunk async for chunk in answer.body_iterator]
+    return b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
 
 
 async def test_one_activation_may_hold_only_a_few_relayed_calls_open() -> None:
@@ -59,15 +84,8 @@ async def test_one_activation_may_hold_only_a_few_relayed_calls_open() -> None:
     async with NoopModelServer() as model:
         upstream = Upstream(f"{model.url}/v1", None)
 
-        async def call(activation_id: str) -> StreamingResponse:
-            body = b'{"model": "m", "stream": true, "messages": []}'
-            answer = await relay.forward(upstream, body, caller(activation_id), "default")
-            assert isinstance(answer, StreamingResponse)
-            return answer
-
-        async def read(answer: StreamingResponse) -> bytes:
-            chunks = [chunk async for chunk in answer.body_iterator]
-            return b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+        async def call(activation_id: str) -> Response:
+            return await relay.forward(upstream, BODY, caller(activation_id), "default")
 
         held = [await call("greedy") for _ in range(MAX_CALLS_PER_ACTIVATION)]
         with pytest.raises(BrokerError) as refused:
@@ -79,3 +97,116 @@ async def test_one_activation_may_hold_only_a_few_relayed_calls_open() -> None:
         for answer in (await call("greedy"), *held[1:]):
             assert b"data:" in await read(answer)
     assert model.calls == MAX_CALLS_PER_ACTIVATION + 2
+
+
+def resolving(table: dict[str, list[str]], asked: list[str]) -> Resolver:
+    async def resolve(host: str, port: int) -> list[IPAddress]:
+        asked.append(host)
+        return [ipaddress.ip_address(a) for a in table[host]]
+
+    return resolve
+
+
+async def test_a_name_is_checked_by_what_it_resolves_to() -> None:
+    asked: list[str] = []
+    relay = ModelRelay(
+        None,
+        10,
+        resolver=resolving(
+            {"api.test": ["93.184.216.34"], "meta.test": ["169.254.169.254"]}, asked
+        ),
+    )
+    assert await relay.check_provider("https://api.test/v1", "p") == (
+        ipaddress.ip_address("93.184.216.34"),
+    )
+    with pytest.raises(BrokerError) as refused:
+        await relay.check_provider("https://meta.test/v1", "p")
+    assert (refused.value.status, "link-local" in refused.value.detail) == (403, True)
+    assert asked == ["api.test", "meta.test"]
+
+
+async def test_the_call_goes_to_the_address_checked_not_a_later_answer() -> None:
+    # `pinned.test` is in no DNS: the call reaches the model only by connecting to the address
+    # the check resolved (once), with the provider's name in the Host header. A relay that
+    # resolved the name again as it connected (DNS rebinding's window) could not reach it.
+    asked: list[str] = []
+    async with ScriptedModelServer() as model:
+        model.script([Reply.text("pinned")])
+        port = model.url.rsplit(":", 1)[1]
+        relay = ModelRelay(
+            None, 10, allow_private=True, resolver=resolving({"pinned.test": ["127.0.0.1"]}, asked)
+        )
+        url = f"http://pinned.test:{port}/v1"
+        addresses = await relay.check_provider(url, "p")
+        answer = await relay.forward(Upstream(url, "k", addresses), BODY, caller("a"), "p")
+        assert b"pinned" in await read(answer)
+    assert asked == ["pinned.test"]
+    assert model.requests[-1].headers["host"] == f"pinned.test:{port}"
+
+
+def test_a_pinned_https_call_keeps_the_name_for_tls() -> None:
+    url, host, extensions = _pinned(
+        "https://api.test:8443/v1/chat/completions", ipaddress.ip_address("2001:db8::7")
+    )
+    assert url == "https://[2001:db8::7]:8443/v1/chat/completions"
+    assert (host, extensions) == ("api.test:8443", {"sni_hostname": "api.test"})
+    url, host, extensions = _pinned("http://api.test/v1", ipaddress.ip_address("93.184.216.34"))
+    assert (url, host, extensions) == ("http://93.184.216.34/v1", "api.test", {})
+
+
+async def test_one_project_may_hold_only_so_many_relayed_calls_open() -> None:
+    relay = ModelRelay(None, 10, max_calls_per_project=2)
+    async with NoopModelServer() as model:
+        upstream = Upstream(f"{model.url}/v1", None)
+        held = [await relay.forward(upstream, BODY, caller(a, "busy"), "p") for a in ("a1", "a2")]
+        with pytest.raises(BrokerError) as refused:
+            await relay.forward(upstream, BODY, caller("a3", "busy"), "p")
+        assert refused.value.status == 429
+        assert "SUZUMIO_RELAY_MAX_CALLS_PER_PROJECT" in refused.value.detail
+        assert b"data:" in await read(await relay.forward(upstream, BODY, caller("b", "calm"), "p"))
+        assert b"data:" in await read(held[0])
+        assert b"data:" in await read(
+            await relay.forward(upstream, BODY, caller("a3", "busy"), "p")
+        )
+        assert b"data:" in await read(held[1])
+
+
+@pytest.mark.parametrize("limit", ["call_seconds", "token"])
+async def test_a_provider_that_does_not_answer_in_time_is_a_504(limit: str) -> None:
+    relay = ModelRelay(
+        None, 10, call_seconds=0.3 if limit == "call_seconds" else 600, max_calls_per_project=1
+    )
+    who = caller("a", expires_in=0.3 if limit == "token" else 3600)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.text("late", delay=2.0), Reply.text("next")])
+        upstream = Upstream(f"{model.url}/v1", None)
+        with pytest.raises(BrokerError) as refused:
+            await relay.forward(upstream, BODY, who, "p")
+        assert refused.value.status == 504
+        # Its place is given back: the project's one call may be made again at once.
+        assert b"next" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
+
+
+async def test_a_stream_that_outlasts_the_call_is_cut() -> None:
+    relay = ModelRelay(None, 10, call_seconds=0.5, max_calls_per_project=1)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.text("one two three four five six", chunk_delay=0.2), Reply.text("x")])
+        upstream = Upstream(f"{model.url}/v1", None)
+        answer = await relay.forward(upstream, BODY, caller("a"), "p")
+        with pytest.raises(TimeoutError):
+            await read(answer)
+        assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
+
+
+@pytest.mark.parametrize(
+    "quoted", ["sk-a/b+c=", "sk-a\\/b+c=", "sk-a%2Fb%2Bc%3D"], ids=["raw", "json", "url"]
+)
+async def test_an_error_quoting_the_key_in_any_escaping_has_it_taken_out(quoted: str) -> None:
+    key = "sk-a/b+c="
+    assert redacted(f"bad key {quoted}!".encode(), key) == b"bad key ***!"
+    relay = ModelRelay(None, 10)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.error(401, f"Incorrect API key provided: {quoted}.")])
+        answer = await relay.forward(Upstream(f"{model.url}/v1", key), BODY, caller("a"), "p")
+    assert answer.status_code == 401
+    assert bytes(answer.body) == b"Incorrect API key provided: ***."

@@ -88,6 +88,8 @@ def relay(settings: ToolbrokerSettings) -> ModelRelay | None:
         default,
         settings.relay_read_timeout_seconds,
         allow_private=settings.relay_allow_private_providers,
+        call_seconds=settings.relay_call_seconds,
+        max_calls_per_project=settings.relay_max_calls_per_project,
     )
 
 

@@ -22,7 +22,11 @@ whole).
 
 The relay calls from the broker's place in the network, not the sandbox's: a project's
 provider whose host is a loopback, private or link-local address is refused unless the
-operator allows it, and an activation may hold only a few calls open at once.
+operator allows it, and the call goes to the address that was checked (a second DNS answer
+cannot swap in another: the URL's host becomes the checked IP, the Host header and the TLS
+name stay the provider's name). An activation may hold only a few calls open at once, a
+project only so many on a broker, and no call outlives its activation's token or the
+operator's longest call.
 """
 
 from __future__ import annotations
@@ -32,17 +36,18 @@ import ipaddress
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from suzumio.contracts.addresses import refused_reason
+from suzumio.contracts.addresses import IPAddress, refused_reason
 from suzumio.contracts.values import ModelSpec
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretError
@@ -60,56 +65,93 @@ MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out 
 # a compaction's); more is a sandbox holding the relay's connections from everyone else.
 MAX_CALLS_PER_ACTIVATION = 4
 
+Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
+
 
 @dataclass(frozen=True)
 class Upstream:
     base_url: str
     api_key: str | None
+    # Where its host was resolved and checked: the call goes to these, in order, and never to
+    # what the name resolves to by then. Empty: the name is resolved as the call connects
+    # (the platform's default endpoint, the operator's own).
+    addresses: tuple[IPAddress, ...] = ()
+
+
+async def _resolve(host: str, port: int) -> list[IPAddress]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses: list[IPAddress] = []
+    for *_, sockaddr in infos:
+        # A scoped IPv6 address (`fe80::1%eth0`) is a link's own: kept with its scope, it is
+        # refused as link-local below.
+        address = ipaddress.ip_address(str(sockaddr[0]))
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
 
 
 class ModelRelay:
     """The relay's one HTTP client (a pool per endpoint), and the default endpoint."""
 
     def __init__(
-        self, default: Upstream | None, read_timeout: float, *, allow_private: bool = False
+        self,
+        default: Upstream | None,
+        read_timeout: float,
+        *,
+        allow_private: bool = False,
+        call_seconds: float = 1_800.0,
+        max_calls_per_project: int = 64,
+        resolver: Resolver = _resolve,
     ) -> None:
         self.default = default
         self._allow_private = allow_private
+        self._call_seconds = call_seconds
+        self._max_per_project = max_calls_per_project
+        self._resolve = resolver
         self._open: dict[str, int] = {}  # activation → its relayed calls still open
+        self._open_in_project: dict[str, int] = {}  # project → its relayed calls still open
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(10.0, read=read_timeout, write=60.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
             follow_redirects=False,  # the key goes to the endpoint named, nowhere else
         )
 
-    async def check_provider(self, base_url: str, via: str) -> None:
+    async def check_provider(self, base_url: str, via: str) -> tuple[IPAddress, ...]:
         """A project's provider endpoint, called from the broker's place in the network (not
         the sandbox's): refused (403) when its host resolves to a loopback, private,
         link-local or other non-global address — the platform's own servers, a cloud's
         metadata service — unless the operator allows it (`relay_allow_private_providers`),
         and when it carries a query or a fragment (the relay's path would land in them).
+        Returns the addresses checked, which the call then goes to.
         The platform's default endpoint is the operator's own, and is not checked."""
         parts = urlsplit(base_url)
         if parts.query or parts.fragment:
             raise BrokerError(
                 403, "forbidden", f"provider {via!r}: an endpoint with a query is not called"
             )
-        if self._allow_private:
-            return
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                parts.hostname, port, type=socket.SOCK_STREAM
-            )
-        except (OSError, ValueError):
+            host = parts.hostname or ""
+            try:
+                addresses = [ipaddress.ip_address(host)]
+            except ValueError:
+                addresses = await self._resolve(host, port)
+        except (OSError, ValueError, UnicodeError):
+            addresses = []
+        if not addresses:
             raise BrokerError(
                 502, "model_unreachable", f"provider {via!r}: its host does not resolve"
-            ) from None
-        for *_, sockaddr in infos:
-            try:
-                reason = refused_reason(ipaddress.ip_address(sockaddr[0]))
-            except ValueError:  # a scoped IPv6 address: a link's own
-                reason = "link-local"
+            )
+        if self._allow_private:
+            # A scoped IPv6 address (`fe80::1%eth0`) names a link of this host's, no endpoint.
+            reachable = tuple(a for a in addresses if not _scoped(a))
+            if not reachable:
+                raise BrokerError(
+                    502, "model_unreachable", f"provider {via!r}: its host does not resolve"
+                )
+            return reachable
+        for address in addresses:
+            reason = "link-local" if _scoped(address) else refused_reason(address)
             if reason is not None:
                 raise BrokerError(
                     403,
@@ -117,18 +159,28 @@ class ModelRelay:
                     f"provider {via!r}: its endpoint is a {reason} address, which the relay "
                     "calls only where SUZUMIO_RELAY_ALLOW_PRIVATE_PROVIDERS is set",
                 )
+        return tuple(addresses)
 
-    def _lease(self, activation_id: str) -> Callable[[], None]:
-        """One more open call of the activation's (429 past its share); what ends it, once."""
-        held = self._open.get(activation_id, 0)
-        if held >= MAX_CALLS_PER_ACTIVATION:
+    def _lease(self, activation_id: str, project_id: str) -> Callable[[], None]:
+        """One more open call of the activation's and of its project's (429 past either's
+        share); what ends it, once."""
+        if self._open.get(activation_id, 0) >= MAX_CALLS_PER_ACTIVATION:
             raise BrokerError(
                 429,
                 "too_many_requests",
                 f"an activation has at most {MAX_CALLS_PER_ACTIVATION} relayed calls open",
                 {"Retry-After": "1"},
             )
-        self._open[activation_id] = held + 1
+        if self._open_in_project.get(project_id, 0) >= self._max_per_project:
+            raise BrokerError(
+                429,
+                "too_many_requests",
+                f"a project has at most {self._max_per_project} relayed calls open on a broker "
+                "(SUZUMIO_RELAY_MAX_CALLS_PER_PROJECT)",
+                {"Retry-After": "1"},
+            )
+        _count(self._open, activation_id, 1)
+        _count(self._open_in_project, project_id, 1)
         released = False
 
         def release() -> None:
@@ -136,14 +188,21 @@ class ModelRelay:
             if released:
                 return
             released = True
-            left = self._open.pop(activation_id, 1) - 1
-            if left > 0:
-                self._open[activation_id] = left
+            _count(self._open, activation_id, -1)
+            _count(self._open_in_project, project_id, -1)
 
         return release
 
+    def _deadline(self, caller: Caller) -> float:
+        """The loop time the call must be over by: the operator's longest call, and never
+        past the activation's token (a stream the provider trickles forever would hold a
+        place of the relay's after its activation is over)."""
+        left = (caller.claims.expires_at - datetime.now(UTC)).total_seconds()
+        return asyncio.get_running_loop().time() + max(min(self._call_seconds, left), 0.0)
+
     async def forward(self, upstream: Upstream, body: bytes, caller: Caller, via: str) -> Response:
-        release = self._lease(caller.claims.activation_id)
+        claims = caller.claims
+        release = self._lease(claims.activation_id, claims.project_id)
         try:
             return await self._forward(upstream, body, caller, via, release)
         except BaseException:
@@ -167,10 +226,15 @@ class ModelRelay:
             headers["authorization"] = f"Bearer {upstream.api_key}"
         url = upstream.base_url.rstrip("/") + "/chat/completions"
         started = time.monotonic()
+        deadline = self._deadline(caller)
         try:
-            answer = await self._http.send(
-                self._http.build_request("POST", url, content=body, headers=headers), stream=True
-            )
+            async with asyncio.timeout_at(deadline):
+                answer = await self._send(url, body, headers, upstream.addresses)
+        except TimeoutError:
+            log.warning("model_relay.too_long", via=via, stage="answer")
+            raise BrokerError(
+                504, "model_unreachable", f"the model endpoint did not answer in time ({via})"
+            ) from None
         except httpx.HTTPError as exc:
             log.warning("model_relay.unreachable", via=via, error=type(exc).__name__)
             raise BrokerError(
@@ -186,14 +250,15 @@ class ModelRelay:
         )
         if answer.status_code >= 400:
             try:
-                text = await _bounded(answer)
-            except httpx.HTTPError:
+                async with asyncio.timeout_at(deadline):
+                    text = await _bounded(answer)
+            except (httpx.HTTPError, TimeoutError):
                 text = b""
             finally:
                 await answer.aclose()
                 release()
             if upstream.api_key:
-                text = text.replace(upstream.api_key.encode(), b"***")
+                text = redacted(text, upstream.api_key)
             return Response(text, status_code=answer.status_code, headers=passed)
 
         async def done() -> None:
@@ -202,11 +267,67 @@ class ModelRelay:
 
         # Ended by the stream's end or by the runner leaving (either may come first).
         return StreamingResponse(
-            _relayed(answer, via, release),
+            _relayed(answer, via, release, deadline),
             status_code=answer.status_code,
             headers=passed,
             background=BackgroundTask(done),
         )
+
+    async def _send(
+        self, url: str, body: bytes, headers: dict[str, str], addresses: tuple[IPAddress, ...]
+    ) -> httpx.Response:
+        """The request, to the checked addresses in order (the next when one refuses the
+        connection), or by the name when none were checked."""
+        if not addresses:
+            request = self._http.build_request("POST", url, content=body, headers=headers)
+            return await self._http.send(request, stream=True)
+        failure: httpx.ConnectError | None = None
+        for address in addresses:
+            pinned, host, extensions = _pinned(url, address)
+            request = self._http.build_request(
+                "POST",
+                pinned,
+                content=body,
+                headers={**headers, "host": host},
+                extensions=extensions,
+            )
+            try:
+                return await self._http.send(request, stream=True)
+            except httpx.ConnectError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
+
+def _pinned(url: str, address: IPAddress) -> tuple[str, str, dict[str, str]]:
+    """`url` with its host replaced by `address`; the Host header; for https, the name TLS
+    sends and verifies the certificate against (the provider's, not the address)."""
+    parts = urlsplit(url)
+    literal = f"[{address}]" if address.version == 6 else str(address)
+    netloc = f"{literal}:{parts.port}" if parts.port else literal
+    extensions = {"sni_hostname": parts.hostname or ""} if parts.scheme == "https" else {}
+    return urlunsplit(parts._replace(netloc=netloc)), parts.netloc, extensions
+
+
+def _scoped(address: IPAddress) -> bool:
+    return isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None
+
+
+def _count(counts: dict[str, int], key: str, step: int) -> None:
+    left = counts.get(key, 0) + step
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
+def redacted(text: bytes, key: str) -> bytes:
+    """`text` with `key` replaced by `***`, also as a JSON string or a URL would carry it
+    (a provider quoting the key may escape its `/` or `+`)."""
+    forms = {key, json.dumps(key)[1:-1], key.replace("/", "\\/"), quote(key, safe="")}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form.encode(), b"***")
+    return text
 
 
 async def _bounded(answer: httpx.Response) -> bytes:
@@ -221,11 +342,23 @@ async def _bounded(answer: httpx.Response) -> bytes:
 
 
 async def _relayed(
-    answer: httpx.Response, via: str, release: Callable[[], None]
+    answer: httpx.Response, via: str, release: Callable[[], None], deadline: float
 ) -> AsyncIterator[bytes]:
+    chunks = answer.aiter_raw()
     try:
-        async for chunk in answer.aiter_raw():
+        while True:
+            # The deadline bounds each read, never the yield: the consumer's own waits
+            # (sending to the runner) are not ours to cancel.
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
             yield chunk
+    except TimeoutError:
+        # Cut like a broken stream: the runner's SDK sees a connection that ended early.
+        log.warning("model_relay.too_long", via=via, stage="stream")
+        raise
     except httpx.HTTPError as exc:
         # Raised on: the connection to the runner is then cut, and its SDK sees a broken
         # stream (retried), not an answer that ends early as if it were whole.
@@ -301,5 +434,6 @@ async def relay_provider(
         except SecretError as exc:
             log.warning("model_relay.key_unopenable", provider=name, error=str(exc))
             raise BrokerError(502, "model_unreachable", f"provider {name!r}: {exc}") from None
-    await relay.check_provider(provider.base_url, name)
-    return await relay.forward(Upstream(provider.base_url, api_key or None), body, caller, name)
+    addresses = await relay.check_provider(provider.base_url, name)
+    upstream = Upstream(provider.base_url, api_key or None, addresses)
+    return await relay.forward(upstream, body, caller, name)

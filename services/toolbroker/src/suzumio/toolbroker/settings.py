@@ -68,3 +68,17 @@ class ToolbrokerSettings(ServiceSettings):
         le=3_600,
         description="the model relay: the longest wait for a provider's next bytes",
     )
+    relay_call_seconds: float = Field(
+        default=1_800.0,
+        gt=0,
+        le=86_400,
+        description="the model relay: the longest a relayed call may take, answer and stream "
+        "together (never longer than its activation's token)",
+    )
+    relay_max_calls_per_project: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="the model relay: relayed calls one project may have open at once on a "
+        "broker replica (429 past it)",
+    )
