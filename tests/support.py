@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import structlog
 
 from suzumio.platform import logging as platform_logging
@@ -86,3 +88,37 @@ def one_line_error(done: subprocess.CompletedProcess[str], code: int, *expected:
     assert len(said) == 1, output
     for text in expected:
         assert text in output, output
+
+
+def make_certificate(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for the DNS name `name` and its key (PEM files in `folder`);
+    the test is skipped where openssl is missing."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return cert, key

@@ -9,8 +9,11 @@ literals: no traffic leaves this host)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import ssl
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -18,17 +21,19 @@ import pytest
 from fastapi.responses import Response, StreamingResponse
 
 from suzumio.contracts.addresses import IPAddress
+from suzumio.platform.embedded.process import free_port
 from suzumio.testing.model_server import NoopModelServer, Reply, ScriptedModelServer
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.model_relay import (
     MAX_CALLS_PER_ACTIVATION,
+    STALLED_GRACE_SECONDS,
     ModelRelay,
     Resolver,
     Upstream,
-    _pinned,
     redacted,
 )
 from suzumio.toolbroker.problems import BrokerError
+from tests.support import make_certificate
 
 BODY = b'{"model": "m", "stream": true, "messages": []}'
 
@@ -136,22 +141,54 @@ async def test_the_call_goes_to_the_address_checked_not_a_later_answer() -> None
         relay = ModelRelay(
             None, 10, allow_private=True, resolver=resolving({"pinned.test": ["127.0.0.1"]}, asked)
         )
-        url = f"http://pinned.test:{port}/v1"
-        addresses = await relay.check_provider(url, "p")
-        answer = await relay.forward(Upstream(url, "k", addresses), BODY, caller("a"), "p")
-        assert b"pinned" in await read(answer)
+        upstream = Upstream(f"http://pinned.test:{port}/v1", "k", checked=True)
+        assert b"pinned" in await read(await relay.forward(upstream, BODY, caller("a"), "p"))
     assert asked == ["pinned.test"]
     assert model.requests[-1].headers["host"] == f"pinned.test:{port}"
 
 
-def test_a_pinned_https_call_keeps_the_name_for_tls() -> None:
-    url, host, extensions = _pinned(
-        "https://api.test:8443/v1/chat/completions", ipaddress.ip_address("2001:db8::7")
-    )
-    assert url == "https://[2001:db8::7]:8443/v1/chat/completions"
-    assert (host, extensions) == ("api.test:8443", {"sni_hostname": "api.test"})
-    url, host, extensions = _pinned("http://api.test/v1", ipaddress.ip_address("93.184.216.34"))
-    assert (url, host, extensions) == ("http://93.184.216.34/v1", "api.test", {})
+async def test_the_next_address_checked_is_tried_when_one_cannot_be_reached() -> None:
+    closed = free_port()
+    async with NoopModelServer() as model:
+        # Nothing listens on 127.0.0.2 at the model's port (it is bound to 127.0.0.1 only).
+        table = {"two.test": ["127.0.0.2", "127.0.0.1"]}
+        relay = ModelRelay(None, 10, allow_private=True, resolver=resolving(table, []))
+        upstream = Upstream(f"http://two.test:{model.port}/v1", None, checked=True)
+        assert b"data:" in await read(await relay.forward(upstream, BODY, caller("a"), "p"))
+        # None reachable: 502, as for a provider that is down.
+        table["two.test"] = ["127.0.0.1"]
+        gone = Upstream(f"http://two.test:{closed}/v1", None, checked=True)
+        with pytest.raises(BrokerError) as refused:
+            await relay.forward(gone, BODY, caller("a"), "p")
+        assert refused.value.status == 502
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    return {"api.test": make_certificate(tmp_path_factory.mktemp("api"), "api.test")}
+
+
+async def test_tls_verifies_the_providers_name_and_no_connection_serves_another_name(
+    certificates: dict[str, tuple[Path, Path]],
+) -> None:
+    """Both names are pinned to the one loopback address and port, where a certificate for
+    `api.test` only is served: the call to `api.test` is verified and answered; the call to
+    `other.test` must make a connection (and a handshake) of its own, which fails, rather than
+    ride the one verified for `api.test` with its own key."""
+    cert, key = certificates["api.test"]
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    trust = ssl.create_default_context(cafile=str(cert))
+    table = {"api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]}
+    relay = ModelRelay(None, 10, allow_private=True, resolver=resolving(table, []), verify=trust)
+    async with NoopModelServer(tls=tls) as model:
+        api = Upstream(f"https://api.test:{model.port}/v1", "key-a", checked=True)
+        assert b"data:" in await read(await relay.forward(api, BODY, caller("a"), "p"))
+        other = Upstream(f"https://other.test:{model.port}/v1", "key-b", checked=True)
+        with pytest.raises(BrokerError) as refused:
+            await relay.forward(other, BODY, caller("b"), "p")
+        assert refused.value.status == 502
+        assert (model.calls, model.connections) == (1, 1)
 
 
 async def test_one_project_may_hold_only_so_many_relayed_calls_open() -> None:
@@ -187,19 +224,10 @@ async def test_a_provider_that_does_not_answer_in_time_is_a_504(limit: str) -> N
         assert b"next" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
 
 
-async def test_a_stream_that_outlasts_the_call_is_cut() -> None:
-    relay = ModelRelay(None, 10, call_seconds=0.5, max_calls_per_project=1)
-    async with ScriptedModelServer() as model:
-        model.script([Reply.text("one two three four five six", chunk_delay=0.2), Reply.text("x")])
-        upstream = Upstream(f"{model.url}/v1", None)
-        answer = await relay.forward(upstream, BODY, caller("a"), "p")
-        with pytest.raises(TimeoutError):
-            await read(answer)
-        assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
-
-
 @pytest.mark.parametrize(
-    "quoted", ["sk-a/b+c=", "sk-a\\/b+c=", "sk-a%2Fb%2Bc%3D"], ids=["raw", "json", "url"]
+    "quoted",
+    ["sk-a/b+c=", "sk-a\\/b+c=", "sk-a\\u002Fb+c=", "sk-a%2Fb%2Bc%3D", "sk-a/b%2bc%3d"],
+    ids=["raw", "json", "json-unicode", "url", "url-lower-slash-kept"],
 )
 async def test_an_error_quoting_the_key_in_any_escaping_has_it_taken_out(quoted: str) -> None:
     key = "sk-a/b+c="
@@ -210,3 +238,28 @@ async def test_an_error_quoting_the_key_in_any_escaping_has_it_taken_out(quoted:
         answer = await relay.forward(Upstream(f"{model.url}/v1", key), BODY, caller("a"), "p")
     assert answer.status_code == 401
     assert bytes(answer.body) == b"Incorrect API key provided: ***."
+
+
+@pytest.mark.parametrize("runner", ["reads on", "stops reading"])
+async def test_a_stream_that_outlasts_the_call_is_cut_and_its_place_given_back(
+    runner: str,
+) -> None:
+    relay = ModelRelay(None, 10, call_seconds=0.5, max_calls_per_project=1)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.text("one two three four five six", chunk_delay=0.2), Reply.text("x")])
+        upstream = Upstream(f"{model.url}/v1", None)
+        answer = await relay.forward(upstream, BODY, caller("a"), "p")
+        assert isinstance(answer, StreamingResponse)
+        chunks = aiter(answer.body_iterator)
+        await anext(chunks)
+        if runner == "reads on":
+            with pytest.raises(TimeoutError):
+                async for _ in chunks:
+                    pass
+        else:  # nothing more is read, as by a runner whose sandbox froze
+            await asyncio.sleep(0.5 + STALLED_GRACE_SECONDS + 0.2)
+        # Its place is given back: the project's one call may be made again.
+        assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
+        if runner == "stops reading":
+            with pytest.raises(TimeoutError):  # and should it read again, it ends at once
+                await anext(chunks)

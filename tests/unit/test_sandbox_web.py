@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import shutil
 import ssl
-import subprocess
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,6 +24,7 @@ import pytest
 from suzumio.contracts.addresses import refused_reason
 from suzumio.runner.tools.base import ToolContext, ToolLimits
 from suzumio.runner.tools.web import IPAddress, WebFetch, html_to_text
+from tests.support import make_certificate
 
 LOOPBACK = (ipaddress.IPv4Network("127.0.0.1/32"),)
 
@@ -403,39 +402,10 @@ async def test_a_closed_port_is_a_clear_error(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    made = {}
-    for name in ("pinned.test", "other.test"):
-        folder = tmp_path_factory.mktemp(name)
-        cert, key = folder / "cert.pem", folder / "key.pem"
-        subprocess.run(
-            [
-                "openssl",
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                f"/CN={name}",
-                "-addext",
-                f"subjectAltName=DNS:{name}",
-                "-keyout",
-                str(key),
-                "-out",
-                str(cert),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        made[name] = (cert, key)
-    return made
+    return {
+        name: make_certificate(tmp_path_factory.mktemp(name), name)
+        for name in ("pinned.test", "other.test")
+    }
 
 
 @pytest.mark.parametrize(("served", "ok"), [("pinned.test", True), ("other.test", False)])

@@ -22,11 +22,10 @@ whole).
 
 The relay calls from the broker's place in the network, not the sandbox's: a project's
 provider whose host is a loopback, private or link-local address is refused unless the
-operator allows it, and the call goes to the address that was checked (a second DNS answer
-cannot swap in another: the URL's host becomes the checked IP, the Host header and the TLS
-name stay the provider's name). An activation may hold only a few calls open at once, a
-project only so many on a broker, and no call outlives its activation's token or the
-operator's longest call.
+operator allows it, and the call connects to the addresses that were checked (a second DNS
+answer cannot swap in another: `pinned_http`). An activation may hold only a few calls open
+at once, a project only so many on a broker, and no call outlives its activation's token or
+the operator's longest call.
 """
 
 from __future__ import annotations
@@ -34,13 +33,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import APIRouter, Path, Request
@@ -53,6 +54,7 @@ from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretError
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.model_chain import model_chain, provider_of
+from suzumio.toolbroker.pinned_http import pinned, pinning_client
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.routes import Auth, Shared
 from suzumio.toolbroker.state import Broker
@@ -64,6 +66,9 @@ MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out 
 # Relayed calls one activation may have open at once: its loop makes one at a time (two with
 # a compaction's); more is a sandbox holding the relay's connections from everyone else.
 MAX_CALLS_PER_ACTIVATION = 4
+# A stream whose runner stopped reading is closed this long after its deadline (its reads
+# end at the deadline itself; this is for one waiting on the runner, not the provider).
+STALLED_GRACE_SECONDS = 1.0
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 
@@ -72,10 +77,10 @@ Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 class Upstream:
     base_url: str
     api_key: str | None
-    # Where its host was resolved and checked: the call goes to these, in order, and never to
-    # what the name resolves to by then. Empty: the name is resolved as the call connects
-    # (the platform's default endpoint, the operator's own).
-    addresses: tuple[IPAddress, ...] = ()
+    # A project's provider: its host is resolved and checked (`check_provider`) as the call
+    # starts, and the call connects to the addresses checked. Not checked: the platform's
+    # default endpoint, the operator's own.
+    checked: bool = False
 
 
 async def _resolve(host: str, port: int) -> list[IPAddress]:
@@ -102,6 +107,7 @@ class ModelRelay:
         call_seconds: float = 1_800.0,
         max_calls_per_project: int = 64,
         resolver: Resolver = _resolve,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.default = default
         self._allow_private = allow_private
@@ -110,10 +116,11 @@ class ModelRelay:
         self._resolve = resolver
         self._open: dict[str, int] = {}  # activation → its relayed calls still open
         self._open_in_project: dict[str, int] = {}  # project → its relayed calls still open
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(10.0, read=read_timeout, write=60.0),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
-            follow_redirects=False,  # the key goes to the endpoint named, nowhere else
+        self._closing: set[asyncio.Task[None]] = set()
+        self._http = pinning_client(
+            httpx.Timeout(10.0, read=read_timeout, write=60.0),
+            httpx.Limits(max_connections=200, max_keepalive_connections=50),
+            verify,
         )
 
     async def check_provider(self, base_url: str, via: str) -> tuple[IPAddress, ...]:
@@ -201,6 +208,8 @@ class ModelRelay:
         return asyncio.get_running_loop().time() + max(min(self._call_seconds, left), 0.0)
 
     async def forward(self, upstream: Upstream, body: bytes, caller: Caller, via: str) -> Response:
+        """The call, under the activation's and the project's share of the relay (taken
+        before the provider's name is even looked up) and its deadline."""
         claims = caller.claims
         release = self._lease(claims.activation_id, claims.project_id)
         try:
@@ -229,7 +238,10 @@ class ModelRelay:
         deadline = self._deadline(caller)
         try:
             async with asyncio.timeout_at(deadline):
-                answer = await self._send(url, body, headers, upstream.addresses)
+                addresses = (
+                    await self.check_provider(upstream.base_url, via) if upstream.checked else ()
+                )
+                answer = await self._send(url, body, headers, addresses)
         except TimeoutError:
             log.warning("model_relay.too_long", via=via, stage="answer")
             raise BrokerError(
@@ -261,7 +273,20 @@ class ModelRelay:
                 text = redacted(text, upstream.api_key)
             return Response(text, status_code=answer.status_code, headers=passed)
 
+        loop = asyncio.get_running_loop()
+
+        def stalled() -> None:
+            # A runner that stopped reading holds the send, not a read: the deadline of the
+            # reads never comes. Its place and the provider's connection are given back here.
+            release()
+            closing = loop.create_task(answer.aclose())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+        timer = loop.call_at(deadline + STALLED_GRACE_SECONDS, stalled)
+
         async def done() -> None:
+            timer.cancel()
             release()
             await answer.aclose()
 
@@ -276,37 +301,12 @@ class ModelRelay:
     async def _send(
         self, url: str, body: bytes, headers: dict[str, str], addresses: tuple[IPAddress, ...]
     ) -> httpx.Response:
-        """The request, to the checked addresses in order (the next when one refuses the
-        connection), or by the name when none were checked."""
+        """The request; a new connection goes to the checked addresses, when there are."""
+        request = self._http.build_request("POST", url, content=body, headers=headers)
         if not addresses:
-            request = self._http.build_request("POST", url, content=body, headers=headers)
             return await self._http.send(request, stream=True)
-        failure: httpx.ConnectError | None = None
-        for address in addresses:
-            pinned, host, extensions = _pinned(url, address)
-            request = self._http.build_request(
-                "POST",
-                pinned,
-                content=body,
-                headers={**headers, "host": host},
-                extensions=extensions,
-            )
-            try:
-                return await self._http.send(request, stream=True)
-            except httpx.ConnectError as exc:
-                failure = exc
-        assert failure is not None
-        raise failure
-
-
-def _pinned(url: str, address: IPAddress) -> tuple[str, str, dict[str, str]]:
-    """`url` with its host replaced by `address`; the Host header; for https, the name TLS
-    sends and verifies the certificate against (the provider's, not the address)."""
-    parts = urlsplit(url)
-    literal = f"[{address}]" if address.version == 6 else str(address)
-    netloc = f"{literal}:{parts.port}" if parts.port else literal
-    extensions = {"sni_hostname": parts.hostname or ""} if parts.scheme == "https" else {}
-    return urlunsplit(parts._replace(netloc=netloc)), parts.netloc, extensions
+        with pinned(request.url.raw_host.decode("ascii"), addresses):
+            return await self._http.send(request, stream=True)
 
 
 def _scoped(address: IPAddress) -> bool:
@@ -322,12 +322,20 @@ def _count(counts: dict[str, int], key: str, step: int) -> None:
 
 
 def redacted(text: bytes, key: str) -> bytes:
-    """`text` with `key` replaced by `***`, also as a JSON string or a URL would carry it
-    (a provider quoting the key may escape its `/` or `+`)."""
-    forms = {key, json.dumps(key)[1:-1], key.replace("/", "\\/"), quote(key, safe="")}
-    for form in sorted(forms, key=len, reverse=True):
-        text = text.replace(form.encode(), b"***")
-    return text
+    """`text` with `key` replaced by `***`, also where a provider quoting it escaped any of
+    its characters as a JSON string (`\\/`, `\\u002F`) or a URL (`%2F`, `%2f`) would."""
+    return _key_pattern(key).sub(b"***", text)
+
+
+def _key_pattern(key: str) -> re.Pattern[bytes]:
+    parts = []
+    for char in key.encode():
+        forms = [re.escape(bytes([char])), b"%(?i:" + b"%02x" % char + b")"]
+        forms.append(b"\\\\u(?i:" + b"%04x" % char + b")")
+        if char == ord("/"):
+            forms.append(b"\\\\/")
+        parts.append(b"(?:" + b"|".join(forms) + b")")
+    return re.compile(b"".join(parts))
 
 
 async def _bounded(answer: httpx.Response) -> bytes:
@@ -346,14 +354,7 @@ async def _relayed(
 ) -> AsyncIterator[bytes]:
     chunks = answer.aiter_raw()
     try:
-        while True:
-            # The deadline bounds each read, never the yield: the consumer's own waits
-            # (sending to the runner) are not ours to cancel.
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
+        while (chunk := await _next_by(chunks, deadline)) is not None:
             yield chunk
     except TimeoutError:
         # Cut like a broken stream: the runner's SDK sees a connection that ended early.
@@ -367,6 +368,17 @@ async def _relayed(
     finally:
         release()
         await answer.aclose()
+
+
+async def _next_by(chunks: AsyncIterator[bytes], deadline: float) -> bytes | None:
+    """The stream's next chunk (None at its end), read by the deadline. The deadline bounds
+    each read, never the relay's yield: the consumer's own waits (sending to the runner) are
+    not ours to cancel (a stalled one is `stalled`'s, which closes the answer: past the
+    deadline it is not read again)."""
+    if asyncio.get_running_loop().time() >= deadline:
+        raise TimeoutError
+    async with asyncio.timeout_at(deadline):
+        return await anext(chunks, None)
 
 
 def _relay(broker: Broker) -> ModelRelay:
@@ -434,6 +446,5 @@ async def relay_provider(
         except SecretError as exc:
             log.warning("model_relay.key_unopenable", provider=name, error=str(exc))
             raise BrokerError(502, "model_unreachable", f"provider {name!r}: {exc}") from None
-    addresses = await relay.check_provider(provider.base_url, name)
-    upstream = Upstream(provider.base_url, api_key or None, addresses)
+    upstream = Upstream(provider.base_url, api_key or None, checked=True)
     return await relay.forward(upstream, body, caller, name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from types import TracebackType
 from typing import Self, cast
 
@@ -50,18 +51,24 @@ BAD_REQUEST = _response(
 class NoopModelServer:
     """`async with NoopModelServer() as model:` — `model.url` (no `/v1`), `model.calls`."""
 
-    def __init__(self, text: str = "ok") -> None:
+    def __init__(self, text: str = "ok", *, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: served over TLS with this server context (`model.url` is then https)."""
         self._streamed, self._whole = _answers(text)
+        self._tls = tls
         self._server: asyncio.Server | None = None
         self._connections: dict[_Connection, asyncio.Transport] = {}
         self.url = ""
+        self.port = 0
         self.calls = 0
+        self.connections = 0  # accepted so far (over TLS: each one a handshake)
 
     async def __aenter__(self) -> Self:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self._server = await loop.create_server(
+            lambda: _Connection(self), "127.0.0.1", 0, ssl=self._tls
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"{'https' if self._tls else 'http'}://127.0.0.1:{self.port}"
         return self
 
     async def __aexit__(
@@ -75,6 +82,7 @@ class NoopModelServer:
 
     def remember(self, connection: _Connection, transport: asyncio.Transport) -> None:
         self._connections[connection] = transport
+        self.connections += 1
 
     def forget(self, connection: _Connection) -> None:
         self._connections.pop(connection, None)
