@@ -328,3 +328,26 @@ async def test_a_directory_removed_while_the_sweep_runs_does_not_stop_the_sweep(
     gc = asyncio.ensure_future(orchestrator._gc_loop(done))  # noqa: SLF001
     await real_wait_for(asyncio.shield(gc), 10)
     assert sorted(p.name for p in root.iterdir()) == ["d-live"]
+
+
+async def test_the_orchestrators_sweep_purges_a_killed_puts_chunks_once_an_hour(
+    nc: NATS, topology: Topology, objects: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's retention sweep also clears the artifacts' store of chunks no record
+    names (here as if an hour had passed since they were written), and lists the store no
+    more than once an hour."""
+    monkeypatch.setattr(artifacts_module, "STRAY_CHUNKS_AGE_SECONDS", 0.0)
+    sweeper = collector(nc, topology, objects, Commands())
+    bucket = topology.bucket(ARTIFACTS_BUCKET)
+    js = nc.jetstream()
+
+    async def stray(nuid: str) -> int:
+        await js.publish(f"$O.{bucket}.C.{nuid}", b"a killed put's chunk")
+        return (await js.stream_info(f"OBJ_{bucket}")).state.messages
+
+    held = await stray("KILLEDONE")
+    assert await sweeper.sweep_strays() == 1
+    assert (await js.stream_info(f"OBJ_{bucket}")).state.messages == held - 1
+    held = await stray("KILLEDTWO")
+    assert await sweeper.sweep_strays() == 0  # within the hour: not looked for
+    assert (await js.stream_info(f"OBJ_{bucket}")).state.messages == held

@@ -23,7 +23,7 @@ from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology, blob_name
 from suzumio.platform.bus.kv import ensure_object_store
-from suzumio.platform.bus.objects import put_blob, read_chunks
+from suzumio.platform.bus.objects import put_blob, read_chunks, sweep_stray_chunks
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.leadership import Leadership
 
@@ -305,3 +305,24 @@ async def test_a_blob_deleted_by_hand_is_stored_again(
     await store.delete(blob_name(_digest(DATA)))
     await put_blob(store, _digest(DATA), io.BytesIO(DATA))
     assert await _read(nc, store, bucket, _digest(DATA)) == DATA
+
+
+async def test_the_chunks_of_a_put_killed_half_way_are_swept_once_old(
+    nc: NATS, blobs: tuple[ObjectStore, str]
+) -> None:
+    """A process killed between its chunks and its record leaves chunks no record names (its
+    own cleanup never ran). The sweep purges them once nothing could still be writing them,
+    and touches neither a stored blob nor a put under way."""
+    store, bucket = blobs
+    assert await sweep_stray_chunks(store, 0) == 0  # an empty store
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    js = nc.jetstream()
+    for chunk in (b"half", b"way"):  # what the killed put got written
+        await js.publish(f"$O.{bucket}.C.KILLEDPUTNUID", chunk)
+    before = await _stored_messages(nc, bucket)
+    assert await sweep_stray_chunks(store, 3600) == 0  # as young as a put under way
+    assert await _stored_messages(nc, bucket) == before
+    assert await sweep_stray_chunks(store, 0) == 1
+    assert await _stored_messages(nc, bucket) == before - 2
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
+    assert await sweep_stray_chunks(store, 0) == 0

@@ -28,6 +28,7 @@ import mimetypes
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -44,7 +45,7 @@ from suzumio.contracts.runner import FileExchange, FileRef, InputFile, placeable
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
 from suzumio.orchestrator.sessions import Artifact, session_artifacts
 from suzumio.platform.bus.commands import CommandClient
-from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
+from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks, sweep_stray_chunks
 from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.logging import get_logger
@@ -61,6 +62,10 @@ SPOOL_BYTES = 1 << 20  # a file collected is copied aside: in memory up to this,
 # the activation is watched: its directory goes once it ended, and its files with it.
 RETRY_FIRST_SECONDS = 0.2
 RETRY_MAX_SECONDS = 10.0
+# Chunks no record names are a killed put's only once nothing could still be writing them;
+# looking for them lists every object of the store, so it is done once an hour at most.
+STRAY_CHUNKS_AGE_SECONDS = 3_600.0
+STRAY_CHUNKS_SWEEP_SECONDS = 3_600.0
 _TROUBLE: tuple[type[Exception], ...] = (
     OSError,
     CommandTimeoutError,
@@ -109,6 +114,22 @@ class ArtifactCollector:
         self._commands = commands
         self._max_bytes = max_bytes
         self._max_files = max_files
+        self._strays_swept_at: float | None = None
+
+    async def sweep_strays(self) -> int:
+        """Purge the chunks of the store's puts killed half-way (any service's: the gateway's
+        uploads, the broker's outputs and assets, the pool workers' files), an hour after
+        their last chunk, at most once an hour; how many objects' chunks went."""
+        now = time.monotonic()
+        if self._strays_swept_at is not None and now - self._strays_swept_at < (
+            STRAY_CHUNKS_SWEEP_SECONDS
+        ):
+            return 0
+        self._strays_swept_at = now
+        swept = await sweep_stray_chunks(self._store, STRAY_CHUNKS_AGE_SECONDS)
+        if swept:
+            log.info("orchestrator.stray_chunks_swept", objects=swept)
+        return swept
 
     async def copy_in(
         self, plan: LaunchPlan, known: Mapping[str, Artifact] | None = None

@@ -929,12 +929,14 @@ class Orchestrator:
 
     async def _collect_garbage(self, horizon: float) -> None:
         """Remove what retention lets go of: ended activations' directories, and closed
-        sessions' own (`retention`)."""
+        sessions' own (`retention`); and the chunks of puts killed half-way in the artifacts'
+        store."""
         root = self._planner.settings.sandboxes()
         live = {name for name, t in self.activations.items() if not t.ended}
         await retention.sweep_activations(root / "activations", horizon, live)
         sessions = {t.session_id for t in self.activations.values() if not t.ended}
         await retention.sweep_sessions(root / "sessions", horizon, sessions, self._closed_at)
+        await self._artifacts.sweep_strays()
 
     async def _closed_at(self, session_id: str) -> float | None:
         """When the session was closed, if the last event of its log is its closing."""

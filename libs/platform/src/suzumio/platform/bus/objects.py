@@ -14,6 +14,10 @@ stored, leaving a record that names nothing (and every later put of those bytes 
 stored); (d) leaves its chunks behind when it is cancelled. Here the record is appended only
 if no record is there yet (`Nats-Expected-Last-Subject-Sequence`), and whatever did not become
 a blob is purged, unless the record stored names it.
+
+What a put cannot clean up after itself — a process killed between its chunks and its record
+— `sweep_stray_chunks` does: chunks that no live record names, untouched for long enough that
+no put can still be writing them.
 """
 
 from __future__ import annotations
@@ -149,6 +153,55 @@ async def _settle(store: ObjectStore, name: str, nuid: str, chunks: str) -> bool
     except Exception:  # noqa: S110 - NATS away: nothing can be done about it now
         pass
     return False
+
+
+async def sweep_stray_chunks(store: ObjectStore, older_than: float) -> int:
+    """Purge the chunks no live record names whose last chunk is older than `older_than`
+    seconds (a put writes its record right after its last chunk, and cleans up after itself
+    when it fails: what is left that long is a killed put's); how many objects' chunks went.
+
+    The chunk subjects are listed before the records: a put that ends in between has its
+    record listed, and one that starts has chunks too new to be touched."""
+    js: JetStreamContext = store._js
+    bucket: str = store._name
+    subjects = await _chunk_subjects(
+        js, store._stream, CHUNKS_SUBJECT.format(bucket=bucket, nuid=">")
+    )
+    if not subjects:
+        return 0
+    try:
+        named = {info.nuid for info in await store.list() if not info.deleted}
+    except NotFoundError:  # no record at all
+        named = set()
+    swept = 0
+    now = datetime.now(UTC)
+    for subject in subjects:
+        if subject.rsplit(".", 1)[1] in named:
+            continue
+        try:
+            last = await js.get_last_msg(store._stream, subject)
+        except NotFoundError:  # purged since it was listed
+            continue
+        if last.time is None or (now - last.time).total_seconds() < older_than:
+            continue
+        await js.purge_stream(store._stream, subject=subject)
+        swept += 1
+    return swept
+
+
+async def _chunk_subjects(js: JetStreamContext, stream: str, pattern: str) -> list[str]:
+    """The stream's subjects matching `pattern` that hold messages, page by page (the server
+    answers a page of them at a time; nats-py's `stream_info` reads the first only)."""
+    subjects: list[str] = []
+    while True:
+        request = {"subjects_filter": pattern, "offset": len(subjects)}
+        answer = await js._api_request(
+            f"{js._prefix}.STREAM.INFO.{stream}", json.dumps(request).encode(), timeout=js._timeout
+        )
+        page = list((answer.get("state") or {}).get("subjects") or {})
+        subjects += page
+        if not page or len(subjects) >= int(answer.get("total") or 0):
+            return subjects
 
 
 async def read_chunks(
