@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import ssl
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,9 +31,9 @@ from suzumio.toolbroker.model_relay import (
     ModelRelay,
     Resolver,
     Upstream,
-    redacted,
 )
 from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.redaction import redacted
 from tests.support import make_certificate
 
 BODY = b'{"model": "m", "stream": true, "messages": []}'
@@ -225,19 +226,54 @@ async def test_a_provider_that_does_not_answer_in_time_is_a_504(limit: str) -> N
 
 
 @pytest.mark.parametrize(
-    "quoted",
-    ["sk-a/b+c=", "sk-a\\/b+c=", "sk-a\\u002Fb+c=", "sk-a%2Fb%2Bc%3D", "sk-a/b%2bc%3d"],
-    ids=["raw", "json", "json-unicode", "url", "url-lower-slash-kept"],
+    ("key", "quoted"),
+    [
+        ("sk-a/b+c=", "sk-a/b+c="),
+        ("sk-a/b+c=", "sk-a\\/b+c="),
+        ("sk-a/b+c=", "sk-a\\u002Fb+c="),
+        ("sk-a/b+c=", "sk-a%2Fb%2Bc%3D"),
+        ("sk-a/b+c=", "sk-a/b%2bc%3d"),
+        ('sk-"q"\\z', 'sk-\\"q\\"\\\\z'),
+        ("sk-café", "sk-caf\\u00e9"),
+        ("sk-café", "sk-caf%C3%A9"),
+        ("ab%41", "ab%41"),
+    ],
+    ids=[
+        "raw",
+        "json",
+        "json-unicode",
+        "url",
+        "url-lower",
+        "json-quotes",
+        "non-ascii",
+        "utf8-url",
+        "raw-percent",
+    ],
 )
-async def test_an_error_quoting_the_key_in_any_escaping_has_it_taken_out(quoted: str) -> None:
+def test_a_key_is_taken_out_in_any_escaping(key: str, quoted: str) -> None:
+    assert redacted(f"bad key {quoted}! again: {quoted}".encode(), key) == (
+        b"bad key ***! again: ***"
+    )
+
+
+async def test_an_error_answer_quoting_the_key_has_it_taken_out() -> None:
     key = "sk-a/b+c="
-    assert redacted(f"bad key {quoted}!".encode(), key) == b"bad key ***!"
     relay = ModelRelay(None, 10)
     async with ScriptedModelServer() as model:
-        model.script([Reply.error(401, f"Incorrect API key provided: {quoted}.")])
+        model.script([Reply.error(401, "Incorrect API key provided: sk-a\\/b%2Bc=.")])
         answer = await relay.forward(Upstream(f"{model.url}/v1", key), BODY, caller("a"), "p")
     assert answer.status_code == 401
     assert bytes(answer.body) == b"Incorrect API key provided: ***."
+
+
+def test_redaction_is_linear_in_a_body_and_key_the_provider_and_project_chose() -> None:
+    key = "a" * 9_999 + "b"
+    body = b"a" * (1 << 20) + b"%61" * 50_000
+    started = time.process_time()
+    assert redacted(body, key) == body  # not in it
+    assert redacted(body + key.encode(), key).endswith(b"***")
+    # Quadratic work (a pattern that backtracks) took seconds to minutes here.
+    assert time.process_time() - started < 2.0
 
 
 @pytest.mark.parametrize("runner", ["reads on", "stops reading"])

@@ -33,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import re
 import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -52,10 +53,12 @@ from suzumio.contracts.addresses import IPAddress, refused_reason
 from suzumio.contracts.values import ModelSpec
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretError
+from suzumio.platform.shares import Shares
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.model_chain import model_chain, provider_of
 from suzumio.toolbroker.pinned_http import pinned, pinning_client
 from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.redaction import redacted
 from suzumio.toolbroker.routes import Auth, Shared
 from suzumio.toolbroker.state import Broker
 
@@ -83,8 +86,16 @@ class Upstream:
     checked: bool = False
 
 
+# Lookups of providers' names run in threads of their own: a project's name server that never
+# answers holds a thread past the call's deadline (a thread cannot be stopped), and must not
+# hold the ones the rest of the broker works in.
+_LOOKUPS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="relay-lookup")
+
+
 async def _resolve(host: str, port: int) -> list[IPAddress]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos = await asyncio.get_running_loop().run_in_executor(
+        _LOOKUPS, partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    )
     addresses: list[IPAddress] = []
     for *_, sockaddr in infos:
         # A scoped IPv6 address (`fe80::1%eth0`) is a link's own: kept with its scope, it is
@@ -114,8 +125,8 @@ class ModelRelay:
         self._call_seconds = call_seconds
         self._max_per_project = max_calls_per_project
         self._resolve = resolver
-        self._open: dict[str, int] = {}  # activation → its relayed calls still open
-        self._open_in_project: dict[str, int] = {}  # project → its relayed calls still open
+        self._open = Shares()  # activation → its relayed calls still open
+        self._open_in_project = Shares()  # project → its relayed calls still open
         self._closing: set[asyncio.Task[None]] = set()
         self._http = pinning_client(
             httpx.Timeout(10.0, read=read_timeout, write=60.0),
@@ -171,14 +182,14 @@ class ModelRelay:
     def _lease(self, activation_id: str, project_id: str) -> Callable[[], None]:
         """One more open call of the activation's and of its project's (429 past either's
         share); what ends it, once."""
-        if self._open.get(activation_id, 0) >= MAX_CALLS_PER_ACTIVATION:
+        if self._open.held(activation_id) >= MAX_CALLS_PER_ACTIVATION:
             raise BrokerError(
                 429,
                 "too_many_requests",
                 f"an activation has at most {MAX_CALLS_PER_ACTIVATION} relayed calls open",
                 {"Retry-After": "1"},
             )
-        if self._open_in_project.get(project_id, 0) >= self._max_per_project:
+        if self._open_in_project.held(project_id) >= self._max_per_project:
             raise BrokerError(
                 429,
                 "too_many_requests",
@@ -186,17 +197,11 @@ class ModelRelay:
                 "(SUZUMIO_RELAY_MAX_CALLS_PER_PROJECT)",
                 {"Retry-After": "1"},
             )
-        _count(self._open, activation_id, 1)
-        _count(self._open_in_project, project_id, 1)
-        released = False
+        ends = (self._open.take(activation_id), self._open_in_project.take(project_id))
 
         def release() -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
-            _count(self._open, activation_id, -1)
-            _count(self._open_in_project, project_id, -1)
+            for end in ends:
+                end()
 
         return release
 
@@ -269,8 +274,8 @@ class ModelRelay:
             finally:
                 await answer.aclose()
                 release()
-            if upstream.api_key:
-                text = redacted(text, upstream.api_key)
+            if upstream.api_key:  # up to a MiB the provider chose: not on the loop
+                text = await asyncio.to_thread(redacted, text, upstream.api_key)
             return Response(text, status_code=answer.status_code, headers=passed)
 
         loop = asyncio.get_running_loop()
@@ -311,31 +316,6 @@ class ModelRelay:
 
 def _scoped(address: IPAddress) -> bool:
     return isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None
-
-
-def _count(counts: dict[str, int], key: str, step: int) -> None:
-    left = counts.get(key, 0) + step
-    if left > 0:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
-
-
-def redacted(text: bytes, key: str) -> bytes:
-    """`text` with `key` replaced by `***`, also where a provider quoting it escaped any of
-    its characters as a JSON string (`\\/`, `\\u002F`) or a URL (`%2F`, `%2f`) would."""
-    return _key_pattern(key).sub(b"***", text)
-
-
-def _key_pattern(key: str) -> re.Pattern[bytes]:
-    parts = []
-    for char in key.encode():
-        forms = [re.escape(bytes([char])), b"%(?i:" + b"%02x" % char + b")"]
-        forms.append(b"\\\\u(?i:" + b"%04x" % char + b")")
-        if char == ord("/"):
-            forms.append(b"\\\\/")
-        parts.append(b"(?:" + b"|".join(forms) + b")")
-    return re.compile(b"".join(parts))
 
 
 async def _bounded(answer: httpx.Response) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -129,6 +130,9 @@ class RuntimeProfileOut(Out):
     updated_at: datetime
 
 
+_HEADER_TOKEN = re.compile(r"[\x21-\x7e]*")
+
+
 class ProviderIn(In):
     kind: Literal["openai", "anthropic"] = "openai"
     base_url: Clean = Field(pattern=r"^https?://[^\s\x00]+$", max_length=2_000)
@@ -140,6 +144,18 @@ class ProviderIn(In):
         description="write-only; omitted: the stored key stays; never returned",
     )
     clear_api_key: bool = False
+
+    @field_validator("api_key")
+    @classmethod
+    def _sendable_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # The key goes in an HTTP header (`Authorization: Bearer …`): a character a header
+        # cannot carry — a pasted newline, a space, anything not ASCII — would fail every call
+        # with this provider, far from here.
+        if value is not None and not _HEADER_TOKEN.fullmatch(value.get_secret_value()):
+            raise ValueError(
+                "the key must be printable ASCII without spaces (no line break, no tab)"
+            )
+        return value
 
     @field_validator("base_url")
     @classmethod
