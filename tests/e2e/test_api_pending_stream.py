@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -325,3 +326,32 @@ async def test_streams_of_one_session_share_one_live_consumer_and_resume_exactly
             async with a.stream("GET", url, headers=resume) as third:
                 again = await SseReader(third).read(2)
         assert [json.loads(e["data"])["text"] for e in again] == ["two", "three"]
+
+
+async def test_one_user_may_hold_only_so_many_streams_open(stack: Stack) -> None:
+    """`SUZUMIO_STREAM_MAX_PER_USER` (32) streams of one user on a gateway: one more is a
+    429 problem before any stream starts, SSE and WebSocket alike; one closed gives its
+    place back."""
+    world = await new_world(stack, "cap")
+    url = f"/v1/sessions/{world.session_id}/stream"
+    async with contextlib.AsyncExitStack() as held, stack.client(world.key) as c:
+        streams = []
+        for _ in range(32):
+            response = await held.enter_async_context(c.stream("GET", url))
+            assert response.status_code == 200
+            streams.append(response)
+        refused = problem(await c.get(url), 429, "rate_limited")
+        assert "at most 32 streams" in refused["detail"]
+        ws_url = stack.api.replace("http", "ws") + f"/v1/sessions/{world.session_id}/ws"
+        async with ws_connect(ws_url + f"?access_token={world.key}") as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.code == 4429
+        await streams[0].aclose()
+
+        async def reopened() -> bool:
+            async with c.stream("GET", url) as again:
+                return again.status_code == 200
+
+        await eventually(reopened, bool, what="a stream's place given back")

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import cast
 
+import anyio
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -21,7 +22,9 @@ from suzumio.contracts.broker import StreamBatch, StreamChunk
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.subjects import Topology
 from suzumio.gateway import livehub
+from suzumio.gateway.feed import Cursor, SessionFeed
 from suzumio.gateway.livehub import LiveHub
+from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.jsapi import ensure_streams, stream_last_seq
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
@@ -138,6 +141,39 @@ async def test_the_last_watcher_leaving_ends_the_subscription(nc: NATS, topology
     assert "s1" in hub._channels
     await hub.leave("s1", two)
     assert hub._channels == {}
+    await hub.close()
+
+
+async def test_a_feed_closed_by_a_cancelled_task_still_leaves_the_hub_and_the_log(
+    nc: NATS, topology: Topology
+) -> None:
+    """A client gone: Starlette cancels the response's task, and anyio cancels each await of
+    its `finally` again. A feed closed so while another stream holds the hub's lock (opening
+    a session's channel: NATS round trips) must still leave the hub — no chunk more handed to
+    it — and end its log consumer, rather than stay a listener for good."""
+    await ensure_streams(nc, topology.streams())
+    hub = LiveHub(nc, topology)
+
+    async def allowed() -> None:
+        return None
+
+    gw = cast("Gateway", SimpleNamespace(nc=nc, topology=topology, live=hub))
+    subscriptions = len(nc._subs)
+    feed = SessionFeed(gw, "s1", Cursor(), allowed)
+    await feed.open()
+    assert len(nc._subs) > subscriptions
+    await hub._lock.acquire()  # another stream, opening its session's channel
+    try:
+        with anyio.CancelScope() as gone:
+            gone.cancel()
+            await feed.close()
+        assert gone.cancelled_caught
+        assert all(feed not in c.listeners for c in hub._channels.values())
+    finally:
+        hub._lock.release()
+    async with asyncio.timeout(STEP):
+        while hub._channels or len(nc._subs) > subscriptions:
+            await asyncio.sleep(0.02)
     await hub.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, cast
 
@@ -97,3 +98,32 @@ async def test_a_feed_holding_too_many_bytes_of_live_output_ends_like_one_too_ma
     assert last.event == "end"
     assert json.loads(last.data)["status"] == 503
     assert feed.cursor.live == 1  # a reconnect resumes right after what was sent
+
+
+async def test_log_events_queued_for_a_client_are_bounded_in_bytes_not_only_in_count() -> None:
+    """A log message may be as large as the bus carries: a client that stops reading holds
+    at most QUEUE_BYTES of them here (a thousand messages of megabytes each would be
+    gigabytes); the rest waits on the server (the ordered consumer's flow control)."""
+    gateway = cast("Gateway", cast("Any", object()))
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
+    big = json.dumps({"type": "session.message_appended", "text": "x" * (QUEUE_BYTES // 4)})
+    taken = 0
+
+    async def take_all() -> None:
+        nonlocal taken
+        for seq in range(1, 9):
+            await feed.take_event(seq, big.encode())
+            taken = seq
+
+    taking = asyncio.create_task(take_all())
+    await asyncio.sleep(0.05)
+    assert taken == 3  # each a little over a fourth of the budget: three fit
+    items = feed.items()
+    first = await anext(items)
+    assert first is not None
+    assert first.cursor == "1.0"
+    await asyncio.sleep(0.05)
+    assert taken == 4  # one read, one more taken
+    rest = [await anext(items) for _ in range(7)]
+    await asyncio.wait_for(taking, 5)
+    assert [i.cursor for i in rest if i is not None] == [f"{n}.0" for n in range(2, 9)]

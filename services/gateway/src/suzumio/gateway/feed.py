@@ -23,8 +23,10 @@ from suzumio.platform.bus.jsapi import stream_last_seq
 
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
-QUEUE_BYTES = 16 * 1024 * 1024  # of live chunks queued for one client (each up to ~2 MB)
+QUEUE_BYTES = 16 * 1024 * 1024  # of live chunks, and of log events, queued for one client
 _CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
+CLOSE_SECONDS = 10.0  # a feed's cleanup gives up on NATS after this (its consumer then expires)
+_CLOSING: set[asyncio.Task[None]] = set()  # cleanups under way: held, so none is collected
 
 
 @dataclass
@@ -82,7 +84,12 @@ class SessionFeed:
         # live chunks cannot wait (the hub serves every watcher), so too many of them queued
         # means this client reads too slowly — a catch-up through a long log does not count.
         self._queue: asyncio.Queue[tuple[str, int, bytes]] = asyncio.Queue()
-        self._event_room = asyncio.Semaphore(QUEUE_SIZE)
+        # Log events are bounded in bytes as well as in count: one log message may be as
+        # large as the bus carries (megabytes), and a client that stops reading must not
+        # make this gateway hold a thousand of them.
+        self._event_room = asyncio.Condition()
+        self._events_queued = 0
+        self._event_bytes = 0
         self._live_queued = 0
         self._live_bytes = 0
         self._sub: Subscription | None = None
@@ -133,9 +140,18 @@ class SessionFeed:
         )
 
     async def take_event(self, seq: int, data: bytes) -> None:
-        """One log message of this session's subject (waits while QUEUE_SIZE are queued)."""
-        await self._event_room.acquire()
+        """One log message of this session's subject (waits while QUEUE_SIZE, or QUEUE_BYTES,
+        are queued; a message larger than that alone waits for an empty queue)."""
+        async with self._event_room:
+            await self._event_room.wait_for(lambda: self._fits_event(len(data)))
+            self._events_queued += 1
+            self._event_bytes += len(data)
         self._queue.put_nowait(("events", seq, data))
+
+    def _fits_event(self, size: int) -> bool:
+        return self._events_queued == 0 or (
+            self._events_queued < QUEUE_SIZE and self._event_bytes + size <= QUEUE_BYTES
+        )
 
     def deliver(self, seq: int, data: bytes) -> None:
         """From the hub: one LIVE message of this session."""
@@ -153,13 +169,29 @@ class SessionFeed:
         self._queue.put_nowait(("restart", 0, b""))  # in order: what came before still goes
 
     async def close(self) -> None:
-        if self._joined:
-            self._joined = False
-            await self._gw.live.leave(self._session_id, self)
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        """Leave the hub and end the log's consumer. Safe from a task being cancelled — a
+        client gone: Starlette cancels the response's task, and anyio cancels every await in
+        it again, the ones of a `finally` too. Nothing more is handed to this feed from here
+        on, and the rest runs to its end in a task of its own (bounded), however this one
+        ends."""
+        sub, self._sub = self._sub, None
+        joined, self._joined = self._joined, False
+        if joined:
+            self._gw.live.forget(self._session_id, self)
+        if sub is None and not joined:
+            return
+        cleanup = asyncio.ensure_future(self._end(sub, joined=joined))
+        _CLOSING.add(cleanup)
+        cleanup.add_done_callback(_CLOSING.discard)
+        await asyncio.shield(cleanup)
+
+    async def _end(self, sub: Subscription | None, *, joined: bool) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_SECONDS):
+                if sub is not None:  # first: it needs no lock, and holds a server consumer
+                    await sub.unsubscribe()
+                if joined:
+                    await self._gw.live.leave(self._session_id, self)
 
     async def _backlog(self) -> AsyncIterator[Item]:
         """LIVE messages after the cursor, up to where the hub took over."""
@@ -214,7 +246,10 @@ class SessionFeed:
             self._live_queued -= 1
             self._live_bytes -= len(entry[2])
         elif entry[0] == "events":
-            self._event_room.release()
+            async with self._event_room:
+                self._events_queued -= 1
+                self._event_bytes -= len(entry[2])
+                self._event_room.notify_all()
         return entry
 
     async def _refused(self) -> Item | None:

@@ -77,7 +77,15 @@ class LiveHub:
             channel.listeners.add(listener)
             return channel.last_seq
 
+    def forget(self, session_id: str, listener: LiveListener) -> None:
+        """Hand `listener` nothing more, at once (no wait for the lock); `leave` then ends the
+        session's channel if it was the last."""
+        channel = self._channels.get(session_id)
+        if channel is not None:
+            channel.listeners.discard(listener)
+
     async def leave(self, session_id: str, listener: LiveListener) -> None:
+        self.forget(session_id, listener)
         async with self._lock:
             channel = self._channels.get(session_id)
             if channel is None:

@@ -18,3 +18,10 @@ class GatewaySettings(ServiceSettings):
         le=300,
         description="how often an open stream re-checks its key and the caller's access",
     )
+    stream_max_per_user: int = Field(
+        default=32,
+        ge=1,
+        le=10_000,
+        description="timeline streams (SSE and WebSocket) one user may have open at once on a "
+        "gateway replica; one more is a 429",
+    )

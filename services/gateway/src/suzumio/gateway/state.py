@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
@@ -16,6 +16,7 @@ from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.projections.positions import PositionWatcher
 from suzumio.platform.secrets import SecretBox
+from suzumio.platform.shares import Shares
 
 
 @dataclass
@@ -33,3 +34,5 @@ class Gateway:
     services: KeyValue
     idempotency: KeyValue
     live: LiveHub
+    # Streams open on this replica, by user: `SUZUMIO_STREAM_MAX_PER_USER` at most each.
+    open_streams: Shares = field(default_factory=Shares)

@@ -10,11 +10,12 @@ events apart by their envelope id.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import Role
@@ -60,7 +61,12 @@ async def stream(
         recheck,
         gw.settings.stream_recheck_seconds,
     )
-    await feed.open()
+    release = _take_stream(gw, who.user_id)
+    try:
+        await feed.open()
+    except BaseException:
+        release()
+        raise
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -78,13 +84,41 @@ async def stream(
                     + b"\n\n"
                 )
         finally:
+            release()
             await feed.close()
 
-    return StreamingResponse(
+    async def ended() -> None:
+        release()
+        await feed.close()
+
+    return _FeedResponse(
         body(),
+        ended,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+class _FeedResponse(StreamingResponse):
+    """A stream whose feed is closed however the response ends: a body that never started
+    (the client gone before its first byte) runs no `finally` of its own."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        ended: Callable[[], Awaitable[None]],
+        *,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._ended = ended
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._ended()
 
 
 @router.websocket("/v1/sessions/{session_id}/ws")
@@ -99,14 +133,21 @@ async def stream_ws(
     headers on WebSockets)."""
     gw = websocket.app.state.gateway
     key = presented_key(websocket.headers, access_token)
+    release: Callable[[], None] | None = None
     try:
         who = await authenticate(gw, key)
         await visible_session(gw, who, session_id, Role.VIEWER)
         cursor = Cursor.parse(last_event_id)
         recheck = _rechecker(gw, key, session_id)
         feed = SessionFeed(gw, session_id, cursor, recheck, gw.settings.stream_recheck_seconds)
+        release = _take_stream(gw, who.user_id)
         await feed.open()  # refuses a cursor past the log's end (and closes itself then)
-    except ApiError as exc:  # accepted first, so the client learns why (4401, 4404, 4422)
+    except BaseException as exc:
+        if release is not None:
+            release()
+        if not isinstance(exc, ApiError):
+            raise
+        # Accepted first, so the client learns why (4401, 4404, 4422, 4429).
         await websocket.accept()
         await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
         return
@@ -126,7 +167,22 @@ async def stream_ws(
     except WebSocketDisconnect:
         pass
     finally:
+        release()
         await feed.close()
+
+
+def _take_stream(gw: Gateway, user_id: str) -> Callable[[], None]:
+    """One more open stream of the user's on this replica (429 past the limit: one client
+    opening streams in a loop, or many tabs, cannot hold the gateway's memory and the
+    server's consumers from everyone else); what gives it back, once."""
+    limit = gw.settings.stream_max_per_user
+    if gw.open_streams.held(user_id) >= limit:
+        raise ApiError(
+            429,
+            f"at most {limit} streams open at once per user; close one first",
+            headers={"Retry-After": "5"},
+        )
+    return gw.open_streams.take(user_id)
 
 
 def _rechecker(gw: Gateway, key: str | None, session_id: str) -> Recheck:
