@@ -215,3 +215,32 @@ async def test_a_chunk_whose_data_is_no_unicode_is_refused_as_invalid(
         await _publish_live(broker, caller, body)
     assert refused.value.status == 422
     assert await stream_last_seq(nc, topology.live_stream) == 0
+
+
+async def test_a_gateway_shutting_down_ends_its_streams_saying_so(
+    nc: NATS, topology: Topology
+) -> None:
+    """On drain the hub closes first: its feeds are told, send what they hold and end with
+    a 503 naming why — not go quiet until the server cuts them without a word."""
+    await ensure_streams(nc, topology.streams())
+    hub = LiveHub(nc, topology)
+
+    async def allowed() -> None:
+        return None
+
+    gw = cast("Gateway", SimpleNamespace(nc=nc, topology=topology, live=hub))
+    feed = SessionFeed(gw, "s1", Cursor(), allowed)
+    await feed.open()
+    try:
+        await nc.jetstream().publish(topology.live_subject("s1"), b'{"text": "before"}')
+        items = feed.items()
+        first = await asyncio.wait_for(anext(items), STEP)
+        assert first is not None
+        assert first.event == "live"
+        await hub.close()
+        end = await asyncio.wait_for(anext(items), STEP)
+        assert end is not None
+        assert (end.event, json.loads(end.data)["status"]) == ("end", 503)
+        assert "shutting down" in json.loads(end.data)["detail"]
+    finally:
+        await feed.close()

@@ -168,6 +168,11 @@ class SessionFeed:
         over: the stream ends, and a reconnect reads the new LIVE from its start."""
         self._queue.put_nowait(("restart", 0, b""))  # in order: what came before still goes
 
+    def closing(self) -> None:
+        """From the hub: this gateway is shutting down. What is queued still goes; then the
+        stream ends, and the client reconnects (to another replica) from its cursor."""
+        self._queue.put_nowait(("closing", 0, b""))
+
     async def close(self) -> None:
         """Leave the hub and end the log's consumer. Safe from a task being cancelled — a
         client gone: Starlette cancels the response's task, and anyio cancels every await in
@@ -220,6 +225,9 @@ class SessionFeed:
             entry = await self._next(min(last_out + KEEPALIVE_SECONDS, next_check))
             if entry is not None and entry[0] == "restart":  # after what came before it
                 yield _end(503, "live output was restarted; reconnect with Last-Event-ID")
+                return
+            if entry is not None and entry[0] == "closing":
+                yield _end(503, "this gateway is shutting down; reconnect with Last-Event-ID")
                 return
             if time.monotonic() >= next_check:
                 refused = await self._refused()

@@ -45,6 +45,12 @@ class RestartListener(Protocol):
         anew, from after the stream's end when this is called."""
 
 
+@runtime_checkable
+class ClosingListener(Protocol):
+    def closing(self) -> None:
+        """This gateway is shutting down: nothing more comes. Must not block."""
+
+
 @dataclass(eq=False)
 class _Channel:
     last_seq: int  # the LIVE sequence handed out last (the stream's end when opened)
@@ -107,6 +113,11 @@ class LiveHub:
             self._watch = None
         for channel in list(self._channels.values()):
             await _unsubscribe(channel)
+            # Told, so their streams end now, saying so, rather than go quiet until the
+            # server cuts them without a word.
+            for listener in list(channel.listeners):
+                if isinstance(listener, ClosingListener):
+                    listener.closing()
         self._channels.clear()
 
     async def _watch_live(self) -> None:
