@@ -14,6 +14,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.gateway.feed import Cursor, SessionFeed
 from suzumio.gateway.livehub import LiveHub
 from suzumio.gateway.state import Gateway
+from suzumio.platform.bus.jsapi import ensure_streams
 
 
 class Watcher:
@@ -68,3 +69,37 @@ async def test_a_cursor_past_the_end_of_live_starts_from_what_it_holds(
         await hub.close()
     assert item is not None
     assert (item.event, item.data) == ("live", b"kept")
+
+
+async def test_a_cursor_of_a_live_made_again_since_reads_all_the_new_one_holds(
+    nc: NATS, topology: Topology
+) -> None:
+    """A client away across a NATS restart comes back with a cursor of the old LIVE's
+    numbering, which the new LIVE — busy with other sessions — has already passed. By its
+    sequence alone the cursor would skip the session's new output numbered below it; its
+    generation says it is of another LIVE, and all the new one holds of the session is sent."""
+    js = nc.jetstream()
+    hub = LiveHub(nc, topology)
+    gateway = cast("Gateway", cast("Any", SimpleNamespace(nc=nc, topology=topology, live=hub)))
+    first = SessionFeed(gateway, "s1", Cursor(), never_refused)
+    await first.open()
+    await first.close()
+    old = first.cursor  # as given out before the restart
+    assert old.generation is not None
+    await js.delete_stream(topology.live_stream)  # a NATS restart loses LIVE ...
+    await ensure_streams(nc, topology.streams())  # ... and a service makes it again
+    await js.publish(topology.live_subject("s1"), b"new output")  # sequence 1
+    for _ in range(5):  # other sessions move the new LIVE past the old cursor
+        await js.publish(topology.live_subject("s2"), b"other")
+    resumed = Cursor.parse(f"{old.events}.3.{old.generation}")
+    feed = SessionFeed(gateway, "s1", resumed, never_refused)
+    await feed.open()
+    try:
+        item = await asyncio.wait_for(anext(feed.items()), 10)
+    finally:
+        await feed.close()
+        await hub.close()
+    assert item is not None
+    assert (item.event, item.data) == ("live", b"new output")
+    assert item.cursor is not None
+    assert item.cursor.split(".")[2] != old.generation

@@ -24,15 +24,21 @@ from suzumio.platform.bus.jsapi import stream_last_seq
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
 QUEUE_BYTES = 16 * 1024 * 1024  # of live chunks, and of log events, queued for one client
-_CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})$")
+_CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})(?:\.([0-9a-f]{8}))?$")
 CLOSE_SECONDS = 10.0  # a feed's cleanup gives up on NATS after this (its consumer then expires)
 _CLOSING: set[asyncio.Task[None]] = set()  # cleanups under way: held, so none is collected
 
 
 @dataclass
 class Cursor:
+    """`E.L.G`: the last EVENTS and LIVE sequences a client has seen, and which LIVE the
+    latter numbers (`G`, LIVE's generation: another one means LIVE was made again since, and
+    `L` names nothing in it). `E.L` alone (a cursor made by hand, or from before the
+    generation was given) is taken to be of the LIVE there is."""
+
     events: int = 0
     live: int | None = None  # None: from now on
+    generation: str | None = None
 
     @staticmethod
     def parse(text: str | None) -> Cursor:
@@ -41,10 +47,11 @@ class Cursor:
         match = _CURSOR.fullmatch(text.strip())
         if match is None:
             raise ApiError(422, "Last-Event-ID must look like '<events>.<live>' as sent before")
-        return Cursor(int(match[1]), int(match[2]))
+        return Cursor(int(match[1]), int(match[2]), match[3])
 
     def __str__(self) -> str:
-        return f"{self.events}.{self.live or 0}"
+        cursor = f"{self.events}.{self.live or 0}"
+        return f"{cursor}.{self.generation}" if self.generation else cursor
 
 
 @dataclass(frozen=True)
@@ -115,8 +122,14 @@ class SessionFeed:
             raise ApiError(422, "Last-Event-ID names a log position beyond the end of the log")
         self._joined_at = await self._gw.live.join(self._session_id, self)
         self._joined = True
+        generation = self._gw.live.generation(self._session_id)
         if self.cursor.live is None:
             self.cursor.live = self._joined_at  # from now on
+        elif self.cursor.generation not in (None, generation):
+            # LIVE was made again since the cursor was given (a NATS restart), and numbers
+            # from 1 anew: everything of the session's it holds now is after the cursor — by
+            # its sequence alone, a busy LIVE already past it would have skipped some.
+            self.cursor.live = 0
         elif self.cursor.live > self._joined_at and self.cursor.live > await stream_last_seq(
             self._gw.nc, topology.live_stream
         ):
@@ -125,6 +138,7 @@ class SessionFeed:
             # hub's start only, it may come from another gateway, whose channel for the
             # session opened later: everything up to it was sent already.)
             self.cursor.live = 0
+        self.cursor.generation = generation
 
         async def on_event(msg: Msg) -> None:
             await self.take_event(msg.metadata.sequence.stream, msg.data)

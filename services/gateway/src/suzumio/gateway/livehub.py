@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -82,6 +83,13 @@ class LiveHub:
             # No await between reading the position and joining: nothing slips in between.
             channel.listeners.add(listener)
             return channel.last_seq
+
+    def generation(self, session_id: str) -> str:
+        """Which LIVE the session's channel numbers (a short digest of its creation time),
+        for the cursors given out; another one means LIVE was made again in between."""
+        channel = self._channels.get(session_id)
+        created = channel.created if channel is not None else ""
+        return hashlib.sha256(created.encode()).hexdigest()[:8]
 
     def forget(self, session_id: str, listener: LiveListener) -> None:
         """Hand `listener` nothing more, at once (no wait for the lock); `leave` then ends the
