@@ -11,7 +11,7 @@ from typing import Any, cast
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.subjects import Topology
-from suzumio.gateway.feed import Cursor, SessionFeed
+from suzumio.gateway.feed import Cursor, Item, SessionFeed
 from suzumio.gateway.livehub import LiveHub
 from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.jsapi import ensure_streams
@@ -24,6 +24,19 @@ class Watcher:
 
 async def never_refused() -> None:
     return None
+
+
+async def first_item(gateway: Gateway, hub: LiveHub, cursor: Cursor) -> Item:
+    """The first item of s1's feed from `cursor`; the feed and the hub closed after."""
+    feed = SessionFeed(gateway, "s1", cursor, never_refused)
+    await feed.open()
+    try:
+        item = await asyncio.wait_for(anext(feed.items()), 10)
+    finally:
+        await feed.close()
+        await hub.close()
+    assert item is not None
+    return item
 
 
 async def test_a_cursor_from_another_gateway_does_not_replay_what_it_covers(
@@ -60,14 +73,7 @@ async def test_a_cursor_past_the_end_of_live_starts_from_what_it_holds(
     await js.publish(topology.live_subject("s1"), b"kept")
     hub = LiveHub(nc, topology)
     gateway = cast("Gateway", cast("Any", SimpleNamespace(nc=nc, topology=topology, live=hub)))
-    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=1_000), never_refused)
-    await feed.open()
-    try:
-        item = await asyncio.wait_for(anext(feed.items()), 10)
-    finally:
-        await feed.close()
-        await hub.close()
-    assert item is not None
+    item = await first_item(gateway, hub, Cursor(events=0, live=1_000))
     assert (item.event, item.data) == ("live", b"kept")
 
 
@@ -92,14 +98,7 @@ async def test_a_cursor_of_a_live_made_again_since_reads_all_the_new_one_holds(
     for _ in range(5):  # other sessions move the new LIVE past the old cursor
         await js.publish(topology.live_subject("s2"), b"other")
     resumed = Cursor.parse(f"{old.events}.3.{old.generation}")
-    feed = SessionFeed(gateway, "s1", resumed, never_refused)
-    await feed.open()
-    try:
-        item = await asyncio.wait_for(anext(feed.items()), 10)
-    finally:
-        await feed.close()
-        await hub.close()
-    assert item is not None
+    item = await first_item(gateway, hub, resumed)
     assert (item.event, item.data) == ("live", b"new output")
     assert item.cursor is not None
     assert item.cursor.split(".")[2] != old.generation
