@@ -52,6 +52,12 @@ async def test_a_load_pages_through_batches_in_order(
     ]
     assert [m.seq for m in later] == [m.seq for m in every[5:]]
     assert (await store.load("project", project)).version == 8
+    # Asked of a replica holding the stream up to a point at least (the server takes the
+    # field: a follower behind it hands the request to the leader; one server, as here, is
+    # its own leader and answers as before).
+    end = every[-1].seq
+    held = [m async for m in iter_subject(nc, topology.events_stream, subject, min_last_seq=end)]
+    assert [m.seq for m in held] == [m.seq for m in every]
 
 
 async def test_loads_and_lookups_make_no_subscription_of_their_own(tmp_path: Path) -> None:

@@ -222,6 +222,10 @@ class SessionFeed:
             self._gw.topology.live_stream,
             self._gw.topology.live_subject(self._session_id),
             after_seq=after,
+            # Up to where the hub took over, from a replica that holds that much (LIVE is
+            # replicated in a cluster: a lagging follower would end the backlog early, and
+            # what lies between would never be sent).
+            min_last_seq=self._joined_at,
         ):
             if stored.seq > self._joined_at:
                 break

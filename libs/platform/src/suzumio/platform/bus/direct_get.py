@@ -76,13 +76,21 @@ async def iter_subject(
     after_seq: int = 0,
     batch: int = 256,
     timeout: float = 5.0,
+    min_last_seq: int = 0,
 ) -> AsyncIterator[StoredMessage]:
-    """Every message on `subject` after `after_seq`, in order, up to `batch` per round trip."""
+    """Every message on `subject` after `after_seq`, in order, up to `batch` per round trip.
+
+    `min_last_seq`: answered only by a replica that holds the stream up to there at least
+    (a follower behind it hands the request to the leader): with a replicated stream, a
+    lagging follower would otherwise end the reading early, as if nothing more were stored."""
     replies = Replies.of(nc)
     start = after_seq + 1
     pending = 1
     while pending:
-        body = json.dumps({"seq": start, "next_by_subj": subject, "batch": batch}).encode()
+        request_body = {"seq": start, "next_by_subj": subject, "batch": batch}
+        if min_last_seq:
+            request_body["min_last_seq"] = min_last_seq
+        body = json.dumps(request_body).encode()
         request = replies.replies(f"{API_PREFIX}.DIRECT.GET.{stream}", body, timeout)
         async with contextlib.aclosing(request):  # its token is dropped as soon as we stop
             async for msg in request:
