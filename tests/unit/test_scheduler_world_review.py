@@ -110,6 +110,28 @@ def test_the_p0_that_preempts_goes_first_into_a_batch_of_one() -> None:
     assert plan.start.signal_ids == ("stop3",)
 
 
+def test_p0_after_p0_waits_for_the_replaced_activation_to_end_before_replacing_again() -> None:
+    """A replacement takes no admission: its replaced activation still holds capacity until
+    it ends. A fresh P0 while it winds down would replace again, one more over the project's
+    limit per message, without bound; it waits for that end instead, then preempts."""
+    world, log = opened()
+    log.append("s", signal("m", Priority.P2))
+    start(log, "a1", "m")
+    log.append("s", signal("stop1", Priority.P0))
+    preempt(log, decide(world), "a2")  # a1 is cancel-requested, still running
+    log.append("s", signal("stop2", Priority.P0))
+    held = decide(world)
+    assert (held.cancel, held.start) == (None, None)
+    assert world.running_by_project["p"] == 2  # a1 winding down, a2 live: one over, no more
+
+    changes = log.append("a1", ActivationCancelled(reason="replaced"))
+    assert "s" in changes.sessions  # looked at again
+    plan = decide(world)
+    assert plan.cancel == "a2"
+    assert plan.start is not None
+    assert "stop2" in plan.start.signal_ids
+
+
 def test_enabling_an_agent_looks_again_at_its_sessions_with_pending_signals() -> None:
     world, log = opened()
     log.append(

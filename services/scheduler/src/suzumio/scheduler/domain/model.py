@@ -101,6 +101,7 @@ class SessionSchedule:
     backoff_until: datetime | None = None
     last_ended: Ended | None = None
     reviewed: str | None = None  # the ended activation the hooks and nudge rule last saw
+    winding_down: int = 0  # its activations cancel-requested that have not ended yet
 
     def due_signals(self, now: datetime) -> list[Signal]:
         return sorted((s for s in self.pending.values() if s.due(now)), key=lambda s: s.order)

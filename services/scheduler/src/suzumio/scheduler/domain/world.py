@@ -234,7 +234,7 @@ class World:
             case ActivationCancelRequested():
                 activation = self.activations.get(data.activation_id)
                 if activation is not None:
-                    activation.cancel_requested = True
+                    _wind_down(s, activation)
                 if s.live is not None and s.live.id == data.activation_id:
                     s.live = None
             case SignalClosed():
@@ -261,7 +261,7 @@ class World:
             signals=[b for b in batch if b is not None],
         )
         if s.live is not None:  # only a P0 replaces a live one, and it cancels it first
-            s.live.cancel_requested = True
+            _wind_down(s, s.live)
         s.live = activation
         self.activations[activation.id] = activation
         self.running_by_project[activation.project_id] += 1
@@ -331,6 +331,8 @@ class World:
         changes.freed = True
         s = self.session(activation.session_id)
         if activation.cancel_requested:
+            s.winding_down -= 1
+            changes.sessions.add(s.id)  # a P0 held back while it wound down may go now
             # Replaced by a P0 (or cancelled on request). Finished anyway: its work is done.
             # Cancelled: its signals queue again, no failure counted (P1s go to the live
             # activation at its next tool boundary, the rest to the next start). A P0 among
@@ -410,3 +412,10 @@ class World:
                 project.profiles.pop(data.name, None)
             case _:
                 pass
+
+
+def _wind_down(s: SessionSchedule, activation: Activation) -> None:
+    """`activation` of session `s` is cancel-requested: it holds its capacity until it ends."""
+    if not activation.cancel_requested:
+        activation.cancel_requested = True
+        s.winding_down += 1
