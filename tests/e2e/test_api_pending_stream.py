@@ -83,6 +83,26 @@ async def test_approval_is_answered_and_wakes_the_agent(stack: Stack) -> None:
         problem(await c.get("/v1/pending-actions/unknown"), 404, "not_found")
 
 
+async def test_an_answer_to_a_closed_sessions_question_is_refused_until_it_is_reopened(
+    stack: Stack,
+) -> None:
+    """A closed session takes no signal: an answer stored then would never wake its agent,
+    and a second one after a reopen would be refused as answered already. It is a 409 while
+    the session is closed, and taken (and its agent woken) once it is reopened."""
+    world = await new_world(stack, "clo")
+    action_id = await ask(stack, world, PendingKind.QUESTION)
+    reply = f"/v1/pending-actions/{action_id}/reply"
+    async with stack.client(world.key) as c:
+        ok(await c.post(f"/v1/sessions/{world.session_id}/close", json={"reason": "done"}))
+        refused = problem(await c.post(reply, json={"answer": "later"}), 409, "conflict")
+        assert "closed" in refused["detail"]
+        ok(await c.post(f"/v1/sessions/{world.session_id}/reopen"))
+        assert ok(await c.post(reply, json={"answer": "now"}))["status"] == "answered"
+        signals = ok(await c.get(f"/v1/sessions/{world.session_id}/signals"))["items"]
+        wake = [s for s in signals if s["payload"].get("pending_action_id") == action_id]
+        assert [s["payload"]["answer"] for s in wake] == ["now"]
+
+
 async def test_unanswered_question_expires_on_time(stack: Stack) -> None:
     world = await new_world(stack, "sam")
     action_id = await ask(stack, world, PendingKind.QUESTION, timeout=1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import TypeVar
 
 from suzumio.contracts.commands import EventRef
 from suzumio.contracts.envelope import DomainEvent, EventMeta
-from suzumio.contracts.errors import CommandError
+from suzumio.contracts.errors import CommandError, UnavailableError
 from suzumio.platform.bus.eventstore import (
     AppendResult,
     ConcurrencyConflictError,
@@ -26,6 +27,7 @@ from suzumio.platform.bus.eventstore import (
 from suzumio.session.domain.state import AggregateState
 
 S = TypeVar("S", bound=AggregateState)
+RETRY_PAUSE_SECONDS = 0.005  # the first retry's longest pause; doubled at each one after
 Decide = Callable[[S], Sequence[DomainEvent]]
 
 
@@ -79,9 +81,13 @@ class Repository:
         decide: Decide[S],
         meta: EventMeta,
         *,
-        attempts: int = 4,
+        attempts: int = 6,
     ) -> tuple[S, Outcome]:
-        """Decide on the state and append the result; retried on a concurrent write.
+        """Decide on the state and append the result; retried on a concurrent write, after a
+        short pause of random length (other writers — the scheduler, other replicas — would
+        otherwise meet it again at once). A record that kept changing through every attempt
+        is `UnavailableError` (503: send again), never a conflict: a 409 tells a client
+        retrying with its idempotency key that its first attempt landed.
 
         Commands for one aggregate take turns within this process, so they never conflict
         with each other; only another process's write can make an append fail and retry.
@@ -111,7 +117,11 @@ class Repository:
                 result = await self.store.append(aggregate_id, events, state.version, meta)
             except ConcurrencyConflictError:
                 if attempt == attempts - 1:
-                    raise
+                    raise UnavailableError(
+                        f"{cls.aggregate} {aggregate_id} kept changing under this command; "
+                        "send it again"
+                    ) from None
+                await asyncio.sleep(random.uniform(0, RETRY_PAUSE_SECONDS * 2**attempt))
                 continue
             if state.version == result.events[0].version - 1:  # nobody folded meanwhile
                 for data, ref in zip(events, result.events, strict=True):

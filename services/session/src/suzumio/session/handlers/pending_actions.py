@@ -12,7 +12,7 @@ from suzumio.contracts.commands import (
     ExpirePendingAction,
 )
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.errors import ForbiddenError, InvalidError, NotFoundError
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
 from suzumio.contracts.values import Role
 from suzumio.platform.bus.commands import CommandContext
 from suzumio.platform.logging import get_logger
@@ -55,6 +55,10 @@ class PendingActionHandlers(HandlerGroup):
             raise NotFoundError("pending action not found")
         await self.project_role(state.project_id, actor, Role.MEMBER, "pending action")
         await self._check_artifacts(state, cmd.artifact_ids)
+        if (await self.repo.get(SessionState, state.session_id)).closed:
+            # The answer would be stored and its session's agent never woken to it (a closed
+            # session takes no signal), and a second answer after a reopen refused.
+            raise ConflictError("the session is closed: reopen it to answer")
         now = self.c.clock()
         state, result = await self.repo.execute(
             PendingActionState,

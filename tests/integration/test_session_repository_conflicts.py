@@ -1,0 +1,65 @@
+"""The session service's repository on a record another writer keeps changing (the scheduler,
+other replicas): it retries after short random pauses, and when every attempt met a newer
+write it answers `unavailable` (send again) — never `conflict`, which tells a client retrying
+with its idempotency key that its first attempt landed. Real NATS; the other writer is a
+real append that lands just before each of the repository's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import UnavailableError
+from suzumio.contracts.events import ProjectCreated, ProjectRenamed
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.jsapi import ensure_streams
+from suzumio.session.domain.project import ProjectState
+from suzumio.session.repository import Repository
+
+
+async def _raced(nc: NATS, topology: Topology, races: int) -> tuple[Repository, str, list[int]]:
+    """A repository whose next `races` appends each find another writer's rename first."""
+    await ensure_streams(nc, topology.streams())
+    store = EventStore(nc, topology)
+    project = new_id()
+    await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
+    repo = Repository(store)
+    real = store.append
+    raced: list[int] = []
+
+    async def append(aggregate_id: str, events: Any, expected: int, meta: EventMeta) -> Any:
+        if len(raced) < races:
+            raced.append(expected)
+            head = (await store.load("project", aggregate_id)).version
+            await real(aggregate_id, [ProjectRenamed(name=f"other {head}")], head, EventMeta())
+        return await real(aggregate_id, events, expected, meta)
+
+    repo.store.append = append  # type: ignore[method-assign,assignment]
+    return repo, project, raced
+
+
+async def test_a_record_that_keeps_changing_is_unavailable_not_a_conflict(
+    nc: NATS, topology: Topology
+) -> None:
+    repo, project, raced = await _raced(nc, topology, races=100)
+    with pytest.raises(UnavailableError, match="send it again"):
+        await repo.execute(
+            ProjectState, project, lambda _: [ProjectRenamed(name="mine")], EventMeta()
+        )
+    assert len(raced) == 6  # every attempt met a newer write
+
+
+async def test_a_record_changed_a_few_times_takes_the_write_after_a_pause(
+    nc: NATS, topology: Topology
+) -> None:
+    repo, project, raced = await _raced(nc, topology, races=3)
+    state, _ = await repo.execute(
+        ProjectState, project, lambda _: [ProjectRenamed(name="mine")], EventMeta()
+    )
+    assert len(raced) == 3
+    assert state.name == "mine"
