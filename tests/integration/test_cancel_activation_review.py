@@ -16,6 +16,7 @@ from suzumio.contracts.errors import ConflictError, NotFoundError
 from suzumio.contracts.events import (
     ActivationCancelled,
     ActivationCancelRequested,
+    ActivationFailed,
     ActivationRequested,
     ActivationStarted,
     SignalClosed,
@@ -132,3 +133,17 @@ async def test_a_cancel_meeting_a_concurrent_write_is_appended_on_the_new_versio
         assert reply.result["outcome"] == "requested"
     cancels = await world.events(session, ActivationCancelRequested)
     assert [c.activation_id for c in cancels] == [activation]
+
+
+async def test_how_an_activation_that_never_started_ended_is_told_to_no_other_project(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str, commands: CommandClient
+) -> None:
+    """Its project is known from its `started` only: one that failed before starting cannot be
+    confirmed as the caller's, and is not found — not "already ended (failed)"."""
+    activation = new_id()
+    await store.append_next(activation, [ActivationFailed(reason="no plan")], ORCHESTRATOR)
+    async with running(nc, topology, store, database_url):
+        with pytest.raises(NotFoundError):
+            await commands.send(
+                CancelActivation(activation_id=activation, project_id=new_id()), actor=USER
+            )

@@ -507,7 +507,9 @@ class Scheduler:
         stream = await self._store.load("activation", activation_id)
         types = [e.envelope.type for e in stream.events]
         started = [e.data for e in stream.events if isinstance(e.data, ActivationStarted)]
-        if not types or (started and started[0].project_id != project_id):
+        if not started or started[0].project_id != project_id:
+            # Its project cannot be confirmed (it ended before it started, its subject holds
+            # no `started`): how it ended is not told to whoever asks.
             return NotFoundError("activation not found")
         ended = [t for t in types if t in TERMINAL_ACTIVATION_EVENTS]
         if ended:
