@@ -298,3 +298,20 @@ def test_timers_wake_at_the_earliest_deadline_per_session() -> None:
     assert timers.pop_due(T0 + timedelta(seconds=6)) == {"s2"}
     assert timers.pop_due(T0 + timedelta(seconds=60)) == {"s1"}
     assert len(timers) == 0
+
+
+def test_a_far_deadline_pushed_again_after_each_near_one_does_not_pile_up() -> None:
+    """A session with a signal due in 30 days and a near deadline again and again (backoffs,
+    delayed signals): after each near one fires, the far one is added again. The copies that
+    are no session's earliest any more must not stay until their own time."""
+    timers = Timers()
+    far = T0 + timedelta(days=30)
+    timers.add(far, "s")
+    for i in range(1, 1_001):
+        near = T0 + timedelta(seconds=i)
+        assert timers.add(near, "s")
+        assert timers.pop_due(near) == {"s"}
+        timers.add(far, "s")  # looked at again: its earliest is the far one once more
+    assert len(timers._heap) <= 2 * len(timers) + 65
+    assert timers.next_at() == far
+    assert timers.pop_due(far) == {"s"}

@@ -20,6 +20,11 @@ class Timers:
         self._at[session_id] = when
         earliest = self._heap[0][0] if self._heap else None
         heapq.heappush(self._heap, (when, session_id))
+        if len(self._heap) > 2 * len(self._at) + 64:
+            # Entries no longer any session's earliest (a far deadline pushed again after
+            # each nearer one fired) would pile up until their own time: only `_at` counts.
+            self._heap = [(at, session) for session, at in self._at.items()]
+            heapq.heapify(self._heap)
         return earliest is None or when < earliest
 
     def next_at(self) -> datetime | None:
