@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from suzumio.contracts.commands import CreateAgent, CreateApiKey, CreatePendingAction, PostMessage
+from suzumio.contracts.commands import (
+    AnswerPendingAction,
+    CreateAgent,
+    CreateApiKey,
+    CreatePendingAction,
+    PostMessage,
+)
 from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
@@ -122,3 +128,35 @@ def test_a_cancelled_activation_cannot_leave_the_user_a_question() -> None:
     state.fold(ActivationCancelRequested(activation_id="c" * 26, reason="P0"), 2, 2)
     with pytest.raises(ForbiddenError, match="cancelled"):
         pending_action.create(PendingActionState("q" * 26), state, ask, now)
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "answer", "why"),
+    [
+        (PendingKind.QUESTION, ("a", "b"), {"answer": ""}, "non-empty"),
+        (PendingKind.QUESTION, (), {"answer": "  "}, "non-empty"),
+        (PendingKind.QUESTION, (), {"answer": "x", "approved": True}, "approval only"),
+        (PendingKind.QUESTION, (), {"answer": "x", "artifact_ids": ("f" * 26,)}, "request only"),
+        (PendingKind.APPROVAL, (), {"approved": True, "artifact_ids": ("f" * 26,)}, "only"),
+    ],
+)
+def test_an_answer_that_does_not_answer_its_kind_is_refused(
+    kind: PendingKind, options: tuple[str, ...], answer: dict[str, object], why: str
+) -> None:
+    """Bad input gets a clear error: an empty answer to a question (its options' check let ""
+    through), or fields the kind ignores, are 422 — not taken as answers."""
+    state = SessionState(S)
+    state.fold(SessionOpened(project_id=P, agent_id=A), 1, 1)
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    action = PendingActionState("q" * 26)
+    ask = CreatePendingAction(
+        pending_action_id="q" * 26, session_id=S, kind=kind, prompt="?", options=options
+    )
+    for version, event in enumerate(pending_action.create(action, state, ask, now), start=1):
+        action.fold(event, version, version)
+    given = AnswerPendingAction.model_validate({"pending_action_id": "q" * 26, **answer})
+    with pytest.raises(InvalidError, match=why):
+        pending_action.answer(action, given, "user:u", now)
+    good = {"answer": "a"} if kind is PendingKind.QUESTION else {"approved": True}
+    fine = AnswerPendingAction.model_validate({"pending_action_id": "q" * 26, **good})
+    assert pending_action.answer(action, fine, "user:u", now)

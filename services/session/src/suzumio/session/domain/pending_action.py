@@ -93,6 +93,12 @@ def answer(
         raise InvalidError("an approval needs `approved` true or false")
     if state.kind is PendingKind.ARTIFACT_REQUEST and not cmd.artifact_ids:
         raise InvalidError("an artifact request is answered with artifact ids")
+    if state.kind is PendingKind.QUESTION and not (cmd.answer or "").strip():
+        raise InvalidError("a question is answered with a non-empty `answer`")
+    if state.kind is not PendingKind.APPROVAL and cmd.approved is not None:
+        raise InvalidError("`approved` answers an approval only")
+    if state.kind is not PendingKind.ARTIFACT_REQUEST and cmd.artifact_ids:
+        raise InvalidError("`artifact_ids` answer an artifact request only")
     if state.options and cmd.answer and cmd.answer not in state.options:
         raise InvalidError(f"the answer must be one of {list(state.options)}")
     return [
