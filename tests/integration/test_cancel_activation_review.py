@@ -23,9 +23,10 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
-from suzumio.contracts.values import SignalOutcome
+from suzumio.contracts.values import Priority, SignalOutcome
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
+from suzumio.scheduler import engine as scheduler_engine
 from tests.integration.test_scheduler import running
 from tests.scheduling import Sessions
 from tests.support import eventually
@@ -147,3 +148,31 @@ async def test_how_an_activation_that_never_started_ended_is_told_to_no_other_pr
             await commands.send(
                 CancelActivation(activation_id=activation, project_id=new_id()), actor=USER
             )
+
+
+async def test_a_cancel_closes_every_signal_of_its_activation_a_batch_per_append(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    commands: CommandClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An activation may have been handed more signals than one append holds: the cancel goes
+    with the first batch of closes, the rest follow, and none is left to queue again. (The
+    batch is made 1 here; it is 200.)"""
+    monkeypatch.setattr(scheduler_engine, "MAX_CLOSES_PER_DECISION", 1)
+    world = Sessions(store)
+    project = await world.project()
+    session = await world.session(project)
+    async with running(nc, topology, store, database_url):
+        ids = await world.signals(
+            session, [(Priority.P2, "a"), (Priority.P2, "b"), (Priority.P2, "c")]
+        )
+        request = await requested(world, session)
+        assert sorted(request.signal_ids) == sorted(ids)
+        command = CancelActivation(activation_id=request.activation_id, project_id=project)
+        await commands.send(command, actor=USER)
+        closes = await world.events(session, SignalClosed)
+    assert sorted(c.signal_id for c in closes) == sorted(ids)
+    assert {c.outcome for c in closes} == {SignalOutcome.CANCELLED}

@@ -12,15 +12,17 @@ from suzumio.contracts.events import (
     ActivationCancelled,
     ActivationCancelRequested,
     ActivationCompleted,
+    ActivationFailed,
     ActivationRequested,
     AgentCreated,
     AgentDisabled,
     AgentEnabled,
     SessionOpened,
+    SignalClosed,
     SignalsDelivered,
 )
 from suzumio.contracts.scheduling import AgentSchedulingState, HookAction, HookSignal
-from suzumio.contracts.values import ActivationReason, ModelSpec, Priority
+from suzumio.contracts.values import ActivationReason, ModelSpec, Priority, SignalOutcome
 from suzumio.scheduler.domain import policy
 from suzumio.scheduler.domain.world import World
 from suzumio.scheduler.hooks import THREADS_PER_HOOK, Hooks, NamedHook
@@ -200,3 +202,30 @@ def hook_state(session_id: str) -> AgentSchedulingState:
     return AgentSchedulingState(
         project_id="p", agent_id="a", session_id=session_id, live_activation_id=None, pending=()
     )
+
+
+def test_a_failed_activation_handed_many_signals_closes_them_a_bounded_batch_at_a_time() -> None:
+    """One append holds at most 1,000 events, and an activation may be handed any number of
+    P1s: closing them all in one decision was refused as invalid, retried, refused again —
+    for good, and the session never started again. They close a batch per decision."""
+    world, log = opened(budget=1)
+    ids = [f"m{i}" for i in range(450)]
+    for signal_id in ids:
+        log.append("s", signal(signal_id))
+    start(log, "a1", *ids)
+    log.append("a1", ActivationFailed(reason="broken", retryable=False))
+    closed: list[str] = []
+    while True:
+        plan = decide(world)
+        if not plan.close_failed:
+            break
+        assert len(plan.close_failed) <= policy.MAX_CLOSES_PER_DECISION
+        log.append(
+            "s",
+            *(
+                SignalClosed(signal_id=signal_id, outcome=SignalOutcome.FAILED, reason=why)
+                for signal_id, why in plan.close_failed
+            ),
+        )
+        closed += [signal_id for signal_id, _ in plan.close_failed]
+    assert sorted(closed) == sorted(ids)

@@ -60,7 +60,7 @@ from suzumio.platform.telemetry import meter
 from suzumio.scheduler.domain import policy
 from suzumio.scheduler.domain.admission import Admission
 from suzumio.scheduler.domain.model import Ended, SessionSchedule, Signal
-from suzumio.scheduler.domain.policy import Plan
+from suzumio.scheduler.domain.policy import MAX_CLOSES_PER_DECISION, Plan
 from suzumio.scheduler.domain.world import WANTED, Changes, RetryPolicy, World
 from suzumio.scheduler.handlers import build_router
 from suzumio.scheduler.holds import Hold, Holds
@@ -477,8 +477,14 @@ class Scheduler:
                 SignalClosed(signal_id=x.id, outcome=SignalOutcome.CANCELLED, reason=why)
                 for x in activation.signals
             ]
+            # One append holds at most 1,000 events, and the activation may have been handed
+            # any number of P1s: the cancel and the first closes together, the rest after.
+            closes, rest = closes[:MAX_CLOSES_PER_DECISION], closes[MAX_CLOSES_PER_DECISION:]
             try:
                 written = await self._store.append(session_id, [cancel, *closes], s.version, meta)
+                for start in range(0, len(rest), MAX_CLOSES_PER_DECISION):
+                    chunk = rest[start : start + MAX_CLOSES_PER_DECISION]
+                    await self._store.append_next(session_id, chunk, meta)
             except ConcurrencyConflictError:
                 _decisions.add(1, {"kind": "cancel", "outcome": "conflict"})
                 self._holds.release(session_id, hold)  # unless the fold did, for a newer one

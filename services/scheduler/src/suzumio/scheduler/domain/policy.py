@@ -35,8 +35,14 @@ class Plan:
     wake_at: datetime | None = None  # look again then (a delayed signal, a backoff's end)
 
 
+# Signals closed as failed in one decision: one append holds at most 1,000 events, and a
+# failed activation may have been handed any number of P1s. The rest close in the next ones
+# (each decision's append, once folded, has the session looked at again).
+MAX_CLOSES_PER_DECISION = 200
+
+
 def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Settings) -> Plan:
-    close = tuple((f.signal.id, f.reason) for f in s.failing.values())
+    close = tuple((f.signal.id, f.reason) for f in s.failing.values())[:MAX_CLOSES_PER_DECISION]
     due = s.due_signals(now)
     wake = s.next_due(now)
     if s.live is not None:
