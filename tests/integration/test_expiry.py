@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from suzumio.contracts.commands import CommandAccepted, CommandRejected, CommandRequest
 from suzumio.contracts.errors import ConflictError
 from suzumio.platform.db.pool import Pool
-from suzumio.session.expiry import ExpiryClock
+from suzumio.session.expiry import MAX_SLEEP, RECHECK, VISIBLE_WITHIN, ExpiryClock
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -55,3 +55,35 @@ async def test_oldest_first_and_refused_ones_are_set_aside(pool: Pool) -> None:
     router.seen.clear()  # nothing was really expired (the stand-in changes no rows)
     await clock._expire_due()
     assert router.seen == ["early", "late"]  # `stuck` waits out its back-off
+
+
+async def test_a_deadline_passed_before_its_row_shows_is_looked_for_again_soon(
+    pool: Pool,
+) -> None:
+    """The process created a pending action whose deadline passes before the read model
+    shows its row: the pass finds nothing due, and the next deadline the read model knows is
+    far. It must look again in a moment, not sleep the full minute; once the row has been
+    expired (or after VISIBLE_WITHIN), the minute again."""
+    await pool.execute(
+        "CREATE SCHEMA proj_pending_actions;"
+        " CREATE TABLE proj_pending_actions.pending_actions"
+        " (id text PRIMARY KEY, status text NOT NULL, expires_at timestamptz NOT NULL)"
+    )
+    now = NOW
+    router = RecordingRouter(refuse=set())
+    clock = ExpiryClock(pool, router, lambda: now)
+    clock.notify(NOW - timedelta(milliseconds=100))
+    assert await clock._expire_due() is None  # its row not shown yet
+    assert clock._sleep(None) <= RECHECK.total_seconds()
+
+    await pool.execute(
+        "INSERT INTO proj_pending_actions.pending_actions VALUES ('q', 'open', $1)",
+        NOW - timedelta(milliseconds=100),
+    )
+    assert await clock._expire_due() is None
+    assert router.seen == ["q"]
+    assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # met: back to the read model's
+
+    clock.notify(NOW + timedelta(seconds=1))
+    now = NOW + timedelta(seconds=1) + VISIBLE_WITHIN + timedelta(seconds=1)
+    assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # never showed: given up

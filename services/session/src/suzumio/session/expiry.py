@@ -21,6 +21,10 @@ from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 MAX_SLEEP = timedelta(seconds=60)
+# A deadline this process was told of may pass before the read model shows its row: it is
+# looked for again every RECHECK until the row shows, for VISIBLE_WITHIN at most.
+VISIBLE_WITHIN = timedelta(seconds=10)
+RECHECK = timedelta(seconds=0.5)
 RETRY_FAILED_AFTER = timedelta(seconds=60)
 TABLE = "proj_pending_actions.pending_actions"
 PAGE = 500
@@ -38,6 +42,7 @@ class ExpiryClock:
         self._earliest: datetime | None = None
         self._wake = asyncio.Event()
         self._failed: dict[str, datetime] = {}  # id -> not to be retried before
+        self._expired_through: datetime | None = None  # the latest deadline the last pass met
 
     def notify(self, deadline: datetime) -> None:
         """A pending action was created that expires at `deadline`."""
@@ -52,14 +57,24 @@ class ExpiryClock:
             except Exception:
                 log.exception("expiry.failed")
                 next_at = self._clock() + timedelta(seconds=5)
-            if self._earliest is not None and self._earliest <= self._clock():
-                self._earliest = None
-            candidates = [t for t in (next_at, self._earliest) if t is not None]
-            sleep = min(candidates, default=self._clock() + MAX_SLEEP) - self._clock()
-            seconds = min(max(sleep.total_seconds(), 0.05), MAX_SLEEP.total_seconds())
+            seconds = self._sleep(next_at)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_first(stop, self._wake), seconds)
+
+    def _sleep(self, next_at: datetime | None) -> float:
+        """How long to sleep after a pass, `next_at` the read model's next deadline."""
+        now = self._clock()
+        wake = [t for t in (next_at, self._earliest) if t is not None]
+        if self._earliest is not None and self._earliest <= now:
+            met = self._expired_through is not None and self._expired_through >= self._earliest
+            if met or now - self._earliest > VISIBLE_WITHIN:
+                self._earliest = None  # expired; or its row never showed (answered first)
+                wake = [t for t in (next_at,) if t is not None]
+            else:  # due, and its row not shown yet: not the read model's next deadline
+                wake = [now + RECHECK]
+        sleep = min(wake, default=now + MAX_SLEEP) - now
+        return min(max(sleep.total_seconds(), 0.05), MAX_SLEEP.total_seconds())
 
     async def _expire_due(self, stop: asyncio.Event | None = None) -> datetime | None:
         """Expire what is due; the next deadline after that."""
@@ -68,6 +83,7 @@ class ExpiryClock:
         now = self._clock()
         self._failed = {k: t for k, t in self._failed.items() if t > now}
         expired = 0
+        self._expired_through = None
         after: tuple[datetime, str] | None = None
         while stop is None or not stop.is_set():
             # Oldest first, and past the ones that just failed, so one action that cannot be
@@ -86,6 +102,8 @@ class ExpiryClock:
                 PAGE,
             )
             expired += await self._expire(due, now)
+            if due:
+                self._expired_through = due[-1]["expires_at"]
             if len(due) < PAGE:
                 break
             after = (due[-1]["expires_at"], due[-1]["id"])
