@@ -22,6 +22,7 @@ from suzumio.contracts.broker import StreamBatch, StreamChunk
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.subjects import Topology
 from suzumio.gateway import livehub
+from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.feed import Cursor, SessionFeed
 from suzumio.gateway.livehub import LiveHub
 from suzumio.gateway.state import Gateway
@@ -242,5 +243,27 @@ async def test_a_gateway_shutting_down_ends_its_streams_saying_so(
         assert end is not None
         assert (end.event, json.loads(end.data)["status"]) == ("end", 503)
         assert "shutting down" in json.loads(end.data)["detail"]
+        # A stream opening while the gateway drains is refused, not left to go quiet.
+        late = SessionFeed(gw, "s2", Cursor(), allowed)
+        with pytest.raises(ApiError) as refused:
+            await late.open()
+        assert refused.value.status == 503
     finally:
         await feed.close()
+
+
+async def test_a_channel_whose_last_listener_could_not_leave_is_dropped_not_reopened(
+    nc: NATS, topology: Topology
+) -> None:
+    """A feed's cleanup lets its listener go at once and gives up on the hub's lock after a
+    while: the channel it leaves without listeners must not be kept (and reopened on each
+    new LIVE) for good."""
+    hub = LiveHub(nc, topology)
+    watcher = Watcher()
+    try:
+        await _restart_live(nc, topology, hub, watcher)
+        hub.forget("s1", watcher)  # its `leave` never got the lock
+        await hub._follow_live()
+        assert hub._channels == {}
+    finally:
+        await hub.close()

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
+from suzumio.gateway import feed as feed_module
 from suzumio.gateway.feed import QUEUE_BYTES, QUEUE_SIZE, Cursor, SessionFeed
 from suzumio.gateway.state import Gateway
+from suzumio.platform.errors import PlatformError
 
 
 async def never_refused() -> None:
@@ -127,3 +133,26 @@ async def test_log_events_queued_for_a_client_are_bounded_in_bytes_not_only_in_c
     rest = [await anext(items) for _ in range(7)]
     await asyncio.wait_for(taking, 5)
     assert [i.cursor for i in rest if i is not None] == [f"{n}.0" for n in range(2, 9)]
+
+
+async def test_a_backlog_the_stream_cannot_serve_up_to_the_join_point_ends_the_feed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica that holds LIVE only short of where the hub took over answers 412 (the
+    read-after-write rule of NATS): LIVE was made again meanwhile. The stream ends with a
+    503 to resume from, not with an error cut mid-stream. (The reading is a stand-in here:
+    one NATS server never answers 412.)"""
+
+    async def refused(*_: Any, **__: Any) -> AsyncIterator[Any]:
+        for _ in ():  # an async generator that yields nothing before it fails
+            yield _
+        raise PlatformError("direct get failed with status 412")
+
+    monkeypatch.setattr(feed_module, "iter_subject", refused)
+    topology = SimpleNamespace(live_stream="LIVE", live_subject=lambda s: f"live.{s}")
+    gateway = cast("Gateway", SimpleNamespace(nc=None, topology=topology))
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=2), never_refused)
+    feed._joined_at = 9
+    [end] = [item async for item in feed.items()]
+    assert end is not None
+    assert (end.event, json.loads(end.data)["status"]) == ("end", 503)

@@ -20,6 +20,7 @@ from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.direct_get import iter_subject
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.errors import PlatformError
 
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
@@ -46,7 +47,9 @@ class Cursor:
             return Cursor()
         match = _CURSOR.fullmatch(text.strip())
         if match is None:
-            raise ApiError(422, "Last-Event-ID must look like '<events>.<live>' as sent before")
+            raise ApiError(
+                422, "Last-Event-ID must be a cursor as sent before ('<events>.<live>.<gen>')"
+            )
         return Cursor(int(match[1]), int(match[2]), match[3])
 
     def __str__(self) -> str:
@@ -235,17 +238,19 @@ class SessionFeed:
     async def items(self) -> AsyncIterator[Item | None]:
         """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence; a last
         `end` item when the caller lost access or fell too far behind."""
-        async for item in self._backlog():
-            yield item
+        try:
+            async for item in self._backlog():
+                yield item
+        except PlatformError:  # a 412: LIVE behind the join point (made again meanwhile)
+            yield _end(503, _ENDINGS["restart"])
+            return
         next_check = time.monotonic() + self._recheck_seconds
         last_out = time.monotonic()
         while not self._overflowed:
             entry = await self._next(min(last_out + KEEPALIVE_SECONDS, next_check))
-            if entry is not None and entry[0] == "restart":  # after what came before it
-                yield _end(503, "live output was restarted; reconnect with Last-Event-ID")
-                return
-            if entry is not None and entry[0] == "closing":
-                yield _end(503, "this gateway is shutting down; reconnect with Last-Event-ID")
+            ending = _ENDINGS.get(entry[0]) if entry is not None else None
+            if ending is not None:  # after what came before it
+                yield _end(503, ending)
                 return
             if time.monotonic() >= next_check:
                 refused = await self._refused()
@@ -298,6 +303,13 @@ class SessionFeed:
             Item(str(self.cursor) if i == last else None, event, body)
             for i, (event, body) in enumerate(parts)
         ]
+
+
+# Queue entries that end a stream (503, to be resumed from the cursor), and why.
+_ENDINGS = {
+    "restart": "live output was restarted; reconnect with Last-Event-ID",
+    "closing": "this gateway is shutting down; reconnect with Last-Event-ID",
+}
 
 
 def _end(status: int, detail: str) -> Item:

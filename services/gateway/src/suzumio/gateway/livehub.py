@@ -24,6 +24,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
+from suzumio.gateway.api.problems import ApiError
 from suzumio.platform.bus.jsapi import API_PREFIX, request
 from suzumio.platform.logging import get_logger
 
@@ -72,7 +73,15 @@ class LiveHub:
 
     async def join(self, session_id: str, listener: LiveListener) -> int:
         """Start handing the session's LIVE messages to `listener`: every one after the
-        returned sequence (earlier ones are the caller's to read from the stream)."""
+        returned sequence (earlier ones are the caller's to read from the stream).
+
+        Raises:
+            ApiError: 503, this gateway is shutting down (its streams were told so).
+        """
+        if self._closing.is_set():
+            raise ApiError(
+                503, "this gateway is shutting down; connect again", headers={"Retry-After": "1"}
+            )
         async with self._lock:
             channel = self._channels.get(session_id)
             if channel is None:
@@ -111,6 +120,7 @@ class LiveHub:
             await _unsubscribe(channel)
 
     async def close(self) -> None:
+        self._closing.set()  # no stream joins from here on
         if self._watch is not None:
             # The flag as well as the cancel: a cancel that lands as a NATS request's answer
             # comes in is lost on Python 3.11 (`wait_for` returns the answer instead), and the
@@ -155,6 +165,10 @@ class LiveHub:
             for session_id, old in stale:
                 if self._channels.get(session_id) is not old:
                     continue  # left meanwhile
+                if not old.listeners:  # its last listener's `leave` gave up on the lock
+                    del self._channels[session_id]
+                    await _unsubscribe(old)
+                    continue
                 old.closed = True  # the old numbering's messages must not follow the new's
                 try:
                     fresh = await self._open(session_id, old.listeners)

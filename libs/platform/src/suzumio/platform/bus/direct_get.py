@@ -80,9 +80,11 @@ async def iter_subject(
 ) -> AsyncIterator[StoredMessage]:
     """Every message on `subject` after `after_seq`, in order, up to `batch` per round trip.
 
-    `min_last_seq`: answered only by a replica that holds the stream up to there at least
-    (a follower behind it hands the request to the leader): with a replicated stream, a
-    lagging follower would otherwise end the reading early, as if nothing more were stored."""
+    `min_last_seq`: asks for a replica that holds the stream up to there at least — NATS's
+    read-after-write design has a follower behind it hand the request to the leader, or
+    answer 412 (raised here as PlatformError) — so that with a replicated stream a lagging
+    follower does not end the reading early, as if nothing more were stored. One server, as
+    in the tests here, answers as without it: the clustered behaviour is not checked here."""
     replies = Replies.of(nc)
     start = after_seq + 1
     pending = 1
