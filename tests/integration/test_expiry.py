@@ -72,18 +72,24 @@ async def test_a_deadline_passed_before_its_row_shows_is_looked_for_again_soon(
     now = NOW
     router = RecordingRouter(refuse=set())
     clock = ExpiryClock(pool, router, lambda: now)
-    clock.notify(NOW - timedelta(milliseconds=100))
-    assert await clock._expire_due() is None  # its row not shown yet
-    assert clock._sleep(None) <= RECHECK.total_seconds()
+    clock.notify("q", NOW - timedelta(milliseconds=100))
+    # Another action, due later, whose row does show: its being met says nothing of `q`'s.
+    await pool.execute(
+        "INSERT INTO proj_pending_actions.pending_actions VALUES ('other', 'open', $1)",
+        NOW - timedelta(milliseconds=50),
+    )
+    assert await clock._expire_due() is None
+    assert router.seen == ["other"]
+    assert clock._sleep(None) <= RECHECK.total_seconds()  # `q` not shown yet: soon again
 
     await pool.execute(
         "INSERT INTO proj_pending_actions.pending_actions VALUES ('q', 'open', $1)",
         NOW - timedelta(milliseconds=100),
     )
     assert await clock._expire_due() is None
-    assert router.seen == ["q"]
-    assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # met: back to the read model's
+    assert router.seen == ["other", "q", "other"]  # (the stand-in changes no rows)
+    assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # shown: the read model's again
 
-    clock.notify(NOW + timedelta(seconds=1))
+    clock.notify("never", NOW + timedelta(seconds=1))
     now = NOW + timedelta(seconds=1) + VISIBLE_WITHIN + timedelta(seconds=1)
     assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # never showed: given up

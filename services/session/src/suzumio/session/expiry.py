@@ -39,15 +39,17 @@ class ExpiryClock:
         self._pool = pool
         self._router = router
         self._clock = clock
-        self._earliest: datetime | None = None
+        # Deadlines of pending actions this process created, until their rows show in the
+        # read model (which then answers for them) or VISIBLE_WITHIN after they passed.
+        self._watch: dict[str, datetime] = {}
         self._wake = asyncio.Event()
         self._failed: dict[str, datetime] = {}  # id -> not to be retried before
-        self._expired_through: datetime | None = None  # the latest deadline the last pass met
 
-    def notify(self, deadline: datetime) -> None:
+    def notify(self, pending_action_id: str, deadline: datetime) -> None:
         """A pending action was created that expires at `deadline`."""
-        if self._earliest is None or deadline < self._earliest:
-            self._earliest = deadline
+        earliest = min(self._watch.values(), default=None)
+        self._watch[pending_action_id] = deadline
+        if earliest is None or deadline < earliest:
             self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -65,14 +67,11 @@ class ExpiryClock:
     def _sleep(self, next_at: datetime | None) -> float:
         """How long to sleep after a pass, `next_at` the read model's next deadline."""
         now = self._clock()
-        wake = [t for t in (next_at, self._earliest) if t is not None]
-        if self._earliest is not None and self._earliest <= now:
-            met = self._expired_through is not None and self._expired_through >= self._earliest
-            if met or now - self._earliest > VISIBLE_WITHIN:
-                self._earliest = None  # expired; or its row never showed (answered first)
-                wake = [t for t in (next_at,) if t is not None]
-            else:  # due, and its row not shown yet: not the read model's next deadline
-                wake = [now + RECHECK]
+        # One whose row never showed that long after its deadline: answered before it, say.
+        self._watch = {k: t for k, t in self._watch.items() if now - t <= VISIBLE_WITHIN}
+        wake = [t for t in (next_at, *self._watch.values()) if t is not None]
+        if any(t <= now for t in self._watch.values()):
+            wake.append(now + RECHECK)  # due, its row not shown yet: look again in a moment
         sleep = min(wake, default=now + MAX_SLEEP) - now
         return min(max(sleep.total_seconds(), 0.05), MAX_SLEEP.total_seconds())
 
@@ -83,7 +82,6 @@ class ExpiryClock:
         now = self._clock()
         self._failed = {k: t for k, t in self._failed.items() if t > now}
         expired = 0
-        self._expired_through = None
         after: tuple[datetime, str] | None = None
         while stop is None or not stop.is_set():
             # Oldest first, and past the ones that just failed, so one action that cannot be
@@ -102,13 +100,19 @@ class ExpiryClock:
                 PAGE,
             )
             expired += await self._expire(due, now)
-            if due:
-                self._expired_through = due[-1]["expires_at"]
             if len(due) < PAGE:
                 break
             after = (due[-1]["expires_at"], due[-1]["id"])
         if expired:
             log.info("expiry.expired", count=expired)
+        passed = [k for k, t in self._watch.items() if t <= now]
+        if passed:  # the ones the read model shows (in any status) are its to answer for now
+            shown = await self._pool.fetch(
+                "SELECT id FROM proj_pending_actions.pending_actions WHERE id = ANY($1::text[])",
+                passed,
+            )
+            for row in shown:
+                self._watch.pop(row["id"], None)
         next_at: datetime | None = await self._pool.fetchval(
             "SELECT min(expires_at) FROM proj_pending_actions.pending_actions"
             " WHERE status = 'open' AND expires_at > $1",

@@ -30,7 +30,7 @@ class Context:
     repo: Repository
     mount_roots: tuple[Path, ...] = ()
     clock: Callable[[], datetime] = utcnow
-    on_pending_action: Callable[[datetime], None] = field(default=lambda _: None)
+    on_pending_action: Callable[[str, datetime], None] = field(default=lambda _, __: None)
     reserved_dirs: tuple[Path, ...] = ()  # no mount grant may overlap these
 
 

@@ -42,7 +42,7 @@ class PendingActionHandlers(HandlerGroup):
             lambda s: pending_action.create(s, owner, cmd, now),
             ctx.meta(),
         )
-        self.c.on_pending_action(state.expires_at)
+        self.c.on_pending_action(cmd.pending_action_id, state.expires_at)
         return accepted(
             result, pending_action_id=cmd.pending_action_id, expires_at=state.expires_at.isoformat()
         )
