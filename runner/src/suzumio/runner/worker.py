@@ -820,7 +820,12 @@ class Worker:
             outputs = await self._bring_out(run)  # still beating: uploads may take a while
         finally:
             beats.cancel()
-        await self._finish(run, self._exit_status(run, code, outputs, detail))
+        status = self._exit_status(run, code, outputs, detail)
+        # Its session is kept warm before the end is told: the orchestrator may send the
+        # session's next dispatch the moment it hears, and one that came while the session
+        # still read busy here ran cold, on a new runner, beside the idle resident one.
+        self._give_back_warm(run)
+        await self._finish(run, status)
 
     async def _bring_in(self, run: _Run) -> None:
         """The dispatch's inputs into the workspace. A session's warm workspace that cannot
@@ -1062,11 +1067,17 @@ class Worker:
     async def _release(self, run: _Run) -> None:
         if not run.spec:  # a resident runner's cgroup goes with the runner
             self._drop_cgroup(_run_cgroup(run))
-        if run.warm_key is not None:
-            for key in self.warm.give_back(run.warm_key, run.dispatch.idle_seconds):
-                self._retire(key)
-                self._discard(self.warm.path(key))
+        self._give_back_warm(run)
         self._discard(run.root)
+
+    def _give_back_warm(self, run: _Run) -> None:
+        """The run's warm session kept for its next activation (once: the end's report and
+        the release both ask)."""
+        key, run.warm_key = run.warm_key, None
+        if key is not None:
+            for old in self.warm.give_back(key, run.dispatch.idle_seconds):
+                self._retire(old)
+                self._discard(self.warm.path(old))
 
     def _expire_warm(self) -> None:
         """Drop the warm sessions idle past their TTL: their runners and workspaces."""
