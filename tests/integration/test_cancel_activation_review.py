@@ -159,9 +159,8 @@ async def test_a_cancel_closes_every_signal_of_its_activation_a_batch_per_append
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An activation may have been handed more signals than one append holds: the cancel goes
-    with as many closes as fit, the rest follow a batch per append, and none is left to queue
-    again. (Made 1 and 1 here; they are 999 and 200.)"""
-    monkeypatch.setattr(scheduler_engine, "MAX_CLOSES_WITH_CANCEL", 1)
+    with a batch of closes, the rest follow a batch per append, and none is left to queue
+    again. (The batch is made 1 here; it is 200.)"""
     monkeypatch.setattr(scheduler_engine, "MAX_CLOSES_PER_DECISION", 1)
     world = Sessions(store)
     project = await world.project()

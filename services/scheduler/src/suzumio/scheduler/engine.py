@@ -51,12 +51,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Priority, SignalKind, SignalOutcome
 from suzumio.platform import telemetry, trace_origin
 from suzumio.platform.bus.commands import CommandClient, CommandServer
-from suzumio.platform.bus.eventstore import (
-    MAX_EVENTS_PER_APPEND,
-    ConcurrencyConflictError,
-    EventStore,
-    envelopes_of,
-)
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.logging import get_logger
@@ -74,7 +69,6 @@ from suzumio.scheduler.settings import SchedulerSettings
 from suzumio.scheduler.timers import Timers
 
 log = get_logger(__name__)
-MAX_CLOSES_WITH_CANCEL = MAX_EVENTS_PER_APPEND - 1  # a user's cancel and its signals' closes
 ACTOR = "system:scheduler"
 FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
 REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
@@ -483,9 +477,10 @@ class Scheduler:
                 SignalClosed(signal_id=x.id, outcome=SignalOutcome.CANCELLED, reason=why)
                 for x in activation.signals
             ]
-            # One append holds at most 1,000 events, and the activation may have been handed
-            # any number of P1s: the cancel and as many closes as fit together, the rest after.
-            closes, rest = closes[:MAX_CLOSES_WITH_CANCEL], closes[MAX_CLOSES_WITH_CANCEL:]
+            # One append holds at most 1,000 events (and a bus message's bytes), and the
+            # activation may have been handed any number of P1s: the cancel and a batch of
+            # closes together, the rest after.
+            closes, rest = closes[:MAX_CLOSES_PER_DECISION], closes[MAX_CLOSES_PER_DECISION:]
             try:
                 written = await self._store.append(session_id, [cancel, *closes], s.version, meta)
             except ConcurrencyConflictError:
@@ -508,7 +503,7 @@ class Scheduler:
     async def _close_rest(
         self, session_id: str, closes: Sequence[SignalClosed], meta: EventMeta
     ) -> None:
-        """The closes that did not fit with a cancel (past 999 signals), a batch per append.
+        """The closes that did not go with a cancel (past 200 signals), a batch per append.
         The cancel is stored whatever happens here: one that fails is logged, not the
         cancel's answer (its signals not closed queue again when the activation ends)."""
         for start in range(0, len(closes), MAX_CLOSES_PER_DECISION):
