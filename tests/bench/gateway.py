@@ -196,5 +196,10 @@ async def api(nats_url: str, pg_url: str, root: Path) -> dict[str, Any]:
 
 
 async def sse_fanout(nats_url: str, pg_url: str, root: Path) -> dict[str, Any]:
-    async with running_stack(nats_url, pg_url, Path(tempfile.mkdtemp(dir=root))) as stack:
+    # One user's key stands in for the session's hundred viewers: its cap on open streams
+    # (`SUZUMIO_STREAM_MAX_PER_USER`, 32) is raised to let it hold them all.
+    cap = {"SUZUMIO_STREAM_MAX_PER_USER": str(FANOUT_SUBSCRIBERS)}
+    async with running_stack(
+        nats_url, pg_url, Path(tempfile.mkdtemp(dir=root)), extra_env=cap
+    ) as stack:
         return await _fanout_figures(stack)
