@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from pydantic import TypeAdapter
 
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta, envelope_for
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import CommandTimeoutError, ConflictError
 from suzumio.contracts.events import (
     ActivationCompleted,
     ActivationRequested,
@@ -30,7 +30,7 @@ from suzumio.contracts.events import (
 from suzumio.contracts.subjects import DEFAULT_TOPOLOGY
 from suzumio.contracts.values import Author, ModelSpec, Priority, ProjectLimits, SignalKind
 from suzumio.platform.bus.commands import CommandClient
-from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore
+from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, Head
 from suzumio.platform.bus.follower import LogMessage
 from suzumio.scheduler import engine
 from suzumio.scheduler.domain.world import Changes
@@ -59,6 +59,9 @@ class HeldStore:
 
     def __init__(self) -> None:
         self.appends: list[Append] = []
+        self.stored: defaultdict[str, int] = defaultdict(int)  # what `head` answers
+        self.head_error: Exception | None = None
+        self.head_reads = 0
 
     async def append(
         self,
@@ -73,6 +76,14 @@ class HeldStore:
 
     def observe(self, aggregate: str, aggregate_id: str, version: int, seq: int) -> None:
         pass
+
+    async def head(self, aggregate: str, aggregate_id: str) -> Head:
+        """The session's head in the log, as the test set it (`stored`)."""
+        assert aggregate == "session"
+        self.head_reads += 1
+        if self.head_error is not None:
+            raise self.head_error
+        return Head(self.stored[aggregate_id], 0)
 
     def of(self, session_id: str) -> list[Append]:
         return [a for a in self.appends if a.session_id == session_id]
@@ -290,3 +301,65 @@ async def test_a_handover_does_not_append_beside_a_decision_still_landing(
     await leader.land(preempt)
     with pytest.raises(ConflictError):  # replaced: fenced
         await leader.scheduler.take_signals("x", live, ())
+
+
+def unconfirmed() -> CommandTimeoutError:
+    return CommandTimeoutError("event store did not confirm the append", subject="s")
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_start_whose_append_landed_unconfirmed_keeps_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store could not confirm x's start, which is in the log all the same, and the fold
+    has not shown it yet: x is not decided again, and y does not take the slot x's start
+    holds (else two run in a project whose limit is one, once the fold shows x's)."""
+    monkeypatch.setattr(engine, "APPEND_RETRY_SECONDS", 0.01)
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    leader.store.stored["x"] = start.version + len(start.events)  # stored: its answer is lost
+    start.answer.set_exception(unconfirmed())
+    await wait_for(lambda: leader.store.head_reads > 0)
+    await settle()
+
+    await leader.signal("y")
+    assert leader.store.of("y") == []  # x's start still holds the slot
+    assert leader.store.of("x") == [start]  # and x is not decided again on a stale version
+
+    await leader.commit("session", "x", *start.events)  # the fold reaches x's start
+    assert leader.running == 1
+    await leader.signal("y")
+    assert leader.store.of("y") == []
+    await leader.commit("activation", activation_of(start), ActivationCompleted(text="done"))
+    [y_start] = leader.store.of("y")
+    assert y_start.starts
+
+
+async def test_a_start_whose_append_did_not_land_is_decided_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head shows the append was not stored (after the log could not be read at first):
+    the hold ends, and x is decided again on the same version."""
+    monkeypatch.setattr(engine, "APPEND_RETRY_SECONDS", 0.01)
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    leader.store.stored["x"] = start.version  # not stored
+    leader.store.head_error = TimeoutError()  # ... and the log cannot be read for a while
+    start.answer.set_exception(unconfirmed())
+    await wait_for(lambda: leader.store.head_reads >= 2)
+    assert leader.store.of("x") == [start]  # held while nobody can tell
+
+    leader.store.head_error = None
+    await wait_for(lambda: len(leader.store.of("x")) == 2)
+    again = leader.store.of("x")[1]
+    assert again.starts
+    assert again.version == start.version

@@ -72,6 +72,7 @@ log = get_logger(__name__)
 ACTOR = "system:scheduler"
 FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
 REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
+APPEND_RETRY_SECONDS = 0.5  # after a failed append, before looking at what the log holds
 HANDOVER_WAIT_SECONDS = 5.0  # a handover waits this long for a decision of ours to land
 
 _decisions = meter.create_counter(
@@ -325,8 +326,7 @@ class Scheduler:
         except Exception as exc:
             _decisions.add(1, {"kind": kind, "outcome": "error"})
             log.warning("scheduler.append_failed", session=session_id, error=repr(exc))
-            await asyncio.sleep(0.5)
-            self._again(session_id, hold)
+            await self._after_error(session_id, hold)
         else:
             _decisions.add(1, {"kind": kind, "outcome": "ok"})
             if d.youngest is not None:
@@ -363,6 +363,28 @@ class Scheduler:
         self._dirty.add(session_id)
         if self.leading:
             self._decide()
+
+    async def _after_error(self, session_id: str, hold: Hold) -> None:
+        """An append that failed may have landed all the same (its answer lost, the store
+        unable to tell): until the session's head says which, it keeps its hold, and a start
+        its capacity. Released at once, another session could take that capacity while the
+        fold has not yet shown the landed start — one over the project's limit."""
+        pause = APPEND_RETRY_SECONDS
+        while True:
+            await asyncio.sleep(pause)
+            if not self._holds.owns(session_id, hold):
+                return  # the fold reached it (landed, or a newer fact) and looked again
+            try:
+                head = await self._store.head("session", session_id)
+            except Exception as exc:
+                log.warning("scheduler.head_unknown", session=session_id, error=repr(exc))
+                pause = min(pause * 2, 10.0)
+                continue
+            if head.version < hold.target:
+                self._again(session_id, hold)  # not stored: decide again
+            # Else it is in the log (or a newer write is): the fold releases the hold when
+            # it gets there, as for any append of ours.
+            return
 
     def _after_conflict(self, session_id: str, hold: Hold, actual: int) -> None:
         """Someone wrote first: decide on what they wrote, once it is folded. Deciding before
