@@ -72,6 +72,7 @@ log = get_logger(__name__)
 ACTOR = "system:scheduler"
 FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
 REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
+FORGET_EVERY_SECONDS = 300.0  # how often ended activations past the review window are dropped
 APPEND_RETRY_SECONDS = 0.5  # after a failed append, before looking at what the log holds
 HANDOVER_WAIT_SECONDS = 5.0  # a handover waits this long for a decision of ours to land
 
@@ -147,6 +148,7 @@ class Scheduler:
         self._holds = Holds()  # decisions of ours in flight, one per session at most
         self._reviewing: set[str] = set()
         self._review_retry: dict[str, _ReviewRetry] = {}  # session -> a review to do again
+        self._next_forget = 0.0  # loop time of the next `_forget_old_ends`
         self._tasks: set[asyncio.Task[None]] = set()
         self.folded = self.replica.folded  # follows world.position, for those who wait on it
         self.leading = False
@@ -195,9 +197,24 @@ class Scheduler:
             await self.folded.advance(self.world.position)
             if replaying and self.caught_up:
                 log.info("scheduler.caught_up", position=self.world.position)
+                self._next_forget = 0.0  # what the replay folded, at once
             self._dirty |= changes.sessions
             if self.leading:
                 self._decide()
+            self._forget_old_ends()
+
+    def _forget_old_ends(self) -> None:
+        """Now and then, the sessions' ended activations past the review window are
+        forgotten (on every replica: a standby's fold is the state it would lead with)."""
+        now = asyncio.get_running_loop().time()
+        if now < self._next_forget:
+            return
+        self._next_forget = now + FORGET_EVERY_SECONDS
+        window = timedelta(seconds=self._settings.review_window_seconds + 60.0)
+        keep = self._reviewing.union(self._review_retry)
+        forgotten = self.world.forget_ended(self._clock() - window, keep)
+        if forgotten:
+            log.info("scheduler.ends_forgotten", sessions=forgotten)
 
     def _fold(self, msg: LogMessage, changes: Changes) -> None:
         if WANTED.intersection(msg.types):

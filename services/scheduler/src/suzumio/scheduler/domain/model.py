@@ -1,4 +1,8 @@
-"""What the scheduler knows, per session and across them, folded from the log."""
+"""What the scheduler knows, per session and across them, folded from the log.
+
+Every session ever opened stays in the fold (a closed one may be reopened, and its next signal
+needs its project and agent), so what one costs is kept small: slotted records, and an ended
+activation's summary forgotten once it is past the review window (`World.forget_ended`)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ RANK = {Priority.P0: 0, Priority.P1: 1, Priority.P2: 2, Priority.P3: 3}
 EndOutcome = Literal["completed", "failed", "cancelled", "timed_out"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Signal:
     id: str
     kind: SignalKind
@@ -48,7 +52,7 @@ class Signal:
         return self.priority is Priority.P0 and not self.requeued
 
 
-@dataclass
+@dataclass(slots=True)
 class Activation:
     id: str
     session_id: str
@@ -64,7 +68,7 @@ class Activation:
     read_only_calls: set[str] = field(default_factory=set)  # their success is no effect
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ended:
     """The last activation of a session that ended, for the hooks and the nudge rule."""
 
@@ -76,7 +80,7 @@ class Ended:
     at: datetime
 
 
-@dataclass
+@dataclass(slots=True)
 class Failing:
     """A signal whose retry budget is spent (or whose activation cannot be retried): it is
     closed as failed with `reason`."""
@@ -85,7 +89,7 @@ class Failing:
     reason: str
 
 
-@dataclass
+@dataclass(slots=True)
 class SessionSchedule:
     id: str
     project_id: str = ""
@@ -111,7 +115,7 @@ class SessionSchedule:
         return min(later, default=None)
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentInfo:
     project_id: str
     runtime_profile: str | None = None

@@ -5,8 +5,10 @@ capacity where. Every replica folds the same log to the same state; only the lea
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from sys import intern
 
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope
 from suzumio.contracts.events import (
@@ -150,6 +152,25 @@ class World:
         agent = self.agents.get(s.agent_id)
         return s.opened and not s.closed and agent is not None and not agent.disabled
 
+    def forget_ended(self, before: datetime, keep: Container[str] = ()) -> int:
+        """Forgets the last ended activation of the sessions where it ended before `before`
+        (the review window's start: no review looks at it any more), except those in `keep`
+        (under review); returns how many. Left in the fold, it is most of an idle session's
+        memory, and the fold keeps every session ever opened."""
+        forgotten = 0
+        for s in self.sessions.values():
+            # A dict emptied by pops keeps the table it grew to: an idle session's own two
+            # would be most of what it costs.
+            if not s.pending:
+                s.pending = {}
+            if not s.failing:
+                s.failing = {}
+            ended = s.last_ended
+            if ended is not None and ended.at < before and s.id not in keep:
+                s.last_ended, s.reviewed = None, None
+                forgotten += 1
+        return forgotten
+
     # -- folding -------------------------------------------------------------------------
     def apply(
         self, seq: int, envelopes: list[tuple[EventEnvelope, DomainEvent]], changes: Changes
@@ -191,7 +212,9 @@ class World:
     ) -> None:
         match data:
             case SessionOpened():
-                s.project_id, s.agent_id, s.opened = data.project_id, data.agent_id, True
+                # One string per project and agent, however many sessions name them.
+                s.project_id, s.agent_id = intern(data.project_id), intern(data.agent_id)
+                s.opened = True
             case SessionClosed():
                 s.closed = True
             case SessionReopened():
