@@ -53,6 +53,7 @@ from suzumio.contracts.addresses import IPAddress, refused_reason
 from suzumio.contracts.values import ModelSpec
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretError
+from suzumio.platform.service.stream_cut import StreamCutError
 from suzumio.platform.shares import Shares
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.model_chain import model_chain, provider_of
@@ -336,15 +337,15 @@ async def _relayed(
     try:
         while (chunk := await _next_by(chunks, deadline)) is not None:
             yield chunk
-    except TimeoutError:
+    except TimeoutError as exc:
         # Cut like a broken stream: the runner's SDK sees a connection that ended early.
         log.warning("model_relay.too_long", via=via, stage="stream")
-        raise
+        raise StreamCutError("the model call outlasted its time") from exc
     except httpx.HTTPError as exc:
-        # Raised on: the connection to the runner is then cut, and its SDK sees a broken
-        # stream (retried), not an answer that ends early as if it were whole.
+        # Cut: the runner's SDK sees a broken stream (retried), not an answer that ends
+        # early as if it were whole.
         log.warning("model_relay.stream_broken", via=via, error=type(exc).__name__)
-        raise
+        raise StreamCutError("the provider's stream broke") from exc
     finally:
         release()
         await answer.aclose()

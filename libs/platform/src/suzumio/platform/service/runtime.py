@@ -45,6 +45,7 @@ from suzumio.platform.logging import configure_logging, get_logger
 from suzumio.platform.service import cpu, heap, heartbeat
 from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 from suzumio.platform.service.health import Readiness
+from suzumio.platform.service.stream_cut import quiet_uvicorn_cuts
 from suzumio.platform.service.unix_socket import UnixListener, bind_unix
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
 
@@ -207,6 +208,7 @@ class ServiceRuntime:
     async def serve(self, app: ASGIApp | None = None, stop: asyncio.Event | None = None) -> None:
         """Serve HTTP and the background tasks until `stop` is set, then drain."""
         stop = stop or asyncio.Event()
+        quiet_uvicorn_cuts()
         http_app = app or Starlette(routes=self.readiness.routes())
         if self._body_limits is not None:
             http_app = BodyLimit(http_app, self._body_limits)

@@ -1,0 +1,102 @@
+"""A response cut on purpose after its body began (`StreamCutError`: the model relay past its
+deadline, a provider's stream broken) breaks the client's connection, so the client never
+takes a partial body for a whole one, and leaves no "Exception in ASGI application" traceback
+in the service's log; any other exception there is still logged with its traceback. Served by
+`ServiceRuntime.serve`, as every service is."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.service.runtime import ServiceRuntime
+from suzumio.platform.service.stream_cut import StreamCutError
+from suzumio.platform.settings import ServiceSettings
+from tests.support import configure_logging_uncached as configure_logging
+
+
+@pytest.fixture
+def service_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield capsys
+    structlog.reset_defaults()
+    root.handlers[:], root.level = handlers, level
+
+
+def _streaming(path: str, error: Exception) -> Route:
+    async def body() -> AsyncIterator[bytes]:
+        yield b"data: first\n\n"
+        await asyncio.sleep(0.05)
+        raise error
+
+    async def endpoint(_: Request) -> StreamingResponse:
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return Route(path, endpoint)
+
+
+async def _read(client: httpx.AsyncClient, path: str, chunks: list[bytes]) -> None:
+    async with client.stream("GET", path) as answer:
+        assert answer.status_code == 200
+        async for chunk in answer.aiter_raw():
+            chunks.append(chunk)
+
+
+async def test_a_cut_breaks_the_stream_without_a_traceback_in_the_log(
+    service_logs: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    nats_url: str,
+    database_url: str,
+    topology: Topology,
+) -> None:
+    configure_logging("probe", fmt="json")
+    settings = ServiceSettings(namespace=topology.namespace, data_dir=tmp_path / "data")
+    runtime = ServiceRuntime("probe", settings, nats_url=nats_url, database_url=database_url)
+    cut, bug = _streaming("/cut", StreamCutError("on purpose")), _streaming("/bug", ValueError())
+    app = Starlette(routes=[cut, bug])
+    stop = asyncio.Event()
+    serving: asyncio.Task[None] | None = None
+    received: dict[str, bytes] = {}
+    try:
+        await runtime.open()
+        serving = asyncio.create_task(runtime.serve(app, stop))
+        while runtime.http_port is None:
+            await asyncio.sleep(0.01)
+        base = f"http://127.0.0.1:{runtime.http_port}"
+        async with httpx.AsyncClient(base_url=base) as client:
+            for attempt in range(100):  # until uvicorn listens
+                try:
+                    await client.get("/nowhere")
+                    break
+                except httpx.ConnectError:
+                    assert attempt < 99
+                    await asyncio.sleep(0.05)
+            for path in ("/cut", "/bug"):
+                chunks: list[bytes] = []
+                with pytest.raises(httpx.RemoteProtocolError):  # broken, not ended
+                    await _read(client, path, chunks)
+                received[path] = b"".join(chunks)
+    finally:
+        stop.set()
+        if serving is not None:
+            await serving
+        await runtime.close()
+    assert received == {"/cut": b"data: first\n\n", "/bug": b"data: first\n\n"}
+    err = service_logs.readouterr().err
+    tracebacks = [line for line in err.splitlines() if "Exception in ASGI application" in line]
+    assert len(tracebacks) == 1, err  # the bug's ...
+    assert "ValueError" in tracebacks[0]
+    assert "StreamCutError" not in err  # ... and nothing of the cut
+    assert "on purpose" not in err
