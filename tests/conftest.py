@@ -3,9 +3,11 @@ collects no test is a failure, not a success."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from suzumio.runner import strays
 
@@ -34,3 +36,17 @@ def _no_command_carried_over() -> Iterator[None]:
     yield
     strays._Started.commands = False
     strays._Started.before = frozenset()
+
+
+@pytest.fixture
+def json_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
+    """For a test that configures logging as a service does (its lines then go to the captured
+    stderr): the logging set-up it changed is put back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    levels = {n: logging.getLogger(n).level for n in ("uvicorn.access", "nats", "asyncio")}
+    yield capsys
+    structlog.reset_defaults()
+    root.handlers[:], root.level = handlers, level
+    for name, was in levels.items():
+        logging.getLogger(name).setLevel(was)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import structlog
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
@@ -34,18 +32,6 @@ from tests.support import configure_logging_uncached as configure_logging
 ACCESS_TOKEN = "opaque-Access-Token-4f1c9b2e7d"  # noqa: S105 - a test value
 
 
-@pytest.fixture
-def service_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    levels = {n: logging.getLogger(n).level for n in ("uvicorn.access", "nats", "asyncio")}
-    yield capsys
-    structlog.reset_defaults()
-    root.handlers[:], root.level = handlers, level
-    for name, was in levels.items():
-        logging.getLogger(name).setLevel(was)
-
-
 async def _refuse(websocket: WebSocket) -> None:
     await websocket.close(code=1008)  # before accepting: a 403 handshake, as a bad key gets
 
@@ -56,7 +42,7 @@ async def _accept(websocket: WebSocket) -> None:
 
 
 async def test_a_websocket_access_token_is_not_in_the_service_log(
-    service_logs: pytest.CaptureFixture[str],
+    json_logs: pytest.CaptureFixture[str],
     tmp_path: Path,
     nats_url: str,
     database_url: str,
@@ -90,7 +76,7 @@ async def test_a_websocket_access_token_is_not_in_the_service_log(
         if serving is not None:
             await serving
         await runtime.close()
-    err = service_logs.readouterr().err
+    err = json_logs.readouterr().err
     handshakes = [line for line in err.splitlines() if "WebSocket /" in line]
     assert len(handshakes) == 2, err  # the handshakes are logged, their paths with them ...
     assert all("access_token=<redacted>" in line for line in handshakes), handshakes
@@ -98,7 +84,7 @@ async def test_a_websocket_access_token_is_not_in_the_service_log(
 
 
 async def test_a_nats_token_in_a_connect_error_is_not_logged(
-    service_logs: pytest.CaptureFixture[str], tmp_path: Path
+    json_logs: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     configure_logging("probe", fmt="json")
     server = start_nats(tmp_path / "nats", monitoring=False)
@@ -118,7 +104,7 @@ async def test_a_nats_token_in_a_connect_error_is_not_logged(
     except connection.NatsUnreachableError:
         log.exception("nats.unreachable")
         logging.getLogger("lib").exception("connect to %s failed", url)
-    lines = [json.loads(line) for line in service_logs.readouterr().err.splitlines() if line]
+    lines = [json.loads(line) for line in json_logs.readouterr().err.splitlines() if line]
     assert len(lines) == 4
     assert token not in json.dumps(lines)
     assert "nats://<redacted>@127.0.0.1" in lines[0]["error"]

@@ -7,13 +7,11 @@ in the service's log; any other exception there is still logged with its traceba
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -24,15 +22,6 @@ from suzumio.platform.service.runtime import ServiceRuntime
 from suzumio.platform.service.stream_cut import StreamCutError
 from suzumio.platform.settings import ServiceSettings
 from tests.support import configure_logging_uncached as configure_logging
-
-
-@pytest.fixture
-def service_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield capsys
-    structlog.reset_defaults()
-    root.handlers[:], root.level = handlers, level
 
 
 def _streaming(path: str, error: Exception) -> Route:
@@ -55,7 +44,7 @@ async def _read(client: httpx.AsyncClient, path: str, chunks: list[bytes]) -> No
 
 
 async def test_a_cut_breaks_the_stream_without_a_traceback_in_the_log(
-    service_logs: pytest.CaptureFixture[str],
+    json_logs: pytest.CaptureFixture[str],
     tmp_path: Path,
     nats_url: str,
     database_url: str,
@@ -94,7 +83,7 @@ async def test_a_cut_breaks_the_stream_without_a_traceback_in_the_log(
             await serving
         await runtime.close()
     assert received == {"/cut": b"data: first\n\n", "/bug": b"data: first\n\n"}
-    err = service_logs.readouterr().err
+    err = json_logs.readouterr().err
     tracebacks = [line for line in err.splitlines() if "Exception in ASGI application" in line]
     assert len(tracebacks) == 1, err  # the bug's ...
     assert "ValueError" in tracebacks[0]

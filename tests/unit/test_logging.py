@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from suzumio.platform.logging import REDACTED, configure_logging, get_logger
 
 API_KEY = "szm_k1_" + "A" * 32
 PROVIDER_KEY = "sk-" + "b" * 40
-
-
-@pytest.fixture
-def json_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
-    """Logging configured as a service does it, writing to the captured stderr."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield capsys
-    structlog.reset_defaults()
-    root.handlers[:], root.level = handlers, level
 
 
 def lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:

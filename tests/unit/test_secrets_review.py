@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -32,15 +31,6 @@ DSN = f"postgresql://suzumio:{PG_PASSWORD}@db.internal:5432/suzumio"
 NATS_TOKEN = "NatsTokenValue-9a8b7c6d5e4f"  # noqa: S105
 NATS_URL = f"nats://{NATS_TOKEN}@nats.internal:4222"
 OPAQUE = "opaque-Credential-31f5a0c2b9"
-
-
-@pytest.fixture
-def json_logs(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield capsys
-    structlog.reset_defaults()
-    root.handlers[:], root.level = handlers, level
 
 
 def _lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
