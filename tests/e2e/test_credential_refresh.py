@@ -82,6 +82,7 @@ def mint(stack: Stack, world: World, activation_id: str, **claims: Any) -> str:
         project_id=claims.pop("project_id", world.project_id),
         agent_id=claims.pop("agent_id", world.agent_id),
         ttl=timedelta(minutes=5),
+        keyless=claims.pop("keyless", False),
     )
 
 
@@ -205,6 +206,14 @@ async def test_the_broker_answers_only_its_own_agents_providers(
         agent_id=mine.world.agent_id,
     )  # fmt: skip
     problem(await ask(platform, mixed, PRIMARY), 403, "forbidden")
+
+    # An activation without network (its token says so): the relay calls its models, and no
+    # key may enter its sandbox, not even through here.
+    keyless = mint(
+        platform, mine.world, await request_activation(platform, mine.world), keyless=True
+    )
+    refused = problem(await ask(platform, keyless, PRIMARY), 404, "not_found")
+    assert "relay" in refused["detail"]
 
     # No token at all, or a forged one.
     problem(await ask(platform, None, PRIMARY), 401, "unauthenticated")

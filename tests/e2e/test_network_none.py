@@ -28,6 +28,7 @@ from suzumio.orchestrator.backends.docker import DockerBackend, DockerSettings
 from suzumio.orchestrator.backends.process import ProcessBackend, ProcessSettings
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.platform.bus.commands import CommandClient
+from suzumio.platform.tokens import TokenSigner
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall, error_body
 from tests.backend_suite import harness
 from tests.e2e.api import World, new_world, ok
@@ -256,6 +257,7 @@ async def test_a_projects_provider_is_called_by_the_broker_with_the_key_the_proj
     async with harness(
         offline, default_model, tmp_path, kept_containers, "docker", broker_socket=broker_socket
     ) as h:
+        tokens = tokens_launched(h)
         activation_id = await h.request(world)
         story = await h.ended(activation_id, timeout=120)
         info = container_of(engine, activation_id)
@@ -264,6 +266,23 @@ async def test_a_projects_provider_is_called_by_the_broker_with_the_key_the_proj
     assert call.headers["authorization"] == f"Bearer {PROVIDER_KEY}"
     assert call.body["model"] == "primary"
     assert PROVIDER_KEY not in str(info)
+    # Nor may the sandbox ask the broker for the key (`/runner/credentials`): its token says
+    # it holds none.
+    [token] = tokens
+    assert TokenSigner([offline.secret_key]).verify(token).keyless
+
+
+def tokens_launched(h: Any) -> list[str]:
+    """The tokens of the sandboxes `h`'s backend launches from now on."""
+    tokens: list[str] = []
+    launch = h.backend.launch
+
+    async def recorded(plan: Any) -> Any:
+        tokens.append(plan.input.token)
+        return await launch(plan)
+
+    h.backend.launch = recorded
+    return tokens
 
 
 def on_socket(broker_socket: Path, token: str | None) -> httpx.AsyncClient:

@@ -40,6 +40,11 @@ class ActivationClaims(BaseModel):
     agent_id: Identifier
     toolpacks: tuple[str, ...] = ()
     expires_at: datetime = Field(description="UTC instant after which the token is void")
+    keyless: bool = Field(
+        default=False,
+        description="its sandbox holds no provider key (network `none`: the broker's relay "
+        "calls its models), and the broker gives it none",
+    )
 
 
 def _derive(key: str) -> bytes:
@@ -71,6 +76,7 @@ class TokenSigner:
         toolpacks: Sequence[str] = (),
         ttl: timedelta,
         now: datetime | None = None,
+        keyless: bool = False,
     ) -> str:
         claims = ActivationClaims(
             activation_id=activation_id,
@@ -79,6 +85,7 @@ class TokenSigner:
             agent_id=agent_id,
             toolpacks=tuple(toolpacks),
             expires_at=(now or datetime.now(UTC)) + ttl,
+            keyless=keyless,
         )
         body = _b64(claims.model_dump_json().encode())
         return f"{PREFIX}.{body}.{self._sign(self._keys[0], body)}"

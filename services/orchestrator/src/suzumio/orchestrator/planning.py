@@ -152,6 +152,7 @@ class Planner:
             agent_id=agent.id,
             toolpacks=agent.toolpacks,
             ttl=ttl + timedelta(seconds=self.settings.token_margin_seconds),
+            keyless=offline,  # nor does the broker give it one (`/runner/credentials`)
         )
         mounts = self._mounts(agent, project)
         spec = RunnerActivationInput(

@@ -9,12 +9,13 @@ What is answered, and to whom: only a provider of the token's own project, and o
 the activation's agent calls a model through (its `model` or `fallbacks` as the log holds them
 now, naming that model and that provider), and only while the provider still names the
 endpoint the runner calls (a key set along with a new endpoint never goes to the old one);
-anything else — another agent's provider, a name
-the project does not have, a model of the platform's default endpoint (its key is the
-platform's own, which the broker does not hold) — is 404, alike. The key is opened with the
-platform's secret key, never logged, and the answer says `Cache-Control: no-store`. A runner
-looping on 401s cannot hammer it: one answer per activation and provider per
-`credential_refresh_seconds` on a replica, 429 with Retry-After before that.
+never to an activation without network (its token says `keyless`: its models are called
+through the relay, and no key may enter its sandbox); anything else — another agent's
+provider, a name the project does not have, a model of the platform's default endpoint (its
+key is the platform's own, which the broker does not hold) — is 404, alike. The key is
+opened with the platform's secret key, never logged, and the answer says `Cache-Control:
+no-store`. A runner looping on 401s cannot hammer it: one answer per activation and provider
+per `credential_refresh_seconds` on a replica, 429 with Retry-After before that.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ async def credential(
 ) -> CredentialAnswer:
     """The current key of the provider `body.model` of the caller's agent is called through."""
     response.headers.update(NO_STORE)
+    if caller.claims.keyless:
+        # Its sandbox has no network, and so no key: the relay calls its models with the key
+        # the project holds at each call. Answered here, a key would be in reach of whatever
+        # runs in the sandbox, with ways out (its files, its messages) but no network.
+        raise _missing(
+            "this activation calls its models through the broker's relay: no key goes into "
+            "its sandbox"
+        )
     desk = broker.credentials
     if body.provider is None:
         raise _missing(
