@@ -195,4 +195,8 @@ class ActivationRegistry:
                 a.call_tools.pop(data.call_id, None)
             case _:  # a terminal event
                 a.fenced = "ended"
+                # Kept for the look-back (a day) so that its token is refused as ended, not
+                # unknown; its calls no route reads any more (the gate refuses it first), and
+                # every replica would hold those of all activations of that day.
+                a.calls_started, a.calls_finished, a.call_tools = set(), set(), {}
                 self._ended.append((time.monotonic(), a.id))
