@@ -27,6 +27,7 @@ from suzumio.contracts.events import (
     ToolCallStarted,
 )
 from suzumio.contracts.ids import new_id
+from suzumio.contracts.values import Author
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.jsapi import ensure_streams
 from suzumio.platform.tokens import TokenSigner
@@ -213,6 +214,50 @@ async def test_history_from_a_cancelled_activation_is_refused_by_the_session_its
     assert late not in written
 
 
+async def test_an_attempt_that_lives_on_after_the_next_was_requested_writes_nothing(
+    platform: Stack,
+) -> None:
+    """The scheduler requests a session's next activation only once the last one ended. An
+    attempt whose end was recorded (failed: its worker lost, its time up) while its sandbox
+    lives on must not write among its successor's entries — not through the broker, whose
+    fold may not show its end yet (that is on the activation's own subject), nor through a
+    call the broker let in before the next one was requested."""
+    a = await live(platform, "lazarus")
+    commands = CommandClient(platform.nc, platform.topology)
+
+    def entry(activation_id: str, message_id: str) -> AppendHistory:
+        return AppendHistory(
+            session_id=a.world.session_id,
+            activation_id=activation_id,
+            agent_id=a.world.agent_id,
+            entries=(HistoryEntry(message_id=message_id, role="assistant", text="hi"),),
+        )
+
+    before, late, successors = new_id(), new_id(), new_id()
+    await commands.send(entry(a.activation_id, before), actor="system:toolbroker")
+    successor = await request_activation(platform, a.world)  # its end not even recorded
+
+    with pytest.raises(ForbiddenError, match="later one"):
+        await commands.send(entry(a.activation_id, late), actor="system:toolbroker")
+    await commands.send(entry(a.activation_id, before), actor="system:toolbroker")  # a retry
+    await commands.send(entry(successor, successors), actor="system:toolbroker")
+    async with broker(platform, a.token) as c:
+        refused = await c.post("/runner/tool-calls/start", json=start_body())
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["code"] == "fenced"
+    async with broker(platform, mint(platform, a.world, successor)) as c:
+        allowed = await c.post("/runner/tool-calls/start", json=start_body())
+    assert allowed.status_code == 200, allowed.text
+
+    stream = await platform.store.load("session", a.world.session_id)
+    written = [
+        e.data.message_id for e in stream.events if isinstance(e.data, SessionMessageAppended)
+    ]
+    assert written[-2:] == [before, successors]
+    assert late not in written
+    assert await activation_types(platform, a.activation_id) == []
+
+
 async def test_an_ended_activation_can_no_longer_act(platform: Stack) -> None:
     a = await live(platform, "endo")
     await platform.store.append_next(
@@ -232,8 +277,16 @@ async def test_the_broker_writes_on_what_it_folded_without_reading_the_activatio
     a = await live(platform, "verso")
     meta = ORCHESTRATOR
     await platform.store.append(a.activation_id, [started(a)], 0, meta)
-    await request_activation(platform, a.world)  # after it on the session: the broker's
-    # check before the call waits until it folded the session this far, so `started` too
+    marker = SessionMessageAppended(
+        message_id=new_id(),
+        author=Author(kind="agent", id=a.world.agent_id),
+        role="assistant",
+        text="marker",
+        activation_id=a.activation_id,
+    )
+    await platform.store.append_next(a.world.session_id, [marker], meta)  # after it on the
+    # session: the broker's check before the call waits until it folded the session this far,
+    # so `started` too
     subject = platform.topology.event_subject("activation", a.activation_id)
     reads: list[str] = []
 

@@ -359,8 +359,8 @@ async def test_one_activation_whose_log_cannot_be_read_holds_up_no_other_at_reco
     keeps leading."""
     model.script([Reply.text("first"), Reply.text("second")])
     async with harness(platform, model, tmp_path, backend_of(LaunchesThenHangs), "process") as h:
-        w = await h.world("isolated")
-        ids = [await h.request(w), await h.request(w)]
+        # Two sessions: a session's next activation fences its last one (it writes no more).
+        ids = [await h.request(await h.world(name)) for name in ("isolated", "isolated-2")]
         for activation_id in ids:
             await eventually(
                 lambda a=activation_id: story(platform, a),  # type: ignore[misc]

@@ -37,6 +37,7 @@ from suzumio.platform.position import Position
 
 log = get_logger(__name__)
 
+SUPERSEDED = "over: a later activation of its session was requested"
 WANTED = frozenset(
     {
         ActivationRequested.event_type,
@@ -74,6 +75,7 @@ class ActivationRegistry:
         self._lookback = lookback
         self._follower: LogFollower | None = None
         self._activations: dict[str, LiveActivation] = {}
+        self._latest: dict[str, str] = {}  # session -> its last activation requested
         self._ended: deque[tuple[float, str]] = deque()  # forgotten after the look-back
         self.folded = Position()
         self._task: asyncio.Task[None] | None = None
@@ -125,9 +127,16 @@ class ActivationRegistry:
             stream = await store.load(aggregate, aggregate_id, after=after.get(aggregate))
             for event in stream.events:
                 data = event.data
-                mine = getattr(data, "activation_id", activation_id) == activation_id
-                if event.envelope.type in WANTED and mine:
+                if event.envelope.type not in WANTED:
+                    continue
+                if getattr(data, "activation_id", activation_id) == activation_id:
                     self._apply(aggregate_id, data)
+                elif isinstance(data, ActivationRequested):
+                    # Another activation of the session requested after this one (which the
+                    # subject holds first): this one is over, as `_apply` has it.
+                    recalled = self._activations.get(activation_id)
+                    if recalled is not None:
+                        recalled.fenced = recalled.fenced or SUPERSEDED
             heads[aggregate] = Head(stream.version, stream.seq)
         return heads
 
@@ -168,7 +177,9 @@ class ActivationRegistry:
         horizon = time.monotonic() - self._lookback.total_seconds()
         while self._ended and self._ended[0][0] < horizon:
             _, activation_id = self._ended.popleft()
-            self._activations.pop(activation_id, None)
+            forgotten = self._activations.pop(activation_id, None)
+            if forgotten is not None and self._latest.get(forgotten.session_id) == activation_id:
+                del self._latest[forgotten.session_id]
 
     def _apply(self, aggregate_id: str, data: object) -> None:
         if isinstance(data, ActivationRequested):
@@ -176,6 +187,15 @@ class ActivationRegistry:
                 self._activations[data.activation_id] = LiveActivation(
                     data.activation_id, aggregate_id, data.agent_id, data.project_id
                 )
+            # The scheduler requests a session's next activation only once its last one
+            # ended: one still calling then is an ended attempt that lives on (its end may
+            # not be folded here yet, being on its own subject, which `fresh` does not wait
+            # for), and must not write among its successor's.
+            before = self._latest.get(aggregate_id)
+            self._latest[aggregate_id] = data.activation_id
+            earlier = self._activations.get(before) if before else None
+            if earlier is not None and earlier.id != data.activation_id:
+                earlier.fenced = earlier.fenced or SUPERSEDED
             return
         target = data.activation_id if isinstance(data, ActivationCancelRequested) else aggregate_id
         a = self._activations.get(target)

@@ -20,7 +20,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.values import PendingKind, Priority, SignalKind
-from suzumio.session.domain.session import SessionState
+from suzumio.session.domain.session import SessionState, fenced_because
 from suzumio.session.domain.state import AggregateState
 
 OUTCOMES = frozenset({PendingActionAnswered.event_type, PendingActionExpired.event_type})
@@ -57,10 +57,11 @@ def create(
         raise ConflictError("a pending action with this id exists already")
     if session.closed:
         raise ConflictError("the session is closed")
-    if cmd.activation_id in session.fenced:
-        # The broker checked before it asked; a cancel stored while the call was on its way
-        # must not leave the user a question from an activation that is gone.
-        raise ForbiddenError("the activation is cancelled")
+    fenced = fenced_because(session, cmd.activation_id)
+    if fenced is not None:
+        # The broker checked before it asked; a cancel (or a later activation) stored while
+        # the call was on its way must not leave the user a question from one that is gone.
+        raise ForbiddenError(fenced)
     if cmd.kind is PendingKind.ARTIFACT_REQUEST and not cmd.paths:
         raise InvalidError("an artifact request names the paths it wants")
     return [

@@ -18,6 +18,7 @@ from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
+    ActivationRequested,
     CheckpointSaved,
     HistoryCompacted,
     SessionClosed,
@@ -55,8 +56,9 @@ class SessionState(AggregateState):
         self.entries: dict[str, int] = {}  # history message id -> its place (retries skip)
         self.checkpoints: set[str] = set()
         self.fenced: set[str] = set()  # activations cancelled (or replaced by a P0)
+        self.latest: str | None = None  # the last activation requested: the only one to write
 
-    def apply(self, data: DomainEvent) -> None:
+    def apply(self, data: DomainEvent) -> None:  # noqa: C901 - one branch per event type
         match data:
             case SessionOpened():
                 self.project_id, self.agent_id = data.project_id, data.agent_id
@@ -73,6 +75,8 @@ class SessionState(AggregateState):
                 self.closed = False
             case ActivationCancelRequested():
                 self.fenced.add(data.activation_id)
+            case ActivationRequested():
+                self.latest = data.activation_id
             case SignalRecorded():
                 self.signals.add(data.signal_id)
                 action = data.payload.get("pending_action_id")
@@ -144,12 +148,28 @@ def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> l
     ]
 
 
-def _live(state: SessionState, activation_id: str) -> None:
-    """An activation writes to its session only until it is cancelled. The tool-broker checks
-    that before it asks; checked here too, on the state the append is conditional on, a cancel
-    stored while the request was on its way is never overtaken."""
+def fenced_because(state: SessionState, activation_id: str | None) -> str | None:
+    """Why `activation_id` may no longer write to its session, if it may not: it was cancelled,
+    or a later activation of the session was requested (the scheduler requests one only after
+    the last one ended: a sandbox still writing then is a failed or timed-out attempt that
+    lives on, and its entries would land among its retry's). None: no activation writes."""
+    if activation_id is None:
+        return None
     if activation_id in state.fenced:
-        raise ForbiddenError("the activation is cancelled")
+        return "the activation is cancelled"
+    if state.latest is not None and activation_id != state.latest:
+        return "the activation is over: a later one of its session was requested"
+    return None
+
+
+def _live(state: SessionState, activation_id: str) -> None:
+    """An activation writes to its session only while it is the session's live one. The
+    tool-broker checks that before it asks; checked here too, on the state the append is
+    conditional on, a cancel or a later request stored while the call was on its way is never
+    overtaken."""
+    reason = fenced_because(state, activation_id)
+    if reason is not None:
+        raise ForbiddenError(reason)
 
 
 def append_history(state: SessionState, cmd: AppendHistory) -> list[DomainEvent]:
