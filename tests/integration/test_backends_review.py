@@ -61,6 +61,41 @@ async def test_docker_a_start_whose_answer_is_lost_leaves_no_container(
     assert engine.containers(all=True, filters={"label": label}) == []
 
 
+async def test_docker_a_wait_cut_midway_is_waited_again_not_taken_for_a_lost_sandbox(
+    make_backend, engine, tmp_path, monkeypatch
+):
+    """The engine answers a wait's head at once and its body when the container exits: a
+    connection cut in between (dockerd restarting with live-restore, the socket dropped) ends
+    the body early, which requests raises as ChunkedEncodingError — no ConnectionError. It is
+    the engine out of reach for a moment, like any other: the watch waits again, and the
+    running container is neither stopped nor reported lost."""
+    backend = make_backend()
+    plan = make_plan(tmp_path, entry=("python3", "-c", "import time; time.sleep(3)"))
+    handle = await backend.launch(plan)
+    real_client = backend._client
+    cuts: list[str] = []
+
+    def client() -> Any:
+        api = real_client()
+        if cuts:
+            return api
+
+        def cut_wait(container: str, timeout: float) -> None:
+            cuts.append(container)
+            raise requests.exceptions.ChunkedEncodingError("connection broken (a test)")
+
+        class Cut:
+            def __getattr__(self, name: str) -> Any:
+                return cut_wait if name == "wait" else getattr(api, name)
+
+        return Cut()
+
+    monkeypatch.setattr(backend, "_client", client)
+    exit_ = await asyncio.wait_for(backend.watch(handle), 60)
+    assert cuts == [handle.sandbox_id]
+    assert (exit_.code, exit_.reason) == (0, "exited"), exit_
+
+
 # -- kubernetes, against a FAKE Kubernetes API server ------------------------------------------
 
 

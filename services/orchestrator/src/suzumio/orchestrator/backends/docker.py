@@ -329,7 +329,10 @@ class DockerBackend:
                 state = await self._call(self._wait_slice, handle.sandbox_id)
             except NotFound:  # its exit code with it: a recorded output says how it ended
                 return Exit(None, "lost", "the container is gone", gone=True)
-            except (DockerException, requests.ConnectionError) as exc:
+            except (DockerException, requests.RequestException, OSError) as exc:
+                # Any failure to hear the engine (a wait's body cut midway is requests'
+                # ChunkedEncodingError, no ConnectionError): out of reach for a moment, and
+                # the container may well run on (an engine restarted with live-restore).
                 unreachable_since = unreachable_since or loop.time()
                 if loop.time() - unreachable_since > self._settings.lost_after_seconds:
                     return Exit(None, "lost", f"engine unreachable: {exc}")
