@@ -17,10 +17,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.errors import InvalidError
+from suzumio.contracts.errors import CommandTimeoutError, InvalidError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationCompleted,
+    ActivationStarted,
     ActivationTimedOut,
 )
 from suzumio.contracts.ids import new_id
@@ -66,6 +67,23 @@ class FailingStore:
             self.appends -= 1
             raise TimeoutError("the store did not answer")
         return await self._store.append(aggregate_id, *args, **kwargs)
+
+
+class StartsFail(FailingStore):
+    """The store failing the next `starts` appends of `activation.started` (NATS trouble
+    while the sandbox was starting), or refusing them all (`refuse`)."""
+
+    starts = 0
+    refuse = False
+
+    async def append_next(self, aggregate_id: str, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(e, ActivationStarted) for e in args[0]):
+            if self.refuse:
+                raise InvalidError("the event is too large for the bus")
+            if self.starts > 0:
+                self.starts -= 1
+                raise CommandTimeoutError("the store did not confirm the append", subject="")
+        return await self._store.append_next(aggregate_id, *args, **kwargs)
 
 
 class RefusesCompletions(FailingStore):
@@ -160,6 +178,31 @@ async def test_an_end_is_appended_though_the_log_fails_for_a_while(
         ended = await h.ended(activation_id, timeout=45)
     assert (failing.loads, failing.appends) == (0, 0)
     assert terminals(ended) == ["activation.completed"], ended
+
+
+@pytest.mark.parametrize("trouble", ["passes", "refused"])
+async def test_a_start_the_log_does_not_take_leaves_the_sandbox_at_work(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    trouble: str,
+) -> None:
+    """The sandbox is running when its start is recorded, and its runner may have acted: NATS
+    trouble then (or a refusal) must not stop it and fail the activation, for its work would
+    be done again. Trouble that passes: the start is recorded late. A refusal: left out."""
+    model.script([Reply.text("done though the start was not", delay=1)])
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        failing = StartsFail(h.orchestrator._store)
+        failing.starts, failing.refuse = 2, trouble == "refused"
+        monkeypatch.setattr(h.orchestrator, "_store", failing)
+        w = await h.world(f"unstarted-{trouble}")
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=60)
+    assert terminals(ended) == ["activation.completed"], ended
+    types = await story(platform, activation_id)
+    assert ("activation.started" in types) is (trouble == "passes"), types
+    assert model.completion_requests  # one run, at work all along
 
 
 async def test_an_error_while_watching_stops_the_sandbox_before_the_failure(

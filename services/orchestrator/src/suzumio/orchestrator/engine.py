@@ -96,6 +96,7 @@ STOP_GRACE_SECONDS = 60.0
 # A store that fails (a timeout, a stream electing its leader) is asked again after these
 # waits, doubling, for as long as this replica leads: an activation's end is never given up.
 RETRY_FIRST_SECONDS = 0.2
+STARTED_ATTEMPTS = 6  # a start that cannot be recorded is tried again over ~6 s, then left out
 RETRY_MAX_SECONDS = 10.0
 # A cancel is sent again after these waits, doubling, until the activation's end is seen: one
 # that failed, or that its sandbox missed (a pool worker reconnecting), must not leave it to run
@@ -908,14 +909,27 @@ class Orchestrator:
             self._tasks.pop(activation_id, None)
 
     async def _append_started(self, activation_id: str, event: ActivationStarted) -> None:
+        """The sandbox is running, and its runner may have acted: trouble with NATS while this
+        is recorded must not stop it (its work would be done twice). Tried again for a while
+        (refused outright, not at all), then left out — the story lacks its start, and the end is decided as ever (the watch,
+        the output), as after a leader that died before it recorded one."""
         # The activation's subject is new when it starts: nothing is there to look up, unless
         # its runner already called the broker (then the refused append says where it is).
-        try:
-            await self._store.append_next(
-                activation_id, [event], EventMeta(actor=ACTOR), likely_version=0
-            )
-        except ConflictError:
-            log.warning("orchestrator.append_conflict", activation=activation_id)
+        pause = _Doubling(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)
+        for attempt in range(1, STARTED_ATTEMPTS + 1):
+            try:
+                await self._store.append_next(
+                    activation_id, [event], EventMeta(actor=ACTOR), likely_version=0
+                )
+            except ConflictError:
+                log.warning("orchestrator.append_conflict", activation=activation_id)
+            except Exception as exc:
+                log.warning("orchestrator.started_unrecorded", activation=activation_id,
+                            attempt=attempt, error=repr(exc)[:500])  # fmt: skip
+                if _trouble(exc) and attempt < STARTED_ATTEMPTS:
+                    await pause.wait()
+                    continue
+            return
 
     # -- housekeeping ----------------------------------------------------------------------------
     async def _gc_loop(self, done: asyncio.Event) -> None:
