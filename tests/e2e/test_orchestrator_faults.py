@@ -205,6 +205,24 @@ async def test_a_start_the_log_does_not_take_leaves_the_sandbox_at_work(
     assert model.completion_requests  # one run, at work all along
 
 
+async def test_a_message_that_is_no_commit_of_events_does_not_stop_the_orchestrator(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """Not JSON at all (a foreign writer, a bug), under a type the orchestrator folds: said in
+    the log and passed over. Before, the fold loop died with it, and each restart, replaying
+    the log, died there again."""
+    model.script([Reply.text("after the garbage")])
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        subject = platform.topology.event_subject("session", new_id())  # a session nobody reads
+        headers = {"Suzumio-Type": "session.activation_requested", "Suzumio-Version": "1"}
+        await platform.nc.jetstream().publish(subject, b"\x00 not events", headers=headers)
+        w = await h.world("after-garbage")
+        activation_id = await h.request(w)
+        ended = await h.ended(activation_id, timeout=60)
+        assert h.orchestrator.leading
+    assert terminals(ended) == ["activation.completed"], ended
+
+
 async def test_an_error_while_watching_stops_the_sandbox_before_the_failure(
     platform: Stack, model: ScriptedModelServer, tmp_path: Path
 ) -> None:

@@ -363,3 +363,28 @@ async def test_a_start_whose_append_did_not_land_is_decided_again(
     again = leader.store.of("x")[1]
     assert again.starts
     assert again.version == start.version
+
+
+async def test_a_message_that_is_no_commit_of_events_does_not_stop_the_fold() -> None:
+    """A message on the log that is not JSON at all (a foreign writer, a bug) under a type the
+    scheduler folds: said in the log and passed over; the messages after it are folded and
+    decided on as ever (before, the fold loop died, and each restart died there again)."""
+    leader = Leader(limit=1)
+    await leader.open()
+    leader.seq += 1
+    leader.versions["x"] += 1
+    garbage = LogMessage(
+        leader.seq,
+        DEFAULT_TOPOLOGY.event_subject("session", "x"),
+        ("session.signal_recorded",),
+        leader.versions["x"],
+        b"\x00 not a commit of events",
+        0,
+        T0,
+    )
+    changes = Changes()
+    leader.scheduler._fold(garbage, changes)
+    assert leader.scheduler.world.position == leader.seq
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    assert start.starts

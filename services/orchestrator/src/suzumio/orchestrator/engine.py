@@ -135,6 +135,17 @@ class _EndRefusedError(Exception):
     each time it is asked). Its cause is the refusal."""
 
 
+def _readable(msg: LogMessage) -> list[EventEnvelope] | None:
+    """The message's events; None (said in the log) if it is no commit of events at all —
+    one such message must not stop the fold, and with it the orchestrator, for good: each
+    restart would replay the log up to it and stop there again."""
+    try:
+        return envelopes_of(msg.data)
+    except Exception:
+        log.exception("orchestrator.unreadable", seq=msg.seq, subject=msg.subject)
+        return None
+
+
 def _trouble(exc: BaseException) -> bool:
     return isinstance(exc, _TROUBLE) or (isinstance(exc, JetStreamApiError) and exc.code >= 500)
 
@@ -249,7 +260,9 @@ class Orchestrator:
                     envelopes = self._observe_session(msg)
                 whole = True
                 if WANTED.intersection(msg.types):
-                    whole = self._fold(msg.seq, envelopes or envelopes_of(msg.data))
+                    if envelopes is None:
+                        envelopes = _readable(msg)
+                    whole = envelopes is not None and self._fold(msg.seq, envelopes)
                 if msg.subject.startswith(self._activation_prefix):
                     self._fold_version(msg, whole)
                 position = msg.seq
@@ -911,8 +924,9 @@ class Orchestrator:
     async def _append_started(self, activation_id: str, event: ActivationStarted) -> None:
         """The sandbox is running, and its runner may have acted: trouble with NATS while this
         is recorded must not stop it (its work would be done twice). Tried again for a while
-        (refused outright, not at all), then left out — the story lacks its start, and the end is decided as ever (the watch,
-        the output), as after a leader that died before it recorded one."""
+        (refused outright, not at all), then left out — the story lacks its start, and the end
+        is decided as ever (the watch, the output), as after a leader that died before it
+        recorded one."""
         # The activation's subject is new when it starts: nothing is there to look up, unless
         # its runner already called the broker (then the refused append says where it is).
         pause = _Doubling(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS)

@@ -219,7 +219,13 @@ class Scheduler:
     def _fold(self, msg: LogMessage, changes: Changes) -> None:
         if WANTED.intersection(msg.types):
             pairs: list[tuple[EventEnvelope, DomainEvent]] = []
-            for envelope in envelopes_of(msg.data):
+            try:
+                envelopes = envelopes_of(msg.data)
+            except Exception:  # no commit of events at all: it must not stop the fold
+                # (each restart would replay the log up to it and stop there again)
+                log.exception("scheduler.unreadable", seq=msg.seq)
+                envelopes = []
+            for envelope in envelopes:
                 if envelope.type in WANTED:
                     try:
                         pairs.append((envelope, decode_data(envelope)))
