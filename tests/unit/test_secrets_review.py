@@ -33,8 +33,11 @@ NATS_URL = f"nats://{NATS_TOKEN}@nats.internal:4222"
 OPAQUE = "opaque-Credential-31f5a0c2b9"
 
 
-def _lines(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
-    return [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+def _lines(capsys: pytest.CaptureFixture[str], event: str | None = None) -> list[dict[str, object]]:
+    """The captured log lines (of `event` only, if given: a task an earlier test left in this
+    process may log meanwhile)."""
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    return [line for line in lines if event is None or line.get("event") == event]
 
 
 def _activation_token(key: str) -> str:
@@ -99,7 +102,7 @@ def test_secret_fields_are_redacted_whatever_their_spelling(
         max_tokens=512,
         key_id="k1",
     )
-    [line] = _lines(json_logs)
+    [line] = _lines(json_logs, "request")
     assert OPAQUE not in json.dumps(line)
     assert line["headers"] == {
         "X-API-Key": REDACTED,
@@ -123,7 +126,7 @@ def test_values_shown_by_their_repr_are_redacted(json_logs: pytest.CaptureFixtur
     field, not as `repr(exc)`, names the URL all the same."""
     configure_logging("test", fmt="json")
     get_logger("t").warning("connect.failed", error=_RefusedError(NATS_URL), retries=3)
-    [line] = _lines(json_logs)
+    [line] = _lines(json_logs, "connect.failed")
     assert NATS_TOKEN not in json.dumps(line)
     assert f"nats://{REDACTED}@nats.internal:4222" in str(line["error"])
 

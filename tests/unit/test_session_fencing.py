@@ -42,21 +42,27 @@ def opened() -> list[DomainEvent]:
     return [
         SessionOpened(project_id="p" * 26, agent_id=AGENT),
         ActivationRequested(activation_id=RUNNING, agent_id=AGENT, signal_ids=()),
-        ActivationRequested(activation_id=OTHER, agent_id=AGENT, signal_ids=()),
     ]
+
+
+def requested(activation_id: str) -> ActivationRequested:
+    return ActivationRequested(activation_id=activation_id, agent_id=AGENT, signal_ids=())
 
 
 def test_a_cancelled_activation_writes_no_more_history() -> None:
     live = state_after(*opened())
     [written] = session.append_history(live, history(RUNNING, "m" * 26))
-    cancelled = state_after(
-        *opened(), written, ActivationCancelRequested(activation_id=RUNNING, reason="P0")
+    cancelled = state_after(  # a P0 replaced it
+        *opened(),
+        written,
+        ActivationCancelRequested(activation_id=RUNNING, reason="P0"),
+        requested(OTHER),
     )
     with pytest.raises(ForbiddenError, match="cancelled"):
         session.append_history(cancelled, history(RUNNING, "n" * 26))
     # Its retry of an entry recorded before the cancel: nothing to do, no refusal.
     assert session.append_history(cancelled, history(RUNNING, "m" * 26)) == []
-    # Another activation of the session is not fenced by it.
+    # The one that replaced it is not fenced by it.
     assert len(session.append_history(cancelled, history(OTHER, "o" * 26))) == 1
 
 
@@ -79,3 +85,21 @@ def test_a_cancelled_activation_compacts_and_checkpoints_no_more() -> None:
         session.save_checkpoint(cancelled, checkpoint)
     live = state_after(*opened())
     assert len(session.save_checkpoint(live, checkpoint)) == 1
+
+
+def test_a_later_activation_of_the_session_fences_the_one_before() -> None:
+    """The scheduler requests a session's next activation only once the last one ended: one
+    still writing then is an attempt whose end was recorded (failed, timed out) while its
+    sandbox lived on, and its entries would land among its successor's."""
+    live = state_after(*opened())
+    [written] = session.append_history(live, history(RUNNING, "m" * 26))
+    later = state_after(*opened(), written, requested(OTHER))
+    with pytest.raises(ForbiddenError, match="later one"):
+        session.append_history(later, history(RUNNING, "n" * 26))
+    assert session.append_history(later, history(RUNNING, "m" * 26)) == []  # a retry
+    checkpoint = SaveCheckpoint(
+        session_id="s" * 26, activation_id=RUNNING, checkpoint_id="c" * 26, data={"step": 1}
+    )
+    with pytest.raises(ForbiddenError, match="later one"):
+        session.save_checkpoint(later, checkpoint)
+    assert len(session.append_history(later, history(OTHER, "o" * 26))) == 1
