@@ -19,7 +19,7 @@ from suzumio.contracts.envelope import DomainEvent, RecordedEvent
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.db.trouble import is_postgres_trouble
 from suzumio.platform.projections.base import Projection
-from suzumio.platform.projections.decoding import LogEntry
+from suzumio.platform.projections.decoding import LogEntry, concerns
 
 
 def is_infrastructure(exc: BaseException) -> bool:
@@ -63,7 +63,7 @@ class PoisonTracker:
 
 def first_newer(projection: Projection, entries: Sequence[LogEntry]) -> LogEntry | None:
     """The first entry this projection handles whose schema is newer than this code's."""
-    return next((e for e in entries if e.newer and projection.handles.intersection(e.types)), None)
+    return next((e for e in entries if e.newer and concerns(projection.handles, e.newer)), None)
 
 
 async def apply_entries(
@@ -87,9 +87,9 @@ async def apply_entries(
     if newer is not None:
         raise RetryBatchError(f"seq {newer.seq} needs a newer release: {newer.error}")
     parked = [
-        Parked(projection.name, e.seq, e.subject, ",".join(e.types), e.error)
+        Parked(projection.name, e.seq, e.subject, ",".join(e.failed), e.error)
         for e in entries
-        if e.error is not None and projection.handles.intersection(e.types)
+        if e.error is not None and e.failed and concerns(projection.handles, e.failed)
     ]
     events = [
         (e.subject, event)

@@ -26,17 +26,29 @@ log = get_logger(__name__)
 _warned_unknown: set[str] = set()
 
 
+UNKNOWN = "?"  # the types of a message without the header that names them: any at all
+
+
 @dataclass(frozen=True, slots=True)
 class LogEntry:
     """One message of the log as a projector sees it: the events of it some projection reads
-    (in order), and `error` when the message could not be decoded at all."""
+    (in order); and, of those that could not be decoded, `error` and their types — `failed`
+    to be parked, `newer` (written by a newer release's schema) to be waited on. An event
+    decoded beside them is applied all the same: a commit of several events does not lose
+    its good ones to one bad one."""
 
     seq: int
     subject: str
     types: tuple[str, ...]
     events: tuple[RecordedEvent[DomainEvent], ...] = ()
     error: str | None = None
-    newer: bool = False  # written by a newer release's schema: wait for the upgrade
+    failed: tuple[str, ...] = ()
+    newer: tuple[str, ...] = ()
+
+
+def concerns(handles: AbstractSet[str], types: tuple[str, ...]) -> bool:
+    """Whether a projection handling `handles` reads any of `types` (UNKNOWN: perhaps)."""
+    return UNKNOWN in types or not handles.isdisjoint(types)
 
 
 def _known(event_type: str, seq: int) -> bool:
@@ -60,15 +72,34 @@ def decode_entry(
         return LogEntry(seq, subject, tuple(types))
     try:
         envelopes = envelopes_of(data)
-        events = tuple(
-            RecordedEvent(envelope, decode_data(envelope), seq)
-            for envelope in envelopes
-            if _known(envelope.type, seq) and envelope.type in wanted
-        )
-        return LogEntry(seq, subject, tuple(e.type for e in envelopes), events)
     except NewerSchemaError as exc:
-        return LogEntry(seq, subject, tuple(types or ("?",)), error=str(exc)[:2_000], newer=True)
-    except (ValidationError, ValueError) as exc:  # a missing upcaster too: parked, not waited on
-        return LogEntry(
-            seq, subject, tuple(types or ("?",)), error=f"{type(exc).__name__}: {exc}"[:2_000]
-        )
+        unknown = tuple(types or (UNKNOWN,))
+        return LogEntry(seq, subject, unknown, error=str(exc)[:2_000], newer=unknown)
+    except (ValidationError, ValueError) as exc:  # no commit of events at all: parked
+        unknown = tuple(types or (UNKNOWN,))
+        error = f"{type(exc).__name__}: {exc}"[:2_000]
+        return LogEntry(seq, subject, unknown, error=error, failed=unknown)
+    events: list[RecordedEvent[DomainEvent]] = []
+    errors: list[str] = []
+    failed: list[str] = []
+    newer: list[str] = []
+    for envelope in envelopes:
+        if not (_known(envelope.type, seq) and envelope.type in wanted):
+            continue
+        try:
+            events.append(RecordedEvent(envelope, decode_data(envelope), seq))
+        except NewerSchemaError as exc:
+            newer.append(envelope.type)
+            errors.append(f"{envelope.type}: {exc}")
+        except (ValidationError, ValueError) as exc:  # a missing upcaster too: parked, not held
+            failed.append(envelope.type)
+            errors.append(f"{envelope.type}: {type(exc).__name__}: {exc}")
+    return LogEntry(
+        seq,
+        subject,
+        tuple(e.type for e in envelopes),
+        tuple(events),
+        error="; ".join(errors)[:2_000] if errors else None,
+        failed=tuple(failed),
+        newer=tuple(newer),
+    )
