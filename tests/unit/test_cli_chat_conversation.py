@@ -190,3 +190,19 @@ async def test_the_recorded_output_is_printed_unless_the_live_text_said_it(
         talk.take("session.message_appended", entry("a1", texts[-1], tool_calls=True))
     await chat._settle(talk, "a1", {"output_text": output})
     assert capsys.readouterr().out == printed
+
+
+async def test_an_activation_out_of_model_calls_is_no_success(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completed with reason `budget_exhausted` (the runner's exit 4): its answer is a summary
+    of where it stopped, and the chat says so and exits 4, which a script can tell from 0."""
+    monkeypatch.setattr(chat, "SETTLE_SECONDS", 0.01)
+    talk = Conversation("session", "s1")
+    talk.take("session.signals_delivered", delivered(["s1"], "a1"))
+    talk.take("live", live("a1", "text", "Here is where I stopped."))
+    spent = {"status": "completed", "end_reason": "budget_exhausted", "output_text": "summary"}
+    assert await chat._ended(talk, "a1", spent) == chat.BUDGET_EXHAUSTED == 4
+    assert "ran out of model calls" in capsys.readouterr().out
+    done = {"status": "completed", "end_reason": "completed", "output_text": "all done"}
+    assert await chat._ended(talk, "a1", done) == 0

@@ -168,3 +168,30 @@ async def test_a_stdin_that_never_stops_is_read_only_as_lines_are_taken(
         lines.stop()
         os.close(read)
         os.close(write)
+
+
+async def test_a_gateway_that_ends_every_stream_at_once_is_not_asked_again_and_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """503 ends with nothing before them (the gateway cannot read its log, or drains): asked
+    again a second apart, a few times, then given up — not as fast as it answers until the
+    command's timeout. A 503 end after items is resumed at once, as ever."""
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", pause)  # the one timeline waits with
+    end = sse("end", "", '{"status": 503, "detail": "the log cannot be read"}')
+    gateway = Timeline(
+        (200, sse("live", "7.3", '{"n": 1}') + end),  # items, then resume: at once
+        *[(200, end)] * (timeline.RECONNECTS + 1),
+    )
+    taken = Taken()
+    transport = httpx.MockTransport(gateway.answer)
+    async with httpx.AsyncClient(base_url="http://gw", transport=transport) as client:
+        with pytest.raises(StreamRefusedError, match="503"):
+            await read_timeline(client, "s1", "6.0", taken)
+    assert len(gateway.cursors) == timeline.RECONNECTS + 2
+    assert pauses == [timeline.RECONNECT_SECONDS] * timeline.RECONNECTS
+    assert taken.items == [("live", {"n": 1})]

@@ -8,7 +8,9 @@ not on the session's timeline: each one handed the signal is asked for (`GET
 /v1/activations/{id}`) until it ended.
 
 - One of them completed: its answer has been shown as its live text came (else its recorded
-  output is shown now) and the command exits 0.
+  output is shown now) and the command exits 0 — or 4 if it ran out of model calls (reason
+  `budget_exhausted`: its answer is the summary it was given a last call to write, and the
+  work may be unfinished; a script must not take that for success).
 - One failed, timed out or was cancelled: that is said, and the command goes on waiting — the
   scheduler retries the signal within its budget, handing it to the next activation.
 - The signal was closed (`session.signal_closed`: its retry budget spent, a non-retryable
@@ -49,6 +51,7 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
 POLL_SECONDS = 0.25
 SETTLE_SECONDS = 2.0  # for the stream to bring a completed activation's last words
 WAITING = 3  # the activation ended waiting for a person (as the runner's exit 3 says)
+BUDGET_EXHAUSTED = 4  # it ran out of model calls, its answer a summary (the runner's exit 4)
 PENDING_EVERY = 4  # polls between looks at what the activations wait on (~1 s)
 EARLY_ACTIVATIONS = 16  # activations whose live chunks are kept before one is handed the message
 EARLY_CHUNKS = 2_000  # chunks kept of each
@@ -384,6 +387,12 @@ async def _ended(conversation: Conversation, activation_id: str, row: dict[str, 
         conversation.say(f"[activation {activation_id} {row['status']}: {why}]")
         return None
     await _settle(conversation, activation_id, row)
+    if row.get("end_reason") == "budget_exhausted":
+        conversation.say(
+            f"[activation {activation_id} ran out of model calls: what it said is its summary "
+            "so far, the work may be unfinished]"
+        )
+        return BUDGET_EXHAUSTED
     if row.get("end_reason") != "waiting":
         return 0
     if conversation.answer_to_come(activation_id):

@@ -17,7 +17,7 @@ from suzumio.cli import rest
 
 RESUMABLE = 503
 TRANSIENT = frozenset({502, 503, 504})  # before the stream began: a proxy, a gateway restarting
-RECONNECTS = 5  # in a row, without an item between them
+RECONNECTS = 5  # connections in a row that bring no item (an end alone, or nothing)
 RECONNECT_SECONDS = 1.0
 
 
@@ -35,20 +35,22 @@ async def read_timeline(
     client: httpx.AsyncClient, session_id: str, cursor: str, reader: Reader
 ) -> None:
     """Read the session's timeline into `reader`, from `cursor`, resuming from the last
-    cursor given when the gateway ends the stream with 503 — and when the connection drops
-    without an end, or a proxy answers 502/503/504 (a gateway restarting): a few times in a
-    row, a second apart, before it is given up."""
+    cursor given when the gateway ends the stream with 503 or the connection drops without
+    an end, or a proxy answers 502/503/504 (a gateway restarting): at once after a connection
+    that brought items, else a second apart, a few times in a row before it is given up — a
+    gateway that ends every stream at once (503: its log unreadable, draining) is not asked
+    again and again as fast as it answers."""
     path = f"/v1/sessions/{quote(session_id, safe='')}/stream"
     stream = _Stream(cursor)
-    dropped = 0
+    empty = 0  # connections in a row that brought nothing
     while True:
         ended, why = await stream.read(client, path, reader)
-        if stream.items:
-            dropped = 0
-        if ended is not None and ended.get("status") == RESUMABLE:
+        resumable = ended is None or ended.get("status") == RESUMABLE
+        if resumable and stream.items:
+            empty = 0
             continue
-        if ended is None and dropped < RECONNECTS:
-            dropped += 1
+        if resumable and empty < RECONNECTS:
+            empty += 1
             await asyncio.sleep(RECONNECT_SECONDS)
             continue
         status = ended.get("status") if ended else "closed"
@@ -60,7 +62,7 @@ class _Stream:
 
     def __init__(self, cursor: str) -> None:
         self.cursor = cursor
-        self.items = 0  # read on the last connection
+        self.items = 0  # read on the last connection (its end not counted)
 
     async def read(
         self, client: httpx.AsyncClient, path: str, reader: Reader
@@ -77,11 +79,11 @@ class _Stream:
                         raise StreamRefusedError(refusal)
                     return None, refusal
                 async for event, data, item_id in _items(response):
-                    self.items += 1
                     if item_id:
                         self.cursor = item_id
                     if event == "end":
                         return data, str(data.get("detail"))
+                    self.items += 1
                     reader.take(event, data)
         except httpx.TransportError as exc:  # refused, reset or cut off mid-stream
             return None, f"{type(exc).__name__}: {exc}"
