@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,10 @@ from suzumio.contracts.events import (
     ActivationCompleted,
     ActivationStarted,
     ActivationTimedOut,
+    SessionMessageAppended,
 )
 from suzumio.contracts.ids import new_id
+from suzumio.contracts.values import Author
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, LaunchPlan
 from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
 from suzumio.orchestrator.engine import Tracked, _Seen
@@ -504,3 +507,41 @@ async def stored_types(platform: Stack, activation_id: str) -> list[str]:
         async for stored in iter_subject(platform.nc, stream, subject)
         for t in types_of(stored.headers) or ()
     ]
+
+
+async def test_a_session_closed_before_its_last_entries_still_has_its_directory_let_go(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """A closed session still takes its last activation's history entries, so its closing
+    need not be the last event of its log: the retention sweep lets its directory go all the
+    same (it stayed for good), and keeps a reopened session's."""
+    async with harness(platform, model, tmp_path, backend_of(ProcessBackend), "process") as h:
+        closed, reopened = await h.world("closed-then-written"), await h.world("reopened")
+        for w in (closed, reopened):
+            async with platform.client(w.key) as c:
+                answer = await c.post(f"/v1/sessions/{w.session_id}/close", json={})
+                assert answer.status_code == 200, answer.text
+        async with platform.client(reopened.key) as c:
+            answer = await c.post(f"/v1/sessions/{reopened.session_id}/reopen", json={})
+            assert answer.status_code == 200, answer.text
+        for w in (closed, reopened):  # then an entry of its last activation
+            entry = SessionMessageAppended(
+                message_id=new_id(),
+                author=Author(kind="agent", id=w.agent_id),
+                role="assistant",
+                text="the last words",
+                activation_id=new_id(),
+            )
+            await platform.store.append_next(w.session_id, [entry], EventMeta(actor="test"))
+        root = h.orchestrator._planner.settings.sandboxes() / "sessions"
+        for w in (closed, reopened):
+            (root / w.session_id / "workspace").mkdir(parents=True)
+            os.utime(root / w.session_id, (1, 1))  # untouched for ages
+        await eventually(  # the read model has the closing
+            lambda: h.orchestrator._closed_at(closed.session_id),
+            lambda at: at is not None,
+            what="the closing in the read model",
+        )
+        await h.orchestrator._collect_garbage(time.time() + 60)
+        assert not (root / closed.session_id).exists()
+        assert (root / reopened.session_id).exists()

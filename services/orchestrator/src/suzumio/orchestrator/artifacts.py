@@ -43,7 +43,7 @@ from suzumio.contracts.errors import CommandTimeoutError, ConflictError, Unavail
 from suzumio.contracts.ids import derived_id
 from suzumio.contracts.runner import FileExchange, FileRef, InputFile, placeable
 from suzumio.orchestrator.backends.base import Exit, LaunchPlan
-from suzumio.orchestrator.sessions import Artifact, session_artifacts
+from suzumio.orchestrator.sessions import Artifact, session_artifacts, session_closed_at
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks, sweep_stray_chunks
 from suzumio.platform.bus.trouble import NATS_TROUBLE
@@ -115,6 +115,11 @@ class ArtifactCollector:
         self._max_bytes = max_bytes
         self._max_files = max_files
         self._strays_swept_at: float | None = None
+
+    async def closed_at(self, session_id: str) -> float | None:
+        """When the session was closed, if the read model has it closed (the retention sweep
+        asks, for sessions whose files it would let go)."""
+        return await session_closed_at(self._pool, session_id)
 
     async def sweep_strays(self) -> int:
         """Purge the chunks of the store's puts killed half-way (any service's: the gateway's

@@ -47,6 +47,7 @@ from suzumio.contracts.events import (
     ActivationStarted,
     ActivationTimedOut,
     SessionClosed,
+    SessionReopened,
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
@@ -967,13 +968,20 @@ class Orchestrator:
         await self._artifacts.sweep_strays()
 
     async def _closed_at(self, session_id: str) -> float | None:
-        """When the session was closed, if the last event of its log is its closing."""
+        """When the session was closed, if it is: read off its log's last event when that is
+        its closing or reopening, else from the sessions read model — a closed session still
+        takes its last activation's history entries, so the closing need not be last (its
+        directory stayed for good when only the last event was looked at)."""
         subject = self._topology.event_subject("session", session_id)
         stored = await last_for_subject(self._nc, self._topology.events_stream, subject)
         if stored is None:
             return None
         last = envelopes_of(stored.data)[-1]
-        return last.occurred_at.timestamp() if last.type == SessionClosed.event_type else None
+        if last.type == SessionClosed.event_type:
+            return last.occurred_at.timestamp()
+        if last.type == SessionReopened.event_type:
+            return None
+        return await self._artifacts.closed_at(session_id)
 
     async def backend_health(self) -> list[dict[str, object]]:
         report: list[dict[str, object]] = []

@@ -231,6 +231,15 @@ async def session_artifacts(pool: Pool, session_id: str) -> dict[str, Artifact]:
     return {r["path"]: Artifact(r["id"], r["path"], r["sha256"], r["size"]) for r in rows}
 
 
+async def session_closed_at(pool: Pool, session_id: str) -> float | None:
+    """When the session was closed, if the read model has it closed (else None)."""
+    closed = await pool.fetchval(
+        "SELECT closed_at FROM proj_sessions.sessions WHERE id = $1 AND status = 'closed'",
+        session_id,
+    )
+    return closed.timestamp() if closed is not None else None
+
+
 def compacted(
     history: list[AgentHistoryMessage], marker: HistoryCompacted
 ) -> list[AgentHistoryMessage]:
