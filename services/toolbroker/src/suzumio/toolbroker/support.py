@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from suzumio.contracts.broker import MessageSend, SignalRecord
 from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
+from suzumio.contracts.envelope import decode_data
 from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError
 from suzumio.contracts.events import SessionOpened
 from suzumio.contracts.ids import derived_id, is_valid_id
@@ -50,10 +51,13 @@ class SupportContext:
         )
 
     async def session_project(self, session_id: str) -> str | None:
-        stream = await self.store.load("session", session_id)
-        for event in stream.events:
-            if isinstance(event.data, SessionOpened):
-                return event.data.project_id
+        """The project the session was opened in (its first commit: one read, not its whole
+        history, which an agent could otherwise have read again and again by messages)."""
+        for envelope in await self.store.first("session", session_id):
+            if envelope.type == SessionOpened.event_type:
+                opened = decode_data(envelope)
+                assert isinstance(opened, SessionOpened)
+                return opened.project_id
         return None
 
     async def post_message(self, session_id: str, text: str, priority: Any) -> CommandAccepted:

@@ -427,6 +427,13 @@ class EventStore:
             self._remember(subject, Head(stream.version, stream.seq))
         return stream
 
+    async def first(self, aggregate: str, aggregate_id: str) -> list[EventEnvelope]:
+        """The events of the aggregate's first commit (its creation), untyped: one read,
+        however long its history."""
+        subject = self.topology.event_subject(aggregate, aggregate_id)
+        stored = await first_after(self._nc, self._stream, subject, 0, timeout=self._timeout)
+        return [] if stored is None else envelopes_of(stored.data)
+
     async def last_position(self) -> int:
         """The stream's last sequence: the position a reader must reach to see everything."""
         return await stream_last_seq(self._nc, self._stream, timeout=self._timeout)
