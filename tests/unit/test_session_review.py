@@ -15,17 +15,26 @@ from suzumio.contracts.commands import (
     CreateApiKey,
     CreatePendingAction,
     PostMessage,
+    RecordSignal,
 )
 from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ApiKeyCreated,
     ProjectCreated,
+    SessionClosed,
     SessionMessageAppended,
     SessionOpened,
     UserCreated,
 )
-from suzumio.contracts.values import MAX_ENV_FACTS, Author, ModelSpec, PendingKind
+from suzumio.contracts.values import (
+    MAX_ENV_FACTS,
+    Author,
+    ModelSpec,
+    PendingKind,
+    Priority,
+    SignalKind,
+)
 from suzumio.session.domain import agent, pending_action, session, user
 from suzumio.session.domain.agent import AgentState
 from suzumio.session.domain.pending_action import PendingActionState
@@ -80,6 +89,30 @@ def test_a_message_id_the_session_holds_already_is_refused() -> None:
         session.post_message(state, post, Author(kind="user", id="u"))
     fresh = PostMessage(session_id=S, message_id="n" * 26, signal_id="g" * 26, text="hello")
     assert len(session.post_message(state, fresh, Author(kind="user", id="u"))) == 2
+
+
+def test_a_retry_after_the_session_closed_is_told_its_message_exists() -> None:
+    """A message (or signal) recorded, then the session closed, then the sender's retry (a
+    broker's `message.send` asked again): told it exists — taken as done — not that the
+    session is closed, which said the first, successful, call had failed."""
+    state = SessionState(S)
+    state.fold(SessionOpened(project_id=P, agent_id=A), 1, 1)
+    post = PostMessage(session_id=S, message_id=M, signal_id="g" * 26, text="hello")
+    for version, event in enumerate(
+        session.post_message(state, post, Author(kind="agent", id=A)), 2
+    ):
+        state.fold(event, version, version)
+    state.fold(SessionClosed(), 4, 4)
+    with pytest.raises(ConflictError, match="exists already"):
+        session.post_message(state, post, Author(kind="agent", id=A))
+    signal = RecordSignal(
+        session_id=S, signal_id="g" * 26, kind=SignalKind.CUSTOM, priority=Priority.P3
+    )
+    with pytest.raises(ConflictError, match="exists already"):
+        session.record_signal(state, signal, by_user=False)
+    fresh = PostMessage(session_id=S, message_id="n" * 26, signal_id="h" * 26, text="more")
+    with pytest.raises(ConflictError, match="closed"):
+        session.post_message(state, fresh, Author(kind="agent", id=A))
 
 
 def test_expired_keys_do_not_count_as_active_ones() -> None:

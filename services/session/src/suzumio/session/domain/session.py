@@ -108,11 +108,13 @@ def reopen(state: SessionState, _: ReopenSession) -> list[DomainEvent]:
 def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[DomainEvent]:
     """A message to the session's agent and the signal that tells it. By default a user's
     message is P1, another agent's P2, the platform's (a toolpack's scheduler hook) P3."""
-    _writable(state)
+    # Ids first: a retry of a message recorded before the session closed is told it exists
+    # (and taken as done), not that the session is closed (and taken as failed).
     if cmd.signal_id in state.signals:
         raise ConflictError("a signal with this id exists already")
     if cmd.message_id in state.entries:  # a second one would break the read model's key
         raise ConflictError("a message with this id exists already")
+    _writable(state)
     by_user = author.kind == "user"
     message = SessionMessageAppended(
         message_id=cmd.message_id,
@@ -131,11 +133,11 @@ def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[
 
 
 def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> list[DomainEvent]:
-    _writable(state)
     if by_user and cmd.kind not in USER_SIGNAL_KINDS:
         raise ForbiddenError(f"{cmd.kind.value} signals are recorded by the platform")
-    if cmd.signal_id in state.signals:
+    if cmd.signal_id in state.signals:  # before the closing: a retry is told it exists
         raise ConflictError("a signal with this id exists already")
+    _writable(state)
     return [
         SignalRecorded(
             signal_id=cmd.signal_id,
