@@ -198,10 +198,10 @@ async def test_a_user_cancels_a_running_activation(
         # The CLI says the same, on one line, and fails.
         said = await cli(platform, world.key, "activations", "cancel", activation_id)
         assert said.returncode == 1, said
-        assert "409: the activation has already ended (cancelled)" in said.stdout, said
+        assert "409: the activation has already ended (cancelled)" in said.stderr, said
         said = await cli(platform, world.key, "activations", "cancel", "no-such-one")
         assert said.returncode == 1, said
-        assert "404: activation not found" in said.stdout, said
+        assert "404: activation not found" in said.stderr, said
 
         # docs/api.md: the work goes with it. The message's signal is closed `cancelled`, and
         # the session's next activation — for a new message — does not take it again.

@@ -57,7 +57,8 @@ async def test_import_a_package_directory(stack: Stack, tmp_path: Path) -> None:
         stack, world.key, "agents", "import", str(package), "--project", world.project_id
     )
     assert refused.returncode == 1
-    assert "422" in refused.stdout
+    assert "422" in refused.stderr
+    assert refused.stdout == ""  # `A=$(suzumio agents import ...)` takes no refusal
 
 
 async def test_update_an_agent_from_a_new_version_of_its_package(
@@ -85,10 +86,11 @@ async def test_update_an_agent_from_a_new_version_of_its_package(
     # Refused: one line, exit 1, the agent unchanged.
     missing = await cli(stack, world.key, "agents", "update", new_id(), str(package))
     assert missing.returncode == 1
-    assert missing.stdout.strip() == "404: agent not found", missing.stdout
+    assert "404: agent not found" in missing.stderr.splitlines(), missing.stderr
+    assert missing.stdout == ""
     (package / "agent.yaml").write_text("name: broken\n")
     refused = await cli(stack, world.key, "agents", "update", agent_id, str(package))
     assert refused.returncode == 1
-    assert refused.stdout.startswith("422: "), refused.stdout
+    assert any(line.startswith("422: ") for line in refused.stderr.splitlines()), refused.stderr
     async with stack.client(world.key) as c:
         assert ok(await c.get(f"/v1/agents/{agent_id}"))["prompt"] == "Review briefly."

@@ -69,7 +69,7 @@ async def test_log_level_in_capitals_is_accepted(tmp_path: Path) -> None:
         SUZUMIO_LOG_LEVEL="DEBUG", SUZUMIO_DATA_DIR=str(tmp_path),
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "no API key" in done.stdout
+    assert "no API key" in done.stderr
 
 
 @pytest.fixture

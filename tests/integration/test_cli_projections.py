@@ -63,8 +63,8 @@ async def test_unknown_projection_is_a_clear_error(
 ) -> None:
     done = await suzumio(nats_url, database_url, topology, "projections", "rebuild", "nope")
     assert done.returncode == 2
-    assert "unknown projection(s): nope" in done.stdout
-    assert "sessions" in done.stdout  # the known ones are listed
+    assert "unknown projection(s): nope" in done.stderr
+    assert "sessions" in done.stderr  # the known ones are listed
 
 
 async def test_rebuild_says_which_projection_is_held_for_a_newer_release(

@@ -26,6 +26,7 @@ from suzumio.platform.projections.registry import UnknownProjectionError
 
 app = typer.Typer(help="Read models in Postgres, built from the event log.", no_args_is_help=True)
 console = Console()
+errors = Console(stderr=True)
 
 
 @app.command("rebuild")
@@ -41,7 +42,7 @@ def rebuild_command(
         projections = load_projections(list(dict.fromkeys(names)) if names else None)
     except UnknownProjectionError as exc:
         known = ", ".join(p.name for p in load_projections())
-        console.print(f"[red]{escape(str(exc))}[/red] (known: {known})")  # names as typed
+        errors.print(f"[red]{escape(str(exc))}[/red] (known: {known})")  # names as typed
         raise typer.Exit(2) from None
 
     async def run(platform: Platform) -> None:
@@ -73,7 +74,7 @@ def rebuild_command(
     try:
         with_platform(run)
     except RebuildInProgressError as exc:
-        console.print(f"[red]{exc}[/red]")
+        errors.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(1) from None
     except RebuildStalledError as exc:  # nothing was swapped in: the live tables stand
         fail(f"the rebuild stopped, the log stopped delivering: {exc}")

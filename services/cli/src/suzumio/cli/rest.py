@@ -12,6 +12,7 @@ from suzumio.cli.failures import fail, first_line, redact
 from suzumio.cli.keys import api_key, authorization
 
 console = Console()
+errors = Console(stderr=True)  # refusals: `P=$(suzumio projects create x)` must not take one
 
 # The options every command that calls the API takes.
 ApiUrl = Annotated[str, typer.Option("--api", envvar="SUZUMIO_API_URL")]
@@ -29,7 +30,7 @@ def key_headers(key: str | None) -> dict[str, str]:
     directory's admin key; exit 2 without one."""
     found = api_key(key)
     if found is None:
-        console.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
+        errors.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
         raise typer.Exit(2)
     return authorization(*found)
 
@@ -59,7 +60,7 @@ def _send(method: str, api: str, path: str, expect: int, **request: Any) -> http
         detail = body.get("detail") if body is not None else None
         text = str(detail) if detail is not None else short(response)
         text += _field_errors(body)
-        console.print(f"{response.status_code}: {text}", style="red", markup=False)
+        errors.print(f"{response.status_code}: {text}", style="red", markup=False)
         raise typer.Exit(1)
     return response
 
@@ -110,7 +111,7 @@ def get(api: str, path: str, headers: dict[str, str], **params: str | int) -> ob
     try:
         return response.json()
     except ValueError:
-        console.print(f"200: {short(response)}", style="red", markup=False)
+        errors.print(f"200: {short(response)}", style="red", markup=False)
         raise typer.Exit(1) from None
 
 
