@@ -265,3 +265,43 @@ async def test_a_snapshot_no_plan_took_is_forgotten_when_its_activation_ends(
 
     assert await k.reader.snapshot(k.session, r2) == await load_session(store, k.session, r2)
     assert k.reads.reads == 3  # not taken: read (afresh, as the kept fold is past it)
+
+
+async def test_a_kept_fold_holds_no_text_of_the_runners_own_entries(store: EventStore) -> None:
+    """A posted message's text goes to its signal (in the snapshot); the runner's own entries
+    (tool outputs of up to 1 MB among them) are in the history only — kept besides for a
+    lookup no signal makes, they outlived their compaction in every kept fold."""
+    session, add = await opened(store)
+    r1 = await posted(add, "look into it")
+    await add(r1)
+    outputs = []
+    for n in range(5):
+        entry = SessionMessageAppended(
+            message_id=new_id(),
+            author=Author(kind="agent", id="a" * 26),
+            role="tool",
+            text=f"output {n}: " + "x" * 100_000,
+            activation_id=r1.activation_id,
+        )
+        outputs.append(entry)
+        await add(entry)
+    await add(
+        HistoryCompacted(
+            activation_id=r1.activation_id,
+            marker_id=new_id(),
+            summary="outputs summed up",
+            archived_from=outputs[0].message_id,
+            archived_through=outputs[-1].message_id,
+            archived_count=5,
+        )
+    )
+    r2 = await posted(add, "and now?")
+    await add(r2)
+
+    reader = SessionReader(store)
+    snapshot = await reader.snapshot(session, r2)
+    assert [s.text for s in snapshot.signals] == ["and now?"]
+    assert snapshot == await load_session(store, session, r2)
+    [kept] = reader._folds.values()
+    assert kept.texts == {}
+    assert not any("x" * 1_000 in text for text in texts(snapshot))

@@ -56,6 +56,9 @@ class _SessionFold:
     version: int = 0
     project_id: str = ""
     history: list[AgentHistoryMessage] = field(default_factory=list)
+    # A posted message's text until its signal (the same commit) takes it: a runner's own
+    # entries, tool outputs of up to 1 MB among them, are never looked up by a signal, and
+    # kept here they outlived their compaction in every kept fold, copied at every plan.
     texts: dict[str, str] = field(default_factory=dict)
     signals: dict[str, SignalSpec] = field(default_factory=dict)
     origins: dict[str, int] = field(default_factory=dict)  # signal id -> its message's seq
@@ -79,7 +82,8 @@ class _SessionFold:
             case SessionOpened():
                 self.project_id = data.project_id
             case SessionMessageAppended():
-                self.texts[data.message_id] = data.text
+                if data.activation_id is None:  # posted (by a user, an agent, a hook)
+                    self.texts[data.message_id] = data.text
                 self.history.append(_entry(data))
             case HistoryCompacted():
                 self.history = compacted(self.history, data)
@@ -89,7 +93,7 @@ class _SessionFold:
                     kind=data.kind,
                     priority=data.priority,
                     payload=data.payload,
-                    text=self.texts.get(data.message_id or ""),
+                    text=self.texts.pop(data.message_id or "", None),
                     message_id=data.message_id,
                 )
                 self.origins[data.signal_id] = event.seq
