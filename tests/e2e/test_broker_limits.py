@@ -158,6 +158,18 @@ async def test_a_live_batchs_data_counts_against_its_bound(platform: Stack) -> N
     await sub.unsubscribe()
 
 
+async def test_a_live_batch_past_any_bound_is_refused_before_it_is_read(platform: Stack) -> None:
+    """Larger than any batch the bound lets through, however escaped: 413 before the body is
+    read or parsed — the token (none here) is checked after the body is parsed, and this
+    broker would otherwise take 32 MB from anyone who can reach it."""
+    body = b'{"batch": 0, "chunks": [{"kind": "text", "text": "' + b"x" * 13_000_000 + b'"}]}'
+    async with broker(platform, None) as c:
+        response = await c.post(
+            "/runner/stream", content=body, headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 413, response.text[:500]
+
+
 async def test_nats_gone_for_a_moment_is_a_503_and_the_retry_records_once(
     postgres_url: str, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ from suzumio.toolbroker.model_relay import ModelRelay, Upstream
 from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.problems import HANDLERS
 from suzumio.toolbroker.registry import ActivationRegistry
-from suzumio.toolbroker.routes import MAX_CHECKPOINT_BYTES, router
+from suzumio.toolbroker.routes import MAX_CHECKPOINT_BYTES, MAX_STREAM_BATCH_CHARS, router
 from suzumio.toolbroker.settings import ToolbrokerSettings
 from suzumio.toolbroker.state import Artifacts, Broker, Metrics
 from suzumio.toolbroker.support import SupportOperations
@@ -39,6 +39,9 @@ def body_limits(settings: ToolbrokerSettings) -> BodyLimits:
             "/runner/credentials": 64 * 1024,
             "/runner/ask": 1024 * 1024,
             "/runner/checkpoint": 8 * MAX_CHECKPOINT_BYTES,  # JSON escapes may grow it
+            # A whole batch's characters, every one escaped (`\u0000`: 6 bytes), fit; what is
+            # larger is refused before it is read, by whoever sends it, token or none.
+            "/runner/stream": 6 * MAX_STREAM_BATCH_CHARS,
             "/runner/files/out/": settings.max_artifact_bytes,
         },
     )

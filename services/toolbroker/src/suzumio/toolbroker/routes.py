@@ -291,6 +291,13 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> No
     now = datetime.now(UTC)
     for chunk in body.chunks:
         _plain_json(chunk.data, "a live chunk's data")
+    # Checked whole before the first publish (a batch is published entirely or not at all),
+    # and before any chunk is serialised for it.
+    size = sum(len(chunk.text) + len(to_json(chunk.data)) for chunk in body.chunks)
+    if size > MAX_STREAM_BATCH_CHARS:
+        raise BrokerError(
+            413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters of text and data"
+        )
     try:
         payloads = [
             LiveChunk(
@@ -307,12 +314,6 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> No
         ]
     except PydanticSerializationError as exc:  # a lone surrogate JSON let into `data`
         raise BrokerError(422, "invalid", f"a live chunk is not valid Unicode: {exc}") from None
-    # Checked whole before the first publish: a batch is published entirely or not at all.
-    size = sum(len(chunk.text) + len(to_json(chunk.data)) for chunk in body.chunks)
-    if size > MAX_STREAM_BATCH_CHARS:
-        raise BrokerError(
-            413, "too_large", f"at most {MAX_STREAM_BATCH_CHARS} characters of text and data"
-        )
     ids = [
         None if body.batch is None else f"{c.activation_id}.{body.batch}.{i}"
         for i in range(len(payloads))
