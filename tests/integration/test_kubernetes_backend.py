@@ -521,3 +521,25 @@ async def test_the_fake_orphans_a_jobs_dependents_unless_told_otherwise(
     [secret] = server.objects("Secret", NS)  # orphaned: what a Job deleted without a policy does
     assert "ownerReferences" not in secret["metadata"]
     assert len(server.objects("Pod", NS)) == 1
+
+
+async def test_fake_api_watches_leave_the_requests_their_connections(server, platform_ns):
+    """FAKE Kubernetes API server. Each watched Job holds two long polls (its Job, its pods):
+    on the requests' own client they filled its pool (100 connections: ~50 Jobs), and
+    launches and cancels queued behind them until they timed out. Here the requests' pool
+    holds two connections and three Jobs are watched (six long polls): a launch and a cancel
+    still go through at once."""
+    settings = settings_for(server, api_connections=2, request_timeout_seconds=3)
+    backend = KubernetesBackend(settings, platform_ns)
+    try:
+        handles = [await backend.launch(plan_in(platform_ns)) for _ in range(3)]
+        tasks = [await watching(server, backend, handle) for handle in handles]
+        fourth = await asyncio.wait_for(backend.launch(plan_in(platform_ns)), 10)
+        assert fourth.sandbox_id not in {h.sandbox_id for h in handles}
+        await asyncio.wait_for(backend.cancel(handles[0]), 10)
+        for handle in handles[1:]:
+            server.finish_job(handle.sandbox_id, 0)
+        exits = await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        assert [e.code for e in exits[1:]] == [0, 0]
+    finally:
+        await backend.close()

@@ -176,6 +176,7 @@ class KubernetesBackend:
         self.settings = settings
         self.namespace = namespace
         self._api: ApiClient | None = None
+        self._watch_api: ApiClient | None = None
         self._connecting = asyncio.Lock()
         self._cancelled: set[str] = set()
         # Watches the API server currently refuses (401/403), by Job: why, for `health`.
@@ -192,8 +193,21 @@ class KubernetesBackend:
     async def _client(self) -> ApiClient:
         async with self._connecting:
             if self._api is None:
-                self._api = ApiClient(configuration=await self._configuration())
+                configuration = await self._configuration()
+                configuration.connection_pool_maxsize = self.settings.api_connections
+                self._api = ApiClient(configuration=configuration)
             return self._api
+
+    async def _watcher(self) -> ApiClient:
+        """The client of the watches: two long polls per watched Job, each holding its
+        connection for up to a minute. On the requests' client they filled its pool at ~50
+        Jobs, and launches, cancels and listings queued behind them until they timed out."""
+        async with self._connecting:
+            if self._watch_api is None:
+                configuration = await self._configuration()
+                configuration.connection_pool_maxsize = 0  # aiohttp: no limit
+                self._watch_api = ApiClient(configuration=configuration)
+            return self._watch_api
 
     async def _configuration(self) -> Configuration:
         settings = self.settings
@@ -385,8 +399,9 @@ class KubernetesBackend:
     ) -> Manifest | Stuck | None:
         """The Job after its next change (None once deleted), or its pod given up; the Job
         as it is now when neither happened within a watch request (or a grace ended)."""
-        jobs = asyncio.create_task(self._job_change(api, name, version))
-        pods = asyncio.create_task(self._pod_stuck(api, name, start))
+        watcher = await self._watcher()
+        jobs = asyncio.create_task(self._job_change(watcher, name, version))
+        pods = asyncio.create_task(self._pod_stuck(watcher, name, start))
         try:
             done, _ = await asyncio.wait((jobs, pods), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -557,9 +572,10 @@ class KubernetesBackend:
         return Health(ok=True, detail=detail)
 
     async def close(self) -> None:
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
+        for api in (self._api, self._watch_api):
+            if api is not None:
+                await api.close()
+        self._api = self._watch_api = None
 
     # -- dry run -----------------------------------------------------------------------------
 

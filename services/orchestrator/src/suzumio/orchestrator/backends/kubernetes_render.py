@@ -135,6 +135,12 @@ class KubernetesSettings(BaseModel):
     cleanup: CleanupPolicy = "always"
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     watch_timeout_seconds: int = Field(default=60, ge=1, description="one watch request")
+    api_connections: int = Field(
+        default=100,
+        ge=1,
+        description="connections to the API server for requests (launch, cancel, list); "
+        "watches, two long polls per watched Job, have connections of their own",
+    )
     start_grace_seconds: int = Field(
         default=120,
         ge=0,
