@@ -7,6 +7,7 @@ API server (`suzumio.testing.fake_kubernetes`; no cluster exists here)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -72,7 +73,7 @@ async def test_docker_a_wait_cut_midway_is_waited_again_not_taken_for_a_lost_san
     backend = make_backend()
     plan = make_plan(tmp_path, entry=("python3", "-c", "import time; time.sleep(3)"))
     handle = await backend.launch(plan)
-    real_client = backend._client
+    real_client = backend._wait_client
     cuts: list[str] = []
 
     def client() -> Any:
@@ -90,10 +91,39 @@ async def test_docker_a_wait_cut_midway_is_waited_again_not_taken_for_a_lost_san
 
         return Cut()
 
-    monkeypatch.setattr(backend, "_client", client)
+    monkeypatch.setattr(backend, "_wait_client", client)
     exit_ = await asyncio.wait_for(backend.watch(handle), 60)
     assert cuts == [handle.sandbox_id]
     assert (exit_.code, exit_.reason) == (0, "exited"), exit_
+
+
+async def test_docker_launches_and_stops_do_not_queue_behind_running_containers_waits(
+    make_backend, engine, tmp_path
+):
+    """Each running container's wait holds a thread for 5 s at a time, over and over. With
+    two threads for calls and four containers running (and watched), a fifth launches and
+    one is stopped while they run: on the calls' own threads, each call of the launch queued
+    behind the waits (~5-10 s a call, several calls), here it goes at once. (The bound is a
+    wait's slice: a liveness check, not a figure.)"""
+    backend = make_backend(max_threads=2)
+    plans = [make_plan(tmp_path / f"p{n}", entry=SLEEP) for n in range(5)]
+    handles = [await backend.launch(plan) for plan in plans[:4]]
+    watches = [asyncio.create_task(backend.watch(handle)) for handle in handles]
+    try:
+        await asyncio.sleep(1.0)  # the four waits are on their threads
+        # Both well within one wait's slice: on the calls' threads they took 12-30 s here.
+        fifth = await asyncio.wait_for(backend.launch(plans[4]), 8)
+        await asyncio.wait_for(backend.cancel(handles[0]), 8)
+        stopped = await asyncio.wait_for(watches[0], 60)
+        assert stopped.reason == "cancelled", stopped
+        assert not any(w.done() for w in watches[1:])
+        handles.append(fifth)
+    finally:
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                await backend.cancel(handle)
+        for watch in watches:
+            watch.cancel()
 
 
 # -- kubernetes, against a FAKE Kubernetes API server ------------------------------------------

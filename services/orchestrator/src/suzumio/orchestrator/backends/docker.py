@@ -127,6 +127,11 @@ class DockerBackend:
         self._owner = sandbox_owner(self._settings.user, os.geteuid(), os.getegid())
         self._networks: Networks | None = None  # asked of the engine once
         self._pool = ThreadPoolExecutor(self._settings.max_threads, thread_name_prefix="docker")
+        # Each running container's wait holds a thread and a connection for 5 s at a time,
+        # over and over: on the calls' own pool, 32 running containers left a launch or a
+        # stop queued behind their waits for as long as they ran.
+        self._waits = ThreadPoolExecutor(self._settings.max_waits, thread_name_prefix="docker-wait")
+        self._wait_api: Any = None
         self._api: Any = None
         self._api_lock = threading.Lock()
         self._cancelled: set[str] = set()
@@ -135,18 +140,31 @@ class DockerBackend:
     def _client(self) -> Any:
         with self._api_lock:
             if self._api is None:  # connects (and negotiates the API version) on first use
-                self._api = docker.APIClient(
-                    base_url=self._settings.base_url,
-                    version="auto",
-                    timeout=self._settings.api_timeout_seconds,
-                    max_pool_size=self._settings.max_threads,
-                )
+                self._api = self._new_client(self._settings.max_threads)
             return self._api
 
+    def _wait_client(self) -> Any:
+        with self._api_lock:
+            if self._wait_api is None:
+                self._wait_api = self._new_client(self._settings.max_waits)
+            return self._wait_api
+
+    def _new_client(self, connections: int) -> Any:
+        return docker.APIClient(
+            base_url=self._settings.base_url,
+            version="auto",
+            timeout=self._settings.api_timeout_seconds,
+            max_pool_size=connections,
+        )
+
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._call_on(self._pool, fn, *args)
+
+    @staticmethod
+    async def _call_on(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
         ctx = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(ctx.run, fn, *args))
+        return await loop.run_in_executor(pool, functools.partial(ctx.run, fn, *args))
 
     # -- launch -----------------------------------------------------------------------------
     async def launch(self, plan: LaunchPlan) -> Handle:
@@ -326,7 +344,7 @@ class DockerBackend:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                state = await self._call(self._wait_slice, handle.sandbox_id)
+                state = await self._call_on(self._waits, self._wait_slice, handle.sandbox_id)
             except NotFound:  # its exit code with it: a recorded output says how it ended
                 return Exit(None, "lost", "the container is gone", gone=True)
             except (DockerException, requests.RequestException, OSError) as exc:
@@ -343,7 +361,7 @@ class DockerBackend:
                 return _state_exit(state, handle.sandbox_id in self._cancelled)
 
     def _wait_slice(self, container_id: str) -> dict[str, Any] | None:
-        api = self._client()
+        api = self._wait_client()
         try:
             api.wait(container_id, timeout=WAIT_SLICE_SECONDS)
         except requests.exceptions.ReadTimeout:
@@ -442,10 +460,12 @@ class DockerBackend:
         return detail
 
     async def close(self) -> None:
-        api, self._api = self._api, None
-        if api is not None:
-            await self._call(api.close)
+        for api in (self._api, self._wait_api):
+            if api is not None:
+                await self._call(api.close)
+        self._api = self._wait_api = None
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._waits.shutdown(wait=False, cancel_futures=True)
 
 
 def _client_error(exc: BaseException) -> bool:

@@ -66,6 +66,13 @@ class DockerSettings(BaseModel):
         default=120.0, gt=0, description="a watch gives up on an unreachable engine after this"
     )
     max_threads: int = Field(default=32, ge=2, le=512)
+    max_waits: int = Field(
+        default=512,
+        ge=1,
+        le=4_096,
+        description="containers waited on at once (a thread and a connection each), apart "
+        "from the threads of every other call: launches and stops never queue behind them",
+    )
 
 
 def _is_reserved(target: str) -> bool:
