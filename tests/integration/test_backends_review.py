@@ -126,6 +126,23 @@ async def test_docker_launches_and_stops_do_not_queue_behind_running_containers_
             watch.cancel()
 
 
+async def test_docker_a_kept_cancelled_container_is_not_remembered_for_ever(
+    make_backend, engine, tmp_path
+):
+    """A cancelled container the cleanup policy keeps (for a person to look at): kept, and
+    the backend's note that it was cancelled (which its watch reads) goes — it grew by one
+    per cancel for as long as the orchestrator ran."""
+    backend = make_backend(cleanup="never")
+    handle = await backend.launch(make_plan(tmp_path, entry=SLEEP))
+    watching = asyncio.create_task(backend.watch(handle))
+    await backend.cancel(handle)
+    assert (await asyncio.wait_for(watching, 60)).reason == "cancelled"
+    await backend.cleanup(handle, succeeded=False)
+    assert engine.inspect_container(handle.sandbox_id)["State"]["Status"] == "exited"
+    assert handle.sandbox_id not in backend._cancelled
+    engine.remove_container(handle.sandbox_id, force=True)
+
+
 # -- kubernetes, against a FAKE Kubernetes API server ------------------------------------------
 
 

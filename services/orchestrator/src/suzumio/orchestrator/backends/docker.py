@@ -393,6 +393,7 @@ class DockerBackend:
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:
         policy = self._settings.cleanup
         if policy == "never" or (policy == "on_success" and not succeeded):
+            self._cancelled.discard(handle.sandbox_id)  # its end is told: nothing asks again
             log.info(
                 "docker.kept", activation=handle.activation_id, container=handle.sandbox_id[:12]
             )
