@@ -381,3 +381,23 @@ async def test_a_rebuild_holds_a_projection_at_an_event_of_a_newer_schema_and_bu
     async with running_projector(nc, database_url, topology, store, ALL):
         await caught_up(nc, pool, topology, others)
     assert (await read_all(pool))["tool_calls"].position == held.seq - 1
+
+
+async def test_a_rebuild_by_another_release_is_built_again_by_the_running_one(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """`suzumio projections rebuild` of another release (a newer CLI mid-upgrade) swapped in
+    its version of a projection the running projector cannot apply to: the projector built
+    it again to its own version and went on (it skipped it for good, and, left serving at its
+    checkpoint, it held every read-your-writes wait there)."""
+    await write(store, Scenario(seed=11).appends(100))
+    async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
+        await caught_up(nc, pool, topology, [ProjectsProjection()])
+        [elsewhere] = await rebuild(nc, database_url, topology, [ProjectsV2()])
+        assert elsewhere.swapped
+        await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
+        await caught_up(nc, pool, topology, [ProjectsProjection()])
+        names = await pool.fetch("SELECT name FROM proj_projects.projects")
+    assert "after" in {r["name"] for r in names}
+    assert (await read_all(pool))["projects"].version == ProjectsProjection.version
+    await assert_equal_to_rebuild(nc, database_url, topology, [ProjectsProjection()])

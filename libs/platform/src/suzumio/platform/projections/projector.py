@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -107,6 +107,7 @@ class Projector:
         self._tracker = PoisonTracker()
         self._held: set[str] = set()  # projections stopped at an event of a newer schema
         self._build_task: asyncio.Task[None] | None = None
+        self._building: set[str] = set()  # the projections `_build_task` builds
         self.leading = False
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -150,7 +151,20 @@ class Projector:
         rows = await checkpoints.read_rows(conn, self._names)
         stale = [p for p in self._projections if rows[p.name].version != p.version]
         if stale and (self._build_task is None or self._build_task.done()):
+            self._building = {p.name for p in stale}
             self._build_task = asyncio.create_task(self._build(stale))
+
+    async def _rebuilt_elsewhere(self, conn: Connection, names: set[str]) -> None:
+        """Projections whose tables another release swapped in while this one leads (`suzumio
+        projections rebuild` of another version): this code cannot apply to them, and, left
+        serving, they held every read-your-writes wait at their checkpoint for good. They
+        stop serving and are built again, to this code's version."""
+        if not names:
+            return
+        log.warning("projector.rebuilt_elsewhere", projections=sorted(names))
+        await checkpoints.mark_serving(conn, self._projections)
+        if self._build_task is None or self._build_task.done():
+            await self._start_builds(conn)
 
     async def _build(self, projections: list[Projection]) -> None:
         """Build outdated projections from the log, aside, while the others keep going."""
@@ -160,6 +174,16 @@ class Projector:
                 self._store, parked, consumer=self._durable, attempts=1, strict=True
             )
 
+        try:
+            await self._build_until_done(projections, record)
+        finally:
+            self._building = set()
+
+    async def _build_until_done(
+        self,
+        projections: list[Projection],
+        record: Callable[[list[Parked]], Awaitable[None]],
+    ) -> None:
         while True:
             try:
                 await rebuild(
@@ -290,10 +314,12 @@ class Projector:
         held: set[str] = set()
         async with conn.transaction():
             rows = await checkpoints.lock_rows(conn, self._names)
+            outdated = {p.name for p in self._projections if rows[p.name].version != p.version}
+            foreign = outdated - self._building  # not ours to build: swapped in elsewhere
             moves: dict[str, int] = {}
             for p in self._projections:
                 row = rows[p.name]
-                if row.version != p.version:
+                if p.name in outdated:
                     continue  # being built; the build's swap will bring it up to date
                 if p.name in self._held:
                     continue  # waits, at its checkpoint, for a release that can read on
@@ -339,4 +365,5 @@ class Projector:
                 except Exception as exc:
                     raise RetryBatchError("could not record the parked events") from exc
         self._held |= held  # only once committed: a batch rolled back holds nothing
+        await self._rebuilt_elsewhere(conn, foreign)
         return parked
