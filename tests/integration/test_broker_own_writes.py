@@ -38,9 +38,12 @@ async def test_what_another_replica_wrote_for_the_same_call_is_not_written_again
     await other.append(activation_id, [start("c1")], 1)
     await other.append(activation_id, [ActivationOutputRecorded(text="done")], 2)
 
-    await append_own(broker, a, [start("c1")], "system:toolbroker")
-    await append_own(broker, a, [ActivationOutputRecorded(text="done")], "system:toolbroker")
-    await append_own(broker, a, [start("c2")], "system:toolbroker")
+    # Whether this call wrote: a retry recorded elsewhere answers `recorded: false`, and is
+    # not counted (metrics, spans) a second time.
+    assert not await append_own(broker, a, [start("c1")], "system:toolbroker")
+    output = ActivationOutputRecorded(text="done")
+    assert not await append_own(broker, a, [output], "system:toolbroker")
+    assert await append_own(broker, a, [start("c2")], "system:toolbroker")
 
     stream = await mine.load("activation", activation_id)
     types = [(e.envelope.type, getattr(e.data, "call_id", "")) for e in stream.events]

@@ -20,11 +20,12 @@ APPEND_ATTEMPTS = 5
 
 async def append_own(
     broker: Broker, a: LiveActivation, events: list[DomainEvent], actor: str
-) -> None:
-    """Append the broker's own events to the activation (the caller holds its lock). The
-    version is known — what this replica last wrote, or what it folded of the activation's
-    subject — which saves a lookup; a write it has not seen yet makes it a conflict, and then
-    the subject is read."""
+) -> bool:
+    """Append the broker's own events to the activation (the caller holds its lock): whether
+    this call wrote them (False: the subject held them already, written by another replica
+    or an attempt whose answer was lost). The version is known — what this replica last
+    wrote, or what it folded of the activation's subject — which saves a lookup; a write it
+    has not seen yet makes it a conflict, and then the subject is read."""
     meta = EventMeta(actor=actor)
     # Checked with the version taken, no wait between: every event up to a folded version was
     # folded, so none of them ended the activation, and the append is conditional on nothing
@@ -40,13 +41,13 @@ async def append_own(
         except ConcurrencyConflictError:
             pass
         else:
-            return
-    await _append_after_reading(broker, a, events, meta)
+            return True
+    return await _append_after_reading(broker, a, events, meta)
 
 
 async def _append_after_reading(
     broker: Broker, a: LiveActivation, events: list[DomainEvent], meta: EventMeta
-) -> None:
+) -> bool:
     """Someone else wrote (another replica, or the orchestrator's end): look before writing,
     and again each time another write slips in between. Conflicts that outlast the attempts
     leave as `ConcurrencyConflictError`, which the runner is told to retry (503): the call
@@ -58,7 +59,7 @@ async def _append_after_reading(
             raise BrokerError(403, "fenced", "the activation is ended")
         events = [e for e in events if not _recorded(stream, e)]
         if not events:
-            return  # written already, by another replica or an attempt whose answer was lost
+            return False  # written already, by another replica or an attempt whose answer was lost
         try:
             a.version = (await broker.store.append(a.id, events, stream.version, meta)).version
         except ConcurrencyConflictError:
@@ -66,7 +67,8 @@ async def _append_after_reading(
                 raise
             await asyncio.sleep(0.01 * 2**attempt)
         else:
-            return
+            return True
+    return False  # (not reached: the last attempt returns or raises)
 
 
 def _recorded(stream: AggregateStream, event: DomainEvent) -> bool:

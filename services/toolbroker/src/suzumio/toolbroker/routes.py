@@ -136,7 +136,7 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
     async with a.lock:
         if body.call_id in a.calls_started:
             return Recorded(recorded=False)
-        await append_own(
+        wrote = await append_own(
             broker,
             a,
             [
@@ -153,6 +153,8 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
         a.calls_started.add(body.call_id)
         if body.call_id not in a.calls_finished:
             a.call_tools[body.call_id] = body.tool
+    if not wrote:  # a retry another replica (or a lost answer) recorded: counted there
+        return Recorded(recorded=False)
     broker.metrics.tool_call(
         broker.metrics.tool_label(body.tool, caller.claims.toolpacks), "started"
     )
@@ -171,9 +173,13 @@ async def tool_call_finish(
     async with a.lock:
         if body.call_id in a.calls_finished:
             return Recorded(recorded=False)
-        await append_own(broker, a, [ToolCallFinished(**body.model_dump())], caller.actor)
+        # Taken before the write: the fold may see the finish meanwhile and drop the name.
+        tool = a.call_tools.get(body.call_id, "")
+        wrote = await append_own(broker, a, [ToolCallFinished(**body.model_dump())], caller.actor)
         a.calls_finished.add(body.call_id)
-        tool = a.call_tools.pop(body.call_id, "")
+        a.call_tools.pop(body.call_id, None)
+    if not wrote:  # a retry another replica (or a lost answer) recorded: counted there
+        return Recorded(recorded=False)
     label = broker.metrics.tool_label(tool, caller.claims.toolpacks) if tool else ""
     broker.metrics.tool_call(label, body.status, body.duration_ms)
     _tool_span(request.headers, caller, body, tool)
