@@ -130,3 +130,17 @@ async def test_import_answered_by_a_proxy_error_page_or_a_list(
 
     answers.append((201, "application/json", b"[]"))
     one_line_error(await import_agent(tmp_path, api), 1, "201 without an agent")
+
+
+async def test_reseal_without_a_secret_key_makes_none_and_says_so(tmp_path: Path) -> None:
+    """No SUZUMIO_SECRET_KEY and no key file in the data directory: one line naming both, and
+    no key made (a key made there could open nothing sealed before)."""
+    done = await suzumio("secrets", "reseal", "--dry-run", SUZUMIO_DATA_DIR=str(tmp_path))
+    one_line_error(done, 2, "SUZUMIO_SECRET_KEY", "secret.key")
+    assert not (tmp_path / "secret.key").exists()
+
+
+async def test_reseal_with_an_unreadable_key_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "secret.key").mkdir()  # there, but no file to read
+    done = await suzumio("secrets", "reseal", "--dry-run", SUZUMIO_DATA_DIR=str(tmp_path))
+    one_line_error(done, 2, "secret.key", "cannot be read")

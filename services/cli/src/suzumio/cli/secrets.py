@@ -17,6 +17,7 @@ meanwhile is never replaced by an older one (the command reads again and retries
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from suzumio.cli.connected import Platform, with_platform
-from suzumio.cli.failures import fail, load_settings
+from suzumio.cli.failures import fail, first_line, load_settings
 from suzumio.contracts.commands import ResealProviderKey
 from suzumio.contracts.errors import ConflictError, NotFoundError
 from suzumio.contracts.events import ProviderRemoved, ProviderSet
@@ -34,7 +35,7 @@ from suzumio.contracts.values import EncryptedSecret
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.bus.jsapi import API_PREFIX, request
-from suzumio.platform.secrets import SecretBox, SecretError, secret_box
+from suzumio.platform.secrets import KEY_FILE, SecretBox, SecretError, secret_box
 
 app = typer.Typer(help="The platform's secret key.", no_args_is_help=True)
 console = Console()
@@ -66,10 +67,22 @@ def reseal_command(
     ] = False,
 ) -> None:
     """Seal every stored provider key again with the current (first) secret key."""
+    settings = load_settings()
+    key_file = Path(settings.data_dir) / KEY_FILE
+    if settings.secret_key is None and not key_file.exists():
+        # A key made here (as a service makes one on first start) could open nothing sealed
+        # before: every provider key would be counted as unopenable, and the file left behind.
+        fail(
+            f"no secret key: set SUZUMIO_SECRET_KEY, or SUZUMIO_DATA_DIR to the platform's data "
+            f"directory ({key_file} does not exist)",
+            code=2,
+        )
     try:
-        box = secret_box(load_settings())
+        box = secret_box(settings)
     except SecretError as exc:
         fail(f"SUZUMIO_SECRET_KEY: {exc}", code=2)
+    except OSError as exc:
+        fail(f"the secret key file {key_file} cannot be read: {first_line(exc)}", code=2)
 
     async def run(platform: Platform) -> Tally:
         store = EventStore(platform.nc, platform.topology)
