@@ -6,6 +6,7 @@ those of every activation of the platform for that day."""
 from __future__ import annotations
 
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
@@ -19,6 +20,7 @@ from suzumio.contracts.events import (
     ToolCallStarted,
 )
 from suzumio.contracts.subjects import DEFAULT_TOPOLOGY
+from suzumio.platform.bus.eventstore import EventStore
 from suzumio.toolbroker.registry import ActivationRegistry
 
 
@@ -42,3 +44,39 @@ def test_an_ended_activation_is_fenced_and_keeps_none_of_its_calls(end: object) 
     assert ended is not None
     assert ended.fenced == "ended"
     assert (ended.calls_started, ended.calls_finished, ended.call_tools) == (set(), set(), {})
+
+
+class _Stream:
+    def __init__(self, events: list[object]) -> None:
+        self.events = [
+            SimpleNamespace(envelope=SimpleNamespace(type=type(e).event_type), data=e)  # type: ignore[attr-defined]
+            for e in events
+        ]
+        self.version, self.seq = len(events), len(events)
+
+
+class _Subjects:
+    """A store holding a session's subject and an activation's, for a recall to read."""
+
+    def __init__(self, session: list[object]) -> None:
+        self._session = session
+
+    async def load(self, aggregate: str, aggregate_id: str, **_: object) -> _Stream:
+        return _Stream(self._session if aggregate == "session" else [])
+
+
+async def test_recalling_an_old_attempt_fences_it_not_the_sessions_live_activation() -> None:
+    """A's sandbox lives on after its end; this replica, restarted, never folded A's request
+    and recalls it from the session's subject when A calls. B, requested after A (and folded
+    live), stays live; A is fenced as superseded — not the other way round."""
+    registry = ActivationRegistry(cast("NATS", None), DEFAULT_TOPOLOGY, timedelta(hours=24))
+    older = ActivationRequested(activation_id="A", agent_id="g", signal_ids=())
+    newer = ActivationRequested(activation_id="B", agent_id="g", signal_ids=())
+    registry._apply("s1", newer)  # folded live
+    store = _Subjects([older, newer])
+    await registry.recall(cast("EventStore", store), "A", "s1")
+    a, b = registry.get("A"), registry.get("B")
+    assert a is not None
+    assert b is not None
+    assert b.fenced == ""
+    assert a.fenced.startswith("over")

@@ -87,7 +87,10 @@ class TokenSigner:
             expires_at=(now or datetime.now(UTC)) + ttl,
             keyless=keyless,
         )
-        body = _b64(claims.model_dump_json().encode())
+        # Fields at their defaults are left out: a token a broker of an earlier release reads
+        # (its claims refuse fields they do not know) as long as it needs nothing new — a
+        # `keyless` one it refuses, the safe side.
+        body = _b64(claims.model_dump_json(exclude_defaults=True).encode())
         return f"{PREFIX}.{body}.{self._sign(self._keys[0], body)}"
 
     def verify(self, token: str, now: datetime | None = None) -> ActivationClaims:

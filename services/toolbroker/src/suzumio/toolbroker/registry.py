@@ -130,7 +130,7 @@ class ActivationRegistry:
                 if event.envelope.type not in WANTED:
                     continue
                 if getattr(data, "activation_id", activation_id) == activation_id:
-                    self._apply(aggregate_id, data)
+                    self._apply(aggregate_id, data, recalled=True)
                 elif isinstance(data, ActivationRequested):
                     # Another activation of the session requested after this one (which the
                     # subject holds first): this one is over, as `_apply` has it.
@@ -181,21 +181,28 @@ class ActivationRegistry:
             if forgotten is not None and self._latest.get(forgotten.session_id) == activation_id:
                 del self._latest[forgotten.session_id]
 
-    def _apply(self, aggregate_id: str, data: object) -> None:
+    def _requested(self, session_id: str, data: ActivationRequested, *, recalled: bool) -> None:
+        if data.activation_id not in self._activations:  # a recall must not reset one
+            self._activations[data.activation_id] = LiveActivation(
+                data.activation_id, session_id, data.agent_id, data.project_id
+            )
+        if recalled:
+            # An old request read again: the session's later ones (which `_latest` may know)
+            # come after it, and fence it there (`_recall_from`), never it them.
+            return
+        # The scheduler requests a session's next activation only once its last one ended:
+        # one still calling then is an ended attempt that lives on (its end may not be folded
+        # here yet, being on its own subject, which `fresh` does not wait for), and must not
+        # write among its successor's.
+        before = self._latest.get(session_id)
+        self._latest[session_id] = data.activation_id
+        earlier = self._activations.get(before) if before else None
+        if earlier is not None and earlier.id != data.activation_id:
+            earlier.fenced = earlier.fenced or SUPERSEDED
+
+    def _apply(self, aggregate_id: str, data: object, *, recalled: bool = False) -> None:
         if isinstance(data, ActivationRequested):
-            if data.activation_id not in self._activations:  # a recall must not reset one
-                self._activations[data.activation_id] = LiveActivation(
-                    data.activation_id, aggregate_id, data.agent_id, data.project_id
-                )
-            # The scheduler requests a session's next activation only once its last one
-            # ended: one still calling then is an ended attempt that lives on (its end may
-            # not be folded here yet, being on its own subject, which `fresh` does not wait
-            # for), and must not write among its successor's.
-            before = self._latest.get(aggregate_id)
-            self._latest[aggregate_id] = data.activation_id
-            earlier = self._activations.get(before) if before else None
-            if earlier is not None and earlier.id != data.activation_id:
-                earlier.fenced = earlier.fenced or SUPERSEDED
+            self._requested(aggregate_id, data, recalled=recalled)
             return
         target = data.activation_id if isinstance(data, ActivationCancelRequested) else aggregate_id
         a = self._activations.get(target)
