@@ -383,17 +383,21 @@ async def test_a_rebuild_holds_a_projection_at_an_event_of_a_newer_schema_and_bu
     assert (await read_all(pool))["tool_calls"].position == held.seq - 1
 
 
-async def test_a_rebuild_by_another_release_is_built_again_by_the_running_one(
+class ProjectsV1(ProjectsProjection):
+    version: ClassVar[int] = ProjectsProjection.version - 1
+
+
+async def test_a_rebuild_by_an_earlier_release_is_built_again_by_the_running_one(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:
-    """`suzumio projections rebuild` of another release (a newer CLI mid-upgrade) swapped in
-    its version of a projection the running projector cannot apply to: the projector built
-    it again to its own version and went on (it skipped it for good, and, left serving at its
-    checkpoint, it held every read-your-writes wait there)."""
+    """`suzumio projections rebuild` of an earlier release swapped in its version of a
+    projection the running projector cannot apply to: the projector built it again to its
+    own version and went on (it skipped it for good, and, left serving at its checkpoint,
+    it held every read-your-writes wait there)."""
     await write(store, Scenario(seed=11).appends(100))
     async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
         await caught_up(nc, pool, topology, [ProjectsProjection()])
-        [elsewhere] = await rebuild(nc, database_url, topology, [ProjectsV2()])
+        [elsewhere] = await rebuild(nc, database_url, topology, [ProjectsV1()])
         assert elsewhere.swapped
         await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
         await caught_up(nc, pool, topology, [ProjectsProjection()])
@@ -401,3 +405,26 @@ async def test_a_rebuild_by_another_release_is_built_again_by_the_running_one(
     assert "after" in {r["name"] for r in names}
     assert (await read_all(pool))["projects"].version == ProjectsProjection.version
     await assert_equal_to_rebuild(nc, database_url, topology, [ProjectsProjection()])
+
+
+async def test_a_rebuild_by_a_later_release_is_left_to_it_not_serving(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """A later release's rebuild (mid-upgrade, while this release still leads): left alone for
+    that release to lead on — built back here, the two would undo each other's work for as
+    long as both run — and not serving, so it holds no read-your-writes wait."""
+    await write(store, Scenario(seed=12).appends(100))
+    async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
+        await caught_up(nc, pool, topology, [ProjectsProjection()])
+        [elsewhere] = await rebuild(nc, database_url, topology, [ProjectsV2()])
+        assert elsewhere.swapped
+        await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
+        await eventually(
+            lambda: pool.fetchval(
+                "SELECT serving FROM suzumio.projection_checkpoints WHERE name = 'projects'"
+            ),
+            lambda serving: serving is False,
+            what="the later release's projection not serving",
+        )
+        await asyncio.sleep(1.0)  # batches go by: it is not built back
+        assert (await read_all(pool))["projects"].version == ProjectsV2.version

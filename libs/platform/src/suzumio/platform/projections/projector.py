@@ -108,6 +108,7 @@ class Projector:
         self._held: set[str] = set()  # projections stopped at an event of a newer schema
         self._build_task: asyncio.Task[None] | None = None
         self._building: set[str] = set()  # the projections `_build_task` builds
+        self._newer: set[str] = set()  # swapped in by a newer release: left to it
         self.leading = False
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -163,8 +164,19 @@ class Projector:
             return
         log.warning("projector.rebuilt_elsewhere", projections=sorted(names))
         await checkpoints.mark_serving(conn, self._projections)
-        if self._build_task is None or self._build_task.done():
-            await self._start_builds(conn)
+        rows = await checkpoints.read_rows(conn, sorted(names))
+        # Only an older version is built again: one of a newer release is left alone, not
+        # serving, for that release to lead on (built back here, the two would take turns
+        # undoing each other's work while both run, mid-upgrade).
+        older = [
+            p for p in self._projections if p.name in names and rows[p.name].version < p.version
+        ]
+        self._newer |= {p.name for p in self._projections if p.name in names} - {
+            p.name for p in older
+        }
+        if older and (self._build_task is None or self._build_task.done()):
+            self._building = {p.name for p in older}
+            self._build_task = asyncio.create_task(self._build(older))
 
     async def _build(self, projections: list[Projection]) -> None:
         """Build outdated projections from the log, aside, while the others keep going."""
@@ -177,7 +189,8 @@ class Projector:
         try:
             await self._build_until_done(projections, record)
         finally:
-            self._building = set()
+            if asyncio.current_task() is self._build_task:  # not a cancelled one's late end
+                self._building = set()
 
     async def _build_until_done(
         self,
@@ -212,6 +225,7 @@ class Projector:
     # -- the consume loop ------------------------------------------------------------------
     async def _consume(self, conn: Connection, stop: asyncio.Event) -> None:
         self._held.clear()  # from the lowest checkpoint, each one meets its event again
+        self._newer.clear()
         await self._start_builds(conn)
         await self._ensure_consumer()
         self._next = await self._start_position(conn)
@@ -315,7 +329,7 @@ class Projector:
         async with conn.transaction():
             rows = await checkpoints.lock_rows(conn, self._names)
             outdated = {p.name for p in self._projections if rows[p.name].version != p.version}
-            foreign = outdated - self._building  # not ours to build: swapped in elsewhere
+            foreign = outdated - self._building - self._newer  # swapped in elsewhere
             moves: dict[str, int] = {}
             for p in self._projections:
                 row = rows[p.name]
