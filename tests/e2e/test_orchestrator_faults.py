@@ -545,3 +545,10 @@ async def test_a_session_closed_before_its_last_entries_still_has_its_directory_
         await h.orchestrator._collect_garbage(time.time() + 60)
         assert not (root / closed.session_id).exists()
         assert (root / reopened.session_id).exists()
+        # The read model counts only as of the log's last event: one behind it (a reopening
+        # it has not shown yet, say) does not say closed.
+        head = await platform.store.head("session", closed.session_id)
+        assert await h.orchestrator._artifacts.closed_at(closed.session_id, head.version)
+        assert (
+            await h.orchestrator._artifacts.closed_at(closed.session_id, head.version + 1) is None
+        )

@@ -3,9 +3,11 @@
 - `activations/<id>`: an activation's directory, once it ended and its time (set at its end)
   is older than the horizon. Never a live one's.
 - `sessions/<id>`: a session's own directory (`/workspace/session`, kept across its
-  activations), once the session is closed — the last event of its log is its closing — and
-  was closed before the horizon, with no live activation of it. An open session keeps its
-  directory however long it idles: it holds what its agents keep for their next activation.
+  activations), once the session is closed — the last event of its log is its closing, or,
+  when its last activation's entries came after that, the sessions read model has it closed
+  as of that last event — and was closed before the horizon, with no live activation of it.
+  An open session keeps its directory however long it idles: it holds what its agents keep
+  for their next activation.
 
 An entry gone since it was listed (its backend's cleanup at its end) is passed over; a link
 in the listing is removed as a link, never followed.

@@ -235,11 +235,15 @@ async def session_artifacts(pool: Pool, session_id: str) -> dict[str, Artifact]:
     return {r["path"]: Artifact(r["id"], r["path"], r["sha256"], r["size"]) for r in rows}
 
 
-async def session_closed_at(pool: Pool, session_id: str) -> float | None:
-    """When the session was closed, if the read model has it closed (else None)."""
+async def session_closed_at(pool: Pool, session_id: str, version: int) -> float | None:
+    """When the session was closed, if the read model has it closed as of `version` of its
+    log at least (else None: open, or the read model behind — a reopening it has not shown
+    yet must not count as closed)."""
     closed = await pool.fetchval(
-        "SELECT closed_at FROM proj_sessions.sessions WHERE id = $1 AND status = 'closed'",
+        "SELECT closed_at FROM proj_sessions.sessions"
+        " WHERE id = $1 AND status = 'closed' AND version >= $2",
         session_id,
+        version,
     )
     return closed.timestamp() if closed is not None else None
 
