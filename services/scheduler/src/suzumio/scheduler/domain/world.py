@@ -4,7 +4,7 @@ capacity where. Every replica folds the same log to the same state; only the lea
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Container
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -120,6 +120,7 @@ class World:
         self.running_by_project: Counter[str] = Counter()
         self.running_by_pool: Counter[str] = Counter()
         self.position = 0  # the last log sequence folded
+        self._ends: deque[tuple[datetime, str]] = deque()  # (ended at, session), as folded
 
     # -- queries -------------------------------------------------------------------------
     def session(self, session_id: str) -> SessionSchedule:
@@ -155,20 +156,29 @@ class World:
     def forget_ended(self, before: datetime, keep: Container[str] = ()) -> int:
         """Forgets the last ended activation of the sessions where it ended before `before`
         (the review window's start: no review looks at it any more), except those in `keep`
-        (under review); returns how many. Left in the fold, it is most of an idle session's
-        memory, and the fold keeps every session ever opened."""
+        (under review, looked at again next time); returns how many. Left in the fold, it is
+        most of an idle session's memory, and the fold keeps every session ever opened. Only
+        the ends past `before` are visited (`_ends`, in the order they were folded), never
+        every session."""
         forgotten = 0
-        for s in self.sessions.values():
+        kept: list[tuple[datetime, str]] = []
+        while self._ends and self._ends[0][0] < before:
+            at, session_id = self._ends.popleft()
+            s = self.sessions.get(session_id)
+            if s is None or s.last_ended is None or s.last_ended.at != at:
+                continue  # a later end of the session took its place: queued itself
+            if session_id in keep:
+                kept.append((at, session_id))
+                continue
+            s.last_ended, s.reviewed = None, None
             # A dict emptied by pops keeps the table it grew to: an idle session's own two
             # would be most of what it costs.
             if not s.pending:
                 s.pending = {}
             if not s.failing:
                 s.failing = {}
-            ended = s.last_ended
-            if ended is not None and ended.at < before and s.id not in keep:
-                s.last_ended, s.reviewed = None, None
-                forgotten += 1
+            forgotten += 1
+        self._ends.extendleft(reversed(kept))
         return forgotten
 
     # -- folding -------------------------------------------------------------------------
@@ -375,6 +385,7 @@ class World:
             frozenset(x.kind for x in activation.signals),
             at,
         )
+        self._ends.append((at, s.id))
         if outcome == "completed":
             s.consecutive_failures, s.backoff_until = 0, None
             return
