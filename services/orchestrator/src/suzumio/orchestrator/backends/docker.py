@@ -134,6 +134,7 @@ class DockerBackend:
         self._wait_api: Any = None
         self._api: Any = None
         self._api_lock = threading.Lock()
+        self._wait_api_lock = threading.Lock()
         self._cancelled: set[str] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -144,7 +145,7 @@ class DockerBackend:
             return self._api
 
     def _wait_client(self) -> Any:
-        with self._api_lock:
+        with self._wait_api_lock:  # (its first use asks the engine: not under the calls' lock)
             if self._wait_api is None:
                 self._wait_api = self._new_client(self._settings.max_waits)
             return self._wait_api

@@ -199,13 +199,14 @@ class KubernetesBackend:
             return self._api
 
     async def _watcher(self) -> ApiClient:
-        """The client of the watches: two long polls per watched Job, each holding its
-        connection for up to a minute. On the requests' client they filled its pool at ~50
-        Jobs, and launches, cancels and listings queued behind them until they timed out."""
+        """The client of the watches (a pool of their own): two long polls per watched Job,
+        each holding its connection for up to a minute. On the requests' client they filled
+        its pool at ~50 Jobs, and launches, cancels and listings queued behind them until
+        they timed out."""
         async with self._connecting:
             if self._watch_api is None:
                 configuration = await self._configuration()
-                configuration.connection_pool_maxsize = 0  # aiohttp: no limit
+                configuration.connection_pool_maxsize = self.settings.watch_connections
                 self._watch_api = ApiClient(configuration=configuration)
             return self._watch_api
 

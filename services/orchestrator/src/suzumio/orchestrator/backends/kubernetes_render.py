@@ -141,6 +141,12 @@ class KubernetesSettings(BaseModel):
         description="connections to the API server for requests (launch, cancel, list); "
         "watches, two long polls per watched Job, have connections of their own",
     )
+    watch_connections: int = Field(
+        default=1_000,
+        ge=2,
+        description="connections for the watches (two per watched Job; past them, watches "
+        "wait for one another, never the requests): mind the process's open-files limit",
+    )
     start_grace_seconds: int = Field(
         default=120,
         ge=0,
