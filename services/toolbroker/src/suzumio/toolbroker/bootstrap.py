@@ -39,7 +39,7 @@ def body_limits(settings: ToolbrokerSettings) -> BodyLimits:
             "/runner/credentials": 64 * 1024,
             "/runner/ask": 1024 * 1024,
             "/runner/checkpoint": 8 * MAX_CHECKPOINT_BYTES,  # JSON escapes may grow it
-            # A whole batch's characters, every one escaped (`\u0000`: 6 bytes), fit; what is
+            # A whole batch's characters, each escaped as `\u0000` (6 bytes), fit; what is
             # larger is refused before it is read, by whoever sends it, token or none.
             "/runner/stream": 6 * MAX_STREAM_BATCH_CHARS,
             "/runner/files/out/": settings.max_artifact_bytes,

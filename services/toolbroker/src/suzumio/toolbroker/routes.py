@@ -153,7 +153,7 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
         a.calls_started.add(body.call_id)
         if body.call_id not in a.calls_finished:
             a.call_tools[body.call_id] = body.tool
-    if not wrote:  # a retry another replica (or a lost answer) recorded: counted there
+    if not wrote:  # recorded already: by another replica (counted there), or by a lost answer
         return Recorded(recorded=False)
     broker.metrics.tool_call(
         broker.metrics.tool_label(body.tool, caller.claims.toolpacks), "started"
@@ -178,7 +178,7 @@ async def tool_call_finish(
         wrote = await append_own(broker, a, [ToolCallFinished(**body.model_dump())], caller.actor)
         a.calls_finished.add(body.call_id)
         a.call_tools.pop(body.call_id, None)
-    if not wrote:  # a retry another replica (or a lost answer) recorded: counted there
+    if not wrote:  # recorded already: by another replica (counted there), or by a lost answer
         return Recorded(recorded=False)
     label = broker.metrics.tool_label(tool, caller.claims.toolpacks) if tool else ""
     broker.metrics.tool_call(label, body.status, body.duration_ms)
