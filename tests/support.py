@@ -9,14 +9,18 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import structlog
+from starlette.types import ASGIApp
 
+from suzumio.contracts.subjects import Topology
 from suzumio.platform import logging as platform_logging
+from suzumio.platform.service.runtime import ServiceRuntime
+from suzumio.platform.settings import ServiceSettings
 
 T = TypeVar("T")
 
@@ -122,3 +126,26 @@ def make_certificate(folder: Path, name: str) -> tuple[Path, Path]:
         timeout=30,
     )
     return cert, key
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: ASGIApp, tmp_path: Path, nats_url: str, database_url: str, topology: Topology
+) -> AsyncIterator[int]:
+    """`app` served by a service runtime as every service's HTTP is (`ServiceRuntime.serve`):
+    its port, once bound (uvicorn may take a moment more to listen); stopped at the end."""
+    settings = ServiceSettings(namespace=topology.namespace, data_dir=tmp_path / "data")
+    runtime = ServiceRuntime("probe", settings, nats_url=nats_url, database_url=database_url)
+    stop = asyncio.Event()
+    running: asyncio.Task[None] | None = None
+    try:
+        await runtime.open()
+        running = asyncio.create_task(runtime.serve(app, stop))
+        while runtime.http_port is None:
+            await asyncio.sleep(0.01)
+        yield runtime.http_port
+    finally:
+        stop.set()
+        if running is not None:
+            await running
+        await runtime.close()

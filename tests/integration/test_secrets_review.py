@@ -24,9 +24,8 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus import connection
 from suzumio.platform.embedded import start_nats
 from suzumio.platform.logging import get_logger
-from suzumio.platform.service.runtime import ServiceRuntime
-from suzumio.platform.settings import ServiceSettings
 from tests.support import configure_logging_uncached as configure_logging
+from tests.support import serving
 
 # What a person might paste as a key: not every secret has a shape we know.
 ACCESS_TOKEN = "opaque-Access-Token-4f1c9b2e7d"  # noqa: S105 - a test value
@@ -49,17 +48,9 @@ async def test_a_websocket_access_token_is_not_in_the_service_log(
     topology: Topology,
 ) -> None:
     configure_logging("probe", fmt="json")  # here: the captured stderr is the test's now
-    settings = ServiceSettings(namespace=topology.namespace, data_dir=tmp_path / "data")
-    runtime = ServiceRuntime("probe", settings, nats_url=nats_url, database_url=database_url)
     app = Starlette(routes=[WebSocketRoute("/refuse", _refuse), WebSocketRoute("/ok", _accept)])
-    stop = asyncio.Event()
-    serving: asyncio.Task[None] | None = None
-    try:
-        await runtime.open()
-        serving = asyncio.create_task(runtime.serve(app, stop))
-        while runtime.http_port is None:
-            await asyncio.sleep(0.01)
-        base = f"ws://127.0.0.1:{runtime.http_port}"
+    async with serving(app, tmp_path, nats_url, database_url, topology) as port:
+        base = f"ws://127.0.0.1:{port}"
         for attempt in range(100):  # until uvicorn listens
             try:
                 async with ws_connect(f"{base}/ok?access_token={ACCESS_TOKEN}&x=1") as ws:
@@ -71,11 +62,6 @@ async def test_a_websocket_access_token_is_not_in_the_service_log(
         with pytest.raises(InvalidStatus):
             async with ws_connect(f"{base}/refuse?access_token={ACCESS_TOKEN}"):
                 pass
-    finally:
-        stop.set()
-        if serving is not None:
-            await serving
-        await runtime.close()
     err = json_logs.readouterr().err
     handshakes = [line for line in err.splitlines() if "WebSocket /" in line]
     assert len(handshakes) == 2, err  # the handshakes are logged, their paths with them ...

@@ -18,10 +18,9 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.service.runtime import ServiceRuntime
 from suzumio.platform.service.stream_cut import StreamCutError
-from suzumio.platform.settings import ServiceSettings
 from tests.support import configure_logging_uncached as configure_logging
+from tests.support import serving
 
 
 def _streaming(path: str, error: Exception) -> Route:
@@ -51,37 +50,25 @@ async def test_a_cut_breaks_the_stream_without_a_traceback_in_the_log(
     topology: Topology,
 ) -> None:
     configure_logging("probe", fmt="json")
-    settings = ServiceSettings(namespace=topology.namespace, data_dir=tmp_path / "data")
-    runtime = ServiceRuntime("probe", settings, nats_url=nats_url, database_url=database_url)
     cut, bug = _streaming("/cut", StreamCutError("on purpose")), _streaming("/bug", ValueError())
     app = Starlette(routes=[cut, bug])
-    stop = asyncio.Event()
-    serving: asyncio.Task[None] | None = None
     received: dict[str, bytes] = {}
-    try:
-        await runtime.open()
-        serving = asyncio.create_task(runtime.serve(app, stop))
-        while runtime.http_port is None:
-            await asyncio.sleep(0.01)
-        base = f"http://127.0.0.1:{runtime.http_port}"
-        async with httpx.AsyncClient(base_url=base) as client:
-            for attempt in range(100):  # until uvicorn listens
-                try:
-                    await client.get("/nowhere")
-                    break
-                except httpx.ConnectError:
-                    assert attempt < 99
-                    await asyncio.sleep(0.05)
-            for path in ("/cut", "/bug"):
-                chunks: list[bytes] = []
-                with pytest.raises(httpx.RemoteProtocolError):  # broken, not ended
-                    await _read(client, path, chunks)
-                received[path] = b"".join(chunks)
-    finally:
-        stop.set()
-        if serving is not None:
-            await serving
-        await runtime.close()
+    async with (
+        serving(app, tmp_path, nats_url, database_url, topology) as port,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client,
+    ):
+        for attempt in range(100):  # until uvicorn listens
+            try:
+                await client.get("/nowhere")
+                break
+            except httpx.ConnectError:
+                assert attempt < 99
+                await asyncio.sleep(0.05)
+        for path in ("/cut", "/bug"):
+            chunks: list[bytes] = []
+            with pytest.raises(httpx.RemoteProtocolError):  # broken, not ended
+                await _read(client, path, chunks)
+            received[path] = b"".join(chunks)
     assert received == {"/cut": b"data: first\n\n", "/bug": b"data: first\n\n"}
     err = json_logs.readouterr().err
     tracebacks = [line for line in err.splitlines() if "Exception in ASGI application" in line]

@@ -193,9 +193,7 @@ class KubernetesBackend:
     async def _client(self) -> ApiClient:
         async with self._connecting:
             if self._api is None:
-                configuration = await self._configuration()
-                configuration.connection_pool_maxsize = self.settings.api_connections
-                self._api = ApiClient(configuration=configuration)
+                self._api = await self._new_client(self.settings.api_connections)
             return self._api
 
     async def _watcher(self) -> ApiClient:
@@ -205,10 +203,13 @@ class KubernetesBackend:
         they timed out."""
         async with self._connecting:
             if self._watch_api is None:
-                configuration = await self._configuration()
-                configuration.connection_pool_maxsize = self.settings.watch_connections
-                self._watch_api = ApiClient(configuration=configuration)
+                self._watch_api = await self._new_client(self.settings.watch_connections)
             return self._watch_api
+
+    async def _new_client(self, connections: int) -> ApiClient:
+        configuration = await self._configuration()
+        configuration.connection_pool_maxsize = connections
+        return ApiClient(configuration=configuration)
 
     async def _configuration(self) -> Configuration:
         settings = self.settings
