@@ -1184,7 +1184,13 @@ class Worker:
             pool=self.cfg.pool,
             capacity=self.cfg.concurrency,
             at=datetime.now(UTC),
-            running=tuple(r.started for r in self._runs.values() if r.started is not None),
+            # A run whose end was told is no longer running, though its task has not yet
+            # let go of it (the ack's round trip): else a listing then says both.
+            running=tuple(
+                r.started
+                for did, r in self._runs.items()
+                if r.started is not None and did not in self._recent
+            ),
             exited=tuple(s for _, s in self._recent.values()) if with_exited else (),
             warm_sessions=len(self.warm),
             # Only while routed dispatches reach this worker: else none must be sent here.
