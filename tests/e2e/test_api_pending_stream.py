@@ -86,9 +86,9 @@ async def test_approval_is_answered_and_wakes_the_agent(stack: Stack) -> None:
 async def test_an_answer_to_a_closed_sessions_question_is_refused_until_it_is_reopened(
     stack: Stack,
 ) -> None:
-    """A closed session takes no signal: an answer stored then would never wake its agent,
-    and a second one after a reopen would be refused as answered already. It is a 409 while
-    the session is closed, and taken (and its agent woken) once it is reopened."""
+    """A closed session starts no activation: an answer given then would wait unseen for a
+    reopen. It is a 409 while the session is closed (said while the person is there), and
+    taken (and its agent woken) once it is reopened."""
     world = await new_world(stack, "clo")
     action_id = await ask(stack, world, PendingKind.QUESTION)
     reply = f"/v1/pending-actions/{action_id}/reply"

@@ -1,26 +1,42 @@
 """An answer to a pending action is in the log once accepted: a failure to record the agent's
 wake-up signal right after does not turn it into an error (the catch-up reaction records the
-signal). Real NATS; the session service's handlers in this process."""
+signal); nor does a closed session keep its agent from hearing an action's outcome. Real
+NATS; the session service's handlers in this process."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from suzumio.contracts.commands import AnswerPendingAction, CreatePendingAction
-from suzumio.contracts.events import PendingActionAnswered, UserCreated
+from suzumio.contracts.commands import (
+    AnswerPendingAction,
+    CloseSession,
+    CreatePendingAction,
+    ExpirePendingAction,
+)
+from suzumio.contracts.events import (
+    PendingActionAnswered,
+    SessionClosed,
+    SignalRecorded,
+    UserCreated,
+)
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import PendingKind
 from suzumio.platform.bus.commands import CommandClient, CommandServer
 from suzumio.platform.bus.eventstore import AggregateStream, EventStore, Head
+from suzumio.session.domain.pending_action import OUTCOMES, resume_signal_id
 from suzumio.session.handlers import build_router
 from suzumio.session.handlers.base import Context
+from suzumio.session.reactions import ResumeSignals
 from suzumio.session.repository import Repository
 from tests.scheduling import Sessions
+from tests.support import eventually
 
 
 class BlinkingStore(EventStore):
@@ -76,3 +92,104 @@ async def test_an_answer_stored_is_accepted_though_its_signal_could_not_be_recor
     stored = await store.load("pending_action", action_id)
     assert reply.position == stored.seq
     assert [e.type for e in stored.events][-1] == PendingActionAnswered.event_type
+
+
+async def test_an_action_expired_while_its_session_is_closed_still_wakes_the_agent(
+    nc: NATS, topology: Topology, store: EventStore
+) -> None:
+    """The session was closed while its agent's question waited; the question expired then.
+    Its outcome's signal is recorded all the same (the scheduler holds it until a reopen):
+    left out, the reopened session's agent would never learn its question expired."""
+    sessions = Sessions(store)
+    await store.append("u", [UserCreated(name="u")], 0)
+    session_id = await sessions.session(await sessions.project())
+    action_id = new_id()
+    commands = CommandClient(nc, topology)
+    later = [datetime.now(UTC)]
+    context = Context(Repository(store), clock=lambda: later[0])
+    server = CommandServer(nc, topology, build_router(context))
+    await server.start()
+    try:
+        create = CreatePendingAction(
+            pending_action_id=action_id,
+            session_id=session_id,
+            kind=PendingKind.QUESTION,
+            prompt="Which?",
+            timeout_seconds=60,
+        )
+        await commands.send(create, actor="system:toolbroker")
+        await commands.send(CloseSession(session_id=session_id), actor="user:u")
+        later[0] += timedelta(seconds=61)
+        expired = await commands.send(
+            ExpirePendingAction(pending_action_id=action_id), actor="system:session"
+        )
+    finally:
+        await server.drain(2)
+    assert expired.result["status"] == "expired"
+    assert expired.result["signal_id"] == resume_signal_id(action_id)
+    history = await store.load("session", session_id)
+    types = [e.type for e in history.events]
+    assert types.index(SessionClosed.event_type) < types.index(SignalRecorded.event_type)
+    signal = next(e.data for e in history.events if isinstance(e.data, SignalRecorded))
+    assert signal.signal_id == resume_signal_id(action_id)
+    assert signal.payload["outcome"] == "expired"
+
+
+class LaggingStore(EventStore):
+    """Reads a pending action as a replica that lags would, `lagging` times: without its
+    outcome."""
+
+    lagging = 2
+
+    async def load(
+        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+    ) -> AggregateStream:
+        stream = await super().load(aggregate, aggregate_id, after=after)
+        if aggregate != "pending_action" or self.lagging <= 0:
+            return stream
+        self.lagging -= 1
+        behind = tuple(e for e in stream.events if e.type not in OUTCOMES)
+        return AggregateStream(aggregate, aggregate_id, behind)
+
+
+async def test_the_catch_up_reaction_reading_behind_its_outcome_tries_again(
+    nc: NATS, topology: Topology, store: EventStore
+) -> None:
+    """The answer's own request could not record the wake-up signal; the catch-up reaction
+    that should then reads the action without its outcome (in a cluster, a replica behind the
+    message it handles may answer). It must not take that for "nothing to do" and ack: the
+    message comes again, and the signal is recorded."""
+    blinking = BlinkingStore(nc, topology)
+    sessions = Sessions(store)
+    await store.append("u", [UserCreated(name="u")], 0)
+    session_id = await sessions.session(await sessions.project())
+    action_id = new_id()
+    commands = CommandClient(nc, topology)
+    async with session_service(nc, topology, blinking):
+        create = CreatePendingAction(
+            pending_action_id=action_id,
+            session_id=session_id,
+            kind=PendingKind.QUESTION,
+            prompt="Which?",
+            timeout_seconds=600,
+        )
+        await commands.send(create, actor="system:toolbroker")
+        answer = AnswerPendingAction(pending_action_id=action_id, answer="this one")
+        reply = await commands.send(answer, actor="user:u")
+    assert reply.result["signal_id"] is None  # left to the reaction
+
+    lagging = LaggingStore(nc, topology)
+    reaction = ResumeSignals(nc, topology, Repository(lagging))
+    stop = asyncio.Event()
+    running = asyncio.create_task(reaction.worker.run(stop))
+
+    async def signals() -> list[str]:
+        history = await store.load("session", session_id)
+        return [e.data.signal_id for e in history.events if isinstance(e.data, SignalRecorded)]
+
+    try:
+        await eventually(signals, lambda ids: resume_signal_id(action_id) in ids, timeout=20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+    assert lagging.lagging == 0

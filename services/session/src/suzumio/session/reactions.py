@@ -42,14 +42,24 @@ class ResumeSignals:
         if types is not None and OUTCOMES.isdisjoint(types):
             return
         _, action_id = self._topology.parse_event_subject(msg.subject)
+        envelopes = envelopes_of(msg.data)
+        told = any(e.type in OUTCOMES for e in envelopes)
         state = await self._repo.get(PendingActionState, action_id)
         if state.status not in ("answered", "expired"):
+            if told:  # a read behind this very message (a lagging replica): again, later
+                raise StaleReadError(f"pending action {action_id} read without its outcome")
             return
-        envelopes = envelopes_of(msg.data)
         cause = envelopes[-1] if envelopes else None
         meta = EventMeta(
             actor="system:session",
             correlation_id=cause.correlation_id if cause else new_id(),
             causation_id=cause.id if cause else None,
         )
-        await record_resume_signal(self._repo, state, meta)
+        if await record_resume_signal(self._repo, state, meta) is None and told:
+            raise StaleReadError(f"pending action {action_id}'s outcome not found on reading")
+
+
+class StaleReadError(Exception):
+    """What was read is older than the message being handled (in a cluster, a replica that
+    lags may answer a read): the message is delivered again after a back-off, not acked
+    with its step left undone."""

@@ -125,13 +125,16 @@ def resume_signal(
     state: PendingActionState, session: SessionState, outcome: DomainEvent
 ) -> list[DomainEvent]:
     """The signal that wakes the session's agent with the outcome (P1: at its next tool
-    boundary if it still runs, else in a new activation)."""
+    boundary if it still runs, else in a new activation). Recorded on a closed session too:
+    the scheduler holds it until a reopen. Left out, an action expired (or answered, in a
+    race with the close) while the session was closed would never reach its agent, and a
+    second answer after the reopen is refused."""
     kinds = {
         PendingKind.APPROVAL: SignalKind.APPROVAL_RESULT,
         PendingKind.ARTIFACT_REQUEST: SignalKind.ARTIFACT_READY,
     }
     signal_id = resume_signal_id(state.id)
-    if session.closed or signal_id in session.signals or state.id in session.resumed:
+    if signal_id in session.signals or state.id in session.resumed:
         return []
     payload = {"pending_action_id": state.id, **outcome.model_dump(mode="json")}
     payload["outcome"] = outcome.event_type.rsplit(".", 1)[-1]

@@ -56,8 +56,8 @@ class PendingActionHandlers(HandlerGroup):
         await self.project_role(state.project_id, actor, Role.MEMBER, "pending action")
         await self._check_artifacts(state, cmd.artifact_ids)
         if (await self.repo.get(SessionState, state.session_id)).closed:
-            # The answer would be stored and its session's agent never woken to it (a closed
-            # session takes no signal), and a second answer after a reopen refused.
+            # A closed session starts nothing: the answer would wait, unseen, for a reopen
+            # (its signal is recorded and held). Said now, while the person is here.
             raise ConflictError("the session is closed: reopen it to answer")
         now = self.c.clock()
         state, result = await self.repo.execute(
@@ -119,8 +119,9 @@ async def record_resume_signal(
     repo: Repository, state: PendingActionState, meta: EventMeta
 ) -> Outcome | None:
     """Tell the session's agent how its pending action ended: a P1 signal, recorded once
-    (its id is derived) and not at all on a closed session. Called right after the outcome
-    is appended, and again by the catch-up reaction in case this process died in between."""
+    (its id is derived), on a closed session too (held until a reopen). Called right after
+    the outcome is appended, and again by the catch-up reaction in case this process died in
+    between."""
     stream = await repo.store.load("pending_action", state.id)
     outcome = next(
         (e.data for e in reversed(stream.events) if e.type in pending_action.OUTCOMES), None
