@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suzumio.runner.loop.compaction import (
+    REQUEST_HEADING,
     SECTIONS,
     SUMMARY_PREFIX,
     CompactionGovernor,
@@ -21,6 +22,7 @@ from suzumio.runner.loop.compaction import (
     digest,
     estimate_tokens,
     find_previous_summary,
+    marker_text,
     prune,
     redact,
     split,
@@ -142,11 +144,32 @@ def test_split_keeps_the_first_exchange_and_a_tail():
     assert parts.middle
 
 
-def test_the_tail_reaches_back_to_the_last_user_message():
+def test_the_work_after_the_last_user_message_can_be_compacted_and_the_request_is_quoted():
+    """A session's second activation: its request comes after the earlier history, and the
+    activation's own work after it. Pinning the tail to the request put all that work beyond
+    compaction (a long activation outgrew the window, and failed so at every retry): the
+    request is quoted word for word in the summary marker instead."""
     late = user("Also update the changelog.")
-    messages = [*FIRST_EXCHANGE, *rounds(20), late, *rounds(6, start=20), say("Done.")]
+    messages = [*FIRST_EXCHANGE, *rounds(4), late, *rounds(30, start=4), say("Done.")]
     parts = split(messages, threshold=0)
-    assert parts.tail[0] is late
+    assert late in parts.middle
+    assert parts.request is late
+    assert len(parts.middle) > parts.middle.index(late) + 40  # most of its work compacted
+    text = marker_text("## Goal\nthe changelog", parts.request)
+    assert text == f"## Goal\nthe changelog\n\n{REQUEST_HEADING}\nAlso update the changelog."
+    compacted = apply(parts, text)
+    # Compacted again later: the summariser is given the summary, not the quoted request
+    # (the new marker quotes the request of its time).
+    assert find_previous_summary(compacted) == "## Goal\nthe changelog"
+
+
+def test_a_request_in_the_tail_is_not_quoted():
+    late = user("Also update the changelog.")
+    messages = [*FIRST_EXCHANGE, *rounds(20), late, *rounds(2, start=20), say("Done.")]
+    parts = split(messages, threshold=0)
+    assert late in parts.tail
+    assert parts.request is None
+    assert marker_text(" summary ", parts.request) == "summary"
 
 
 def test_a_task_in_the_head_does_not_pin_the_tail():
@@ -259,10 +282,14 @@ def test_split_properties(messages, threshold, min_tail):
     systems = 1 + (messages[1]["role"] == "system")
     assert [m["role"] for m in parts.head[:systems]] == ["system"] * systems
     assert len(parts.tail) >= min(min_tail, len(messages) - len(parts.head))
-    for role in ("user", "assistant"):
-        last = last_index(messages, role)
-        if last is not None and last >= len(parts.head):
-            assert last >= bounds[1], f"the last {role} message is not in the tail"
+    last = last_index(messages, "assistant")
+    if last is not None and last >= len(parts.head):
+        assert last >= bounds[1], "the last assistant message is not in the tail"
+    last = last_index(messages, "user")
+    if last is not None and len(parts.head) <= last < bounds[1]:
+        assert parts.request is messages[last], "the last user message is neither kept nor quoted"
+    else:
+        assert parts.request is None
     if parts.middle:
         assert any(not str(m["content"]).startswith(SUMMARY_PREFIX) for m in parts.middle)
 

@@ -391,10 +391,11 @@ class AgentLoop:
         # activation's usage says what it spent.
         for key in ("prompt_tokens", "completion_tokens"):
             self._usage[key] += summary.usage.get(key, 0)
-        summary.text = _entry_text(summary.text)  # stored as the marker's text
         if not summary.text.strip():
             self._governor.record_failure(now)
             return False
+        # Stored as the marker's text, the request it compacted quoted in it.
+        summary.text = _entry_text(compaction.marker_text(summary.text, parts.request))
         marker_id = new_id()
         messages = compaction.apply(parts, summary.text)
         after = math.ceil(compaction.estimate_tokens(messages) * scale)

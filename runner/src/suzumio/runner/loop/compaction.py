@@ -13,11 +13,14 @@ attempt may run at all.
 Where the conversation is cut: the head is the system prompt(s) plus the first exchange (the
 first user message, the assistant reply to it and that reply's tool results); the tail is the
 most recent `tail_ratio` x threshold tokens, at least `min_tail_messages` messages, always
-reaching back to the last user message and the last assistant message that are not already in
-the head. A summary marker never counts as "the last user message", or it would pin itself
-into the tail and nothing could be compacted again. Cuts only fall where no assistant tool
-call is separated from any of its tool results; when a cut would split one, the tail grows
-backwards (and the head forwards) until it does not.
+reaching back to the last assistant message that is not already in the head. The last user
+message (the request being worked on) is kept word for word too, but not by pinning the tail
+to it: everything after it would then be beyond compaction, and a long activation on one
+request (twenty file reads) would outgrow the window with nothing left to summarise. When it
+falls in the middle, the summary marker quotes it after the summary (`marker_text`). A summary
+marker never counts as "the last user message", or it would be quoted into itself. Cuts only
+fall where no assistant tool call is separated from any of its tool results; when a cut would
+split one, the tail grows backwards (and the head forwards) until it does not.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ DIGEST_OVER_CHARS = 200
 LARGE_ARGUMENTS_CHARS = 1000
 ARGUMENT_STRING_KEEP_CHARS = 200
 TRANSCRIPT_MESSAGE_MAX_CHARS = 4000
+REQUEST_HEADING = "## The latest request, word for word"
 SECTIONS = (
     "Goal",
     "Constraints",
@@ -159,6 +163,8 @@ class Split:
     middle: tuple[Message, ...]
     """Empty when there is nothing to compact (a lone earlier summary counts as nothing)."""
     tail: tuple[Message, ...]
+    request: Message | None = None
+    """The last user message when it is in the middle: the summary marker quotes it."""
 
 
 def split(
@@ -170,10 +176,13 @@ def split(
     head_end, tail_start = _bounds(messages, threshold, tail_ratio, min_tail_messages)
     if all(is_summary(m) for m in messages[head_end:tail_start]):
         head_end = tail_start
+    last_user = _last_index(messages, "user")
+    in_middle = last_user is not None and head_end <= last_user < tail_start
     return Split(
         tuple(messages[:head_end]),
         tuple(messages[head_end:tail_start]),
         tuple(messages[tail_start:]),
+        messages[last_user] if in_middle and last_user is not None else None,
     )
 
 
@@ -185,10 +194,9 @@ def _bounds(
     while not cuts[head_end]:
         head_end += 1
     start = _tail_by_size(messages, head_end, tail_ratio * max(threshold, 0), min_tail)
-    for role in ("user", "assistant"):
-        last = _last_index(messages, role)
-        if last is not None and last >= head_end:
-            start = min(start, last)
+    last = _last_index(messages, "assistant")
+    if last is not None and last >= head_end:
+        start = min(start, last)
     while not cuts[start]:
         start -= 1
     return head_end, max(start, head_end)
@@ -421,11 +429,13 @@ def summary_request(
 
 
 def find_previous_summary(messages: Iterable[Message]) -> str | None:
-    """The text of the latest summary marker among `messages`, if any."""
+    """The text of the latest summary marker among `messages`, if any (without the request
+    it quoted: the new marker quotes the request of its own time)."""
     found = None
     for message in messages:
         if is_summary(message):
-            found = str(message["content"])[len(SUMMARY_PREFIX) :].strip()
+            text = str(message["content"])[len(SUMMARY_PREFIX) :]
+            found = text.split(f"\n{REQUEST_HEADING}\n", 1)[0].strip()
     return found
 
 
@@ -446,6 +456,14 @@ def _clip(text: str, limit: int = TRANSCRIPT_MESSAGE_MAX_CHARS) -> str:
         return text
     keep = limit // 2
     return f"{text[:keep]}\n…[{len(text) - 2 * keep} characters omitted]…\n{text[-keep:]}"
+
+
+def marker_text(summary: str, request: Message | None) -> str:
+    """What the summary marker says: the summary, then — when the request being worked on
+    was compacted with the rest — that request word for word (its text parts)."""
+    if request is None:
+        return summary.strip()
+    return f"{summary.strip()}\n\n{REQUEST_HEADING}\n{_text(request.get('content'))}"
 
 
 def summary_message(summary: str) -> Message:
