@@ -22,7 +22,7 @@ from suzumio.runner.main import _run_loop
 from suzumio.runner.model import Endpoint, ModelClient
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import ToolContext
-from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
+from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall, Usage
 from tests.unit.loop_support import TOKEN, Broker, spec
 
 
@@ -88,3 +88,36 @@ async def test_an_activation_without_a_failed_call_reports_no_failures(tmp_path:
     ending, _ = await run_chain(tmp_path, [Reply.text("all well")])
     assert ending.text == "all well"
     assert "model_failures" not in ending.usage
+
+
+async def test_a_reply_cut_by_the_content_filter_is_no_answer(tmp_path: Path) -> None:
+    """A reply the provider's filter cut short (`finish_reason: content_filter`) came as an
+    answer: what was left of it ended the activation `completed`. It is the content policy's
+    refusal: the next model of the chain answers; without one, the activation fails."""
+    filtered = Reply.text("Here is how to", finish_reason="content_filter")
+    ending, code = await run_chain(
+        tmp_path, [filtered, Reply.text("the backup answered")], ("primary", "backup")
+    )
+    assert (ending.reason, code, ending.text) == (
+        "completed",
+        exits.COMPLETED,
+        "the backup answered",
+    )
+    assert ending.usage["model_failures"] == {"content_policy": 1}
+
+    ending, code = await run_chain(tmp_path, [filtered])
+    assert (ending.reason, code) == ("failed", exits.MODEL_REFUSED)
+    assert ending.text != "Here is how to"
+
+
+async def test_a_reply_cut_off_by_the_output_cap_is_billed_though_asked_again(
+    tmp_path: Path,
+) -> None:
+    cut = Reply.text(
+        "half", finish_reason="length", usage=Usage(prompt_tokens=10, completion_tokens=5)
+    )
+    whole = Reply.text("whole", usage=Usage(prompt_tokens=10, completion_tokens=7))
+    ending, code = await run_chain(tmp_path, [cut, whole])
+    assert (ending.reason, code, ending.text) == ("completed", exits.COMPLETED, "whole")
+    assert ending.usage["model_calls"] == 1  # asked again with room: not a new call
+    assert (ending.usage["prompt_tokens"], ending.usage["completion_tokens"]) == (20, 12)

@@ -137,3 +137,25 @@ async def test_tool_call_deltas_without_an_index_go_on_with_the_call_they_follow
         ("a", "file_read", {"path": "x"}),
         ("b", "file_search", {}),
     ]
+
+
+async def test_parallel_calls_streamed_under_one_index_stay_apart_by_their_ids() -> None:
+    """Ollama and some vLLM builds stream every parallel call at index 0, each with its own
+    id: joined, they made one call nobody made (`file_readfile_search`, `{..}{..}`)."""
+
+    def delta(**call: object) -> bytes:
+        body = {"index": 0, **call}
+        return json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [body]}}]}).encode()
+
+    events = (
+        delta(id="a", function={"name": "file_read", "arguments": '{"path":'}),
+        delta(function={"arguments": ' "x"}'}),
+        delta(id="b", function={"name": "file_search", "arguments": '{"pattern": "y"}'}),
+        delta(id="b", function={"arguments": ""}),  # the same id again: still that call
+    )
+    async with _raw(_sse(*events, b"[DONE]")) as url:
+        turn, _ = await _complete(url)
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
+        ("a", "file_read", {"path": "x"}),
+        ("b", "file_search", {"pattern": "y"}),
+    ]

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import openai
+
 from suzumio.contracts.broker import (
     CompactionMarker,
     HistoryEntryIn,
@@ -231,6 +233,15 @@ class AgentLoop:
             except Exception as exc:
                 retries = await self._recover(exc, retries)
                 continue
+            # Billed, whether the call counts or is asked again below.
+            for key in ("prompt_tokens", "completion_tokens"):
+                self._usage[key] += turn.usage.get(key, 0)
+            if turn.finish_reason == "content_filter":
+                # The provider's filter cut the reply short: no answer, though it came as one
+                # (what is left of it would end the activation `completed`). As the SDK's own
+                # error for it: the next model of the chain, else stop and report.
+                retries = await self._recover(openai.ContentFilterFinishReasonError(), retries)
+                continue
             if (
                 turn.finish_reason == "length"
                 and self._max_tokens < self._max_tokens_cap
@@ -242,8 +253,6 @@ class AgentLoop:
                 self._live.event("state", "retrying with a larger output cap")
                 continue
             self.model_calls += 1
-            for key in ("prompt_tokens", "completion_tokens"):
-                self._usage[key] += turn.usage.get(key, 0)
             # A call without usage keeps the previous anchor: the messages it counted are
             # still the start of this conversation.
             self._anchor = compaction.usage_anchor(len(self._messages), turn.usage) or self._anchor

@@ -172,7 +172,8 @@ class _Assembly:
         self.turn = ModelTurn(model=model)
         self._on_text = on_text
         self._text: list[str] = []
-        self._calls: dict[int, dict[str, str]] = {}
+        self._calls: dict[int, dict[str, str]] = {}  # by the order calls first appeared
+        self._by_index: dict[int, int] = {}  # the provider's index -> the slot it fills now
         # Each call's argument pieces, joined once at the end: added to a string piece by
         # piece, an 800 KB argument streamed in small deltas took seconds of CPU.
         self._arguments: dict[int, list[str]] = {}
@@ -217,24 +218,45 @@ class _Assembly:
         return text
 
     def _add_call(self, tc: dict[str, Any]) -> None:
+        call_id = _text(tc.get("id"))
         index = tc.get("index")
+        key: int | None
         if not isinstance(index, int):  # a provider that leaves it out: a named delta opens a
             # call, the others go on with the last one
-            last = max(self._calls, default=-1)
-            index = last + 1 if _text(tc.get("id")) or last < 0 else last
-        if index not in self._calls:
-            if self._call_left < CALL_OVERHEAD_CHARS:
-                self.full = True
-                return
-            self._call_left -= CALL_OVERHEAD_CHARS
-        slot = self._calls.setdefault(index, {"id": "", "name": ""})
-        pieces = self._arguments.setdefault(index, [])
-        if _text(tc.get("id")):
-            slot["id"] = self._take_call(tc["id"])
+            key = self._open() if call_id or not self._calls else max(self._calls)
+        else:
+            key = self._by_index.get(index)
+            known = self._calls[key]["id"] if key is not None else ""
+            if call_id and known and call_id != known:
+                # Another call under an index already used: Ollama and some vLLM builds stream
+                # every parallel call at index 0, each with its own id. Joined, their names
+                # and arguments made one call nobody made, and the others were lost.
+                key = None
+            if key is None:
+                key = self._open()
+                if key is not None:
+                    self._by_index[index] = key
+        if key is None:
+            return
+        slot, pieces = self._calls[key], self._arguments[key]
+        if call_id:
+            slot["id"] = self._take_call(call_id)
         function = tc.get("function")
         if isinstance(function, dict):
             slot["name"] += self._take_call(_text(function.get("name")))
             pieces.append(self._take_call(_text(function.get("arguments"))))
+
+    def _open(self) -> int | None:
+        """A new call's slot (in the order calls first appear), or None once the bound is
+        reached."""
+        if self._call_left < CALL_OVERHEAD_CHARS:
+            self.full = True
+            return None
+        self._call_left -= CALL_OVERHEAD_CHARS
+        key = len(self._calls)
+        self._calls[key] = {"id": "", "name": ""}
+        self._arguments[key] = []
+        return key
 
     def done(self) -> ModelTurn:
         self.turn.text = "".join(self._text)
