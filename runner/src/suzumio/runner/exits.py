@@ -11,7 +11,7 @@ MODEL_FAILED = 5  # every model of the chain failed (or content policy); output 
 FENCED = 6  # the broker refused the token: cancelled, replaced by a P0, or expired
 BROKER_UNREACHABLE = 7
 TIMED_OUT = 8  # the activation's wall-clock limit
-TERMINATED = 9  # SIGTERM / SIGINT
+TERMINATED = 9  # SIGTERM / SIGINT before the output was recorded
 INPUTS_UNAVAILABLE = 10  # the session's files could not be fetched into /workspace/in
 MODEL_REFUSED = 11  # the model refused for good (content policy, credentials, no such model)
 

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -60,11 +61,25 @@ def shell_env(env: Mapping[str, str], workspace: str) -> dict[str, str]:
     return {**kept, "HOME": workspace, "TMPDIR": f"{workspace}/.tmp"}
 
 
+@dataclass
+class Reported:
+    """The exit code an activation's output was recorded with, once it was: a SIGTERM after
+    that (a worker draining, a kill as the runner ends) ends the runner with it, not as
+    terminated — else the orchestrator took a recorded answer for cancelled work, and
+    retried it."""
+
+    code: int | None = None
+
+
 async def run_activation(
-    spec: RunnerActivationInput, env: Mapping[str, str], kept: Connections | None = None
+    spec: RunnerActivationInput,
+    env: Mapping[str, str],
+    kept: Connections | None = None,
+    reported: Reported | None = None,
 ) -> int:
     """One activation, from its input to its output; the exit code. `kept`: the clients a
     resident runner keeps across its activations (else each is made here and closed)."""
+    reported = reported if reported is not None else Reported()
     context.update(activation=spec.activation.id, session=spec.session.id, agent=spec.agent.id)
     secrets = [v for k, v in env.items() if k.endswith(("API_KEY", "_TOKEN", "_SECRET"))]
     log_secrets.clear()  # a resident runner's earlier activation's are not this one's
@@ -110,7 +125,14 @@ async def run_activation(
                 log("activation.strays_ended", count=ended)
             sent = await send_outputs(broker, workspace, spec.files)
             log("activation.outputs_sent", files=sent)
-        code = await final_call(broker, ending, await live.finish(), code)
+        sending = asyncio.ensure_future(final_call(broker, ending, await live.finish(), code))
+        try:
+            code = reported.code = await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            # Stopped while the output goes out: the work is done, only its report is left
+            # (bounded by the broker client's timeouts). It goes whole, then the stop.
+            reported.code = await sending
+            raise
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
     except FencedError as exc:
         log("activation.fenced", detail=exc.detail)
@@ -224,12 +246,16 @@ def _parse(data: str | bytes, where: str) -> RunnerActivationInput | None:
 async def _one(spec: RunnerActivationInput, kept: Connections | None) -> int:
     """The activation as a task SIGTERM and SIGINT cancel (the handlers only while it runs)."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(run_activation(spec, os.environ, kept))
+    reported = Reported()
+    task = asyncio.ensure_future(run_activation(spec, os.environ, kept, reported))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:
         return await task
     except asyncio.CancelledError:
+        if reported.code is not None:
+            log("activation.terminated_after_output", exit_code=reported.code)
+            return reported.code
         log("activation.terminated")
         return exits.TERMINATED
     except Exception as exc:
