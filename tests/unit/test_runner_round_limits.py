@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +40,38 @@ def quick(_: dict[str, Any], __: ToolContext) -> ToolResult:
     return ToolResult("ok")
 
 
+RELEASED = threading.Event()
+
+
+def blocking(_: dict[str, Any], __: ToolContext) -> ToolResult:
+    """A plain function that blocks (a slow request made without asyncio)."""
+    RELEASED.wait(20)
+    return ToolResult("released")
+
+
 async def run_loop(tmp_path: Path, replies: list[Reply], **runner: Any) -> tuple[Ending, Broker]:
     broker = Broker()
     http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(broker.answer))
     client = BrokerClient("http://broker", TOKEN, http=http)
     activation = spec(
-        tmp_path, toolpacks=(RunnerToolpackSpec(name="t", tools=("t.slow", "t.quick")),)
+        tmp_path,
+        toolpacks=(RunnerToolpackSpec(name="t", tools=("t.slow", "t.quick", "t.blocking")),),
     )
     activation = activation.model_copy(
         update={"runner": activation.runner.model_copy(update=runner)}
     )
     manifest = ToolpackManifest(
         name="t",
-        tools=(ToolDefinition(name="t.slow"), ToolDefinition(name="t.quick")),
-        runner_handlers={"t.slow": f"{__name__}:slow", "t.quick": f"{__name__}:quick"},
+        tools=(
+            ToolDefinition(name="t.slow"),
+            ToolDefinition(name="t.quick"),
+            ToolDefinition(name="t.blocking"),
+        ),
+        runner_handlers={
+            "t.slow": f"{__name__}:slow",
+            "t.quick": f"{__name__}:quick",
+            "t.blocking": f"{__name__}:blocking",
+        },
     )
     toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path), {"t": manifest})
     async with ScriptedModelServer() as server:
@@ -79,6 +98,23 @@ async def test_a_call_its_round_stopped_ends_in_the_audit_as_timed_out(tmp_path:
     assert started["tool"] == "t.slow"
     assert (finished["call_id"], finished["status"]) == (started["call_id"], "timeout")
     assert "time limit" in finished["error"]
+
+
+async def test_a_plain_handler_that_blocks_is_held_to_the_rounds_limit(tmp_path: Path) -> None:
+    """A toolpack's plain (not async) handler ran on the event loop: one that blocked held
+    everything — live output, heartbeats, the round's own time limit — until it returned.
+    It runs off the loop: the round's limit ends the call while the handler still blocks."""
+    RELEASED.clear()
+    replies = [Reply.tool_calls([ToolCall("t_blocking", {})]), Reply.text("ok")]
+    try:
+        ending, broker = await run_loop(tmp_path, replies, tool_timeout_seconds=0.5)
+        still_blocked = not RELEASED.is_set()
+    finally:
+        RELEASED.set()
+    assert ending.reason == "completed"
+    assert still_blocked
+    (finished,) = broker.bodies["/runner/tool-calls/finish"]
+    assert finished["status"] == "timeout"
 
 
 async def test_a_reply_with_more_calls_than_an_entry_holds_runs_what_fits(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ installed in the sandbox (entry points `suzumio.toolpacks`). An agent that names
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -152,8 +153,15 @@ class Toolbox:
         if tool in self._sandbox:
             return CoreOutcome(await self._sandbox[tool].run(args, self.ctx))
         if tool in self._handlers:
+            handler = self._handlers[tool]
             try:
-                result = self._handlers[tool](args, self.ctx)
+                if inspect.iscoroutinefunction(handler):
+                    result = await handler(args, self.ctx)
+                else:
+                    # A plain function runs off the event loop: one that blocks (a slow
+                    # request, a long computation) stalled the live output, the heartbeats
+                    # and every time limit, the tool round's own included.
+                    result = await asyncio.to_thread(handler, args, self.ctx)
                 if inspect.isawaitable(result):
                     result = await result
             except ToolInputError as exc:
