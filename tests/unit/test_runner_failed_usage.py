@@ -9,13 +9,14 @@ allowed fake)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner import exits
-from suzumio.runner.agent import AgentLoop, Ending
+from suzumio.runner.agent import GRACE_FAILED, AgentLoop, Ending
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.live import LiveStream
 from suzumio.runner.main import _run_loop
@@ -27,7 +28,7 @@ from tests.unit.loop_support import TOKEN, Broker, spec
 
 
 async def run_chain(
-    tmp_path: Path, replies: list[Reply], chain: tuple[str, ...] = ("primary",)
+    tmp_path: Path, replies: list[Reply], chain: tuple[str, ...] = ("primary",), **runner: Any
 ) -> tuple[Ending, int]:
     """One activation's loop against `replies`, with `chain`'s models in turn (a fallback
     chain), all on the scripted server."""
@@ -36,6 +37,9 @@ async def run_chain(
     )
     client = BrokerClient("http://broker", TOKEN, http=http)
     activation = spec(tmp_path)
+    activation = activation.model_copy(
+        update={"runner": activation.runner.model_copy(update=runner)}
+    )
     toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
     async with ScriptedModelServer() as server:
         server.script(replies)
@@ -121,3 +125,19 @@ async def test_a_reply_cut_off_by_the_output_cap_is_billed_though_asked_again(
     assert (ending.reason, code, ending.text) == ("completed", exits.COMPLETED, "whole")
     assert ending.usage["model_calls"] == 1  # asked again with room: not a new call
     assert (ending.usage["prompt_tokens"], ending.usage["completion_tokens"]) == (20, 12)
+
+
+async def test_a_summary_the_model_cannot_write_still_ends_the_budget_exhausted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget's last, tool-free call refused (Bedrock and Claude gateways refuse a
+    conversation with tool calls and no tools): the work still ended for the budget, exit 4
+    — as a model failure (exit 5) the orchestrator retried it with a fresh budget."""
+    monkeypatch.setattr("suzumio.runner.agent.backoff_seconds", lambda *_: 0.0)
+    (tmp_path / "a.txt").write_text("x")
+    refused = Reply.error(400, '{"error": {"message": "The toolConfig field must be defined"}}')
+    replies = [Reply.tool_calls([ToolCall("file_read", {"path": "a.txt"})]), *[refused] * 4]
+    ending, code = await run_chain(tmp_path, replies, max_model_calls=1)
+    assert (ending.reason, code) == ("budget_exhausted", exits.BUDGET_EXHAUSTED)
+    assert ending.text.startswith(GRACE_FAILED)
+    assert ending.usage["model_calls"] == 1

@@ -82,6 +82,10 @@ _FAILED: dict[FailureReason, Status] = {
 }
 """No tool takes arguments nested deeper; deeper ones would only reach recursive code
 (JSON encoding, compaction) near Python's recursion limit."""
+GRACE_FAILED = (
+    "The model-call budget of this activation ran out before the work was done, and the model "
+    "could not summarise where it stands"
+)
 GRACE_PROMPT = (
     "You have used all the model calls this activation may make. Do not call tools. Summarise "
     "where the work stands: what is done, what is not, and what should happen next."
@@ -344,7 +348,15 @@ class AgentLoop:
 
     async def _grace(self) -> Ending:
         self._push({"role": "user", "content": GRACE_PROMPT}, None)
-        turn = await self._call_model([])
+        try:
+            turn = await self._call_model([])
+        except ModelFailedError as exc:
+            # The budget ended the work, not the model: a summary it could not write (Bedrock
+            # and Claude gateways refuse a conversation with tool calls but no tools) must not
+            # turn it into a failure the orchestrator retries with a fresh budget.
+            log("model.grace_failed", error=str(exc))
+            model = self._models[self._model_index].spec.name
+            turn = ModelTurn(model=model, text=f"{GRACE_FAILED} ({exc})"[:MAX_ENTRY_CHARS])
         # As any reply, fit for the history (else building its entry raises: no output at
         # all); calls in it are not run — it was offered no tools — nor recorded as asked.
         turn.text = _entry_text(turn.text)
