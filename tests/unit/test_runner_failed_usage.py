@@ -141,3 +141,19 @@ async def test_a_summary_the_model_cannot_write_still_ends_the_budget_exhausted(
     assert (ending.reason, code) == ("budget_exhausted", exits.BUDGET_EXHAUSTED)
     assert ending.text.startswith(GRACE_FAILED)
     assert ending.usage["model_calls"] == 1
+
+
+async def test_a_fault_of_the_runners_own_still_ends_with_an_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception nobody expected (a broker body the runner cannot read, a bound it did not
+    foresee) left only "runner exit 1": no output, no usage."""
+
+    async def broken(_: AgentLoop) -> Ending:
+        raise ValueError("a bound nobody foresaw")
+
+    monkeypatch.setattr(AgentLoop, "run", broken)
+    ending, code = await run_chain(tmp_path, [])
+    assert (ending.reason, code) == ("failed", exits.CRASHED)
+    assert ending.text == "the runner failed: ValueError: a bound nobody foresaw"
+    assert ending.usage["model_calls"] == 0

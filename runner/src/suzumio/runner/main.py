@@ -212,6 +212,16 @@ async def _run_loop(
             raise
         why = f"the tool-broker refused a request: {exc}"
         return Ending("failed", why, loop.usage()), exits.CRASHED
+    except BrokerUnavailableError:
+        raise
+    except Exception as exc:
+        # A fault of the runner's own (a body it cannot read, a bound it did not expect): the
+        # activation still ends with an output that says so and what it spent — else only
+        # "runner exit 1" and an empty usage were left of it.
+        log("activation.crashed", error=repr(exc))
+        await loop.end_open_calls("tool call stopped: the runner failed")
+        why = f"the runner failed: {type(exc).__name__}: {str(exc)[:1_000]}"
+        return Ending("failed", why, loop.usage()), exits.CRASHED
 
 
 def run(path: Path) -> int:
