@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from suzumio.cli import chat
 from suzumio.contracts.ids import new_id
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.e2e.api import World, new_user, new_world, ok
+from tests.e2e.faulty_link import FaultyLink, Rule
 from tests.e2e.stack import Stack
 from tests.e2e.test_cli_agents import cli
 from tests.support import eventually
@@ -240,3 +242,52 @@ async def test_chat_says_how_to_reply_and_exits_waiting_then_the_reply_goes_on(
         done = await cli(stack, world.key, *args)
         assert done.returncode == code, (args, done)
         assert expected in done.stdout + done.stderr, (args, done)
+
+
+async def test_a_message_whose_answer_was_lost_is_sent_again_and_lands_once(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """The gateway took the message, its 201 was lost on the way back (a relay closes the
+    connection): the CLI sends it again under the same Idempotency-Key, gets the first
+    answer, and follows the work — one message in the session, not two, and no error."""
+    world = await new_world(stack, "chat-lost")
+    # Its own model's queue: what other tests' activations ask for is not taken from it.
+    session_id = await asking_agent(stack, world, "lost-answer-model", permissions={})
+    scripted.script([Reply.text("Heard you once.")], model="lost-answer-model")
+    lose = Rule("lose_answer", b"POST /v1/sessions/", b"/messages")
+    async with FaultyLink.running(stack.api, lose) as link:
+        said = await cli(stack, world.key, "chat", "--api", link.url, session_id, "hello")
+
+    assert lose.hits == 1
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert said.stdout.splitlines()[-1] == "Heard you once.", said.stdout
+    async with stack.client(world.key) as c:
+        items = ok(await c.get(f"/v1/sessions/{session_id}/messages"))["items"]
+    assert [i["text"] for i in items if i["role"] == "user"] == ["hello"]
+
+
+async def test_a_stream_gone_silent_is_read_again_from_its_cursor(
+    stack: Stack,
+    scripted: ScriptedModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The timeline's connection goes silent without being closed (no keep-alive comes, no
+    reset ever will): the chat takes it for cut off after a silence three keep-alives long
+    (3 s here) and reads the timeline again from its cursor, instead of waiting out its
+    --timeout."""
+    world = await new_world(stack, "chat-silent")
+    session_id = await asking_agent(stack, world, "silent-stream-model", permissions={})
+    scripted.script([Reply.text("Still here.")], model="silent-stream-model")
+    async with stack.client(world.key) as c:
+        posted = ok(await c.post(f"/v1/sessions/{session_id}/messages", json={"text": "hi"}), 201)
+    monkeypatch.setattr(chat, "SILENT_STREAM_SECONDS", 3.0, raising=False)
+    silent = Rule("go_silent", b"GET /v1/sessions/", b"/stream")
+    conversation = chat.Conversation(session_id, posted["signal_id"])
+    headers = {"Authorization": f"Bearer {world.key}"}
+    async with FaultyLink.running(stack.api, silent) as link:
+        code = await chat.follow(link.url, headers, posted["position"], conversation, 40)
+
+    assert silent.hits == 1
+    assert code == 0, capsys.readouterr()
+    assert "Still here." in capsys.readouterr().out

@@ -58,6 +58,7 @@ EARLY_CHUNKS = 2_000  # chunks kept of each
 SHOWN_TAIL = 4_096  # characters of each activation's live text kept, to compare its output with
 PROMPT_LOOK_SECONDS = 1.0  # while a prompt waits for its answer: how often the work is looked at
 MAX_ANSWER_BYTES = 1 << 20  # a longer line is taken as it is
+SILENT_STREAM_SECONDS = 45.0  # three of the gateway's keep-alive intervals
 TRANSIENT = frozenset({502, 503, 504})  # a proxy or gateway between restarts: asked again
 
 
@@ -240,7 +241,10 @@ async def follow(
 ) -> int:
     """Follow the message's work to its end; the exit code."""
     base = api.rstrip("/")
-    limits = httpx.Timeout(30, read=None)  # the stream is quiet between keep-alives
+    # The gateway says something at least every 15 s on a quiet stream (a keep-alive): one
+    # that says nothing much longer is taken for cut off (a NAT or a host gone, no reset
+    # ever coming) and read again from its last cursor.
+    limits = httpx.Timeout(30, read=SILENT_STREAM_SECONDS)
     session_id = conversation.session_id
     async with (
         httpx.AsyncClient(base_url=base, headers=headers, timeout=limits) as client,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Annotated, Any
 
 import httpx
@@ -13,6 +15,10 @@ from suzumio.cli.keys import api_key, authorization
 
 console = Console()
 errors = Console(stderr=True)  # refusals: `P=$(suzumio projects create x)` must not take one
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IN_PROGRESS = "is still in progress"  # the gateway's 409 while a key's first request runs
+TRANSIENT_STATUSES = frozenset({502, 503, 504})  # a proxy without a gateway, one restarting
+RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)  # seconds before each attempt after the first
 
 # The options every command that calls the API takes.
 ApiUrl = Annotated[str, typer.Option("--api", envvar="SUZUMIO_API_URL")]
@@ -52,7 +58,7 @@ def _send(method: str, api: str, path: str, expect: int, **request: Any) -> http
     if not api.startswith(("http://", "https://")):
         fail(f"--api {shown!r} needs a scheme, like http://{shown}")
     try:
-        response = httpx.request(method, f"{api.rstrip('/')}{path}", timeout=60, **request)
+        response = _with_retries(method, f"{api.rstrip('/')}{path}", **request)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
     if response.status_code != expect:
@@ -63,6 +69,40 @@ def _send(method: str, api: str, path: str, expect: int, **request: Any) -> http
         errors.print(f"{response.status_code}: {text}", style="red", markup=False)
         raise typer.Exit(1)
     return response
+
+
+def _with_retries(method: str, url: str, **request: Any) -> httpx.Response:
+    """The request, sent again a few times while the connection fails or a proxy says the
+    gateway is away (a rolling restart). A POST carries an `Idempotency-Key` of its own, the
+    same in every attempt: one whose answer was lost on the way back (the gateway acted) is
+    answered as the first was, not done twice — and while the first is still at work, the
+    gateway's 409 for that is waited out too."""
+    if method == "POST":
+        headers = {k.lower(): v for k, v in (request.pop("headers", None) or {}).items()}
+        headers.setdefault(IDEMPOTENCY_HEADER.lower(), f"cli-{uuid.uuid4().hex}")
+        request["headers"] = headers
+    cut_off = False  # an attempt may have reached the gateway, its answer lost
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            response = httpx.request(method, url, timeout=60, **request)
+        except httpx.TransportError:
+            if delay is None:
+                raise
+            cut_off = True
+        else:
+            again = response.status_code in TRANSIENT_STATUSES or (
+                cut_off and method == "POST" and _still_in_progress(response)
+            )
+            if not again or delay is None:
+                return response
+        time.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _still_in_progress(response: httpx.Response) -> bool:
+    """The gateway's 409 for a request whose `Idempotency-Key` an earlier attempt still holds."""
+    body = json_object(response) if response.status_code == 409 else None
+    return body is not None and IN_PROGRESS in str(body.get("detail"))
 
 
 def json_object(response: httpx.Response) -> dict[str, object] | None:
