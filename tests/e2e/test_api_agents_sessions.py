@@ -53,6 +53,9 @@ async def test_agent_json_lifecycle(stack: Stack) -> None:
             "conflict",
         )
         assert ok(await c.post(f"/v1/agents/{world.agent_id}/enable"))["disabled"] is False
+        # No body at all: the reason is optional.
+        assert ok(await c.post(f"/v1/agents/{world.agent_id}/disable"))["disabled"] is True
+        assert ok(await c.post(f"/v1/agents/{world.agent_id}/enable"))["disabled"] is False
         listed = ok(await c.get(f"/v1/projects/{world.project_id}/agents"))
         assert [a["id"] for a in listed["items"]] == [world.agent_id]
         problem(
@@ -169,6 +172,8 @@ async def test_sessions_messages_and_closing(stack: Stack) -> None:
         problem(await c.post(f"/v1/sessions/{sid}/signals", json={}), 409, "conflict")
         assert ok(await c.post(f"/v1/sessions/{sid}/reopen"))["status"] == "active"
         ok(await c.post(f"/v1/sessions/{sid}/messages", json={"text": "back"}), 201)
+        assert ok(await c.post(f"/v1/sessions/{sid}/close"))["status"] == "closed"  # no body
+        assert ok(await c.post(f"/v1/sessions/{sid}/reopen"))["status"] == "active"
         listed = ok(
             await c.get(
                 f"/v1/projects/{world.project_id}/sessions",

@@ -135,6 +135,43 @@ async def test_a_write_the_read_models_lag_behind_still_says_its_position(stack:
         await conn.close()
 
 
+async def test_a_create_the_read_models_lag_behind_still_says_what_it_made(stack: Stack) -> None:
+    """A new user's or key's secret is in the create's answer only: while the read models lag
+    it is answered from the command (201), not lost in a 504 (the key existed, and no retry
+    could ever show it). Other creates say what they made in the 504 (`Location`)."""
+    world = await new_world(stack, "lagmaker")
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        async with stack.client(stack.admin_key) as admin, stack.client(world.key) as c:
+            held = conn.transaction()
+            await held.start()
+            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
+            try:
+                user = await admin.post("/v1/users", json={"name": "late", "email": "l@x.io"})
+                key = await c.post("/v1/me/api-keys", json={"name": "ci"})
+                session = await c.post(
+                    f"/v1/projects/{world.project_id}/sessions", json={"agent_id": world.agent_id}
+                )
+            finally:
+                await held.rollback()
+            made = ok(user, 201)
+            assert (made["name"], made["email"], made["admin"]) == ("late", "l@x.io", False)
+            assert user.headers["location"] == f"/v1/users/{made['id']}"
+            second = ok(key, 201)
+            assert (second["name"], second["revoked_at"]) == ("ci", None)
+            problem(session, 504, "timeout")
+            assert session.headers["location"].startswith("/v1/sessions/")
+            position = str(max(int(r.headers["suzumio-position"]) for r in (user, key, session)))
+            opened = ok(await c.get(session.headers["location"], params={"min_position": position}))
+            assert opened["agent_id"] == world.agent_id
+        # The secrets shown work.
+        for secret in (made["api_key"], second["api_key"]):
+            async with stack.client(secret) as c:
+                ok(await c.get("/v1/me", params={"min_position": position}))
+    finally:
+        await conn.close()
+
+
 async def test_an_upload_cut_off_between_parts_or_with_a_boundary_past_limits_is_422(
     stack: Stack,
 ) -> None:

@@ -57,12 +57,38 @@ def _form(fields: dict[str, str], boundary: str = "b0undary") -> tuple[str, byte
 async def test_many_small_text_fields_are_refused_together() -> None:
     content_type, body = _form({f"f{i}": "v" * 1024 for i in range(MAX_FIELD_BYTES // 1024 + 1)})
     with pytest.raises(ApiError) as refused:
-        await receive_form(content_type, _body(body), max_file_bytes=1024)
+        await receive_form(content_type, _body(body), max_file_bytes=1024, max_total_bytes=4096)
     assert refused.value.status == 413
     content_type, body = _form({"session_id": "s1", "note": "n" * 1000})
-    form = await receive_form(content_type, _body(body), max_file_bytes=1024)
+    form = await receive_form(content_type, _body(body), max_file_bytes=1024, max_total_bytes=4096)
     try:
         assert form.fields == {"session_id": "s1", "note": "n" * 1000}
         assert [f.filename for f in form.files] == ["a.txt"]
+    finally:
+        form.close()
+
+
+def _files(count: int, size: int, boundary: str = "b0undary") -> tuple[str, bytes]:
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="f{i}.txt"\r\n'
+        f"Content-Type: text/plain\r\n\r\n{'x' * size}\r\n"
+        for i in range(count)
+    ]
+    body = "".join(parts) + f"--{boundary}--\r\n"
+    return f"multipart/form-data; boundary={boundary}", body.encode()
+
+
+async def test_many_files_each_under_the_limit_are_refused_past_the_uploads_total() -> None:
+    """Each file under its limit is not enough: an upload of a thousand files of the limit
+    each spooled 100 GB to the gateway's disk before anything was checked."""
+    content_type, body = _files(5, 1000)
+    with pytest.raises(ApiError) as refused:
+        await receive_form(content_type, _body(body), max_file_bytes=1024, max_total_bytes=4096)
+    assert refused.value.status == 413
+    assert "at most 4096 bytes" in refused.value.detail
+    content_type, body = _files(4, 1000)
+    form = await receive_form(content_type, _body(body), max_file_bytes=1024, max_total_bytes=4096)
+    try:
+        assert [f.size for f in form.files] == [1000] * 4
     finally:
         form.close()

@@ -8,6 +8,9 @@ from suzumio.platform.settings import ServiceSettings
 class GatewaySettings(ServiceSettings):
     http_port: int = Field(default=8080, ge=0, le=65_535)
     max_upload_bytes: int = Field(default=100 * 1024 * 1024, ge=1, description="per file")
+    max_upload_request_bytes: int = Field(
+        default=1024 * 1024 * 1024, ge=1, description="all the files of one upload together"
+    )
     max_package_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
     idempotency_ttl_seconds: int = Field(default=24 * 3_600, ge=60)
     read_your_writes_timeout: float = Field(default=10.0, gt=0, le=60)

@@ -57,10 +57,12 @@ class ReceivedForm:
 class _FormParser:
     """python-multipart callbacks that spool file parts and keep text fields."""
 
-    def __init__(self, max_file_bytes: int, max_files: int) -> None:
+    def __init__(self, max_file_bytes: int, max_files: int, max_total_bytes: int) -> None:
         self.form = ReceivedForm([], {})
         self._max_file_bytes = max_file_bytes
         self._max_files = max_files
+        self._max_total_bytes = max_total_bytes
+        self._total_bytes = 0  # of every file part so far, spooled to disk
         self._headers: dict[str, str] = {}
         self._field = bytearray()
         self._value = bytearray()
@@ -130,6 +132,11 @@ class _FormParser:
                 413,
                 f"{self._file.filename} is larger than the limit of {self._max_file_bytes} bytes",
             )
+        # Each file under its limit is not enough: a thousand of them would fill the disk
+        # the parts are spooled to before any is checked.
+        self._total_bytes += len(chunk)
+        if self._total_bytes > self._max_total_bytes:
+            raise ApiError(413, f"an upload holds at most {self._max_total_bytes} bytes of files")
         self._digest.update(chunk)
         self._file.file.write(chunk)
 
@@ -153,18 +160,19 @@ async def receive_form(
     body: AsyncIterator[bytes],
     *,
     max_file_bytes: int,
+    max_total_bytes: int,
     max_files: int = 1_000,
 ) -> ReceivedForm:
     """Parse a multipart/form-data body; file parts go to temporary files.
 
     Raises:
-        ApiError: 415 when not multipart, 413 when a file exceeds `max_file_bytes`, 422 when
-            malformed.
+        ApiError: 415 when not multipart, 413 when a file exceeds `max_file_bytes` or the
+            files together `max_total_bytes`, 422 when malformed.
     """
     mime, params = parse_options_header(content_type)
     if mime != b"multipart/form-data" or b"boundary" not in params:
         raise ApiError(415, "send the files as multipart/form-data")
-    handler = _FormParser(max_file_bytes, max_files)
+    handler = _FormParser(max_file_bytes, max_files, max_total_bytes)
     try:
         # Inside: the parser refuses some boundaries (over 256 bytes) as it is made.
         parser = MultipartParser(params[b"boundary"], handler.callbacks())

@@ -81,8 +81,9 @@ async def create_agent(
     agent_id = ids("agent")
     fields = body.model_dump()
     command = CreateAgent(project_id=project_id, agent_id=agent_id, **fields)
-    await settle(gw, await send(gw, who, command, response))
-    response.headers["Location"] = f"/v1/agents/{agent_id}"
+    location = f"/v1/agents/{agent_id}"
+    await settle(gw, await send(gw, who, command, response), location=location)
+    response.headers["Location"] = location
     return _agent(await _read(gw, agent_id))
 
 
@@ -114,6 +115,7 @@ async def _package(request: Request, gw: Gateway) -> Package:
         request.headers.get("content-type"),
         request.stream(),
         max_file_bytes=gw.settings.max_package_bytes,
+        max_total_bytes=gw.settings.max_package_bytes,
         max_files=1,
     )
     try:
@@ -159,8 +161,9 @@ async def import_agent(
         project_id=project_id, agent_id=agent_id, assets=_assets(package), **package.fields
     )
     await _store_assets(gw, package)
-    await settle(gw, await send(gw, who, command, response))
-    response.headers["Location"] = f"/v1/agents/{agent_id}"
+    location = f"/v1/agents/{agent_id}"
+    await settle(gw, await send(gw, who, command, response), location=location)
+    response.headers["Location"] = location
     return _agent(await _read(gw, agent_id))
 
 
@@ -217,11 +220,17 @@ async def update_agent(
 
 @router.post("/v1/agents/{agent_id}/disable")
 async def disable_agent(
-    agent_id: Identifier, body: DisableIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    agent_id: Identifier,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    body: DisableIn | None = None,
 ) -> AgentOut:
-    """A disabled agent keeps its sessions but opens no new ones."""
+    """A disabled agent keeps its sessions but opens no new ones. The body (a `reason`) may
+    be left out."""
     await _visible(gw, who, agent_id, Role.ADMIN)
-    reply = await send(gw, who, DisableAgent(agent_id=agent_id, reason=body.reason), response)
+    reason = body.reason if body is not None else ""
+    reply = await send(gw, who, DisableAgent(agent_id=agent_id, reason=reason), response)
     await settle(gw, reply)
     return _agent(await _read(gw, agent_id))
 

@@ -146,6 +146,7 @@ async def upload(
         request.headers.get("content-type"),
         request.stream(),
         max_file_bytes=gw.settings.max_upload_bytes,
+        max_total_bytes=gw.settings.max_upload_request_bytes,
     )
     try:
         session_id = _session_field(form.fields.get("session_id"))

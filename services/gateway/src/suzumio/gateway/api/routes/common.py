@@ -30,19 +30,23 @@ async def send(
     return reply
 
 
-async def settle(gw: Gateway, reply: CommandAccepted) -> None:
+async def settle(gw: Gateway, reply: CommandAccepted, *, location: str | None = None) -> None:
     """Wait until the read models show the command's effect, so what a write returns is what
-    a read returns."""
-    await settled(gw, reply.position)
+    a read returns. `location`: what the command created, said in a 504 too."""
+    await settled(gw, reply.position, location=location)
 
 
-async def settled(gw: Gateway, position: int) -> None:
+async def settled(gw: Gateway, position: int, *, location: str | None = None) -> None:
     """Wait until the read models reached `position` (the last of a route's writes)."""
     if position and not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
         # The write is in the log: the answer still says where (a problem response carries
-        # none of the route's headers), so the client can read it back with `min_position`.
+        # none of the route's headers), so the client can read it back with `min_position`
+        # — and what was created, whose id it would not learn otherwise.
+        headers = {POSITION_HEADER: str(position)}
+        if location is not None:
+            headers["Location"] = location
         raise ApiError(
             504,
             "the change was made but the read models have not caught up yet",
-            headers={POSITION_HEADER: str(position)},
+            headers=headers,
         )

@@ -70,8 +70,9 @@ async def grant(
         mode=body.mode,
         agent_id=body.agent_id,
     )
-    await settle(gw, await send(gw, who, command, response))
-    response.headers["Location"] = f"/v1/projects/{project_id}/mount-grants/{grant_id}"
+    location = f"/v1/projects/{project_id}/mount-grants/{grant_id}"
+    await settle(gw, await send(gw, who, command, response), location=location)
+    response.headers["Location"] = location
     return await _read(gw, project_id, grant_id)
 
 

@@ -85,8 +85,9 @@ async def create_project(
     reply = await send(
         gw, who, CreateProject(project_id=project_id, name=body.name, limits=body.limits), response
     )
-    await settle(gw, reply)
-    response.headers["Location"] = f"/v1/projects/{project_id}"
+    location = f"/v1/projects/{project_id}"
+    await settle(gw, reply, location=location)
+    response.headers["Location"] = location
     return await _read_project(gw, who.user_id, project_id)
 
 

@@ -105,8 +105,9 @@ async def open_session(
         raise not_found("agent")
     session_id = ids("session")
     command = OpenSession(session_id=session_id, agent_id=body.agent_id, title=body.title)
-    await settle(gw, await send(gw, who, command, response))
-    response.headers["Location"] = f"/v1/sessions/{session_id}"
+    location = f"/v1/sessions/{session_id}"
+    await settle(gw, await send(gw, who, command, response), location=location)
+    response.headers["Location"] = location
     return _session(await _read(gw, session_id))
 
 
@@ -142,11 +143,17 @@ async def get_session(
 
 @router.post("/v1/sessions/{session_id}/close")
 async def close_session(
-    session_id: Identifier, body: CloseIn, gw: GatewayDep, who: PrincipalDep, response: Response
+    session_id: Identifier,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    response: Response,
+    body: CloseIn | None = None,
 ) -> SessionOut:
-    """Archive the session: history stays readable, new writes are refused until reopened."""
+    """Archive the session: history stays readable, new writes are refused until reopened.
+    The body (a `reason`) may be left out."""
     await visible_session(gw, who, session_id, Role.MEMBER)
-    reply = await send(gw, who, CloseSession(session_id=session_id, reason=body.reason), response)
+    reason = body.reason if body is not None else ""
+    reply = await send(gw, who, CloseSession(session_id=session_id, reason=reason), response)
     await settle(gw, reply)
     return _session(await _read(gw, session_id))
 

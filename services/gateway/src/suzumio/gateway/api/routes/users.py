@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response, status
 
-from suzumio.contracts.commands import CreateApiKey, CreateUser, RevokeApiKey
+from suzumio.contracts.commands import CommandAccepted, CreateApiKey, CreateUser, RevokeApiKey
 from suzumio.contracts.ids import Identifier
 from suzumio.gateway.api.deps import (
     AdminDep,
@@ -26,7 +27,7 @@ from suzumio.gateway.api.models import (
     UserWithKey,
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
-from suzumio.gateway.api.problems import not_found
+from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
@@ -77,9 +78,32 @@ async def create_user(
         key_id=key.key_id,
         digest=key.digest,
     )
-    await settle(gw, await send(gw, who, command, response))
+    reply = await send(gw, who, command, response)
     response.headers["Location"] = f"/v1/users/{user_id}"
+    if not await _caught_up(gw, reply):
+        return UserWithKey(
+            id=user_id,
+            name=command.name,
+            email=command.email,
+            admin=command.admin,
+            created_at=datetime.now(UTC),
+            api_key=key.plaintext,
+        )
     return UserWithKey(**_user(await _read_user(gw, user_id)).model_dump(), api_key=key.plaintext)
+
+
+async def _caught_up(gw: Gateway, reply: CommandAccepted) -> bool:
+    """Whether the read models show the command's effect within the read-your-writes wait.
+    A route whose answer holds a new key's secret answers from the command when they do not
+    (`created_at` then by this gateway's clock): a 504 would lose the secret for good — the
+    key exists, and no retry can show it again."""
+    try:
+        await settle(gw, reply)
+    except ApiError as exc:
+        if exc.status != 504:
+            raise
+        return False
+    return True
 
 
 @router.get("/users")
@@ -130,7 +154,16 @@ async def create_key(
         name=body.name,
         expires_at=body.expires_at,
     )
-    await settle(gw, await send(gw, who, command, response))
+    reply = await send(gw, who, command, response)
+    if not await _caught_up(gw, reply):
+        return ApiKeyWithSecret(
+            key_id=key.key_id,
+            name=command.name,
+            created_at=datetime.now(UTC),
+            expires_at=command.expires_at,
+            revoked_at=None,
+            api_key=key.plaintext,
+        )
     row = await gw.pool.fetchrow("SELECT * FROM proj_users.api_keys WHERE key_id = $1", key.key_id)
     return ApiKeyWithSecret(**_key(row).model_dump(), api_key=key.plaintext)
 
