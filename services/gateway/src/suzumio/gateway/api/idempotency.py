@@ -4,11 +4,13 @@ The first response (status, body, the headers that matter) is kept in a KV bucke
 keyed by the caller's credentials, the path and the key, sealed with the platform's secret key
 (some first responses show a new API key once; the bucket must not hold it in the clear).
 The same key with a different body is refused (422); a retry while the first is still
-running gets 409. Every answer is kept, errors too (a 504 of the read models' lag follows a
-command that did run, and a retry must not run it twice), except 401 (nothing ran for an
-unknown caller), 503 (no service took the request) and a command's own timeout (it may or may
-not have run: a retry sends it again under the same ids, which runs or is refused as a
-duplicate). As ASGI middleware, no POST route can forget it.
+running gets 409 (a running request says so again every 20 s; one silent for 60 s is taken
+for dead and its retry runs, and only the request holding the slot keeps its answer). Every
+answer is kept, errors too (a 504 of the read models' lag follows a command that did run, and
+a retry must not run it twice), except 401 (nothing ran for an unknown caller), 404 (nothing
+ran; it may be the read models' lag), 503 (no service took the request) and a command's own
+timeout (it may or may not have run: a retry sends it again under the same ids, which runs or
+is refused as a duplicate). As ASGI middleware, no POST route can forget it.
 
 An upload (multipart) streams through unbuffered: its digest is taken as it passes and kept
 with the answer; a retry's is taken (its body read) before that answer is replayed. An upload
@@ -17,11 +19,14 @@ that was not read to its end keeps no answer: it stored nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -96,14 +101,15 @@ class IdempotencyMiddleware:
 
     async def _handle(self, slot: str, body: _Body, scope: Scope, send: Send) -> None:
         kv = self._kv()
-        pending = json.dumps({"state": "pending", "fp": body.early, "at": time.time()}).encode()
+        pending = _pending(body.early)
+        held = _Held()
         for _ in range(3):  # the first request may delete its slot (401, 503) while we look
             try:
-                await kv.create(slot, pending)
+                held.revision = await kv.create(slot, pending)
                 break
             except KeyWrongLastSequenceError:
                 try:
-                    answered = await self._existing(kv, slot, body, pending)
+                    answered = await self._existing(kv, slot, body, pending, held)
                 except KeyNotFoundError:
                     continue
                 if answered is not None:
@@ -120,13 +126,19 @@ class IdempotencyMiddleware:
                     return
                 break
         recorded = _Recorder(send)
+        # Said to be alive while it runs: a request past STALE_PENDING_SECONDS (a long upload,
+        # long timeouts) was taken over by its retry and run twice.
+        refreshing = asyncio.create_task(_refresh(kv, slot, body.early, held))
         try:
             await self.app(scope, body.receive, recorded.send)
         finally:
-            await self._keep(kv, slot, body, recorded, scope)
+            refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refreshing
+            await self._keep(kv, slot, body, recorded, scope, held)
 
     async def _existing(
-        self, kv: KeyValue, slot: str, body: _Body, pending: bytes
+        self, kv: KeyValue, slot: str, body: _Body, pending: bytes, held: _Held
     ) -> ASGIApp | None:
         entry = await kv.get(slot)
         record = json.loads(entry.value or b"{}")
@@ -143,7 +155,7 @@ class IdempotencyMiddleware:
                 409, "conflict", "a request with this Idempotency-Key is still in progress"
             )
         try:  # the first attempt died mid-way: take over
-            await kv.update(slot, pending, last=entry.revision)
+            held.revision = await kv.update(slot, pending, last=entry.revision)
         except KeyWrongLastSequenceError:
             return problem_response(
                 409, "conflict", "a request with this Idempotency-Key is still in progress"
@@ -151,17 +163,28 @@ class IdempotencyMiddleware:
         return None
 
     async def _keep(
-        self, kv: KeyValue, slot: str, body: _Body, recorded: _Recorder, scope: Scope
+        self,
+        kv: KeyValue,
+        slot: str,
+        body: _Body,
+        recorded: _Recorder,
+        scope: Scope,
+        held: _Held,
     ) -> None:
+        """Keep the answer in the slot (or free it), if the slot is still this request's: one
+        taken over meanwhile (this request was thought dead) is its successor's to fill."""
         try:
             fingerprint = body.seen()
             # A command that timed out may or may not have run: not kept, a retry sends it
             # again under the same ids — it runs if the first never did, and is refused as a
             # duplicate (409) if it did. Kept, its 504 would be all the retries ever learn.
             unknown = bool(scope.get("state", {}).get(FATE_UNKNOWN))
-            skipped = recorded.status in (None, 401, 503) or unknown or recorded.too_big
+            # A 404 is a refusal before anything ran (routes look before they act), and may
+            # be the read models' lag (a cancel of an activation the stream just showed):
+            # kept, every retry would get it for a day.
+            skipped = recorded.status in (None, 401, 404, 503) or unknown or recorded.too_big
             if skipped or fingerprint is None:
-                await kv.delete(slot)
+                await kv.delete(slot, last=held.revision)
                 return
             record = {
                 "state": "done",
@@ -170,9 +193,35 @@ class IdempotencyMiddleware:
                 "headers": [[k.decode(), v.decode()] for k, v in recorded.headers],
                 "body": self._box().seal_bytes(bytes(recorded.body)).decode(),
             }
-            await kv.put(slot, json.dumps(record).encode())
+            await kv.update(slot, json.dumps(record).encode(), last=held.revision)
+        except KeyWrongLastSequenceError:
+            log.warning("idempotency.slot_taken_over", slot=slot)
         except Exception:
             log.exception("idempotency.keep_failed")
+
+
+@dataclass
+class _Held:
+    """The revision of the slot's pending record this request wrote last."""
+
+    revision: int | None = None
+
+
+def _pending(fingerprint: str) -> bytes:
+    return json.dumps({"state": "pending", "fp": fingerprint, "at": time.time()}).encode()
+
+
+async def _refresh(kv: KeyValue, slot: str, fingerprint: str, held: _Held) -> None:
+    """Write the pending record again every third of STALE_PENDING_SECONDS; stop once it is
+    no longer this request's."""
+    while True:
+        await asyncio.sleep(STALE_PENDING_SECONDS / 3)
+        try:
+            held.revision = await kv.update(slot, _pending(fingerprint), last=held.revision)
+        except KeyWrongLastSequenceError:
+            return
+        except Exception as exc:  # the bus away a moment: the next beat tries again
+            log.warning("idempotency.refresh_failed", error=repr(exc))
 
 
 class _TooLargeError(Exception):

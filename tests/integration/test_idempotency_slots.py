@@ -1,0 +1,88 @@
+"""The gateway's Idempotency-Key layer on a real NATS KV bucket, around a stand-in route that
+counts its runs: a request that runs long keeps its slot (its retry is told it is in progress,
+not run a second time), and a 404 is not kept (nothing ran; it may be the read models' lag, and
+kept, every retry would get it for a day)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from nats.aio.client import Client as NATS
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from suzumio.contracts.subjects import Topology
+from suzumio.gateway.api import idempotency
+from suzumio.gateway.api.idempotency import IdempotencyMiddleware
+from suzumio.platform.bus.kv import ensure_kv
+from suzumio.platform.secrets import SecretBox
+
+
+class CountingRoute:
+    def __init__(self) -> None:
+        self.runs = 0
+        self.seconds = 0.0
+        self.statuses = [201]
+
+    async def endpoint(self, request: Request) -> JSONResponse:
+        self.runs += 1
+        await request.body()
+        await asyncio.sleep(self.seconds)
+        status = self.statuses[min(self.runs, len(self.statuses)) - 1]
+        return JSONResponse({"run": self.runs}, status_code=status)
+
+
+async def _valid(_: str) -> bool:
+    return True
+
+
+@pytest.fixture
+async def route_and_client(
+    nc: NATS, topology: Topology
+) -> AsyncIterator[tuple[CountingRoute, httpx.AsyncClient]]:
+    kv = await ensure_kv(nc.jetstream(), topology.bucket("idempotency"), ttl=600)
+    box = SecretBox([SecretBox.generate_key()])
+    route = CountingRoute()
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
+        lambda: kv,
+        lambda: box,
+        _valid,
+    )
+    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k1"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+        yield route, c
+
+
+async def test_a_request_running_past_the_stale_limit_keeps_its_slot(
+    route_and_client: tuple[CountingRoute, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a request still running after 60 s was taken for dead: its retry took the slot
+    over and ran it again, and the later answer overwrote the first."""
+    monkeypatch.setattr(idempotency, "STALE_PENDING_SECONDS", 0.9)
+    route, c = route_and_client
+    route.seconds = 2.0
+    first = asyncio.create_task(c.post("/things", json={"a": 1}))
+    await asyncio.sleep(1.4)  # past the stale limit, the first still running
+    retried = await c.post("/things", json={"a": 1})
+    assert retried.status_code == 409
+    assert "still in progress" in retried.json()["detail"]
+    answered = await first
+    assert (answered.status_code, answered.json()) == (201, {"run": 1})
+    replayed = await c.post("/things", json={"a": 1})
+    assert (replayed.status_code, replayed.json()) == (201, {"run": 1})
+    assert route.runs == 1
+
+
+async def test_a_404_is_not_kept(route_and_client: tuple[CountingRoute, httpx.AsyncClient]) -> None:
+    route, c = route_and_client
+    route.statuses = [404, 201]
+    assert (await c.post("/things", json={"a": 1})).status_code == 404
+    again = await c.post("/things", json={"a": 1})
+    assert (again.status_code, again.json()) == (201, {"run": 2})
