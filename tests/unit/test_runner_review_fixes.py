@@ -82,12 +82,20 @@ async def test_malformed_arguments_become_that_calls_error(
 ) -> None:
     broker = Broker()
     replies = [Reply.tool_calls([ToolCall("file_read", raw)]), Reply.text("done")]
-    ending, _ = await run_loop(spec(tmp_path), replies, broker)
+    ending, server = await run_loop(spec(tmp_path), replies, broker)
     assert ending.reason == "completed"
     [result] = broker.tool_results()
     assert says in result["text"]
     [finished] = broker.bodies["/runner/tool-calls/finish"]
     assert finished["status"] == "error"
+    # The conversation goes on with arguments a provider can parse (some refused every later
+    # request over one bad reply); the history keeps the same, with the start of what came.
+    [asked] = [m for m in server.requests[1].messages if m["role"] == "assistant"]
+    sent_back = json.loads(asked["tool_calls"][0]["function"]["arguments"])
+    assert sent_back == {"invalid_arguments": raw[:2_000]}
+    [entry] = [e for b in broker.bodies["/runner/history"] for e in b["entries"]
+               if e["role"] == "assistant"]  # fmt: skip
+    assert json.loads(entry["tool_calls"][0]["arguments"]) == sent_back
 
 
 @pytest.mark.parametrize(

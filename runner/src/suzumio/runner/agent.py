@@ -195,7 +195,7 @@ class AgentLoop:
                 log("model.too_many_tool_calls", calls=len(turn.tool_calls))
                 turn.tool_calls = turn.tool_calls[:MAX_CALLS_PER_TURN]
             calls = self._parse(turn.tool_calls)
-            turn.tool_calls = [c.wire for c in calls]
+            turn.tool_calls = [_as_sent_back(c) for c in calls]
             if not calls:
                 return self._ending("completed", turn.text, self._assistant_entry(turn))
             await self._broker.append_history([self._assistant_entry(turn)])
@@ -751,6 +751,20 @@ def _trim(piece: str, secrets: Sequence[str], *, at_end: bool) -> str:
     if not longest:
         return piece
     return piece[:-longest] + "[redacted]" if at_end else "[redacted]" + piece[longest:]
+
+
+INVALID_ARGUMENTS_KEPT_CHARS = 2_000
+
+
+def _as_sent_back(call: _Call) -> WireCall:
+    """The call as the conversation (and the history) keeps it. Arguments that are no JSON
+    object stand in as one holding their start: providers and gateways that parse a
+    conversation's arguments (vLLM's chat templates, adapters to other APIs) refused every
+    later request of the activation, and of the session's next ones, for one bad reply."""
+    if call.args is not None:
+        return call.wire
+    kept = call.wire.arguments[:INVALID_ARGUMENTS_KEPT_CHARS]
+    return WireCall(call.wire.id, call.wire.name, json.dumps({"invalid_arguments": kept}))
 
 
 def decode_arguments(text: str) -> tuple[dict[str, Any] | None, str | None]:
