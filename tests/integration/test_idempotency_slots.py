@@ -1,16 +1,20 @@
 """The gateway's Idempotency-Key layer on a real NATS KV bucket, around a stand-in route that
 counts its runs: a request that runs long keeps its slot (its retry is told it is in progress,
-not run a second time), and a 404 is not kept (nothing ran; it may be the read models' lag, and
-kept, every retry would get it for a day)."""
+not run a second time) — even when a renewal of its claim landed but its answer was lost (the
+bucket's first update here says it timed out) — and a 404 is not kept (nothing ran; it may be
+the read models' lag, and kept, every retry would get it for a day)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import httpx
 import pytest
 from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.kv import KeyValue
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -41,16 +45,39 @@ async def _valid(_: str) -> bool:
     return True
 
 
+class LosingKV:
+    """The bucket, but the first update it is asked for lands and then its answer is lost
+    (a publish timed out as a stream leader moved)."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kv, name)
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        revision = await self._kv.update(key, value, last=last)
+        if self.lost == 0:
+            self.lost += 1
+            raise NatsTimeoutError
+        return revision
+
+
+@pytest.fixture
+async def kv(nc: NATS, topology: Topology) -> LosingKV:
+    return LosingKV(await ensure_kv(nc.jetstream(), topology.bucket("idempotency"), ttl=600))
+
+
 @pytest.fixture
 async def route_and_client(
-    nc: NATS, topology: Topology
+    kv: LosingKV,
 ) -> AsyncIterator[tuple[CountingRoute, httpx.AsyncClient]]:
-    kv = await ensure_kv(nc.jetstream(), topology.bucket("idempotency"), ttl=600)
     box = SecretBox([SecretBox.generate_key()])
     route = CountingRoute()
     app = IdempotencyMiddleware(
         Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
-        lambda: kv,
+        lambda: cast("KeyValue", kv),
         lambda: box,
         _valid,
     )
@@ -61,7 +88,9 @@ async def route_and_client(
 
 
 async def test_a_request_running_past_the_stale_limit_keeps_its_slot(
-    route_and_client: tuple[CountingRoute, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+    route_and_client: tuple[CountingRoute, httpx.AsyncClient],
+    kv: LosingKV,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Before, a request still running after 60 s was taken for dead: its retry took the slot
     over and ran it again, and the later answer overwrote the first."""
@@ -77,7 +106,9 @@ async def test_a_request_running_past_the_stale_limit_keeps_its_slot(
     assert (answered.status_code, answered.json()) == (201, {"run": 1})
     replayed = await c.post("/things", json={"a": 1})
     assert (replayed.status_code, replayed.json()) == (201, {"run": 1})
+    assert replayed.headers.get("idempotent-replayed") == "true"
     assert route.runs == 1
+    assert kv.lost == 1  # a renewal's answer was lost on the way
 
 
 async def test_a_404_is_not_kept(route_and_client: tuple[CountingRoute, httpx.AsyncClient]) -> None:

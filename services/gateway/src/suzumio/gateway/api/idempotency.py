@@ -24,12 +24,13 @@ import contextlib
 import hashlib
 import json
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -101,15 +102,14 @@ class IdempotencyMiddleware:
 
     async def _handle(self, slot: str, body: _Body, scope: Scope, send: Send) -> None:
         kv = self._kv()
-        pending = _pending(body.early)
-        held = _Held()
+        claim = _Claim(kv, slot, body.early)
         for _ in range(3):  # the first request may delete its slot (401, 503) while we look
             try:
-                held.revision = await kv.create(slot, pending)
+                claim.revision = await kv.create(slot, claim.pending())
                 break
             except KeyWrongLastSequenceError:
                 try:
-                    answered = await self._existing(kv, slot, body, pending, held)
+                    answered = await self._existing(kv, slot, body, claim)
                 except KeyNotFoundError:
                     continue
                 if answered is not None:
@@ -128,17 +128,17 @@ class IdempotencyMiddleware:
         recorded = _Recorder(send)
         # Said to be alive while it runs: a request past STALE_PENDING_SECONDS (a long upload,
         # long timeouts) was taken over by its retry and run twice.
-        refreshing = asyncio.create_task(_refresh(kv, slot, body.early, held))
+        ended = asyncio.Event()
+        refreshing = asyncio.create_task(_refresh(claim, ended))
         try:
             await self.app(scope, body.receive, recorded.send)
         finally:
-            refreshing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refreshing
-            await self._keep(kv, slot, body, recorded, scope, held)
+            ended.set()  # not cancelled: a write cut off midway would leave its revision unknown
+            await refreshing
+            await self._keep(claim, body, recorded, scope)
 
     async def _existing(
-        self, kv: KeyValue, slot: str, body: _Body, pending: bytes, held: _Held
+        self, kv: KeyValue, slot: str, body: _Body, claim: _Claim
     ) -> ASGIApp | None:
         entry = await kv.get(slot)
         record = json.loads(entry.value or b"{}")
@@ -155,22 +155,14 @@ class IdempotencyMiddleware:
                 409, "conflict", "a request with this Idempotency-Key is still in progress"
             )
         try:  # the first attempt died mid-way: take over
-            held.revision = await kv.update(slot, pending, last=entry.revision)
+            claim.revision = await kv.update(slot, claim.pending(), last=entry.revision)
         except KeyWrongLastSequenceError:
             return problem_response(
                 409, "conflict", "a request with this Idempotency-Key is still in progress"
             )
         return None
 
-    async def _keep(
-        self,
-        kv: KeyValue,
-        slot: str,
-        body: _Body,
-        recorded: _Recorder,
-        scope: Scope,
-        held: _Held,
-    ) -> None:
+    async def _keep(self, claim: _Claim, body: _Body, recorded: _Recorder, scope: Scope) -> None:
         """Keep the answer in the slot (or free it), if the slot is still this request's: one
         taken over meanwhile (this request was thought dead) is its successor's to fill."""
         try:
@@ -184,7 +176,8 @@ class IdempotencyMiddleware:
             # kept, every retry would get it for a day.
             skipped = recorded.status in (None, 401, 404, 503) or unknown or recorded.too_big
             if skipped or fingerprint is None:
-                await kv.delete(slot, last=held.revision)
+                if not await claim.write(None):
+                    log.warning("idempotency.slot_taken_over", slot=claim.slot)
                 return
             record = {
                 "state": "done",
@@ -193,33 +186,78 @@ class IdempotencyMiddleware:
                 "headers": [[k.decode(), v.decode()] for k, v in recorded.headers],
                 "body": self._box().seal_bytes(bytes(recorded.body)).decode(),
             }
-            await kv.update(slot, json.dumps(record).encode(), last=held.revision)
-        except KeyWrongLastSequenceError:
-            log.warning("idempotency.slot_taken_over", slot=slot)
+            if not await claim.write(json.dumps(record).encode()):
+                log.warning("idempotency.slot_taken_over", slot=claim.slot)
         except Exception:
             log.exception("idempotency.keep_failed")
 
 
 @dataclass
-class _Held:
-    """The revision of the slot's pending record this request wrote last."""
+class _Claim:
+    """A request's hold on its slot: the pending record it wrote (told from a successor's by
+    its nonce) and that record's revision, as far as it knows."""
 
+    kv: KeyValue
+    slot: str
+    fingerprint: str
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
     revision: int | None = None
 
+    def pending(self) -> bytes:
+        record = {"state": "pending", "fp": self.fingerprint, "at": time.time(), "n": self.nonce}
+        return json.dumps(record).encode()
 
-def _pending(fingerprint: str) -> bytes:
-    return json.dumps({"state": "pending", "fp": fingerprint, "at": time.time()}).encode()
+    async def write(self, value: bytes | None) -> bool:
+        """Put `value` (None: nothing) in place of this request's record; False when the slot
+        is no longer this request's (taken over: it was thought dead)."""
+        for _ in range(2):
+            try:
+                if value is None:
+                    await self.kv.delete(self.slot, last=self.revision)
+                else:
+                    self.revision = await self.kv.update(self.slot, value, last=self.revision)
+            except APIError as exc:
+                # nats-py turns the wrong-revision refusal into its own error for an update
+                # only; a delete's comes as the server's code.
+                wrong_last = isinstance(exc, KeyWrongLastSequenceError) or (
+                    getattr(exc, "err_code", None) in _WRONG_LAST
+                )
+                if not wrong_last:
+                    raise
+                if not await self._still_ours():
+                    return False
+            else:
+                return True
+        return False
 
-
-async def _refresh(kv: KeyValue, slot: str, fingerprint: str, held: _Held) -> None:
-    """Write the pending record again every third of STALE_PENDING_SECONDS; stop once it is
-    no longer this request's."""
-    while True:
-        await asyncio.sleep(STALE_PENDING_SECONDS / 3)
+    async def _still_ours(self) -> bool:
+        """Whether the slot still holds this request's pending record — an earlier write of
+        it landed though its answer was lost (a publish timed out), moving its revision: that
+        revision is then this request's."""
         try:
-            held.revision = await kv.update(slot, _pending(fingerprint), last=held.revision)
-        except KeyWrongLastSequenceError:
+            entry = await self.kv.get(self.slot)
+        except KeyNotFoundError:
+            return False
+        record = json.loads(entry.value or b"{}")
+        if record.get("state") != "pending" or record.get("n") != self.nonce:
+            return False
+        self.revision = entry.revision
+        return True
+
+
+_WRONG_LAST = frozenset({10071, 10164})  # JetStream: wrong last (subject) sequence
+
+
+async def _refresh(claim: _Claim, ended: asyncio.Event) -> None:
+    """Write the pending record again every third of STALE_PENDING_SECONDS until `ended`;
+    stop once the slot is no longer this request's."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), STALE_PENDING_SECONDS / 3)
             return
+        try:
+            if not await claim.write(claim.pending()):
+                return
         except Exception as exc:  # the bus away a moment: the next beat tries again
             log.warning("idempotency.refresh_failed", error=repr(exc))
 
