@@ -163,6 +163,22 @@ def test_the_work_after_the_last_user_message_can_be_compacted_and_the_request_i
     assert find_previous_summary(compacted) == "## Goal\nthe changelog"
 
 
+def test_a_second_compaction_quotes_the_request_the_first_one_quoted():
+    """The request lives on only as the first marker's quote: the marker that replaces it
+    quotes it again (its words were lost to the second summary)."""
+    late = user("Also update the changelog.")
+    messages = [*FIRST_EXCHANGE, *rounds(4), late, *rounds(30, start=4), say("Done.")]
+    parts = split(messages, threshold=0)
+    once = apply(parts, marker_text("## Goal\nthe changelog", parts.request))
+    grown = [*once, *rounds(30, start=100), say("Still going.")]
+    again = split(grown, threshold=0)
+    assert again.middle[0] == once[len(parts.head)]  # the first marker is compacted now
+    assert again.request == {"role": "user", "content": "Also update the changelog."}
+    # A newer request in the tail is the one worked on: the old quote is not carried.
+    newer = [*once, user("Now the README."), *rounds(2, start=100), say("Done.")]
+    assert split(newer, threshold=0).request is None
+
+
 def test_a_request_in_the_tail_is_not_quoted():
     late = user("Also update the changelog.")
     messages = [*FIRST_EXCHANGE, *rounds(20), late, *rounds(2, start=20), say("Done.")]

@@ -152,6 +152,7 @@ async def test_parallel_calls_streamed_under_one_index_stay_apart_by_their_ids()
         delta(function={"arguments": ' "x"}'}),
         delta(id="b", function={"name": "file_search", "arguments": '{"pattern": "y"}'}),
         delta(id="b", function={"arguments": ""}),  # the same id again: still that call
+        delta(id="b2", function={"arguments": ""}),  # a fresh id, no name: still that call
     )
     async with _raw(_sse(*events, b"[DONE]")) as url:
         turn, _ = await _complete(url)

@@ -41,10 +41,12 @@ def quick(_: dict[str, Any], __: ToolContext) -> ToolResult:
 
 
 RELEASED = threading.Event()
+DAEMON: list[bool] = []
 
 
 def blocking(_: dict[str, Any], __: ToolContext) -> ToolResult:
     """A plain function that blocks (a slow request made without asyncio)."""
+    DAEMON.append(threading.current_thread().daemon)
     RELEASED.wait(20)
     return ToolResult("released")
 
@@ -113,6 +115,9 @@ async def test_a_plain_handler_that_blocks_is_held_to_the_rounds_limit(tmp_path:
         RELEASED.set()
     assert ending.reason == "completed"
     assert still_blocked
+    # In a daemon thread of its own: one that never returns does not hold the runner at its
+    # exit (the loop's executor is waited for, its threads joined).
+    assert DAEMON == [True]
     (finished,) = broker.bodies["/runner/tool-calls/finish"]
     assert finished["status"] == "timeout"
 

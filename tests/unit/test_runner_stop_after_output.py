@@ -78,6 +78,8 @@ async def test_a_stop_while_the_output_goes_out_ends_with_the_outputs_code(
         await asyncio.wait_for(broker.output_came.wait(), 30)
         os.kill(os.getpid(), signal.SIGTERM)  # _one's handler takes it while it runs
         await asyncio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # and a second stop does not cut it off either
+        await asyncio.sleep(0.2)
         assert not running.done()  # the output's answer is still awaited
         broker.let_go.set()
         code = await asyncio.wait_for(running, 30)

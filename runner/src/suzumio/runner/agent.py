@@ -356,7 +356,9 @@ class AgentLoop:
             # turn it into a failure the orchestrator retries with a fresh budget.
             log("model.grace_failed", error=str(exc))
             model = self._models[self._model_index].spec.name
-            turn = ModelTurn(model=model, text=f"{GRACE_FAILED} ({exc})"[:MAX_ENTRY_CHARS])
+            # The failure's class only: a provider's message may quote the key it refused,
+            # and this text is kept in the session's history.
+            turn = ModelTurn(model=model, text=f"{GRACE_FAILED} ({exc.failure_class}).")
         # As any reply, fit for the history (else building its entry raises: no output at
         # all); calls in it are not run — it was offered no tools — nor recorded as asked.
         turn.text = _entry_text(turn.text)

@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,14 +125,7 @@ async def run_activation(
                 log("activation.strays_ended", count=ended)
             sent = await send_outputs(broker, workspace, spec.files)
             log("activation.outputs_sent", files=sent)
-        sending = asyncio.ensure_future(final_call(broker, ending, await live.finish(), code))
-        try:
-            code = reported.code = await asyncio.shield(sending)
-        except asyncio.CancelledError:
-            # Stopped while the output goes out: the work is done, only its report is left
-            # (bounded by the broker client's timeouts). It goes whole, then the stop.
-            reported.code = await sending
-            raise
+        code = await _report(final_call(broker, ending, await live.finish(), code), reported)
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
     except FencedError as exc:
         log("activation.fenced", detail=exc.detail)
@@ -146,6 +139,24 @@ async def run_activation(
             await model.close()
         await broker.aclose()
     return code
+
+
+async def _report(sending: Awaitable[int], reported: Reported) -> int:
+    """The output's sending (`final_call`), whole even if the runner is stopped meanwhile:
+    the work is done, only its report is left (bounded by the broker client's timeouts). A
+    stop — a second one too — waits for it, and then takes effect; `reported` says how the
+    output was recorded either way."""
+    task = asyncio.ensure_future(sending)
+    stopped = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            stopped = True
+    reported.code = task.result()
+    if stopped:
+        raise asyncio.CancelledError
+    return reported.code
 
 
 async def final_call(

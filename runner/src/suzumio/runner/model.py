@@ -227,10 +227,14 @@ class _Assembly:
         else:
             key = self._by_index.get(index)
             known = self._calls[key]["id"] if key is not None else ""
-            if call_id and known and call_id != known:
+            function = tc.get("function")
+            named = isinstance(function, dict) and bool(_text(function.get("name")))
+            if call_id and known and call_id != known and named:
                 # Another call under an index already used: Ollama and some vLLM builds stream
-                # every parallel call at index 0, each with its own id. Joined, their names
-                # and arguments made one call nobody made, and the others were lost.
+                # every parallel call at index 0, each with its own id (and name). Joined,
+                # their names and arguments made one call nobody made, and the others were
+                # lost. Only a named one: some servers send a fresh id with each later chunk
+                # of the same call.
                 key = None
             if key is None:
                 key = self._open()
@@ -239,7 +243,7 @@ class _Assembly:
         if key is None:
             return
         slot, pieces = self._calls[key], self._arguments[key]
-        if call_id:
+        if call_id and not slot["id"]:  # the first: later chunks may bring fresh ones
             slot["id"] = self._take_call(call_id)
         function = tc.get("function")
         if isinstance(function, dict):

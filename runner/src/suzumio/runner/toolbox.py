@@ -10,10 +10,13 @@ installed in the sandbox (entry points `suzumio.toolpacks`). An agent that names
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from suzumio.contracts.runner import RunnerActivationInput, ToolDefinition
 from suzumio.contracts.toolpacks import ToolpackManifest, discover, resolve
@@ -38,6 +41,7 @@ BUILTIN_PACKS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_PACKS = ("files", "shell")
 _BUILTIN_TOOLS = frozenset(t for tools in BUILTIN_PACKS.values() for t in tools)
+T = TypeVar("T")
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[ToolResult | str] | ToolResult | str]
 
 
@@ -161,7 +165,7 @@ class Toolbox:
                     # A plain function runs off the event loop: one that blocks (a slow
                     # request, a long computation) stalled the live output, the heartbeats
                     # and every time limit, the tool round's own included.
-                    result = await asyncio.to_thread(handler, args, self.ctx)
+                    result = await _in_daemon_thread(handler, args, self.ctx)
                 if inspect.isawaitable(result):
                     result = await result
             except ToolInputError as exc:
@@ -172,3 +176,32 @@ class Toolbox:
                 result if isinstance(result, ToolResult) else ToolResult(str(result))
             )
         return await self.core.run(tool, args, call_id)
+
+
+def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """`fn(*args)` in a daemon thread of its own, as a future of the running loop. Not the
+    loop's executor: a handler that never returns would hold the runner at its exit there
+    (the executor is waited for, its threads joined) after the round's limit gave up on it,
+    and a resident runner would lose one of its threads for good to each."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if done.done():  # given up on (the round's limit): the outcome goes nowhere
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(cast("T", value))
+
+    def work() -> None:
+        try:
+            value, error = context.run(fn, *args), None
+        except BaseException as exc:  # handed to the awaiting task, as a call would raise it
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="toolpack-handler", daemon=True).start()
+    return done

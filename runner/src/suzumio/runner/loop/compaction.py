@@ -48,7 +48,7 @@ DIGEST_OVER_CHARS = 200
 LARGE_ARGUMENTS_CHARS = 1000
 ARGUMENT_STRING_KEEP_CHARS = 200
 TRANSCRIPT_MESSAGE_MAX_CHARS = 4000
-REQUEST_HEADING = "## The latest request, word for word"
+REQUEST_HEADING = "## The request being worked on when this summary was written, word for word"
 SECTIONS = (
     "Goal",
     "Constraints",
@@ -164,7 +164,8 @@ class Split:
     """Empty when there is nothing to compact (a lone earlier summary counts as nothing)."""
     tail: tuple[Message, ...]
     request: Message | None = None
-    """The last user message when it is in the middle: the summary marker quotes it."""
+    """What the summary marker quotes: the last user message when it is in the middle, or
+    the request an earlier marker in the middle quoted (the last user message is older)."""
 
 
 def split(
@@ -177,13 +178,29 @@ def split(
     if all(is_summary(m) for m in messages[head_end:tail_start]):
         head_end = tail_start
     last_user = _last_index(messages, "user")
-    in_middle = last_user is not None and head_end <= last_user < tail_start
+    request: Message | None = None
+    if last_user is not None and head_end <= last_user < tail_start:
+        request = messages[last_user]
+    elif last_user is None or last_user < head_end:
+        # Compacted before, the request lives on only as an earlier marker's quote: carried
+        # on, or the summary that replaces that marker would lose its words.
+        quoted = _quoted_request(messages[head_end:tail_start])
+        request = {"role": "user", "content": quoted} if quoted is not None else None
     return Split(
         tuple(messages[:head_end]),
         tuple(messages[head_end:tail_start]),
         tuple(messages[tail_start:]),
-        messages[last_user] if in_middle and last_user is not None else None,
+        request,
     )
+
+
+def _quoted_request(messages: Sequence[Message]) -> str | None:
+    """The request the latest summary marker among `messages` quotes, if it quotes one."""
+    for message in reversed(messages):
+        if is_summary(message):
+            _, found, quoted = str(message["content"]).partition(f"\n{REQUEST_HEADING}\n")
+            return quoted if found else None
+    return None
 
 
 def _bounds(
