@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from suzumio.cli.rest import RETRY_DELAYS
 from suzumio.platform.embedded.process import free_port
 from tests.support import one_line_error
 
@@ -122,8 +123,10 @@ async def test_import_answered_by_a_proxy_error_page_or_a_list(
 ) -> None:
     answers, api = api_answering
     page = b"<html>\n<head><title>502 Bad Gateway</title></head>\n<body>nginx</body>\n</html>\n"
-    answers.append((502, "text/html", page))
+    # A proxy's 502 is asked again a few times (a gateway restarting): one that stays is said.
+    answers.extend([(502, "text/html", page)] * (len(RETRY_DELAYS) + 1))
     one_line_error(await import_agent(tmp_path, api), 1, "502", "Bad Gateway")
+    assert answers == []  # every retry was asked for
 
     answers.append((400, "application/json", b'["not", "an", "object"]'))
     one_line_error(await import_agent(tmp_path, api), 1, "400", '["not", "an", "object"]')
