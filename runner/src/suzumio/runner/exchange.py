@@ -67,18 +67,22 @@ async def bring_out(
     if max_files <= 0:
         return ()
     stored: list[FileRef] = []
-    for path in regular_files(outbox):
-        if len(stored) >= max_files:
-            log("exchange.too_many_outputs", limit=max_files)
-            break
-        try:
-            ref = await _store_one(store, outbox, path, max_bytes)
-        except Exception as exc:  # this file stays behind; the others still go
-            log("exchange.output_skipped", error=repr(exc)[:300])
-            continue
-        if ref is not None:
-            stored.append(ref)
-    empty(outbox)
+    # Walked and emptied off the event loop: an agent's million files (a `node_modules`)
+    # held the worker's loop — its other runs' heartbeats too — for seconds on end.
+    try:
+        for path in await asyncio.to_thread(regular_files, outbox):
+            if len(stored) >= max_files:
+                log("exchange.too_many_outputs", limit=max_files)
+                break
+            try:
+                ref = await _store_one(store, outbox, path, max_bytes)
+            except Exception as exc:  # this file stays behind; the others still go
+                log("exchange.output_skipped", error=repr(exc)[:300])
+                continue
+            if ref is not None:
+                stored.append(ref)
+    finally:
+        await asyncio.to_thread(empty, outbox)
     return tuple(stored)
 
 

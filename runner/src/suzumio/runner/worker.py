@@ -52,6 +52,7 @@ import secrets
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,7 +90,7 @@ from suzumio.runner import limits as sandbox_limits
 from suzumio.runner.cpu import CpuPolicy
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
 from suzumio.runner.log import log, tail
-from suzumio.runner.workfiles import WorkspaceError, remove_tree
+from suzumio.runner.workfiles import WorkspaceError, empty, remove_tree
 
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
@@ -660,6 +661,14 @@ class Worker:
                 await msg.nak()
             return
         try:
+            if self._stop is not None and self._stop.is_set():
+                # The worker began to stop while this one waited for its slot: back it goes,
+                # for another worker, rather than be started here only for the drain to stop
+                # it (or the fork server to close under it).
+                log("worker.handed_back", dispatch=did)
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+                return
             await self._handle_in_slot(dispatch, msg)
         finally:
             self._running -= 1
@@ -789,10 +798,22 @@ class Worker:
         try:
             if dispatch.inputs:
                 await self._bring_in(run)
+            if (stopped := run.stop_reason) is not None:  # cancelled while its files came in
+                detail = "stopped before its runner started"
+                ended = self._status(dispatch, "exited", reason=stopped, detail=detail)
+                await self._finish(run, ended)
+                return
             run.proc = await self._spawn(run)
         # Any NATS failure too (closed, draining, a full buffer: no JetStream API errors),
-        # or the run's task would die with neither an end reported nor an ack.
-        except (OSError, exchange.ExchangeError, NatsError, TimeoutError) as exc:
+        # or the run's task would die with neither an end reported nor an ack; and a child
+        # that could not take its limits before exec (`SubprocessError`, no `OSError`).
+        except (
+            OSError,
+            subprocess.SubprocessError,
+            exchange.ExchangeError,
+            NatsError,
+            TimeoutError,
+        ) as exc:
             await self._finish(
                 run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             )
@@ -858,13 +879,18 @@ class Worker:
         dispatch = run.dispatch
         if dispatch.max_output_files <= 0:
             return ()
+        outbox = run.workspace / "out"
         try:
             store = await self._objects()
             return await exchange.bring_out(
-                store, run.workspace / "out", dispatch.max_output_files, dispatch.max_output_bytes
+                store, outbox, dispatch.max_output_files, dispatch.max_output_bytes
             )
         except Exception as exc:  # whatever the agent did to `out/`, the run's end is reported
             log("worker.outputs_unstored", dispatch=dispatch.dispatch_id, error=repr(exc)[:300])
+            # Emptied all the same: a warm session's next activation would hand these files
+            # in as its own output.
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(empty, outbox)
             return ()
 
     async def _objects(self) -> ObjectStore:
