@@ -1,6 +1,7 @@
 """A loopback TCP relay in front of the real gateway that breaks chosen connections the way
-networks do: an answer lost on its way back (the request did reach the gateway), or a
-connection that goes silent without ever being closed (a NAT's state dropped, a host gone).
+networks do: an answer lost on its way back (the request did reach the gateway), a
+connection that goes silent without ever being closed (a NAT's state dropped, a host gone),
+or a proxy's 503 for a gateway it cannot reach (the request goes nowhere).
 Every other connection is relayed as it is. It fakes no service: what answers is the gateway.
 
 A connection is picked by its first request's line (`POST /v1/sessions/.../messages`), at
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-Fault = Literal["lose_answer", "go_silent"]
+Fault = Literal["lose_answer", "go_silent", "proxy_503"]
 HEAD_END = b"\r\n\r\n"
 
 
@@ -64,10 +65,19 @@ class FaultyLink:
         rule = next((r for r in self.rules if r.matches(line)), None)
         if rule is not None:
             rule.hits += 1
-        up_writer.write(head)
+        if rule is None or rule.fault != "proxy_503":
+            up_writer.write(head)
         try:
             if rule is None:
                 await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            elif rule.fault == "proxy_503":
+                up_writer.close()
+                writer.write(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/html\r\n"
+                    b"content-length: 20\r\nconnection: close\r\n\r\n<h1>no gateway</h1>\n"
+                )
+                await writer.drain()
+                writer.close()
             elif rule.fault == "lose_answer":
                 # The request goes through whole; the answer is read and thrown away, then
                 # the client's connection closed: it never learns what the gateway did.

@@ -291,3 +291,19 @@ async def test_a_stream_gone_silent_is_read_again_from_its_cursor(
     assert silent.hits == 1
     assert code == 0, capsys.readouterr()
     assert "Still here." in capsys.readouterr().out
+
+
+async def test_a_command_is_sent_again_after_a_proxys_503(stack: Stack) -> None:
+    """A proxy answered 503 (the gateway restarting): the command is sent again a moment
+    later, not refused — and is done once."""
+    world = await new_world(stack, "cli-503")
+    name = f"made-once-{new_id()[-8:]}"
+    refused = Rule("proxy_503", b"POST /v1/projects")
+    async with FaultyLink.running(stack.api, refused) as link:
+        said = await cli(stack, world.key, "projects", "create", name, "--api", link.url)
+
+    assert refused.hits == 1
+    assert said.returncode == 0, said.stdout + said.stderr
+    async with stack.client(world.key) as c:
+        listed = ok(await c.get("/v1/projects", params={"limit": 200}))["items"]
+    assert [p["id"] for p in listed if p["name"] == name] == [said.stdout.strip()]

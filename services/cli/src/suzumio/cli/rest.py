@@ -16,6 +16,7 @@ from suzumio.cli.keys import api_key, authorization
 console = Console()
 errors = Console(stderr=True)  # refusals: `P=$(suzumio projects create x)` must not take one
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
 IN_PROGRESS = "is still in progress"  # the gateway's 409 while a key's first request runs
 TRANSIENT_STATUSES = frozenset({502, 503, 504})  # a proxy without a gateway, one restarting
 RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)  # seconds before each attempt after the first
@@ -90,11 +91,14 @@ def _with_retries(method: str, url: str, **request: Any) -> httpx.Response:
                 raise
             cut_off = True
         else:
-            again = response.status_code in TRANSIENT_STATUSES or (
-                cut_off and method == "POST" and _still_in_progress(response)
-            )
+            # A kept answer (replayed) is all a retry would ever get again.
+            replayed = response.headers.get(REPLAYED_HEADER) == "true"
+            transient = response.status_code in TRANSIENT_STATUSES and not replayed
+            again = transient or (cut_off and method == "POST" and _still_in_progress(response))
             if not again or delay is None:
                 return response
+            # A proxy's 502/504 may come while the gateway still works on the request.
+            cut_off = cut_off or transient
         time.sleep(delay)
     raise AssertionError("unreachable: the last attempt returns or raises")
 
