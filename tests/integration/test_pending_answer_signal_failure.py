@@ -16,6 +16,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from suzumio.contracts.commands import (
     AnswerPendingAction,
     CloseSession,
+    CommandAccepted,
     CreatePendingAction,
     ExpirePendingAction,
 )
@@ -66,26 +67,45 @@ async def session_service(nc: NATS, topology: Topology, store: EventStore) -> As
         await server.drain(2)
 
 
+async def a_session(store: EventStore) -> str:
+    sessions = Sessions(store)
+    await store.append("u", [UserCreated(name="u")], 0)
+    return await sessions.session(await sessions.project())
+
+
+async def ask(commands: CommandClient, session_id: str, timeout_seconds: int = 600) -> str:
+    """A question of the session's agent; its pending action's id."""
+    action_id = new_id()
+    create = CreatePendingAction(
+        pending_action_id=action_id,
+        session_id=session_id,
+        kind=PendingKind.QUESTION,
+        prompt="Which?",
+        timeout_seconds=timeout_seconds,
+    )
+    await commands.send(create, actor="system:toolbroker")
+    return action_id
+
+
+async def answered_through_a_blink(
+    nc: NATS, topology: Topology, store: EventStore, blinking: BlinkingStore
+) -> tuple[str, str, CommandAccepted]:
+    """A question asked and answered through a session service whose store blinks right after
+    the answer is stored: the session, the action and the answer's reply."""
+    session_id = await a_session(store)
+    commands = CommandClient(nc, topology)
+    async with session_service(nc, topology, blinking):
+        action_id = await ask(commands, session_id)
+        answer = AnswerPendingAction(pending_action_id=action_id, answer="this one")
+        reply = await commands.send(answer, actor="user:u")
+    return session_id, action_id, reply
+
+
 async def test_an_answer_stored_is_accepted_though_its_signal_could_not_be_recorded_then(
     nc: NATS, topology: Topology, store: EventStore
 ) -> None:
     blinking = BlinkingStore(nc, topology)
-    sessions = Sessions(store)
-    await store.append("u", [UserCreated(name="u")], 0)
-    session_id = await sessions.session(await sessions.project())
-    action_id = new_id()
-    commands = CommandClient(nc, topology)
-    async with session_service(nc, topology, blinking):
-        create = CreatePendingAction(
-            pending_action_id=action_id,
-            session_id=session_id,
-            kind=PendingKind.QUESTION,
-            prompt="Which?",
-            timeout_seconds=600,
-        )
-        await commands.send(create, actor="system:toolbroker")
-        answer = AnswerPendingAction(pending_action_id=action_id, answer="this one")
-        reply = await commands.send(answer, actor="user:u")
+    session_id, action_id, reply = await answered_through_a_blink(nc, topology, store, blinking)
     assert blinking.blinked
     assert reply.result["status"] == "answered"
     assert reply.result["signal_id"] is None  # not recorded by this request
@@ -100,24 +120,14 @@ async def test_an_action_expired_while_its_session_is_closed_still_wakes_the_age
     """The session was closed while its agent's question waited; the question expired then.
     Its outcome's signal is recorded all the same (the scheduler holds it until a reopen):
     left out, the reopened session's agent would never learn its question expired."""
-    sessions = Sessions(store)
-    await store.append("u", [UserCreated(name="u")], 0)
-    session_id = await sessions.session(await sessions.project())
-    action_id = new_id()
+    session_id = await a_session(store)
     commands = CommandClient(nc, topology)
     later = [datetime.now(UTC)]
     context = Context(Repository(store), clock=lambda: later[0])
     server = CommandServer(nc, topology, build_router(context))
     await server.start()
     try:
-        create = CreatePendingAction(
-            pending_action_id=action_id,
-            session_id=session_id,
-            kind=PendingKind.QUESTION,
-            prompt="Which?",
-            timeout_seconds=60,
-        )
-        await commands.send(create, actor="system:toolbroker")
+        action_id = await ask(commands, session_id, timeout_seconds=60)
         await commands.send(CloseSession(session_id=session_id), actor="user:u")
         later[0] += timedelta(seconds=61)
         expired = await commands.send(
@@ -160,22 +170,7 @@ async def test_the_catch_up_reaction_reading_behind_its_outcome_tries_again(
     message it handles may answer). It must not take that for "nothing to do" and ack: the
     message comes again, and the signal is recorded."""
     blinking = BlinkingStore(nc, topology)
-    sessions = Sessions(store)
-    await store.append("u", [UserCreated(name="u")], 0)
-    session_id = await sessions.session(await sessions.project())
-    action_id = new_id()
-    commands = CommandClient(nc, topology)
-    async with session_service(nc, topology, blinking):
-        create = CreatePendingAction(
-            pending_action_id=action_id,
-            session_id=session_id,
-            kind=PendingKind.QUESTION,
-            prompt="Which?",
-            timeout_seconds=600,
-        )
-        await commands.send(create, actor="system:toolbroker")
-        answer = AnswerPendingAction(pending_action_id=action_id, answer="this one")
-        reply = await commands.send(answer, actor="user:u")
+    session_id, action_id, reply = await answered_through_a_blink(nc, topology, store, blinking)
     assert reply.result["signal_id"] is None  # left to the reaction
 
     lagging = LaggingStore(nc, topology)
