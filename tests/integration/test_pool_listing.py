@@ -2,13 +2,17 @@
 stand-in script): a run whose end it has told and acked is listed as exited, not as running,
 even while its task is still letting go of it (`pool.list`: the orchestrator's reconciliation
 and its backend's `list_live`); a warm session's files it could not store are not handed in as
-the next activation's output; a cancel while a dispatch's files come in starts no runner."""
+the next activation's output; a cancel while a dispatch's files come in starts no runner; what
+workers killed outright left under the work directory is swept."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
+import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -167,3 +171,33 @@ async def test_a_cancel_while_its_files_come_in_starts_no_runner(
         await eventually(lambda: asyncio.sleep(0, seen), lambda s: "exited" in s, timeout=60)
     assert ended.reason in {"cancelled", "killed"}, ended
     assert "started" not in seen  # no runner: the worker's end says so
+
+
+async def test_a_worker_sweeps_what_workers_killed_outright_left(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    """A worker killed outright (OOM, SIGKILL) left its directory — its runs' inputs, tokens
+    included, its warm workspaces — for good: the next worker had another id. A worker sweeps
+    the directories whose lock nobody holds; a live worker's, and what is not a worker's, stay."""
+    work = tmp_path / "work"
+    hour_ago = time.time() - 3600
+
+    def worker_dir(name: str) -> Path:
+        path = work / name
+        (path / "runs" / "a.1").mkdir(parents=True)
+        (path / "runs" / "a.1" / "input.json").write_text('{"token": "t"}')
+        (path / ".lock").touch()
+        os.utime(path / ".lock", (hour_ago, hour_ago))
+        return path
+
+    dead, live = worker_dir("dead"), worker_dir("live")
+    (work / "not-a-worker").mkdir()
+    with (live / ".lock").open("ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its worker runs
+        async with in_process_worker(nats_url, backend.topology.namespace, work, worker_id="sw"):
+            await wait_workers(backend, "sw")
+            assert not dead.exists()
+            assert (live / "runs" / "a.1" / "input.json").exists()
+            assert (work / "not-a-worker").is_dir()

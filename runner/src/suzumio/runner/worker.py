@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import re
@@ -59,7 +60,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, get_args
+from typing import IO, Any, get_args
 
 import nats
 from nats.aio.client import Client as NATS
@@ -291,6 +292,7 @@ class Worker:
         self._own_error: str | None = None
         self._nc: NATS | None = None
         self._forks: ForkServer | None = None
+        self._lock: IO[bytes] | None = None  # held while the worker lives (`_claim`)
         self._forks_lock = asyncio.Lock()
         self._residents: dict[str, _Resident] = {}  # by warm session key
         self._store: ObjectStore | None = None  # the artifacts' object store, once needed
@@ -347,6 +349,8 @@ class Worker:
             log("worker.stopped", worker=self.cfg.worker_id, reason="NATS never answered")
             return
         await asyncio.to_thread(self._find_cgroups)
+        self._lock = await asyncio.to_thread(_claim, self.root)
+        await asyncio.to_thread(_sweep_dead_workers, self.cfg.workdir, self.root)
         if self.cfg.warm_runners:
             self._forks = ForkServer()
             await self._forks.start()
@@ -387,6 +391,8 @@ class Worker:
             # All of it, though an agent made directories read-only (`go build` does): the
             # next worker has another id, and nobody would remove what is left here.
             await asyncio.to_thread(remove_tree, self.root)
+            if self._lock is not None:
+                self._lock.close()
             log("worker.stopped", worker=self.cfg.worker_id)
 
     def _find_cgroups(self) -> None:
@@ -1279,6 +1285,46 @@ def _started(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+LOCK_FILE = ".lock"
+DEAD_WORKER_MIN_AGE_SECONDS = 60.0  # a lock younger may be a starting worker's, not yet held
+
+
+def _claim(root: Path) -> IO[bytes] | None:
+    """Hold `root`'s lock for the worker's life: a worker killed outright lets go of it with
+    its process, and the next worker on the host sweeps the directory it left. None when
+    another live worker holds it (one of the same id: said, and gone on with)."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock = (root / LOCK_FILE).open("ab")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        log("worker.directory_shared", directory=str(root))
+        return None
+    return lock
+
+
+def _sweep_dead_workers(workdir: Path, own: Path) -> None:
+    """Remove the directories other workers killed outright left under `workdir` (their
+    runs' inputs with their tokens, their warm sessions' workspaces): those whose lock nobody
+    holds. One without a lock file is left alone — not known to be a worker's."""
+    with contextlib.suppress(OSError):
+        for other in workdir.iterdir():
+            lock_path = other / LOCK_FILE
+            if other == own or other.is_symlink() or not lock_path.is_file():
+                continue
+            with contextlib.suppress(OSError):
+                if time.time() - lock_path.stat().st_mtime < DEAD_WORKER_MIN_AGE_SECONDS:
+                    continue
+                with lock_path.open("ab") as lock:
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue  # its worker lives
+                    log("worker.swept_dead_worker", directory=str(other))
+                    remove_tree(other)
 
 
 def _tree_alive(name: str) -> bool:
