@@ -231,3 +231,73 @@ async def test_a_pool_dispatch_whose_slot_a_routed_one_took_waits_for_the_next(
     log = (tmp_path / "wa.log").read_text()
     assert "worker.no_slot_left" not in log
     assert "worker.redelivered" not in log
+
+
+async def test_a_dispatch_sent_to_a_worker_full_with_runs_unheard_of_runs_elsewhere(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """The orchestrator routes by the runs it knows of: a warm worker whose one slot holds a run
+    it has not heard of (here sent by another backend; in life taken from the pool's queue,
+    its `started` not in yet) is sent the warm session's next dispatch. The worker hands it
+    back after a while and it runs on another worker — it does not wait for the run holding
+    the slot to end, which may outlast its deadline."""
+    workers("wa", "--take-routed", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert (await watch(backend, first)).code == 6
+
+    url, broker = hanging
+    other = PoolBackend(nc, topology, pool_tests.SETTINGS)
+    held = await other.launch(make_plan(url, tmp_path, session_id="s2"))
+    try:
+        await eventually(lambda: broker.open > 0)
+        assert ran_on(statuses, held) == ["wa"]
+        workers("wb")
+        await wait_workers(backend, "wb")
+
+        handle = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert handle.data["routed_to"] == "wa"
+        assert (await watch(backend, handle, timeout=30)).code == 6
+        assert ran_on(statuses, handle) == ["wb"]
+        [refused] = statuses.of(handle.sandbox_id, "refused")
+        assert (refused.worker_id, refused.reason) == ("wa", "busy")
+        assert handle.data["routed_to"] is None
+        assert ran_on(statuses, held) == ["wa"]  # still running there, untouched
+    finally:
+        await other.cancel(held)
+        await watch(other, held, timeout=15)
+        await other.close()
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+
+async def test_a_handed_back_dispatch_an_orchestrator_did_not_send_is_lost(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path, fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """An orchestrator that took over watches a routed dispatch it has not the body of: handed
+    back by its full worker, the attempt ends as lost (retryable) and nothing runs it — not
+    left queued on the worker until its deadline."""
+    workers("wa", "--take-routed", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    await watch(backend, first)
+    url, broker = hanging
+    held = await backend.launch(make_plan(url, tmp_path, session_id="s2"))
+    await eventually(lambda: broker.open > 0)
+
+    successor = PoolBackend(nc, topology, pool_tests.SETTINGS)
+    try:
+        await wait_workers(successor, "wa")
+        # Sent while the first backend had not yet heard of the run holding the slot.
+        backend._trackers.pop(held.sandbox_id)
+        handle = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert handle.data["routed_to"] == "wa"
+        result = await watch(successor, handle, timeout=30)
+        assert (result.reason, result.code) == ("lost", None)
+        assert "no slot" in result.detail
+        assert ran_on(statuses, handle) == []
+    finally:
+        await successor.close()
+    await backend.cancel(held)
+    await eventually(lambda: statuses.of(held.sandbox_id, "exited"))

@@ -27,7 +27,9 @@ left (and `/workspace/session`). The idle TTL is the worker's, or the profile's
 activation here. Unless started with `--no-take-routed`, its presence beats name the sessions
 it keeps warm, and the orchestrator sends a warm session's next dispatch to
 `act.<pool>.worker.<id>`, which only this worker's own consumer takes (session affinity); it
-pulls that one beside the pool's. A cold start elsewhere is only slower, never wrong, since the
+pulls that one beside the pool's — even while its slots are all held, to hand it back
+(`refused`, `busy`: the orchestrator sends it to the pool's queue) if none frees within
+`ROUTED_HOLD_SECONDS`. A cold start elsewhere is only slower, never wrong, since the
 history and checkpoint come with the input.
 
 Limits (`suzumio.runner.limits`): each run, or a warm session's resident runner, is held to
@@ -99,6 +101,10 @@ DEADLINE_BACKSTOP_SECONDS = 30.0
 # How long a dispatch from the pool's queue that found its slot taken (by one routed here) waits
 # for another before it goes back to the queue.
 NO_SLOT_HOLD_SECONDS = 2.0
+# How long a dispatch routed here (a warm session's) waits for a slot before it is handed back
+# to the orchestrator, which sends it to the pool's queue: the slots may all be held by runs
+# the orchestrator had not heard of yet when it routed it here, which may last an hour.
+ROUTED_HOLD_SECONDS = 5.0
 # A worker's own consumer (dispatches routed to it) outlives its pulls this long: its id dies
 # with its process, and a new worker makes its own.
 OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
@@ -282,11 +288,13 @@ class Worker:
         self._runs: dict[str, _Run] = {}
         self._cancelled: dict[str, float] = {}  # dispatch id, or "<activation id>.*"
         self._recent: dict[str, tuple[float, PoolStatus]] = {}
+        self._handed_back: dict[str, float] = {}  # routed here, handed back unstarted: when
         self._tasks: set[asyncio.Task[None]] = set()  # one per dispatch in hand
         self._aux: set[asyncio.Task[None]] = set()  # kills, removals
         self._freed = asyncio.Event()  # a run ended: for the pool's pull loop
         self._own_freed = asyncio.Event()  # the same, for this worker's own consumer's loop
         self._running = 0  # runs holding one of the `concurrency` slots
+        self._waiting_own = 0  # dispatches routed here waiting for a slot
         self._slot_freed = asyncio.Event()
         self._own_bound = False  # dispatches routed to this worker reach it (affinity)
         self._own_error: str | None = None
@@ -572,10 +580,13 @@ class Worker:
         own: bool = False,
     ) -> None:
         # Both loops (the pool's and this worker's own) may fetch while one slot is free: of
-        # two dispatches taken for it, one sent here waits in `_handle` for a slot (held), one
-        # from the pool's queue goes back to it (nak) — neither runs beside the others.
+        # two dispatches taken for it, each waits in `_handle` for a slot a while, then one
+        # from the pool's queue goes back to it (nak), one sent here is handed back to the
+        # orchestrator (`busy`) — neither runs beside the others. One sent here is taken
+        # even while every slot is held (by runs the orchestrator had not heard of when it
+        # routed it here): left in the queue, it would wait there for a run to end.
         free = self.cfg.concurrency - len(self._tasks)
-        if free <= 0:
+        if free <= 0 and not (own and self._waiting_own < self.cfg.concurrency):
             freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(freed.wait(), 1.0)
@@ -649,13 +660,12 @@ class Worker:
         did = dispatch.dispatch_id
         if msg.metadata.num_delivered > 1:
             log("worker.redelivered", dispatch=did, deliveries=msg.metadata.num_delivered)
-        if did in self._runs:
-            return  # redelivered while this worker runs it: that run acks the message
-        if did in self._recent:  # it ran here and ended, but its ack was lost: never again
-            log("worker.ended_already", dispatch=did)
-            await self._report_end(msg, self._recent[did][1])
+        if await self._seen_before(did, msg, own=own):
             return
-        if not await self._slot(msg, within=None if own else NO_SLOT_HOLD_SECONDS):
+        if not await self._slot(ROUTED_HOLD_SECONDS if own else NO_SLOT_HOLD_SECONDS, own=own):
+            if own:
+                await self._hand_back(dispatch, msg)
+                return
             # Its last slot went to a dispatch sent to this worker while this one was being
             # fetched from the pool's queue, and no run ended since: back to the queue, for a
             # worker with a slot free, rather than held here until a run ends (which may take
@@ -671,32 +681,64 @@ class Worker:
                 # The worker began to stop while this one waited for its slot: back it goes,
                 # for another worker, rather than be started here only for the drain to stop
                 # it (or the fork server to close under it).
-                log("worker.handed_back", dispatch=did)
-                with contextlib.suppress(Exception):
-                    await msg.nak()
+                if own:
+                    await self._hand_back(dispatch, msg)
+                else:
+                    log("worker.handed_back", dispatch=did)
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
                 return
             await self._handle_in_slot(dispatch, msg)
         finally:
             self._running -= 1
             self._slot_freed.set()
 
-    async def _slot(self, msg: Msg, within: float | None) -> bool:
+    async def _seen_before(self, did: str, msg: Msg, *, own: bool) -> bool:
+        """A dispatch delivered again that this worker has had: not to be run here (again)."""
+        if did in self._runs:
+            return True  # redelivered while this worker runs it: that run acks the message
+        if did in self._recent:  # it ran here and ended, but its ack was lost: never again
+            log("worker.ended_already", dispatch=did)
+            await self._report_end(msg, self._recent[did][1])
+            return True
+        if own and did in self._handed_back:  # its term was lost: it runs elsewhere now
+            with contextlib.suppress(Exception):
+                await msg.term()
+            return True
+        return False
+
+    async def _hand_back(self, dispatch: ActivationDispatch, msg: Msg) -> None:
+        """A dispatch routed here that cannot start here (no slot came free in time, or the
+        worker stops): out of this worker's own consumer — only this worker would ever take it
+        there — and `busy` to the orchestrator, which sends it to the pool's queue. Taken out
+        first: said `busy` while still here, a redelivery could start it beside its copy."""
+        did = dispatch.dispatch_id
+        self._handed_back[did] = time.monotonic()
+        log("worker.handed_back", dispatch=did, routed=True)
+        with contextlib.suppress(Exception):
+            await msg.term()
+        await self._publish(self._status(dispatch, "refused", reason="busy"), flush=True)
+
+    async def _slot(self, within: float, *, own: bool) -> bool:
         """One of the `concurrency` slots, waited for when the pool's and the own consumer's
-        loops both took a dispatch for the last one: for `within` seconds at most (False if
-        none freed), or, for one sent here (None: it can go nowhere else), as long as it
-        takes, the message held meanwhile."""
+        loops both took a dispatch for the last one, or one was sent here while all were held:
+        for `within` seconds at most (False if none freed; the ack wait of both consumers is
+        far longer)."""
         loop = asyncio.get_running_loop()
-        deadline = None if within is None else loop.time() + within
-        while self._running >= self.cfg.concurrency:
-            wait = self.cfg.heartbeat_seconds if deadline is None else deadline - loop.time()
-            if wait <= 0:
-                return False
-            self._slot_freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), wait)
-            if deadline is None and self._running >= self.cfg.concurrency:
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
+        deadline = loop.time() + within
+        if own:
+            self._waiting_own += 1
+        try:
+            while self._running >= self.cfg.concurrency:
+                wait = deadline - loop.time()
+                if wait <= 0:
+                    return False
+                self._slot_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), wait)
+        finally:
+            if own:
+                self._waiting_own -= 1
         self._running += 1
         return True
 
@@ -1182,6 +1224,7 @@ class Worker:
             horizon = time.monotonic() - self.cfg.recent_seconds
             self._recent = {k: v for k, v in self._recent.items() if v[0] > horizon}
             self._cancelled = {k: t for k, t in self._cancelled.items() if t > horizon}
+            self._handed_back = {k: t for k, t in self._handed_back.items() if t > horizon}
             await asyncio.sleep(self.cfg.heartbeat_seconds)
 
     async def _drain(self) -> None:

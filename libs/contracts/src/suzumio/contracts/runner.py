@@ -306,6 +306,7 @@ PoolStatusReason = Literal[
     "spawn_failed",  # the runner process could not be started
     "deadline",  # refused: the deadline passed before it could start
     "invalid",  # refused: the worker could not read the dispatch
+    "busy",  # refused: sent to this worker (affinity), it had no slot free in time, or stopped
 ]
 
 

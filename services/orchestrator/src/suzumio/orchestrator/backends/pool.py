@@ -23,7 +23,9 @@ its session, and a worker that ran the session's last activation within its idle
 next one in the same workspace (warm sessions; see `suzumio.runner.worker`): such a dispatch is
 sent to `act.<pool>.worker.<id>`, the worker keeping the session warm, while that worker is
 alive, takes routed dispatches and has a slot free; one stranded there by the worker's death is
-lost once its beats stopped (docs/pool.md, session affinity).
+lost once its beats stopped (docs/pool.md, session affinity). A worker that cannot start one
+sent to it within a few seconds hands it back (`refused`, `busy`), and it goes to the pool's
+queue.
 """
 
 from __future__ import annotations
@@ -115,6 +117,9 @@ class _Tracker:
     seq: int | None = None  # its message in the work queue
     # JetStream handed it out this many times (`max_deliver`) and never will again.
     given_up_after: int = 0
+    # The dispatch as sent to a warm worker, kept until a worker starts it: the worker may
+    # hand it back (`busy`), and it then goes to the pool's queue.
+    body: bytes | None = None
 
     def update(self, status: PoolStatus) -> None:
         self.last_seen = time.monotonic()
@@ -123,6 +128,8 @@ class _Tracker:
         else:
             self.started = True
             self.worker_id = status.worker_id
+        if self.started:
+            self.body = None
         self.changed.set()
 
 
@@ -137,6 +144,9 @@ def exit_of(status: PoolStatus) -> Exit:
     if status.kind == "refused":
         if status.reason in _REFUSALS:
             return Exit(None, *_REFUSALS[status.reason])
+        if status.reason == "busy":
+            detail = f"worker {status.worker_id}, which the dispatch was sent to, had no slot"
+            return Exit(None, "lost", detail)
         return Exit(None, "lost", f"worker {status.worker_id} could not read the dispatch")
     code, detail = status.exit_code, status.detail
     if status.reason in {"exited", "timeout"}:
@@ -192,6 +202,8 @@ class PoolBackend:
                 tracker.affinity_key = dispatch.affinity_key
                 if tracker.routed_to is None:  # a launch retried goes where the first went
                     tracker.routed_to = self._warm_worker(dispatch.affinity_key, dispatch.pool)
+                if tracker.routed_to is not None and not tracker.started:
+                    tracker.body = body
             subject = (
                 self.topology.worker_activation_subject(dispatch.pool, tracker.routed_to)
                 if tracker.routed_to is not None
@@ -336,10 +348,10 @@ class PoolBackend:
         deadline = handle.data.get("deadline")
         while True:
             tracker.changed.clear()
-            if isinstance(tracker.final, Exit):
-                return tracker.final
-            if tracker.final is not None:
-                return exit_of(tracker.final)
+            if (final := tracker.final) is not None:
+                if _handed_back(final) and await self._requeue(handle, tracker):
+                    continue
+                return final if isinstance(final, Exit) else exit_of(final)
             if tracker.started:
                 silent = time.monotonic() - tracker.last_seen
                 wait = self.settings.heartbeat_timeout_seconds - silent
@@ -374,6 +386,35 @@ class PoolBackend:
                 wait = min(wait, self.settings.heartbeat_timeout_seconds - silent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tracker.changed.wait(), max(wait, 0.05))
+
+    async def _requeue(self, handle: Handle, tracker: _Tracker) -> bool:
+        """A dispatch its warm worker handed back unstarted (no slot came free in time, or it
+        stopped): to the pool's queue, where any worker takes it (a cold start, never wrong).
+        False when it cannot be: this orchestrator did not send it (it took over since) and
+        has not its body, or the queue refused it — then the attempt is lost (retryable).
+        True: look at the tracker again (requeued, or ended otherwise meanwhile)."""
+        body, pool, by = tracker.body, handle.data.get("pool"), tracker.final
+        if body is None or not isinstance(pool, str) or not isinstance(by, PoolStatus):
+            return False
+        did = handle.sandbox_id
+        try:
+            # Another message id: the routed one's is still in the duplicate window.
+            ack = await self._queue(self.topology.activation_subject(pool), f"{did}.pool", body)
+        except (NatsError, TimeoutError):
+            return False
+        if "error" in ack:
+            return False
+        if tracker.final is not by:  # cancelled meanwhile: the copy must not run either
+            with contextlib.suppress(NatsError, TimeoutError):
+                await self._js.delete_msg(self.topology.activations_stream, int(ack["seq"]))
+            return True
+        tracker.seq = handle.data["seq"] = int(ack["seq"])
+        tracker.routed_to = handle.data["routed_to"] = None
+        tracker.final, tracker.body = None, None
+        tracker.last_seen = time.monotonic()
+        log.info("pool.requeued", activation=handle.activation_id, dispatch=did,
+                 seq=tracker.seq, handed_back_by=by.worker_id)  # fmt: skip
+        return True
 
     async def _lost_while_queued(self, handle: Handle, tracker: _Tracker) -> Exit | None:
         """A dispatch not heard of for a heartbeat timeout since it was queued: lost if it
@@ -429,7 +470,9 @@ class PoolBackend:
         """Take the dispatch out of the queue and stop it on whichever worker runs it."""
         await self._withdraw(handle)
         tracker = self._trackers.get(handle.sandbox_id)
-        if tracker is not None and not tracker.started and tracker.final is None:
+        if tracker is None or tracker.started:
+            return
+        if tracker.final is None or _handed_back(tracker.final):  # not to be queued again
             tracker.final = Exit(None, "cancelled", "cancelled before a worker started it")
             tracker.changed.set()
 
@@ -707,6 +750,10 @@ class PoolBackend:
 
 # `<prefix><stream>.<consumer>`: a message its consumer will hand out no more.
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
+
+
+def _handed_back(final: PoolStatus | Exit) -> bool:
+    return isinstance(final, PoolStatus) and final.kind == "refused" and final.reason == "busy"
 
 
 def _silent(tracker: _Tracker) -> str:
