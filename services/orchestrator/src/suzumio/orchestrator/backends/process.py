@@ -319,8 +319,11 @@ class ProcessBackend:
         return {"controller_url": OFFLINE_BROKER_URL, "controller_socket": str(plan.broker_socket)}
 
     def _argv(self, plan: LaunchPlan, input_path: Path) -> list[str]:
-        # `exec` keeps one process less; the shell stays only to record the exit code.
-        runner = '"$0" -m suzumio.runner run "$1"; echo $? > "$2"'
+        # The shell stays only to record the exit code, so a stop's SIGTERM (sent to the whole
+        # group) must not end it: a runner that recorded its output exits 0 after it, and lost,
+        # that code made finished work a cancelled or timed-out attempt, done again. (A handler
+        # set, not ignored, goes back to the default in the runner.)
+        runner = 'trap : TERM; "$0" -m suzumio.runner run "$1"; echo $? > "$2"'
         inner = ["/bin/sh", "-c", runner, self._settings.python, str(input_path),
                  str(plan.host_dir / EXIT_FILE)]  # fmt: skip
         if self._bwrap is None:
@@ -396,11 +399,22 @@ class ProcessBackend:
                 await asyncio.sleep(0.2)
             code = 0
         recorded = _read_exit(host_dir)
-        if code < 0 or (recorded is None and code != 0):
-            return Exit(None, "killed", f"signal {-code}" if code < 0 else f"shell exit {code}")
         if recorded is None:
-            return Exit(None, "lost", "the runner left no exit code")
-        return Exit(recorded)
+            # The process watched is bubblewrap's outer one, which a stop's SIGTERM ends at
+            # once; the sandbox's namespace lives on while its runner finishes (and records its
+            # code): the end is when nothing of the group is left — `cancel` sees to that.
+            await self._while_group_lives(int(handle.sandbox_id))
+            recorded = _read_exit(host_dir)
+        if recorded is not None:
+            return Exit(recorded)
+        if code != 0:
+            return Exit(None, "killed", f"signal {-code}" if code < 0 else f"shell exit {code}")
+        return Exit(None, "lost", "the runner left no exit code")
+
+    @staticmethod
+    async def _while_group_lives(group: int) -> None:
+        while await asyncio.to_thread(_group_alive, group):  # noqa: ASYNC110 - no event to wait on
+            await asyncio.sleep(0.2)
 
     async def cancel(self, handle: Handle) -> None:
         """SIGTERM to the sandbox's process group, SIGKILL to what is left of it after the
