@@ -8,7 +8,8 @@ app; the session service is a recorder of the commands it would get):
 - a cancel stored while the broker recalls an activation older than its look-back still fences
   it for every later call;
 - a replica whose look-back holds no event starts at once and lets calls in;
-- a checkpoint is at most 256 KB in bytes, as documented, not in characters.
+- a checkpoint is at most 256 KB in bytes, as documented, not in characters;
+- an output sent again after a cancel is answered as recorded if it was, else fenced.
 """
 
 from __future__ import annotations
@@ -200,3 +201,48 @@ async def test_a_replica_whose_look_back_holds_nothing_starts_at_once(
         assert response.json() == {"recorded": True}, response.text
     finally:
         await registry.close()
+
+
+@pytest.mark.parametrize("folded", [True, False], ids=["folded_here", "not_folded_here"])
+async def test_an_output_sent_again_after_a_cancel_is_answered_as_recorded(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry, folded: bool
+) -> None:
+    """The output was recorded and its answer lost; a cancel came before the runner sent it
+    again. The runner must hear it is on record (it then exits as after its output, and the
+    activation ends completed): a 403 made it exit as fenced, and the finished work ended
+    cancelled, to be done again. On a replica that has not folded the output yet, the
+    activation's subject says so. With no output on record, the fence holds."""
+    w = await world(store)
+    async with client(nc, topology, store, registry, Recorder(), w.token) as c:
+        first = await c.post("/activation-output", json={"text": "done"})
+        assert first.json() == {"recorded": True}, first.text
+        cancel = ActivationCancelRequested(activation_id=w.activation_id, reason="asked")
+        stored = await store.append_next(w.session_id, [cancel], SCHEDULER)
+        assert await registry.folded.reached(stored.seq, 5.0)
+        live = registry.get(w.activation_id)
+        assert live is not None
+        assert live.fenced
+        if not folded:
+            live.output = False
+        again = await c.post("/activation-output", json={"text": "done"})
+        assert again.status_code == 200, again.text
+        assert again.json() == {"recorded": False}
+        # Any other call is still fenced.
+        late = await c.post("/runner/tool-calls/start", json=start_body("c1"))
+        assert late.status_code == 403, late.text
+    stream = await store.load("activation", w.activation_id)
+    assert [e.envelope.type for e in stream.events] == ["activation.output_recorded"]
+
+
+async def test_an_output_first_sent_after_a_cancel_is_fenced(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    w = await world(store)
+    cancel = ActivationCancelRequested(activation_id=w.activation_id, reason="asked")
+    stored = await store.append_next(w.session_id, [cancel], SCHEDULER)
+    assert await registry.folded.reached(stored.seq, 5.0)
+    async with client(nc, topology, store, registry, Recorder(), w.token) as c:
+        response = await c.post("/activation-output", json={"text": "done"})
+        assert response.status_code == 403, response.text
+        assert response.json()["code"] == "fenced"
+    assert not (await store.load("activation", w.activation_id)).events

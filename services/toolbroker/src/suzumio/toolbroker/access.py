@@ -35,7 +35,10 @@ class Gate:
         self._registry = registry
         self._store = store
 
-    async def check(self, request: Request) -> Caller:
+    async def check(self, request: Request, *, fenced_ok: bool = False) -> Caller:
+        """The caller, if it may act. `fenced_ok`: a fenced activation's call is let through
+        for its route to answer (an output sent again after its answer was lost: recorded
+        before the fence, it is no refusal)."""
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
@@ -57,7 +60,8 @@ class Gate:
             or (activation.project_id not in {None, claims.project_id})
         ):
             raise BrokerError(403, "forbidden", "the token does not match its activation")
-        _unfenced(activation)
+        if not fenced_ok:
+            _unfenced(activation)
         return Caller(claims, activation)
 
     async def still_live(self, caller: Caller) -> None:

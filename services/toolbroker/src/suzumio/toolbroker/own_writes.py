@@ -87,6 +87,15 @@ def _has_call(
     return any(isinstance(e.data, kind) and e.data.call_id == call_id for e in stream.events)
 
 
+async def output_in_log(broker: Broker, a: LiveActivation) -> bool:
+    """Whether the activation's output is on record (by another replica, or by this one
+    before it folded it)."""
+    stream = await broker.store.load("activation", a.id)
+    if any(isinstance(e.data, ActivationOutputRecorded) for e in stream.events):
+        a.output = True
+    return a.output
+
+
 async def started_in_log(broker: Broker, a: LiveActivation, call_id: str) -> bool:
     """A call this replica has not seen start may have started on another (a retry that
     reached it first), not folded here yet: the subject says."""

@@ -59,7 +59,7 @@ from suzumio.contracts.values import MAX_JSON_DEPTH
 from suzumio.platform import telemetry
 from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
-from suzumio.toolbroker.own_writes import append_own, started_in_log
+from suzumio.toolbroker.own_writes import append_own, output_in_log, started_in_log
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.state import Broker
 from suzumio.toolbroker.support import SupportContext
@@ -123,7 +123,14 @@ async def _broker(request: Request) -> Broker:
     return broker
 
 
+async def _output_caller(request: Request) -> Caller:
+    broker: Broker = request.app.state.broker
+    return await broker.gate.check(request, fenced_ok=True)
+
+
 Auth = Annotated[Caller, Depends(_caller)]
+# The output's route answers a fenced activation itself: what it sent may be on record.
+OutputAuth = Annotated[Caller, Depends(_output_caller)]
 Shared = Annotated[Broker, Depends(_broker)]
 router = APIRouter()
 
@@ -454,7 +461,7 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
 
 
 @router.post("/activation-output")
-async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
+async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorded:
     a = caller.activation
     # The contract bounds the text as the event does: nothing below can be refused for it.
     _plain_json(body.usage, "usage")
@@ -465,7 +472,12 @@ async def output(body: FinalCall, caller: Auth, broker: Shared) -> Recorded:
     async with a.lock:
         if a.output:
             return Recorded(recorded=False)  # sent again: what came with it was handled then
-        if a.fenced:  # while this call waited for the lock
+        if a.fenced:
+            # Sent again after its answer was lost, and a cancel (or the end) came between:
+            # recorded before the fence, the runner must hear so — refused, it exits as fenced,
+            # and its finished work ends cancelled and is done again.
+            if await output_in_log(broker, a):
+                return Recorded(recorded=False)
             raise BrokerError(403, "fenced", f"the activation is {a.fenced}")
         # Each part idempotent, so a retry repeats nothing. The history first: it is the part
         # that can still be refused (too large for the bus or the log, the session closed), and
