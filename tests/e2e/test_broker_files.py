@@ -18,6 +18,8 @@ import pytest
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.events import ActivationCancelRequested
 from suzumio.contracts.runner import FileExchange, InputFile
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET
+from suzumio.platform.bus.objects import has_blob
 from suzumio.runner.broker import BrokerClient, FencedError
 from suzumio.runner.handover import fetch_inputs, send_outputs
 from suzumio.runner.workfiles import ExchangeError
@@ -84,6 +86,16 @@ async def test_outputs_are_recorded_once_within_the_limits(platform: Stack) -> N
         again = await c.put(url.format(0), params={"path": "report/a.txt"}, content=b"one")
         assert ok(again) == {"recorded": False}  # a retry after a lost reply
         problem(await c.put(url.format(0), params={"path": "b.txt"}, content=b"2"), 409, "conflict")
+        # Other bytes for a recorded index are refused before they are stored: no blob that
+        # nothing references (and nothing collects) is left of them.
+        other = os.urandom(64)
+        refused = await c.put(url.format(0), params={"path": "report/a.txt"}, content=other)
+        problem(refused, 409, "conflict")
+        blobs = await platform.nc.jetstream().object_store(
+            platform.topology.bucket(ARTIFACTS_BUCKET)
+        )
+        assert not await has_blob(blobs, hashlib.sha256(other).hexdigest())
+        assert await has_blob(blobs, hashlib.sha256(b"one").hexdigest())
         problem(
             await c.put(url.format(200), params={"path": "c.txt"}, content=b"3"), 413, "too_many"
         )

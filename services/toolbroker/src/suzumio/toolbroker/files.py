@@ -125,8 +125,19 @@ async def store_output(
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
         raise BrokerError(413, "too_large", f"output files are at most {limits.max_bytes} bytes")
+    # An index is one file for good: bytes for one already recorded as another are refused
+    # before they are stored — else each refused upload stayed in the object store, which
+    # nothing references and nothing collects, and a sandbox could fill the disk the log is on.
+    artifact_id = output_artifact_id(caller.claims.activation_id, index)
+    before = await _recorded(broker, artifact_id)
+    if before is not None and before.path != path:
+        raise BrokerError(409, "conflict", f"output {index} is another file already")
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
         sha256, size = await _receive(request, spool, limits.max_bytes)
+        if before is not None:
+            if before.sha256 == sha256:
+                return Recorded(recorded=False)  # the same upload again (a lost reply)
+            raise BrokerError(409, "conflict", f"output {index} is another file already")
         # The token was checked before the body came; a cancel may have come while it did
         # (up to max_bytes takes a while), and a fenced activation records nothing.
         await broker.gate.still_live(caller)
