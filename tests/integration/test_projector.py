@@ -7,7 +7,9 @@ import asyncio
 import json
 from typing import ClassVar
 
+import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from structlog.testing import capture_logs
 
 from suzumio.contracts.events import MessageParked, ProjectCreated, ProjectRenamed
@@ -20,9 +22,9 @@ from suzumio.platform.projections import load_projections
 from suzumio.platform.projections.base import Events, Projection, live_schema
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.decoding import decode_entry
-from suzumio.platform.projections.projector import Projector
+from suzumio.platform.projections.projector import Projector, _ResetError
 from suzumio.platform.projections.reader import LogReader
-from suzumio.platform.projections.rebuild import rebuild
+from suzumio.platform.projections.rebuild import RebuildGapError, rebuild
 from suzumio.platform.projections.verify import verify
 from suzumio.session.projections.projects import ProjectsProjection
 from tests.integration.projector_support import (
@@ -428,3 +430,62 @@ async def test_a_rebuild_by_a_later_release_is_left_to_it_not_serving(
         )
         await asyncio.sleep(1.0)  # batches go by: it is not built back
         assert (await read_all(pool))["projects"].version == ProjectsV2.version
+
+
+async def test_a_rebuild_that_misses_an_event_in_delivery_swaps_nothing_in(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The replay's consumer acks nothing, so an event lost on the way (a reconnect, the
+    client's pending limit overflowing) is never sent again: the rebuild stops, its tables
+    are not swapped in (they would lack the event for good), and the next one is whole."""
+    for i in range(50):
+        await store.append(new_id(), [ProjectCreated(name=f"p{i}", owner_id="u")], 0)
+    fetch = LogReader.fetch
+    dropped: list[int] = []
+
+    async def losing_one(self: LogReader, timeout: float = 1.0) -> list[Msg]:
+        msgs = await fetch(self, timeout)
+        if not dropped and len(msgs) > 2:
+            dropped.append(msgs[1].metadata.sequence.stream)
+            del msgs[1]
+        return msgs
+
+    monkeypatch.setattr(LogReader, "fetch", losing_one)
+    with pytest.raises(RebuildGapError):
+        await rebuild(nc, database_url, topology, [ProjectsProjection()])
+    assert dropped
+    swapped = await pool.fetchval("SELECT to_regclass('proj_projects.projects')")
+    assert swapped is None or not await pool.fetchval("SELECT count(*) FROM proj_projects.projects")
+    monkeypatch.undo()
+
+    await rebuild(nc, database_url, topology, [ProjectsProjection()])
+    assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 50
+
+
+async def test_the_projector_takes_a_batch_only_in_the_logs_order(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """A batch out of order, or with one event twice and another missing, whose first and
+    last sequences look right, is not applied: the projector reads again from its position."""
+    project = new_id()
+    await store.append(project, [ProjectCreated(name="a", owner_id="u")], 0)
+    await store.append(project, [ProjectRenamed(name="b")], 1)
+    await store.append(project, [ProjectRenamed(name="c")], 2)
+    await store.append(new_id(), [ProjectCreated(name="other", owner_id="u")], 0)
+    msgs: list[Msg] = []
+    async with LogReader(nc, topology, start_seq=1) as reader:
+        for _ in range(10):  # bounded: the four are there, a fetch may bring fewer
+            msgs += await reader.fetch(timeout=1.0)
+            if len(msgs) >= 4:
+                break
+    m1, m2, m3, m4 = msgs
+    projector = Projector(nc, database_url, topology, [ProjectsProjection()], store)
+    conn = await db.connect(database_url, "test-order")
+    try:
+        for batch in ([m1, m3, m2, m4], [m1, m2, m2, m4]):
+            projector._next = m1.metadata.sequence.stream
+            with pytest.raises(_ResetError):
+                await projector._handle(conn, batch)
+    finally:
+        await conn.close()

@@ -287,7 +287,7 @@ class Projector:
             await msgs[-1].ack()  # redeliveries of what is applied already
             return
         seqs = [m.metadata.sequence.stream for m in fresh]
-        if seqs[0] != self._next or seqs[-1] - seqs[0] != len(seqs) - 1:
+        if seqs != list(range(self._next, self._next + len(seqs))):  # in order, none twice
             raise _ResetError(self._next, f"expected seq {self._next}, got {seqs[0]}..")
         wanted = frozenset().union(*(p.handles for p in self._projections))
         entries = [

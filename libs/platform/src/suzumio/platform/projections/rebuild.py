@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.jsapi import stream_last_seq
@@ -42,6 +43,11 @@ class RebuildInProgressError(RuntimeError):
 
 class RebuildStalledError(RuntimeError):
     """The log stopped delivering before the replay reached its end."""
+
+
+class RebuildGapError(RebuildStalledError):
+    """The replay's consumer skipped an event (lost on the way: it acks nothing, so nothing is
+    sent again): swapped in, the tables would lack it for good."""
 
 
 @dataclass
@@ -190,6 +196,19 @@ class _Replay:
         """How far the projection got: before the event it is held at, else all the way."""
         return self.held[name] - 1 if name in self.held else self.position
 
+    def _follows_on(self, msgs: list[Msg]) -> None:
+        """The log holds every sequence (nothing is deleted from it), so each message must
+        be the one after the last: a hole is an event lost in delivery — a reconnect, or the
+        client's pending limit overflowing while a batch was written. (The first may start
+        past 1: what the stream's limits let go before it.)"""
+        seqs = [m.metadata.sequence.stream for m in msgs]
+        first = self.position + 1 if self.position else seqs[0]
+        if seqs != list(range(first, first + len(seqs))):
+            raise RebuildGapError(
+                f"the log delivered {seqs[0]}..{seqs[-1]} ({len(seqs)}) after {self.position}: "
+                "an event was lost on the way"
+            )
+
     async def until(self, reader: LogReader, target: int) -> None:
         """Apply everything up to (at least) `target`, the log's last sequence when called.
         An empty fetch is not the end (the server may just be slow): stop on `target`, or
@@ -204,6 +223,7 @@ class _Replay:
                     )
                 continue
             quiet_since = time.monotonic()
+            self._follows_on(msgs)
             entries = [
                 decode_entry(
                     m.metadata.sequence.stream, m.subject, m.headers, m.data, self._handles
