@@ -134,6 +134,36 @@ def test_p0_after_p0_waits_for_the_replaced_activation_to_end_before_replacing_a
     assert "stop2" in plan.start.signal_ids
 
 
+def test_a_p0_replaces_the_live_activation_while_one_a_user_cancelled_winds_down() -> None:
+    """Only the activation a P0 replaced holds the next P0 back: one the user cancelled was
+    counted when the live one was admitted, so replacing the live one stays one over the
+    limits at most — a P0 waited for it (a docker stop, a pod's grace, the wall clock)."""
+    world, log = opened()
+    log.append("s", signal("m1", Priority.P2))
+    start(log, "a1", "m1")
+    log.append(
+        "s",
+        ActivationCancelRequested(activation_id="a1", reason="asked"),
+        SignalClosed(signal_id="m1", outcome=SignalOutcome.CANCELLED),
+    )
+    log.append("s", signal("m2", Priority.P2))
+    start(log, "a2", "m2")  # admitted with a1 counted, still winding down
+    log.append("s", signal("stop", Priority.P0))
+    plan = decide(world)
+    assert plan.cancel == "a2"
+    assert plan.start is not None
+    assert plan.start.signal_ids[0] == "stop"
+    preempt(log, plan, "a3")
+    assert world.running_by_project["p"] == 3  # a1, a2 winding down, a3 live: one over
+    log.append("s", signal("stop2", Priority.P0))
+    held = decide(world)  # a2, which a3 replaced, still winds down
+    assert (held.cancel, held.start) == (None, None)
+    log.append("a1", ActivationCancelled(reason="asked"))
+    assert (decide(world).cancel, decide(world).start) == (None, None)
+    log.append("a2", ActivationCancelled(reason="replaced"))
+    assert decide(world).cancel == "a3"
+
+
 def test_enabling_an_agent_looks_again_at_its_sessions_with_pending_signals() -> None:
     world, log = opened()
     log.append(

@@ -63,6 +63,8 @@ class Activation:
     signals: list[Signal]  # its start batch, then what was handed over at tool boundaries
     handed: list[str] = field(default_factory=list)  # ids handed over while it ran
     cancel_requested: bool = False
+    # A P0's replacement: the activation it replaced, while that one is still winding down.
+    replaced: str | None = None
     started: bool = False
     useful: bool = False  # wrote a message, finished a tool call well, or produced output
     read_only_calls: set[str] = field(default_factory=set)  # their success is no effect
@@ -105,7 +107,6 @@ class SessionSchedule:
     backoff_until: datetime | None = None
     last_ended: Ended | None = None
     reviewed: str | None = None  # the ended activation the hooks and nudge rule last saw
-    winding_down: int = 0  # its activations cancel-requested that have not ended yet
 
     def due_signals(self, now: datetime) -> list[Signal]:
         return sorted((s for s in self.pending.values() if s.due(now)), key=lambda s: s.order)

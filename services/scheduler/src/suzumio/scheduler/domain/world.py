@@ -267,7 +267,7 @@ class World:
             case ActivationCancelRequested():
                 activation = self.activations.get(data.activation_id)
                 if activation is not None:
-                    _wind_down(s, activation)
+                    _wind_down(activation)
                 if s.live is not None and s.live.id == data.activation_id:
                     s.live = None
             case SignalClosed():
@@ -294,7 +294,9 @@ class World:
             signals=[b for b in batch if b is not None],
         )
         if s.live is not None:  # only a P0 replaces a live one, and it cancels it first
-            _wind_down(s, s.live)
+            _wind_down(s.live)
+        if data.replaces in self.activations:  # still winding down
+            activation.replaced = data.replaces
         s.live = activation
         self.activations[activation.id] = activation
         self.running_by_project[activation.project_id] += 1
@@ -364,7 +366,8 @@ class World:
         changes.freed = True
         s = self.session(activation.session_id)
         if activation.cancel_requested:
-            s.winding_down -= 1
+            if s.live is not None and s.live.replaced == activation.id:
+                s.live.replaced = None
             changes.sessions.add(s.id)  # a P0 held back while it wound down may go now
             # Replaced by a P0 (or cancelled on request). Finished anyway: its work is done.
             # Cancelled: its signals queue again, no failure counted (P1s go to the live
@@ -448,8 +451,6 @@ class World:
                 pass
 
 
-def _wind_down(s: SessionSchedule, activation: Activation) -> None:
-    """`activation` of session `s` is cancel-requested: it holds its capacity until it ends."""
-    if not activation.cancel_requested:
-        activation.cancel_requested = True
-        s.winding_down += 1
+def _wind_down(activation: Activation) -> None:
+    """`activation` is cancel-requested: it holds its capacity until it ends."""
+    activation.cancel_requested = True
