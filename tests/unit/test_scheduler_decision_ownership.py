@@ -299,8 +299,40 @@ async def test_a_handover_does_not_append_beside_a_decision_still_landing(
         assert await leader.scheduler.take_signals("x", live, ()) == []
     assert leader.store.of("x") == [start, preempt]  # no handover appended beside it
     await leader.land(preempt)
+    log_ends_at(monkeypatch, leader, 0)
     with pytest.raises(ConflictError):  # replaced: fenced
         await leader.scheduler.take_signals("x", live, ())
+
+
+def log_ends_at(monkeypatch: pytest.MonkeyPatch, leader: Leader, ahead: int) -> None:
+    """The log's last sequence, `ahead` of what the leader folded when asked."""
+
+    async def last_seq(nc: object, stream: str) -> int:
+        return leader.seq + ahead
+
+    monkeypatch.setattr(engine, "stream_last_seq", last_seq)
+
+
+async def test_an_activation_whose_start_this_fold_has_not_reached_is_not_fenced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The orchestrator launched it from its own fold, and its runner reached a tool boundary
+    before this scheduler's fold got to its start: not live here yet is no refusal (a 409
+    made a healthy activation exit as fenced, to be done again). The fold is brought up to
+    the log first; the activation is live there."""
+    monkeypatch.setattr(engine, "HANDOVER_WAIT_SECONDS", 0.05)
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    live = activation_of(start)
+    log_ends_at(monkeypatch, leader, 1)  # the start is stored, not folded here yet
+    asking = asyncio.create_task(leader.scheduler.take_signals("x", live, ()))
+    await asyncio.sleep(0.2)
+    assert not asking.done()  # waits for its fold to reach the log's end
+    await leader.land(start)
+    async with asyncio.timeout(10):
+        assert await asking == []
 
 
 def unconfirmed() -> CommandTimeoutError:

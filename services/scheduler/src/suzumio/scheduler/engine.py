@@ -444,7 +444,9 @@ class Scheduler:
         """The due P1 signals for the session's live activation, recorded as delivered to
         it, plus those handed to it before that it has not `received` (a lost reply loses
         nothing). Raises ConflictError when the activation is not live (ended, or replaced
-        by a P0: fenced)."""
+        by a P0: fenced), UnavailableError when this replica cannot tell yet (its fold behind
+        the log, which the activation's start may be in)."""
+        caught_up = False
         for _ in range(20):
             s = self.world.sessions.get(session_id)
             if s is None or not s.opened:
@@ -454,6 +456,14 @@ class Scheduler:
             live = s.live
             due = policy.handover(s, activation_id, self._clock())
             if live is None or due is None:
+                if not caught_up:
+                    # Its start may be in the log and not yet folded here (the orchestrator
+                    # launched it from its own fold, a leader's took over): not live is only
+                    # known once the fold reached what was stored before this call —
+                    # refused, a healthy activation exited as fenced and was done again.
+                    await self._fold_to_now()
+                    caught_up = True
+                    continue
                 raise ConflictError("the activation is not live (it ended or was replaced)")
             known = set(received)
             again = [x for x in live.signals if x.id in live.handed and x.id not in known]
