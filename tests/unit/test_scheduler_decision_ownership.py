@@ -420,3 +420,49 @@ async def test_a_message_that_is_no_commit_of_events_does_not_stop_the_fold() ->
     await leader.signal("x")
     [start] = leader.store.of("x")
     assert start.starts
+
+
+async def waiting(leader: Leader, session_id: str, project_id: str, agent_id: str) -> None:
+    """A session opened with a signal to start it."""
+    await leader.commit(
+        "session", session_id, SessionOpened(project_id=project_id, agent_id=agent_id)
+    )
+    signal = SignalRecorded(
+        signal_id=session_id, agent_id=agent_id, kind=SignalKind.CUSTOM, priority=Priority.P3
+    )
+    await leader.commit("session", session_id, signal)
+
+
+async def test_sessions_waiting_behind_a_full_projects_limit_cost_nothing_per_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch job: a thousand sessions of project p wait behind its limit. Each decision
+    anywhere (here: another project's sessions starting one by one) must not ask each of
+    them whether it fits — that held the event loop for seconds per decision at scale."""
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    await leader.land(start)  # p is at its limit
+    for i in range(1_000):
+        await waiting(leader, f"w{i}", "p", "a")
+    wide = ProjectLimits(max_concurrent_activations=100)
+    await leader.commit("project", "q", ProjectCreated(name="q", owner_id="u", limits=wide))
+    model = ModelSpec(name="m")
+    await leader.commit(
+        "agent", "c", AgentCreated(project_id="q", name="c", role="c", prompt="", model=model)
+    )
+    asked = 0
+    fits = leader.scheduler._fits
+
+    def counting(project_id: str, session_id: str) -> bool:
+        nonlocal asked
+        asked += 1
+        return fits(project_id, session_id)
+
+    monkeypatch.setattr(leader.scheduler, "_fits", counting)
+    for i in range(20):
+        await waiting(leader, f"q{i}", "q", "c")
+    assert sum(1 for a in leader.store.appends if a.starts and a.session_id.startswith("q")) == 20
+    assert asked <= 100, asked
+    assert leader.scheduler._admission.waiting() == 1_000

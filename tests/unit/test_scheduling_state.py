@@ -279,14 +279,38 @@ def test_admission_goes_round_robin_across_projects_within_limits() -> None:
     def fits(project: str, _: str) -> bool:
         return count[project] < limit[project] and len(started) < 5
 
-    for session_id in admission.admit(fits):
+    def room(project: str) -> bool:
+        return count[project] < limit[project]
+
+    for session_id in admission.admit(fits, room):
         started.append(session_id)
         count[session_id[0]] += 1
     assert started == ["a1", "b1", "c1", "a2", "b2"]
     assert admission.waiting() == 1  # a3: its project is at its limit
     count["a"] = 0
     started.clear()
-    assert list(admission.admit(lambda p, s: True)) == ["a3"]
+    assert list(admission.admit(lambda p, s: True, lambda p: True)) == ["a3"]
+
+
+def test_admission_passes_over_a_project_without_room_without_asking_its_sessions() -> None:
+    """Thousands of sessions waiting behind their project's limit (a batch job) cost nothing
+    per decision: each was asked whether it fits, after each start anywhere — seconds of the
+    event loop per decision."""
+    admission = Admission()
+    for i in range(5_000):
+        admission.want("full", f"f{i}")
+    for i in range(50):
+        admission.want("other", f"o{i}")
+    asked: defaultdict[str, int] = defaultdict(int)
+
+    def fits(project: str, _: str) -> bool:
+        asked[project] += 1
+        return project == "other"
+
+    started = list(admission.admit(fits, lambda project: project == "other"))
+    assert started == [f"o{i}" for i in range(50)]
+    assert asked == {"other": 50}
+    assert admission.waiting() == 5_000
 
 
 def test_timers_wake_at_the_earliest_deadline_per_session() -> None:

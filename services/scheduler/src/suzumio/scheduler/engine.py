@@ -252,7 +252,7 @@ class Scheduler:
         dirty, self._dirty = self._dirty, set()
         for session_id in dirty:
             self._evaluate(session_id, now)
-        for session_id in self._admission.admit(self._fits):
+        for session_id in self._admission.admit(self._fits, self._has_room):
             self._start(session_id, now)
 
     def _plan(self, s: SessionSchedule, now: datetime) -> Plan:
@@ -275,6 +275,10 @@ class Scheduler:
             self._admission.want(s.project_id, s.id)
         elif plan.close_failed:
             self._execute(s, plan)
+
+    def _has_room(self, project_id: str) -> bool:
+        in_project = self.world.running_by_project[project_id] + self._holds.taken_in(project_id)
+        return in_project < self.world.limit_of(project_id)
 
     def _fits(self, project_id: str, session_id: str) -> bool:
         s = self.world.sessions[session_id]

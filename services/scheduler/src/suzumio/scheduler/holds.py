@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -24,6 +25,10 @@ class Holds:
     def __init__(self) -> None:
         self._by_session: dict[str, Hold] = {}
         self._landing: dict[str, asyncio.Event] = {}  # set when the session's hold ends
+        # Capacity held by starts in flight, counted as holds come and go (asked for each
+        # session waiting for admission: never a pass over every hold).
+        self._in_project: Counter[str] = Counter()
+        self._in_pool: Counter[str] = Counter()
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._by_session
@@ -33,14 +38,31 @@ class Holds:
 
     def take(self, session_id: str, target: int, capacity: tuple[str, str] | None = None) -> Hold:
         """A new decision's hold; the caller has seen the session unheld."""
+        replaced = self._by_session.get(session_id)
+        if replaced is not None:
+            self._uncount(replaced)
         hold = self._by_session[session_id] = Hold(target, capacity)
+        if capacity is not None:
+            self._in_project[capacity[0]] += 1
+            self._in_pool[capacity[1]] += 1
         return hold
+
+    def _uncount(self, hold: Hold) -> None:
+        if hold.capacity is not None:
+            project, pool = hold.capacity
+            self._in_project[project] -= 1
+            if self._in_project[project] <= 0:
+                del self._in_project[project]
+            self._in_pool[pool] -= 1
+            if self._in_pool[pool] <= 0:
+                del self._in_pool[pool]
 
     def release(self, session_id: str, hold: Hold) -> bool:
         """Ends `hold` if it still holds the session; False if another (or none) does."""
         if not self.owns(session_id, hold):
             return False
         del self._by_session[session_id]
+        self._uncount(hold)
         landed = self._landing.pop(session_id, None)
         if landed is not None:
             landed.set()
@@ -54,8 +76,10 @@ class Holds:
 
     def taken(self, project_id: str, pool: str) -> tuple[int, int]:
         """Capacity held by starts in flight: (in the project, in the pool)."""
-        held = [h.capacity for h in self._by_session.values() if h.capacity is not None]
-        return sum(1 for p, _ in held if p == project_id), sum(1 for _, q in held if q == pool)
+        return self._in_project[project_id], self._in_pool[pool]
+
+    def taken_in(self, project_id: str) -> int:
+        return self._in_project[project_id]
 
     async def settled(self, session_id: str, seconds: float) -> bool:
         """Waits up to `seconds` until no decision holds the session; False if one still does.

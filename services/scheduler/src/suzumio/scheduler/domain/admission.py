@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 Fits = Callable[[str, str], bool]  # (project id, session id) -> would its start fit now
+Room = Callable[[str], bool]  # project id -> has it room for one more start at all
 
 
 class Admission:
@@ -23,13 +24,18 @@ class Admission:
     def clear(self) -> None:
         self._waiting.clear()
 
-    def admit(self, fits: Fits) -> Iterator[str]:
+    def admit(self, fits: Fits, room: Room) -> Iterator[str]:
         """Sessions to start now, one project after another. `fits` is asked again after
-        each start (the caller counts it), so limits hold however many are waiting."""
+        each start (the caller counts it), so limits hold however many are waiting. A
+        project without `room` is passed over whole: a batch of thousands of sessions
+        waiting behind its limit costs nothing per decision (asking each of them, after each
+        start anywhere, held the event loop for seconds)."""
         while True:
             progressed = False
             for project_id in list(self._waiting):
                 sessions = self._waiting[project_id]
+                if not room(project_id):
+                    continue
                 chosen = next((sid for sid in sessions if fits(project_id, sid)), None)
                 if chosen is not None:
                     del sessions[chosen]

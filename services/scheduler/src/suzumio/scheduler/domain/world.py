@@ -138,7 +138,8 @@ class World:
         spec = None
         if agent and project and agent.runtime_profile:
             spec = project.profiles.get(agent.runtime_profile)
-        spec = spec or RuntimeProfileSpec(backend=self.default_backend)
+        if spec is None:  # (no spec built for it: this is asked for every session waiting)
+            return self.default_backend.value
         if spec.backend is Backend.POOL and spec.pool:
             return spec.pool
         # Another backend ignores a `pool` its profile names: it runs there, not in a pool.
