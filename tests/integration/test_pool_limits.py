@@ -318,3 +318,26 @@ async def test_a_worker_sweeps_the_cgroups_of_workers_gone_and_no_live_ones(
     finally:
         live.close()
         dead.close()
+
+
+async def test_a_run_killed_at_its_memory_limit_ends_out_of_memory(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel kills the runner at its cgroup's memory limit: the worker says so (`oom`),
+    and the attempt ends out of memory — not retried, as a plain kill would be."""
+    script = tmp_path / "bin" / "python"
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'b = b\"x\" * (768 << 20)'\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    plan = with_profile(make_plan("http://127.0.0.1:9", tmp_path / "plans"), limits=LIMITS)
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="oom"
+    ) as worker:
+        await wait_workers(backend, worker.cfg.worker_id)
+        handle = await backend.launch(plan)
+        end = await watch(backend, handle, timeout=60)
+    assert end.reason == "oom", end

@@ -204,3 +204,44 @@ async def test_a_replica_closing_does_not_break_the_launches_of_one_sharing_its_
             assert int(memory.read_text()) == LIMITS.memory_mb << 20
     finally:
         found.close()
+
+
+OOM = f"""#!/bin/sh
+{sys.executable} -c 'b = b"x" * (64 << 20)' && echo "a tool's child could go over: fine" > tool.txt
+exec {sys.executable} -c 'b = b"x" * (768 << 20)'
+"""
+
+
+async def test_a_runner_killed_at_its_memory_limit_ends_out_of_memory(tmp_path: Path) -> None:
+    """The kernel kills the runner at its cgroup's memory limit: the end says out of memory
+    (not retried: the same work needs the same memory), not a plain exit 137 — which the
+    scheduler retried until its budget was spent."""
+    script = tmp_path / "r" / "bin" / "python"
+    script.parent.mkdir(parents=True)
+    script.write_text(OOM)
+    script.chmod(0o755)
+    backend = ProcessBackend(tmp_path / "sandboxes", ProcessSettings(python=str(script)))
+    tight = replace(
+        plan_in(tmp_path),
+        profile=RuntimeProfileSpec(limits=ResourceLimits(cpus=1, memory_mb=128, pids=32)),
+    )
+    handle = await backend.launch(tight)
+    end = await asyncio.wait_for(backend.watch(handle), 60)
+    await backend.cleanup(handle, succeeded=False)
+    assert (end.reason, end.code) == ("oom", 137), end
+
+
+async def test_a_runner_that_outlives_an_oom_kill_of_its_child_ends_as_it_exits(
+    tmp_path: Path,
+) -> None:
+    """What a command of the runner's starts may be killed at the limit (the runner reads
+    it as the command's failure); the runner's own exit is what counts."""
+    script = tmp_path / "r" / "bin" / "python"
+    script.parent.mkdir(parents=True)
+    script.write_text(f"""#!/bin/sh\n{sys.executable} -c 'b = b"x" * (768 << 20)'\nexit 0\n""")
+    script.chmod(0o755)
+    backend = ProcessBackend(tmp_path / "sandboxes", ProcessSettings(python=str(script)))
+    handle = await backend.launch(with_limits(plan_in(tmp_path)))
+    end = await asyncio.wait_for(backend.watch(handle), 60)
+    await backend.cleanup(handle, succeeded=True)
+    assert (end.reason, end.code) == ("exited", 0), end

@@ -219,6 +219,18 @@ class Cgroups:
                 gone = False
         return gone
 
+    def oom_kills(self, sandbox: str) -> int:
+        """How many processes of the sandbox the kernel killed for its memory limit (0 when
+        unknown: the cgroup gone, or a kernel that does not count them)."""
+        _check_name(sandbox)
+        directory = self.parents["memory"] / sandbox
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        for line in _read(directory / name).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
     def sandboxes(self) -> list[str]:
         names: set[str] = set()
         for parent in self.parents.values():

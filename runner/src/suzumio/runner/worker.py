@@ -430,6 +430,19 @@ class Worker:
             return sandbox_limits.Sandbox(rlimits=sandbox_limits.rlimits(limits, contained=False))
         return self._cgroups.create(name, limits)
 
+    async def _killed_for_memory(self, run: _Run, code: int) -> bool:
+        """The runner was SIGKILLed and its cgroup counts a kill at its memory limit."""
+        if self._cgroups is None or code not in {-signal.SIGKILL, 128 + signal.SIGKILL}:
+            return False
+        if run.spec:  # on a resident runner: its cgroup is the runner's
+            resident = self._residents.get(run.warm_key or "")
+            name = resident.cgroup if resident is not None else None
+        else:
+            name = _run_cgroup(run)
+        if name is None:
+            return False
+        return await asyncio.to_thread(self._cgroups.oom_kills, name) > 0
+
     def _drop_cgroup(self, name: str) -> None:
         """Empty and remove a run's cgroup, in the background (it waits for the kills)."""
         if self._cgroups is not None:
@@ -883,6 +896,8 @@ class Worker:
         beats = asyncio.create_task(self._beat(run))
         try:
             code = await self._wait(run)
+            if await self._killed_for_memory(run, code):  # before a retired runner's cgroup goes
+                run.stop_reason = run.stop_reason or "oom"
             detail = self._detail(run) if code != 0 else ""  # before a retired runner's log goes
             if run.warm_key is not None and (run.stop_reason is not None or code < 0):
                 self._retire(run.warm_key)  # stopped mid-way: its runner starts afresh

@@ -302,6 +302,7 @@ PoolStatusReason = Literal[
     "cancelled",  # stopped on `pool.cancel` (exited), or cancelled before it started (refused)
     "timeout",  # stopped at the dispatch's deadline
     "killed",  # ended by a signal the worker did not send
+    "oom",  # killed by the kernel at the run's memory limit (its cgroup says so)
     "shutdown",  # stopped because the worker was shutting down
     "spawn_failed",  # the runner process could not be started
     "deadline",  # refused: the deadline passed before it could start

@@ -142,13 +142,10 @@ _REFUSALS: dict[str, tuple[Literal["timeout", "cancelled"], str]] = {
 def exit_of(status: PoolStatus) -> Exit:
     """How a worker's last word reads as the backend's `Exit`."""
     if status.kind == "refused":
-        if status.reason in _REFUSALS:
-            return Exit(None, *_REFUSALS[status.reason])
-        if status.reason == "busy":
-            detail = f"worker {status.worker_id}, which the dispatch was sent to, had no slot"
-            return Exit(None, "lost", detail)
-        return Exit(None, "lost", f"worker {status.worker_id} could not read the dispatch")
+        return _refused(status)
     code, detail = status.exit_code, status.detail
+    if status.reason == "oom":
+        return Exit(code, "oom", detail or "the runner was killed at its memory limit")
     if status.reason in {"exited", "timeout"}:
         reason: Literal["timeout", "exited"] = "timeout" if status.reason == "timeout" else "exited"
         return Exit(code, reason, detail, status.outputs)
@@ -156,6 +153,15 @@ def exit_of(status: PoolStatus) -> Exit:
         return Exit(None, "lost", f"worker {status.worker_id} could not start it: {detail}")
     why = status.reason if status.reason in {"cancelled", "shutdown"} else f"signal {status.signal}"
     return Exit(code, "killed", f"{why}; {detail}" if detail else why, status.outputs)
+
+
+def _refused(status: PoolStatus) -> Exit:
+    if status.reason in _REFUSALS:
+        return Exit(None, *_REFUSALS[status.reason])
+    if status.reason == "busy":
+        detail = f"worker {status.worker_id}, which the dispatch was sent to, had no slot"
+        return Exit(None, "lost", detail)
+    return Exit(None, "lost", f"worker {status.worker_id} could not read the dispatch")
 
 
 class PoolBackend:

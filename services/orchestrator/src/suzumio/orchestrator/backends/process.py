@@ -405,11 +405,22 @@ class ProcessBackend:
             # code): the end is when nothing of the group is left — `cancel` sees to that.
             await self._while_group_lives(int(handle.sandbox_id))
             recorded = _read_exit(host_dir)
+        if recorded is not None and recorded < 128:  # (128 + n: killed by signal n)
+            return Exit(recorded)
+        if await self._out_of_memory(handle.activation_id):
+            # The kernel killed the runner at its cgroup's memory limit: the same work would
+            # need the same memory again — not retried as a failure that may pass.
+            return Exit(recorded, "oom", "the runner was killed at its memory limit")
         if recorded is not None:
             return Exit(recorded)
         if code != 0:
             return Exit(None, "killed", f"signal {-code}" if code < 0 else f"shell exit {code}")
         return Exit(None, "lost", "the runner left no exit code")
+
+    async def _out_of_memory(self, activation_id: str) -> bool:
+        if self._cgroups is None:
+            return False
+        return await asyncio.to_thread(self._cgroups.oom_kills, activation_id) > 0
 
     @staticmethod
     async def _while_group_lives(group: int) -> None:
