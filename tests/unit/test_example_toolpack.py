@@ -38,6 +38,7 @@ from suzumio.contracts.values import ModelSpec, Priority, SignalKind
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import ToolContext
+from suzumio.scheduler import hooks as hooks_module
 from suzumio.scheduler.hooks import Hooks, load_hooks
 from suzumio_todo import hooks, support
 from suzumio_todo.manifest import MANIFEST
@@ -310,3 +311,22 @@ def test_a_method_two_toolpacks_name_is_loaded_once() -> None:
     two = MANIFEST.model_copy(update={"name": "two", "scheduler_hooks": (ref,)})
     [hook] = load_hooks(toolpacks={"one": one, "two": two})
     assert hook.toolpacks == frozenset({"one", "two"})
+
+
+def test_a_hook_registered_as_an_entry_point_and_named_in_the_settings_is_loaded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loaded twice, it ran twice at every end under two names (each deriving its own ids):
+    every action it took was taken twice."""
+    [ref] = MANIFEST.scheduler_hooks
+
+    class Point:
+        name = "todo-reminders"
+
+        @staticmethod
+        def load() -> object:
+            return resolve(ref)
+
+    monkeypatch.setattr(hooks_module, "entry_points", lambda group: [Point()])
+    loaded = load_hooks([ref, ref])
+    assert [(h.name, h.toolpacks) for h in loaded] == [("todo-reminders", None)]

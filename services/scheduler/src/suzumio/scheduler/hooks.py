@@ -57,7 +57,9 @@ def load_hooks(
 ) -> list[NamedHook]:
     """Hooks registered under the `suzumio.scheduler_hooks` entry point group, then the
     `module:attribute` specs of `extra` (settings), then those of `toolpacks`' manifests (by
-    toolpack name, named `<toolpack>:<module:attribute>`). One that cannot be loaded is logged.
+    toolpack name, named `<toolpack>:<module:attribute>`). One that cannot be loaded is logged;
+    one loaded already (a setting naming an entry point's hook, or the same one twice) is not
+    loaded again.
     A toolpack's hook already loaded for every agent is not loaded again for its own; one
     several toolpacks name is loaded once, for the agents enabling any of them (so an agent
     enabling two is not called twice)."""
@@ -69,7 +71,13 @@ def load_hooks(
             log.exception("hooks.load_failed", hook=point.name)
     for spec in extra:
         with _logged(spec):
-            found.append(NamedHook(spec, _resolved(spec)))
+            call = _resolved(spec)
+            # Registered as an entry point and named in the settings too: called once (twice,
+            # each name derives its own ids, and every end got each action twice).
+            if any(hook.call == call for hook in found):
+                log.info("hooks.already_loaded", hook=spec)
+                continue
+            found.append(NamedHook(spec, call))
     for pack, manifest in sorted((toolpacks or {}).items()):
         for spec in manifest.scheduler_hooks:
             name = f"{pack}:{spec}"
