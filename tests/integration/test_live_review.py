@@ -267,3 +267,20 @@ async def test_a_channel_whose_last_listener_could_not_leave_is_dropped_not_reop
         assert hub._channels == {}
     finally:
         await hub.close()
+
+
+async def test_live_output_held_in_memory_is_bounded_in_bytes(nc: NATS, topology: Topology) -> None:
+    """LIVE is in the NATS server's memory: what sandboxes publish there is bounded as a whole,
+    the oldest chunks going first — one looping on the stream route filled gigabytes for the
+    ten minutes LIVE keeps them."""
+    small = Topology(namespace=topology.namespace, live_max_bytes=1024 * 1024)
+    await ensure_streams(nc, small.streams())
+    js = nc.jetstream()
+    payload = b"x" * 64 * 1024
+    for _ in range(40):  # 2.5 MB
+        await js.publish(small.live_subject("s1"), payload)
+    info = await js.stream_info(small.live_stream)
+    assert info.config.max_bytes == 1024 * 1024
+    assert info.state.bytes <= 1024 * 1024
+    assert info.state.first_seq > 1  # the oldest went
+    assert info.state.last_seq == 40

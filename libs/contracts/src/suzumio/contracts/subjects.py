@@ -43,6 +43,7 @@ class StreamSpec(BaseModel):
     storage: Storage
     retention: Retention = Retention.LIMITS
     max_age_seconds: float = 0.0
+    max_bytes: int = -1  # -1: unbounded; else the oldest messages go (`discard: old`)
     duplicate_window_seconds: float = 120.0
     replicas: int = 1
     allow_direct: bool = True
@@ -56,6 +57,10 @@ class Topology(BaseModel):
 
     namespace: str = Field(default="", description="lowercase prefix; empty for none")
     live_max_age_seconds: float = 600.0
+    # LIVE is held in the NATS server's memory: what sandboxes publish there is bounded as a
+    # whole (one looping on `/runner/stream` at 2 M characters a call filled gigabytes for
+    # the ten minutes it keeps them); past it the oldest chunks go — the history is the record.
+    live_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
     replicas: int = Field(default=1, ge=1, le=5)
 
     @field_validator("namespace")
@@ -99,6 +104,7 @@ class Topology(BaseModel):
                 subjects=(self._subject("live", ">"),),
                 storage=Storage.MEMORY,
                 max_age_seconds=self.live_max_age_seconds,
+                max_bytes=self.live_max_bytes,
                 # Long enough for a runner's retries of a batch (seconds), short enough that the
                 # ids remembered at thousands of chunks a second stay a few megabytes.
                 duplicate_window_seconds=30.0,

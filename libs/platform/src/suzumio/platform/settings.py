@@ -26,6 +26,11 @@ class PlatformSettings(BaseSettings):
     data_dir: Path = Field(default=Path(".suzumio"), description="embedded servers' data")
     namespace: str = Field(default="", description="prefix of every stream and subject")
     replicas: int = Field(default=1, ge=1, le=5, description="stream replicas (3 in a cluster)")
+    live_max_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="the LIVE stream's bytes in the NATS server's memory; the oldest go past it",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     db_pool_max: int = Field(default=10, ge=1, le=200)
@@ -65,7 +70,9 @@ class PlatformSettings(BaseSettings):
         return value
 
     def topology(self) -> Topology:
-        return Topology(namespace=self.namespace, replicas=self.replicas)
+        return Topology(
+            namespace=self.namespace, replicas=self.replicas, live_max_bytes=self.live_max_bytes
+        )
 
 
 class ServiceSettings(PlatformSettings):

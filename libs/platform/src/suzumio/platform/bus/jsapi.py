@@ -44,6 +44,7 @@ def stream_config(spec: StreamSpec) -> dict[str, Any]:
         "storage": spec.storage.value,
         "retention": spec.retention.value,
         "max_age": int(spec.max_age_seconds * _NANOS),
+        "max_bytes": spec.max_bytes,
         "duplicate_window": int(spec.duplicate_window_seconds * _NANOS),
         "num_replicas": spec.replicas,
         "allow_direct": spec.allow_direct,
