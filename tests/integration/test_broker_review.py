@@ -25,10 +25,13 @@ from nats.aio.client import Client as NATS
 
 from suzumio.contracts.events import (
     ActivationCancelRequested,
+    CheckpointSaved,
+    SessionMessageAppended,
     SessionOpened,
 )
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
+from suzumio.contracts.values import Author
 from suzumio.platform.bus.eventstore import AggregateStream, EventStore, Head
 from suzumio.toolbroker.registry import ActivationRegistry
 from tests.integration.broker_world import (
@@ -246,3 +249,52 @@ async def test_an_output_first_sent_after_a_cancel_is_fenced(
         assert response.status_code == 403, response.text
         assert response.json()["code"] == "fenced"
     assert not (await store.load("activation", w.activation_id)).events
+
+
+class CountingStore(EventStore):
+    """Counts the session events the broker reads back."""
+
+    def __init__(self, nc: NATS, topology: Topology) -> None:
+        super().__init__(nc, topology)
+        self.read = 0
+
+    async def load(
+        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+    ) -> AggregateStream:
+        stream = await super().load(aggregate, aggregate_id, after=after)
+        if aggregate == "session":
+            self.read += len(stream.events)
+        return stream
+
+
+async def test_the_latest_checkpoint_is_read_on_from_the_last_read_not_whole_each_time(
+    nc: NATS, topology: Topology, registry: ActivationRegistry
+) -> None:
+    """An agent may ask for its session's checkpoint again and again: the session's history
+    is read once, then only what came after (read whole each time, a long session had the
+    broker decode every one of its events at each call)."""
+    counting = CountingStore(nc, topology)
+    w = await world(counting)
+    author = Author(kind="user", id="u")
+    entries = [
+        SessionMessageAppended(message_id=new_id(), author=author, role="user", text=f"m{i}")
+        for i in range(300)
+    ]
+    await counting.append_next(w.session_id, entries, SCHEDULER)
+    saved = CheckpointSaved(checkpoint_id="c1", activation_id=w.activation_id, data={"n": 1})
+    await counting.append_next(w.session_id, [saved], SCHEDULER)
+    async with client(nc, topology, counting, registry, Recorder(), w.token) as c:
+        counting.read = 0
+        first = await c.get("/runner/checkpoint")
+        assert first.json()["id"] == "c1", first.text
+        assert counting.read > 300
+        counting.read = 0
+        for _ in range(3):
+            again = await c.get("/runner/checkpoint")
+            assert (again.json()["id"], again.json()["data"]) == ("c1", {"n": 1})
+        assert counting.read == 0
+        later = CheckpointSaved(checkpoint_id="c2", activation_id=w.activation_id, data={"n": 2})
+        await counting.append_next(w.session_id, [later], SCHEDULER)
+        newest = await c.get("/runner/checkpoint")
+        assert (newest.json()["id"], newest.json()["data"]) == ("c2", {"n": 2})
+        assert counting.read == 1

@@ -46,7 +46,6 @@ from suzumio.contracts.commands import (
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.events import (
     ActivationOutputRecorded,
-    CheckpointSaved,
     HistoryToolCall,
     PendingActionCreated,
     ToolCallFinished,
@@ -421,15 +420,7 @@ async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> R
 
 @router.get("/runner/checkpoint", response_model=None)
 async def get_checkpoint(caller: Auth, broker: Shared) -> CheckpointRef | Response:
-    stream = await broker.store.load("session", caller.claims.session_id)
-    latest = None
-    for event in stream.events:
-        if isinstance(event.data, CheckpointSaved):
-            latest = CheckpointRef(
-                id=event.data.checkpoint_id,
-                created_at=event.envelope.occurred_at,
-                data=event.data.data,
-            )
+    latest = await broker.checkpoints.latest(caller.claims.session_id)
     if latest is None:
         return Response(status_code=204)
     return latest

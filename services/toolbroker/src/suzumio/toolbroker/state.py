@@ -15,6 +15,7 @@ from suzumio.contracts.toolpacks import ToolpackManifest
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.telemetry import SECONDS_BUCKETS, meter
+from suzumio.toolbroker.checkpoints import LatestCheckpoints
 from suzumio.toolbroker.registry import ActivationRegistry
 from suzumio.toolbroker.support import SupportOperations
 
@@ -111,3 +112,7 @@ class Broker:
     credentials: CredentialDesk | None = None
     # Model calls of sandboxes without any network (`model_relay`); none: its routes are 404.
     relay: ModelRelay | None = None
+    checkpoints: LatestCheckpoints = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checkpoints = LatestCheckpoints(self.nc, self.topology, self.store)
