@@ -228,6 +228,21 @@ async def test_a_slow_plain_hook_serves_reviews_that_overlap() -> None:
     assert [len(a) for a in answers] == [1] * 10
 
 
+async def test_a_burst_of_reviews_queued_for_a_slow_hooks_threads_are_all_answered() -> None:
+    """A leader that takes over reviews every recent end at once. A plain hook taking a moment
+    serves them a few at a time: each call's time counts from when it has a thread — counted
+    while queued, most timed out unasked, and their sessions were nudged as if no hook had
+    acted."""
+
+    def slow(state: AgentSchedulingState) -> list[HookAction]:
+        time.sleep(0.05)
+        return [HookSignal(key=state.session_id)]
+
+    hooks = Hooks([NamedHook("slow", slow)], timeout=0.5)
+    answers = await asyncio.gather(*(hooks.run(hook_state(f"s{i}")) for i in range(80)))
+    assert [len(a) for a in answers] == [1] * 80
+
+
 def hook_state(session_id: str) -> AgentSchedulingState:
     return AgentSchedulingState(
         project_id="p", agent_id="a", session_id=session_id, live_activation_id=None, pending=()

@@ -151,8 +151,19 @@ class Hooks:
         `THREADS_PER_HOOK` of them still going is not called again until one ends."""
         if self._lingering.get(hook.name, 0) >= THREADS_PER_HOOK:
             raise TimeoutError  # its earlier calls still run past their time
-        task = asyncio.ensure_future(self._call(hook, state))
+        started = asyncio.Event()
+        task = asyncio.ensure_future(self._call(hook, state, started))
         try:
+            if not inspect.iscoroutinefunction(hook.call):
+                # Its time counts from when it has a thread: a burst of reviews (a leader that
+                # took over reviews every recent end at once) queues for the hook's threads,
+                # and counted while queued, most timed out unasked — their sessions nudged as
+                # if no hook had acted. (Queued no longer once all its threads hang.)
+                waiting = asyncio.ensure_future(started.wait())
+                try:
+                    await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiting.cancel()
             done, _ = await asyncio.wait({task}, timeout=self._timeout)
         except BaseException:  # the review itself is cancelled (shutdown): so is the call
             task.cancel()
@@ -172,12 +183,14 @@ class Hooks:
         task.add_done_callback(ended)
         raise TimeoutError
 
-    async def _call(self, hook: NamedHook, state: AgentSchedulingState) -> list[Any]:
+    async def _call(
+        self, hook: NamedHook, state: AgentSchedulingState, started: asyncio.Event
+    ) -> list[Any]:
         if inspect.iscoroutinefunction(hook.call):
             return _listed(await hook.call(state))
         # A plain function may block; it must not block the scheduler's loop. Nor may the
         # generator it may return, whose body runs only as it is read: read in the thread.
-        answer = await self._threads.run(hook.name, hook.call, state)
+        answer = await self._threads.run(hook.name, hook.call, state, started)
         return _listed(await answer) if inspect.isawaitable(answer) else _listed(answer)
 
 
@@ -237,13 +250,15 @@ def action_command(
 
 
 THREADS_PER_HOOK = 4
+LINGER_CHECK_SECONDS = 0.5  # a call waiting for a hook's thread looks this often whether all hang
 """Calls of one plain-function hook running at once: reviews of several sessions overlap, and
 a slow hook (a database query) must serve them all; a hung one holds at most this many."""
 
 
 class _HookThreads:
     """Where plain-function hooks run: a thread of their own per call, at most
-    `THREADS_PER_HOOK` at once per hook; a call waits for a free one within its timeout.
+    `THREADS_PER_HOOK` at once per hook; a call waits for a free one before its timeout starts,
+    for as long as the hook's threads run calls within their time.
 
     Not the loop's default executor: a call that overran its timeout goes on in its thread
     (a thread cannot be stopped), and a few hung hooks would take every worker of that pool,
@@ -253,18 +268,45 @@ class _HookThreads:
     hold the process at exit either (a ThreadPoolExecutor's would)."""
 
     def __init__(self) -> None:
-        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._busy: dict[str, int] = {}  # threads running the hook's calls
+        self._freed: dict[str, asyncio.Event] = {}  # set as one of them ends
+        self._abandoned: dict[str, int] = {}  # threads still running calls given up on
 
-    async def run(self, name: str, call: SchedulerHook, state: AgentSchedulingState) -> Any:
-        slots = self._slots.setdefault(name, asyncio.Semaphore(THREADS_PER_HOOK))
-        await slots.acquire()  # under the caller's timeout
+    async def _slot(self, name: str) -> None:
+        """A thread's slot of the hook's (taken: `_release` gives it back), waited for while
+        its threads are busy, given up on once every one runs an abandoned call."""
+        while True:
+            if self._abandoned.get(name, 0) >= THREADS_PER_HOOK:
+                raise TimeoutError
+            if self._busy.get(name, 0) < THREADS_PER_HOOK:
+                self._busy[name] = self._busy.get(name, 0) + 1
+                return
+            freed = self._freed.setdefault(name, asyncio.Event())
+            freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(freed.wait(), LINGER_CHECK_SECONDS)
+
+    def _release(self, name: str) -> None:
+        self._busy[name] -= 1
+        if (freed := self._freed.get(name)) is not None:
+            freed.set()
+
+    async def run(
+        self, name: str, call: SchedulerHook, state: AgentSchedulingState, started: asyncio.Event
+    ) -> Any:
+        """`call` in a thread of its own once the hook has one free (`started` set then).
+        Waiting gives up (TimeoutError) once every thread of the hook runs a call its caller
+        gave up on (past its time): those may never end."""
+        await self._slot(name)
+        started.set()
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
 
         def settle(result: Any, error: BaseException | None) -> None:
-            slots.release()  # the thread is done, whether anyone still waits or not
-            if answer.done():
-                return  # timed out and cancelled meanwhile: nobody waits any more
+            self._release(name)  # the thread is done, whether anyone still waits or not
+            if answer.done():  # timed out and cancelled meanwhile: nobody waits any more
+                self._abandoned[name] -= 1
+                return
             if error is None:
                 answer.set_result(result)
             else:
@@ -285,6 +327,11 @@ class _HookThreads:
         try:
             threading.Thread(target=work, name=f"scheduler-hook:{name}", daemon=True).start()
         except BaseException:
-            slots.release()
+            self._release(name)
             raise
-        return await answer
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            if answer.cancelled():  # its thread goes on: `settle` counts it back
+                self._abandoned[name] = self._abandoned.get(name, 0) + 1
+            raise
