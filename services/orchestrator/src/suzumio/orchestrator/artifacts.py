@@ -49,6 +49,7 @@ from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks, sweep_
 from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.db.pool import Pool
 from suzumio.platform.logging import get_logger
+from suzumio.platform.offloop import OffLoopWriter
 
 log = get_logger(__name__)
 LOCAL_BACKENDS = frozenset({"process", "docker"})
@@ -197,10 +198,12 @@ class ArtifactCollector:
                 return
             try:
                 with sink:
+                    writer = OffLoopWriter(sink)
                     async for chunk in read_chunks(
                         self._js, self._store, self._bucket, artifact.sha256
                     ):
-                        sink.write(chunk)
+                        await writer.write(chunk)
+                    await writer.close()
                 os.replace(partial, name, src_dir_fd=at, dst_dir_fd=at)
             except BaseException:
                 with contextlib.suppress(OSError):
