@@ -28,6 +28,8 @@ from suzumio.contracts.toolpacks import ToolpackManifest
 from suzumio.contracts.values import ActivationReason, Priority, SignalKind
 from suzumio.platform.bus.commands import CommandClient, CommandServer
 from suzumio.platform.bus.eventstore import EventStore
+from suzumio.scheduler.domain import policy
+from suzumio.scheduler.domain.model import SessionSchedule
 from suzumio.scheduler.engine import Scheduler
 from suzumio.scheduler.hooks import Hooks, load_hooks
 from suzumio.scheduler.settings import SchedulerSettings
@@ -394,3 +396,36 @@ async def test_one_nudge_after_an_activation_without_effect_and_never_a_loop(
         assert (nudge.priority, nudge.payload["activation_id"]) == (Priority.P2, a1.activation_id)
         await asyncio.sleep(0.5)
         assert len(launcher.requested) == 2  # the nudged activation did nothing either: no loop
+
+
+async def test_a_new_leader_looks_only_at_sessions_that_may_have_work(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fold keeps every session ever opened, mostly idle: a leader that looked at each
+    of them when it took over held its event loop for seconds at a million. The sessions
+    with something pending are looked at (and started); the idle ones are not."""
+    world = Sessions(store)
+    project = await world.project()
+    for _ in range(200):
+        await world.session(project)
+    busy = await world.session(project)
+    await world.signal(busy, Priority.P2)
+    looked_at: list[str] = []
+    decide = policy.decide
+
+    def counting(s: SessionSchedule, *args: Any, **kwargs: Any) -> policy.Plan:
+        looked_at.append(s.id)
+        return decide(s, *args, **kwargs)
+
+    monkeypatch.setattr(policy, "decide", counting)
+    async with (
+        StandInLauncher(nc, topology, store) as launcher,
+        running(nc, topology, store, database_url),
+    ):
+        await requests(launcher, 1)
+    assert [r.session_id for r in launcher.requested] == [busy]
+    assert len(looked_at) < 10, len(looked_at)

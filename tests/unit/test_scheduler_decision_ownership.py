@@ -466,3 +466,25 @@ async def test_sessions_waiting_behind_a_full_projects_limit_cost_nothing_per_de
     assert sum(1 for a in leader.store.appends if a.starts and a.session_id.startswith("q")) == 20
     assert asked <= 100, asked
     assert leader.scheduler._admission.waiting() == 1_000
+
+
+async def test_a_start_refused_by_a_conflict_gives_its_capacity_back() -> None:
+    """Someone wrote to the session first: the start's hold keeps the session until the fold
+    sees what they wrote, not the capacity — counted as held for good, each such conflict
+    took a slot of the project (and the pool) away until a restart."""
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    holds = leader.scheduler._holds
+    assert holds.taken_in("p") == 1
+    conflict = ConcurrencyConflictError("session", "x", start.version, start.version + 1)
+    start.answer.set_exception(conflict)  # ... written before it, not folded here yet
+    await settle()
+    assert holds.taken_in("p") == 0
+    await leader.user_message()  # what was written, folded: x is decided on again
+    [_, again] = leader.store.of("x")
+    assert again.starts
+    assert holds.taken_in("p") == 1
+    await leader.land(again)
+    assert (holds.taken_in("p"), leader.running) == (0, 1)

@@ -71,6 +71,7 @@ from suzumio.scheduler.timers import Timers
 log = get_logger(__name__)
 ACTOR = "system:scheduler"
 FOLD_BURST = 2_000  # messages folded before deciding, when many are queued
+LEAD_TURN_SESSIONS = 5_000  # sessions a new leader looks at before it lets the loop go on
 REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
 FORGET_EVERY_SECONDS = 300.0  # how often ended activations past the review window are dropped
 APPEND_RETRY_SECONDS = 0.5  # after a failed append, before looking at what the log holds
@@ -166,8 +167,20 @@ class Scheduler:
             return
         self.leading = True
         log.info("scheduler.leading", position=self.world.position)
-        self._dirty.update(self.world.sessions)  # the last leader may have left work undone
-        self._decide()
+        # The last leader may have left work undone: every session that may have some is
+        # looked at, in turns that let the fold and the commands in between (the fold keeps
+        # every session ever opened, mostly idle: a million of them held the loop for 5 s).
+        waiting = [
+            s.id
+            for s in self.world.sessions.values()
+            if _may_need_work(s) or s.id in self._review_retry
+        ]
+        for at in range(0, len(waiting), LEAD_TURN_SESSIONS):
+            if done.is_set():  # no longer leading: the next leader looks at them
+                break
+            self._dirty.update(waiting[at : at + LEAD_TURN_SESSIONS])
+            self._decide()
+            await asyncio.sleep(0)
         timers = asyncio.create_task(self._timer_loop(done))
         server = CommandServer(self._nc, self._topology, build_router(self))
         try:
@@ -198,9 +211,12 @@ class Scheduler:
             if replaying and self.caught_up:
                 log.info("scheduler.caught_up", position=self.world.position)
                 self._next_forget = 0.0  # what the replay folded, at once
-            self._dirty |= changes.sessions
             if self.leading:
+                self._dirty |= changes.sessions
                 self._decide()
+            # (A standby gathers nothing: had it, the sessions changed while it replayed —
+            # every session ever opened — were all looked at when it took over, and held in
+            # memory till then. A new leader looks at those that may have work.)
             self._forget_old_ends()
 
     def _forget_old_ends(self) -> None:
@@ -424,7 +440,7 @@ class Scheduler:
         if s is None or s.version >= actual:
             self._again(session_id, hold)
             return
-        hold.capacity = None  # no capacity is taken while it waits
+        self._holds.free_capacity(hold)  # no capacity is taken while it waits
         hold.target = actual
 
     # -- timers --------------------------------------------------------------------------
@@ -749,6 +765,16 @@ class Scheduler:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _may_need_work(s: SessionSchedule) -> bool:
+    """Whether a decision or a review may have something to do for the session."""
+    return bool(
+        s.pending
+        or s.failing
+        or s.live is not None
+        or (s.last_ended is not None and s.last_ended.activation_id != s.reviewed)
+    )
 
 
 def _spec(signal: Signal) -> SignalSpec:

@@ -47,6 +47,12 @@ class Holds:
             self._in_pool[capacity[1]] += 1
         return hold
 
+    def free_capacity(self, hold: Hold) -> None:
+        """The start `hold` was for will not be made as decided (its append was refused): it
+        holds its session, not the capacity. (Through here: the counts must follow.)"""
+        self._uncount(hold)
+        hold.capacity = None
+
     def _uncount(self, hold: Hold) -> None:
         if hold.capacity is not None:
             project, pool = hold.capacity

@@ -305,7 +305,8 @@ class _HookThreads:
         def settle(result: Any, error: BaseException | None) -> None:
             self._release(name)  # the thread is done, whether anyone still waits or not
             if answer.done():  # timed out and cancelled meanwhile: nobody waits any more
-                self._abandoned[name] -= 1
+                # (Counted up by the caller's cancel, which may run after this.)
+                self._abandoned[name] = self._abandoned.get(name, 0) - 1
                 return
             if error is None:
                 answer.set_result(result)
