@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from suzumio.contracts.runner import PoolWorkerInfo
+from suzumio.contracts.runner import PoolCancel, PoolWorkerInfo
 from suzumio.contracts.subjects import Topology
 from suzumio.orchestrator.backends.base import Handle
 from suzumio.orchestrator.backends.pool import PoolBackend
@@ -271,6 +272,24 @@ async def test_a_dispatch_sent_to_a_worker_full_with_runs_unheard_of_runs_elsewh
     await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
 
 
+async def warm_on_full_worker(
+    backend: PoolBackend, workers: StartWorker, tmp_path: Path, fenced_url: str,
+    hanging: tuple[str, Hanging],
+) -> Handle:  # fmt: skip
+    """Worker wa (one slot) keeps session s1 warm, and its slot is held by a run of s2 that
+    `backend` has not heard of (in life: taken from the pool's queue, its `started` not in
+    yet): s1's next dispatch is routed to wa, full. Returns the held run."""
+    workers("wa", "--take-routed", idle_ttl=30)
+    await wait_workers(backend, "wa")
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert (await watch(backend, first)).code == 6
+    url, broker = hanging
+    held = await backend.launch(make_plan(url, tmp_path, session_id="s2"))
+    await eventually(lambda: broker.open > 0)
+    backend._trackers.pop(held.sandbox_id)  # a run it has not heard of
+    return held
+
+
 async def test_a_handed_back_dispatch_an_orchestrator_did_not_send_is_lost(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
     topology: Topology, tmp_path: Path, fenced_url: str, hanging: tuple[str, Hanging],
@@ -278,19 +297,10 @@ async def test_a_handed_back_dispatch_an_orchestrator_did_not_send_is_lost(
     """An orchestrator that took over watches a routed dispatch it has not the body of: handed
     back by its full worker, the attempt ends as lost (retryable) and nothing runs it — not
     left queued on the worker until its deadline."""
-    workers("wa", "--take-routed", idle_ttl=30)
-    await wait_workers(backend, "wa")
-    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
-    await watch(backend, first)
-    url, broker = hanging
-    held = await backend.launch(make_plan(url, tmp_path, session_id="s2"))
-    await eventually(lambda: broker.open > 0)
-
+    held = await warm_on_full_worker(backend, workers, tmp_path, fenced_url, hanging)
     successor = PoolBackend(nc, topology, pool_tests.SETTINGS)
     try:
         await wait_workers(successor, "wa")
-        # Sent while the first backend had not yet heard of the run holding the slot.
-        backend._trackers.pop(held.sandbox_id)
         handle = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
         assert handle.data["routed_to"] == "wa"
         result = await watch(successor, handle, timeout=30)
@@ -301,3 +311,43 @@ async def test_a_handed_back_dispatch_an_orchestrator_did_not_send_is_lost(
         await successor.close()
     await backend.cancel(held)
     await eventually(lambda: statuses.of(held.sandbox_id, "exited"))
+
+
+class LosingRequeues(PoolBackend):
+    """Its requeue's answers are lost (the copy queued all the same, as when only the answer
+    went missing)."""
+
+    async def _queue(self, subject: str, did: str, body: bytes) -> dict[str, Any]:
+        if did.endswith(".pool"):
+            await super()._queue(subject, did, body)
+            raise TimeoutError
+        return await super()._queue(subject, did, body)
+
+
+async def test_a_handed_back_dispatch_whose_requeue_is_unconfirmed_is_withdrawn(
+    workers: StartWorker, statuses: Statuses, nc: NATS, topology: Topology,
+    tmp_path: Path, fenced_url: str, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """The copy sent to the pool's queue may be there though its answer was lost: the attempt
+    ends lost (retryable) and the copy is cancelled on the workers — never run beside the
+    retry."""
+    backend = LosingRequeues(nc, topology, pool_tests.SETTINGS)
+    cancels: list[str] = []
+
+    async def on_cancel(msg: Msg) -> None:
+        cancels.append(PoolCancel.model_validate_json(msg.data).dispatch_id or "")
+
+    sub = await nc.subscribe(topology.pool_cancel_subject("*"), cb=on_cancel)
+    try:
+        held = await warm_on_full_worker(backend, workers, tmp_path, fenced_url, hanging)
+        handle = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert handle.data["routed_to"] == "wa"
+        result = await watch(backend, handle, timeout=30)
+        assert result.reason == "lost", result
+        await eventually(lambda: handle.sandbox_id in cancels)
+        await backend.cancel(held)
+        await eventually(lambda: statuses.of(held.sandbox_id, "exited"))
+        assert ran_on(statuses, handle) == []
+    finally:
+        await sub.unsubscribe()
+        await backend.close()

@@ -647,6 +647,10 @@ class Worker:
         started here only to be stopped by the drain (nor held until its ack wait passes)."""
         if stop.is_set():
             for msg in msgs:
+                if own:  # only this worker takes those: back to the orchestrator with them
+                    with contextlib.suppress(ValidationError):
+                        await self._hand_back(ActivationDispatch.model_validate_json(msg.data), msg)
+                        continue
                 with contextlib.suppress(Exception):
                     await msg.nak()
             return False

@@ -145,7 +145,9 @@ def exit_of(status: PoolStatus) -> Exit:
         return _refused(status)
     code, detail = status.exit_code, status.detail
     if status.reason == "oom":
-        return Exit(code, "oom", detail or "the runner was killed at its memory limit")
+        return Exit(
+            code, "oom", detail or "the runner was killed at its memory limit", status.outputs
+        )
     if status.reason in {"exited", "timeout"}:
         reason: Literal["timeout", "exited"] = "timeout" if status.reason == "timeout" else "exited"
         return Exit(code, reason, detail, status.outputs)
@@ -355,9 +357,10 @@ class PoolBackend:
         while True:
             tracker.changed.clear()
             if (final := tracker.final) is not None:
-                if _handed_back(final) and await self._requeue(handle, tracker):
-                    continue
-                return final if isinstance(final, Exit) else exit_of(final)
+                ended = await self._final(handle, tracker, final)
+                if ended is None:
+                    continue  # handed back and queued again
+                return ended
             if tracker.started:
                 silent = time.monotonic() - tracker.last_seen
                 wait = self.settings.heartbeat_timeout_seconds - silent
@@ -392,6 +395,19 @@ class PoolBackend:
                 wait = min(wait, self.settings.heartbeat_timeout_seconds - silent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tracker.changed.wait(), max(wait, 0.05))
+
+    async def _final(
+        self, handle: Handle, tracker: _Tracker, final: PoolStatus | Exit
+    ) -> Exit | None:
+        """How it ended — None when its worker handed it back and it is queued again."""
+        if not _handed_back(final):
+            return final if isinstance(final, Exit) else exit_of(final)
+        if await self._requeue(handle, tracker):
+            return None
+        # Its copy may be queued all the same (only the answer was lost): no worker may start
+        # it beside the retry.
+        assert isinstance(final, PoolStatus)
+        return await self._abandon(handle, exit_of(final))
 
     async def _requeue(self, handle: Handle, tracker: _Tracker) -> bool:
         """A dispatch its warm worker handed back unstarted (no slot came free in time, or it
