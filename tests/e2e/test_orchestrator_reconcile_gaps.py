@@ -21,7 +21,7 @@ from suzumio.contracts.events import (
 )
 from suzumio.contracts.ids import new_id
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle
-from suzumio.orchestrator.backends.process import RECORD, ProcessBackend
+from suzumio.orchestrator.backends.process import RECORDS, ProcessBackend
 from suzumio.orchestrator.engine import Orchestrator, Tracked
 from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
@@ -158,7 +158,7 @@ async def test_a_finished_activation_whose_sandbox_is_gone_ends_as_its_output_sa
     await eventually(
         lambda: _exists(host_dir / "exit_code"), bool, timeout=30, what="the runner's exit"
     )
-    (host_dir / RECORD).unlink()  # the sandbox is gone
+    (host_dir.parent.parent / RECORDS / f"{activation_id}.json").unlink()  # the sandbox is gone
     async with harness(platform, model, tmp_path, process_backend, "process") as h:
         ended = await h.ended(activation_id, timeout=30)
     assert terminals(ended) == ["activation.completed"], ended

@@ -41,7 +41,7 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.orchestrator.artifacts import ArtifactCollector
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle, Health, LaunchPlan
 from suzumio.orchestrator.backends.kubernetes import KubernetesBackend
-from suzumio.orchestrator.backends.process import RECORD, ProcessBackend, ProcessSettings
+from suzumio.orchestrator.backends.process import RECORDS, ProcessBackend, ProcessSettings
 from suzumio.orchestrator.engine import Orchestrator
 from suzumio.orchestrator.planning import Planner
 from suzumio.orchestrator.settings import OrchestratorSettings
@@ -565,7 +565,7 @@ async def test_the_process_cleanup_follows_the_policy(
         assert listed == []
     else:  # kept as a container is: there to look at, found again, and nothing to stop
         assert (plan.host_dir / "runner.log").exists()
-        assert (plan.host_dir / RECORD).exists()
+        assert (tmp_path / "sandboxes" / RECORDS / f"{plan.activation_id}.json").exists()
         assert [(h.activation_id, h.finished) for h in listed] == [(plan.activation_id, True)]
 
 

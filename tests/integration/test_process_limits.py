@@ -19,6 +19,7 @@ from suzumio.contracts.values import ResourceLimits, RuntimeProfileSpec
 from suzumio.orchestrator.backends.base import LaunchPlan
 from suzumio.orchestrator.backends.process import CGROUP_OWNER, ProcessBackend, ProcessSettings
 from suzumio.runner import limits as sandbox_limits
+from tests.integration.test_process_stop import stand_in_runner
 from tests.support import eventually
 from tests.unit.test_process_isolation_probe import plan_in
 
@@ -216,10 +217,7 @@ async def test_a_runner_killed_at_its_memory_limit_ends_out_of_memory(tmp_path: 
     """The kernel kills the runner at its cgroup's memory limit: the end says out of memory
     (not retried: the same work needs the same memory), not a plain exit 137 — which the
     scheduler retried until its budget was spent."""
-    script = tmp_path / "r" / "bin" / "python"
-    script.parent.mkdir(parents=True)
-    script.write_text(OOM)
-    script.chmod(0o755)
+    script = stand_in_runner(tmp_path, OOM)
     backend = ProcessBackend(tmp_path / "sandboxes", ProcessSettings(python=str(script)))
     tight = replace(
         plan_in(tmp_path),
@@ -231,17 +229,19 @@ async def test_a_runner_killed_at_its_memory_limit_ends_out_of_memory(tmp_path: 
     assert (end.reason, end.code) == ("oom", 137), end
 
 
-async def test_a_runner_that_outlives_an_oom_kill_of_its_child_ends_as_it_exits(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("then", "code"), [("exit 0", 0), ("kill -TERM $$", 143)], ids=["exits", "other_signal"]
+)
+async def test_a_runner_that_outlives_an_oom_kill_of_its_command_ends_as_it_ends(
+    tmp_path: Path, then: str, code: int
 ) -> None:
-    """What a command of the runner's starts may be killed at the limit (the runner reads
-    it as the command's failure); the runner's own exit is what counts."""
-    script = tmp_path / "r" / "bin" / "python"
-    script.parent.mkdir(parents=True)
-    script.write_text(f"""#!/bin/sh\n{sys.executable} -c 'b = b"x" * (768 << 20)'\nexit 0\n""")
-    script.chmod(0o755)
+    """What a command of the runner's starts may be killed at the limit (the cgroup counts
+    it; the runner reads it as the command's failure): the runner's own end is what counts,
+    its exit or another signal — out of memory is only a runner the kernel SIGKILLed."""
+    big = f"{sys.executable} -c 'b = b\"x\" * (768 << 20)'"
+    script = stand_in_runner(tmp_path, f"#!/bin/sh\n{big}\n{then}\n")
     backend = ProcessBackend(tmp_path / "sandboxes", ProcessSettings(python=str(script)))
     handle = await backend.launch(with_limits(plan_in(tmp_path)))
     end = await asyncio.wait_for(backend.watch(handle), 60)
-    await backend.cleanup(handle, succeeded=True)
-    assert (end.reason, end.code) == ("exited", 0), end
+    await backend.cleanup(handle, succeeded=code == 0)
+    assert (end.reason, end.code) == ("exited", code), end

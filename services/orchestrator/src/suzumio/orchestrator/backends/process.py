@@ -2,9 +2,11 @@
 workspace and process group, with a scrubbed environment and resource limits.
 
 The runner is started through a small shell that writes its exit code to `exit_code` in the
-activation's directory, and the pid and its start time go to `process.json`: after an
-orchestrator restart the process (in a session of its own, so it outlives its parent) is found
-again from those files, watched by polling, and its exit code read back.
+activation's directory, and the pid and its start time go to `records/<activation>.json`
+beside the activations' directories (out of the sandbox's reach: the activation's directory
+is bound writable into it): after an orchestrator restart the process (in a session of its
+own, so it outlives its parent) is found again from those files, watched by polling, and its
+exit code read back.
 
 Without isolation tools this is process separation, not a security boundary: the runner runs
 as the orchestrator's user. With `bwrap` (bubblewrap) installed and `isolate` on, it runs in
@@ -58,7 +60,8 @@ from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 NAME = "process"
-RECORD = "process.json"
+RECORD = "process.json"  # where a release before `RECORDS` kept it: the activation's directory
+RECORDS = "records"  # beside `activations/`: `<activation>.json`, out of the sandboxes' reach
 EXIT_FILE = "exit_code"
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 GONE = -1  # the recorded start time of a runner that ended before it could be read
@@ -146,6 +149,11 @@ class ProcessBackend:
         self, root: Path, settings: ProcessSettings | None = None, data_dir: Path | None = None
     ) -> None:
         self._root = root / "activations"
+        # Where each runner's pid and start time are recorded: out of every sandbox's reach
+        # (`root` is hidden from them), unlike the activation's directory, which is bound
+        # writable into its sandbox — a record there could be rewritten to have a restarted
+        # leader trust a forged deadline, or deleted to have it lose a runner that goes on.
+        self._records = root / RECORDS
         self._settings = settings or ProcessSettings()
         hide = [root, *([data_dir] if data_dir else []), *self._settings.hide]
         self._hidden = tuple(dict.fromkeys(p.resolve() for p in hide))
@@ -251,6 +259,7 @@ class ProcessBackend:
         if plan.profile.network is NetworkProfile.NONE:
             update |= self._offline(plan)
         spec = plan.input.model_copy(update=update)
+        self._records.mkdir(parents=True, exist_ok=True)
         input_path = plan.host_dir / "input.json"
         input_path.unlink(missing_ok=True)
         _write_own(input_path, spec.model_dump_json().encode(), 0o400)
@@ -287,8 +296,8 @@ class ProcessBackend:
             started = GONE
         record = {"pid": proc.pid, "start_time": started, "activation_id": plan.activation_id}
         try:
-            _write_own(plan.host_dir / RECORD, json.dumps(record).encode(), 0o600)
-        except OSError as exc:  # a link the sandbox just put there: it does not run unrecorded
+            _write_own(self._record_path(plan.activation_id), json.dumps(record).encode(), 0o600)
+        except OSError as exc:  # it does not run unrecorded
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await self._remove_cgroup(plan.activation_id)
@@ -368,7 +377,7 @@ class ProcessBackend:
 
     def _limits(self, plan: LaunchPlan, sandbox: sandbox_limits.Sandbox) -> Callable[[], None]:
         files = self._settings.max_open_files
-        record_path = plan.host_dir / RECORD
+        record_path = self._record_path(plan.activation_id)
         activation_id = plan.activation_id
 
         def apply() -> None:
@@ -405,7 +414,8 @@ class ProcessBackend:
             # code): the end is when nothing of the group is left — `cancel` sees to that.
             await self._while_group_lives(int(handle.sandbox_id))
             recorded = _read_exit(host_dir)
-        if recorded is not None and recorded < 128:  # (128 + n: killed by signal n)
+        killed = 128 + signal.SIGKILL  # as the shell records a runner killed by SIGKILL
+        if recorded is not None and recorded != killed:
             return Exit(recorded)
         if await self._out_of_memory(handle.activation_id):
             # The kernel killed the runner at its cgroup's memory limit: the same work would
@@ -433,8 +443,15 @@ class ProcessBackend:
         at once): it is done when no live member is left — with bubblewrap, the namespace's
         PID 1 stays a member until the namespace, and all in it, is gone."""
         pid = int(handle.sandbox_id)
-        if _start_time(pid) != handle.data.get("start_time"):
-            return  # gone (or the pid is someone else's now)
+        now = _start_time(pid)
+        # Gone, or the pid is someone else's now — unless its group lives on without its
+        # leader (bubblewrap's outer process, ended by an earlier stop): a group's id is not
+        # given to another while it has members, so that group is still this one.
+        recorded = handle.data.get("start_time")
+        if now != recorded and (
+            now is not None or recorded == GONE or not await asyncio.to_thread(_group_alive, pid)
+        ):
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         for _ in range(int(self._settings.stop_grace_seconds / 0.1)):
@@ -467,6 +484,13 @@ class ProcessBackend:
         # rmtree removes links the sandbox left there and never follows them (no writes
         # through `workspace/session` or a planted one: the session's directory stays).
         await asyncio.to_thread(shutil.rmtree, host_dir, ignore_errors=True)
+        if not await asyncio.to_thread(host_dir.exists):
+            # (One the sandbox made impossible to remove keeps its record: else a record it
+            # planted there, as a release before `RECORDS` kept them, would be the one read.)
+            self._record_path(handle.activation_id).unlink(missing_ok=True)
+
+    def _record_path(self, activation_id: str) -> Path:
+        return self._records / f"{activation_id}.json"
 
     async def _remove_cgroup(self, activation_id: str) -> None:
         self._containment()
@@ -483,24 +507,44 @@ class ProcessBackend:
             await asyncio.to_thread(self._cgroups.sweep, keep)
         if not self._root.exists():
             return found
-        for record_path in self._root.glob(f"*/{RECORD}"):
-            try:
-                record = json.loads(_read_own(record_path))
-            except (OSError, ValueError):
-                continue
-            # The sandbox may rewrite its record: one that is not as launch wrote it (a pid
-            # that is no number would fail every listing, so the reconciliation) or that names
-            # another activation than its directory (named by the activation, out of the
-            # sandbox's reach) is refused.
-            if not _well_formed(record, record_path.parent.name):
-                log.warning("process.record_refused", dir=str(record_path.parent))
-                continue
-            data = {**record, "dir": str(record_path.parent)}
-            alive = _start_time(int(record["pid"])) == record.get("start_time")
-            data["status"] = "running" if alive else "exited"
-            activation_id, pid = str(record["activation_id"]), str(record["pid"])
-            found.append(Handle(activation_id, NAME, pid, data, finished=not alive))
+        records: dict[str, Path] = {}
+        if self._records.is_dir():
+            for path in self._records.glob("*.json"):
+                if (self._root / path.stem).is_dir():
+                    records[path.stem] = path
+                else:  # its directory was removed (the retention's sweep of kept ones)
+                    path.unlink(missing_ok=True)
+        # An orchestrator before the records' own directory wrote them into the activation's
+        # (its runners may still run): read there only for those without a record here.
+        for legacy in self._root.glob(f"*/{RECORD}"):
+            records.setdefault(legacy.parent.name, legacy)
+        for activation_id, record_path in sorted(records.items()):
+            handle = self._listed(activation_id, record_path)
+            if handle is not None:
+                found.append(handle)
         return found
+
+    def _listed(self, activation_id: str, record_path: Path) -> Handle | None:
+        try:
+            record = json.loads(_read_own(record_path))
+        except (OSError, ValueError):
+            return None
+        # One that is not as launch wrote it (a pid that is no number would fail every
+        # listing, so the reconciliation) or that names another activation is refused; only
+        # what launch wrote is taken (a legacy record, in the sandbox's reach, could hold more).
+        if not _well_formed(record, activation_id):
+            log.warning("process.record_refused", record=str(record_path))
+            return None
+        pid, started = int(record["pid"]), record.get("start_time")
+        alive = _start_time(pid) == started
+        data = {
+            "pid": pid,
+            "start_time": started,
+            "activation_id": activation_id,
+            "dir": str(self._root / activation_id),
+            "status": "running" if alive else "exited",
+        }
+        return Handle(activation_id, NAME, str(pid), data, finished=not alive)
 
     async def health(self) -> Health:
         problem = await self._isolation_problem()
