@@ -6,6 +6,7 @@ scheduler, tool-broker and gateway processes."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import AsyncIterator
@@ -96,6 +97,14 @@ async def test_outputs_are_recorded_once_within_the_limits(platform: Stack) -> N
         )
         assert not await has_blob(blobs, hashlib.sha256(other).hexdigest())
         assert await has_blob(blobs, hashlib.sha256(b"one").hexdigest())
+        # Two uploads of one index at once: one is recorded, the other refused unstored.
+        racing = [os.urandom(64), os.urandom(64)]
+        answers = await asyncio.gather(
+            *(c.put(url.format(2), params={"path": "r.txt"}, content=b) for b in racing)
+        )
+        assert sorted(a.status_code for a in answers) == [200, 409], [a.text for a in answers]
+        stored = [await has_blob(blobs, hashlib.sha256(b).hexdigest()) for b in racing]
+        assert sorted(stored) == [False, True]
         problem(
             await c.put(url.format(200), params={"path": "c.txt"}, content=b"3"), 413, "too_many"
         )
@@ -115,11 +124,12 @@ async def test_outputs_are_recorded_once_within_the_limits(platform: Stack) -> N
         )
     items = await eventually(
         lambda: artifacts(platform, a.world),
-        lambda found: any(i["path"] == "report/a.txt" for i in found),
-        what="the output as an artifact",
+        lambda found: {"report/a.txt", "r.txt"} <= {i["path"] for i in found},
+        what="the outputs as artifacts",
     )
-    assert [(i["path"], i["source"], i["size"]) for i in items] == [
-        ("report/a.txt", "activation", 3)
+    assert sorted((i["path"], i["source"], i["size"]) for i in items) == [
+        ("r.txt", "activation", 64),
+        ("report/a.txt", "activation", 3),
     ]
     await platform.store.append_next(
         a.world.session_id,

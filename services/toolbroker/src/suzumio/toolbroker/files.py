@@ -15,9 +15,11 @@ what it left in `/workspace/out` back, with its activation token.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import mimetypes
 import tempfile
+import weakref
 from collections.abc import AsyncIterator
 from typing import IO, Annotated
 
@@ -31,6 +33,7 @@ from suzumio.contracts.events import AgentCreated, AgentUpdated, ArtifactDeleted
 from suzumio.contracts.ids import Identifier, derived_id
 from suzumio.contracts.runner import placeable
 from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
+from suzumio.platform.offloop import OffLoopWriter
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.routes import Auth, Shared
@@ -107,6 +110,10 @@ async def fetch_asset(
     )
 
 
+# The outputs being uploaded on this replica, by artifact id (an entry goes with its last user).
+_uploading: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+
 @router.put("/runner/files/out/{index}")
 async def store_output(
     request: Request,
@@ -128,7 +135,18 @@ async def store_output(
     # An index is one file for good: bytes for one already recorded as another are refused
     # before they are stored — else each refused upload stayed in the object store, which
     # nothing references and nothing collects, and a sandbox could fill the disk the log is on.
+    # One upload of an index at a time on a replica: uploads of it at once each stored their
+    # bytes before one was recorded. (Replicas may still race: rare, and bounded by them.)
     artifact_id = output_artifact_id(caller.claims.activation_id, index)
+    lock = _uploading.setdefault(artifact_id, asyncio.Lock())
+    async with lock:
+        return await _store_output(request, index, path, caller, broker, artifact_id)
+
+
+async def _store_output(
+    request: Request, index: int, path: str, caller: Caller, broker: Broker, artifact_id: str
+) -> Recorded:
+    limits = broker.artifacts
     before = await _recorded(broker, artifact_id)
     if before is not None and before.path != path:
         raise BrokerError(409, "conflict", f"output {index} is another file already")
@@ -150,12 +168,14 @@ async def store_output(
 async def _receive(request: Request, sink: IO[bytes], max_bytes: int) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
+    writer = OffLoopWriter(sink)  # past SPOOL_BYTES the spool is a file on disk
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
             raise BrokerError(413, "too_large", f"output files are at most {max_bytes} bytes")
         digest.update(chunk)
-        sink.write(chunk)
+        await writer.write(chunk)
+    await writer.close()
     return digest.hexdigest(), size
 
 

@@ -102,8 +102,16 @@ def _plain_json(value: object, what: str) -> None:
 
 
 async def _caller(request: Request) -> Caller:
+    return await _checked(request, fenced_ok=False)
+
+
+async def _output_caller(request: Request) -> Caller:
+    return await _checked(request, fenced_ok=True)
+
+
+async def _checked(request: Request, *, fenced_ok: bool) -> Caller:
     broker: Broker = request.app.state.broker
-    caller = await broker.gate.check(request)
+    caller = await broker.gate.check(request, fenced_ok=fenced_ok)
     # The request's span (FastAPI's, a child of the runner's `traceparent`: the launch's).
     span = trace.get_current_span()
     if span.is_recording():
@@ -120,11 +128,6 @@ async def _broker(request: Request) -> Broker:
     # async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per call
     broker: Broker = request.app.state.broker
     return broker
-
-
-async def _output_caller(request: Request) -> Caller:
-    broker: Broker = request.app.state.broker
-    return await broker.gate.check(request, fenced_ok=True)
 
 
 Auth = Annotated[Caller, Depends(_caller)]
