@@ -14,7 +14,9 @@ import logging
 import shutil
 import socket
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -474,3 +476,30 @@ async def test_bad_launches_are_refused(make_backend, tmp_path):
     with pytest.raises(LaunchError, match="not on the engine") as missing:
         await backend.launch(plan)
     assert not missing.value.retryable
+
+
+async def test_a_stalled_pull_fails_its_launch_in_time_and_holds_no_call_thread(
+    make_backend: MakeBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker-py's pull has no time limit: a stalled registry held its launch (no cancel, no
+    wall clock yet) and one of the backend's call threads — enough of them, every stop and
+    listing waited. The launch fails, retryable, at the pull's time limit, and the backend's
+    other calls go on meanwhile. (The pull stands in for a registry that never answers.)"""
+    release = threading.Event()
+
+    def stalled(self: DockerBackend, image: str) -> None:
+        release.wait(60)
+
+    monkeypatch.setattr(DockerBackend, "_pull_sync", stalled)
+    backend = make_backend(max_threads=2, pull_timeout_seconds=1)
+    missing = RuntimeProfileSpec(backend=Backend.DOCKER, image="suzumio-missing:never")
+    try:
+        plans = [replace(make_plan(tmp_path / str(i)), profile=missing) for i in range(3)]
+        results = await asyncio.wait_for(
+            asyncio.gather(*(backend.launch(p) for p in plans), return_exceptions=True), STEP
+        )
+        assert all(isinstance(r, LaunchError) and r.retryable for r in results), results
+        assert all("took more than 1 s" in str(r) for r in results), results
+        await asyncio.wait_for(backend.list_live(), 10)  # its call threads are free
+    finally:
+        release.set()

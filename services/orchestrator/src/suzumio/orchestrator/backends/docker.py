@@ -117,6 +117,13 @@ def _redact(text: str, plan: LaunchPlan) -> str:
     return text
 
 
+PULL_THREADS = 4  # pulls at once (more wait their turn, within their launch's time)
+
+
+class _ImageMissingError(Exception):
+    """The engine lacks the image: it is pulled (off the launch's thread), then created."""
+
+
 class DockerBackend:
     name = NAME
 
@@ -131,6 +138,10 @@ class DockerBackend:
         # over and over: on the calls' own pool, 32 running containers left a launch or a
         # stop queued behind their waits for as long as they ran.
         self._waits = ThreadPoolExecutor(self._settings.max_waits, thread_name_prefix="docker-wait")
+        # Pulls have no time limit in docker-py (a stalled registry holds its thread for as
+        # long as the engine waits): on threads of their own, waited for a bounded time, so
+        # they never take the threads every stop, listing and launch needs.
+        self._pulls = ThreadPoolExecutor(PULL_THREADS, thread_name_prefix="docker-pull")
         self._wait_api: Any = None
         self._api: Any = None
         self._api_lock = threading.Lock()
@@ -173,7 +184,11 @@ class DockerBackend:
         image = plan.profile.image or self._settings.image
         try:
             network = (await self._call(self._network_choice)).of(plan.profile.network)
-            container_id = await self._call(self._launch_sync, plan, image, network)
+            try:
+                container_id = await self._call(self._launch_sync, plan, image, network)
+            except _ImageMissingError:
+                await self._pull(image)
+                container_id = await self._call(self._launch_sync, plan, image, network)
         except LaunchError:
             raise
         except (DockerException, requests.RequestException, OSError) as exc:
@@ -210,8 +225,7 @@ class DockerBackend:
         try:
             container_id = self._create(api, plan, image, name, network)
         except ImageNotFound:
-            self._pull(api, image)
-            container_id = self._create(api, plan, image, name, network)
+            raise _ImageMissingError(image) from None
         except APIError as exc:
             if exc.status_code != 409:
                 raise
@@ -316,9 +330,19 @@ class DockerBackend:
         api.remove_container(info["Id"], force=True)
         return None
 
-    def _pull(self, api: Any, image: str) -> None:
+    async def _pull(self, image: str) -> None:
         if not self._settings.pull_missing:
             raise LaunchError(f"image {image} is not on the engine", retryable=False)
+        seconds = self._settings.pull_timeout_seconds
+        try:
+            await asyncio.wait_for(self._call_on(self._pulls, self._pull_sync, image), seconds)
+        except TimeoutError:
+            # Its thread goes on until the engine ends the pull; the next attempt may find the
+            # image there, or pull again.
+            raise LaunchError(f"pulling image {image} took more than {seconds:g} s") from None
+
+    def _pull_sync(self, image: str) -> None:
+        api = self._client()
         try:
             api.pull(image)
             api.inspect_image(image)  # a pull can fail inside its stream without raising
@@ -468,6 +492,7 @@ class DockerBackend:
         self._api = self._wait_api = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._waits.shutdown(wait=False, cancel_futures=True)
+        self._pulls.shutdown(wait=False, cancel_futures=True)
 
 
 def _client_error(exc: BaseException) -> bool:

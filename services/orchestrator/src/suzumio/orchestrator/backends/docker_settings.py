@@ -61,6 +61,11 @@ class DockerSettings(BaseModel):
     tmp_mb: int = Field(default=256, ge=1, description="size of the /tmp tmpfs (≤ disk_mb)")
     init: bool = Field(default=True, description="the engine's init as pid 1 (reaps, forwards)")
     pull_missing: bool = Field(default=True, description="pull an image the engine lacks")
+    pull_timeout_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="a launch waits this long for its image's pull (a retryable failure past it)",
+    )
     api_timeout_seconds: float = Field(default=60.0, gt=0)
     lost_after_seconds: float = Field(
         default=120.0, gt=0, description="a watch gives up on an unreachable engine after this"
