@@ -23,7 +23,7 @@ from suzumio.contracts.ids import new_id
 from suzumio.contracts.values import NetworkProfile
 from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.backends.kubernetes import KubernetesBackend, KubernetesSettings
-from suzumio.testing.fake_kubernetes import FakeKubernetesServer
+from suzumio.testing.fake_kubernetes import ApiError, FakeKubernetesServer
 from tests.unit.test_kubernetes_render import PROVIDER_KEY, TOKEN, make_plan
 
 NS = "sandboxes"
@@ -543,3 +543,36 @@ async def test_fake_api_watches_leave_the_requests_their_connections(server, pla
         assert [e.code for e in exits[1:]] == [0, 0]
     finally:
         await backend.close()
+
+
+class LosingJobAnswers(FakeKubernetesServer):
+    """Stores the first Job it is sent, then answers 504 (as a proxy whose upstream took too
+    long): the Job is there, its creator does not know."""
+
+    lost = 0
+
+    async def _route(self, request: Any, query: dict[str, str]) -> Any:
+        answer = await super()._route(request, query)
+        if request.method == "POST" and request.url.path.endswith("/jobs") and not self.lost:
+            self.lost += 1
+            raise ApiError(504, "Timeout", "the upstream took too long")
+        return answer
+
+
+async def test_fake_api_a_job_whose_creation_answer_is_lost_is_not_left_suspended(
+    platform_ns: str,
+) -> None:
+    """Against a fake API server. The launch fails (retryable: the next attempt has another
+    Job) and deletes what it may have created: left, the Job stayed suspended for good — no
+    run, no TTL (it counts from a finish) — and its Secret of input and keys with it."""
+    async with LosingJobAnswers(namespaces=[NS, "default"]) as server:
+        backend = KubernetesBackend(settings_for(server), platform_ns)
+        try:
+            with pytest.raises(LaunchError) as failed:
+                await backend.launch(plan_in(platform_ns))
+            assert failed.value.retryable
+            assert server.lost == 1
+            assert server.objects("Job", NS) == []
+            assert server.objects("Secret", NS) == []
+        finally:
+            await backend.close()

@@ -243,6 +243,14 @@ class KubernetesBackend:
             api = await self._client()
             uid = await self._create_job(api, job, plan.activation_id)
         except (ApiException, ConfigException, *_UNREACHABLE) as exc:
+            if isinstance(exc, _UNREACHABLE) or (
+                isinstance(exc, ApiException) and exc.status >= 500
+            ):
+                # Only the answer may have been lost: a Job created, suspended, that nothing
+                # would run or expire (its TTL counts from a finish it never has), with the
+                # Secret of its input and keys. The next attempt has another name.
+                with contextlib.suppress(ApiException, *_UNREACHABLE):
+                    await self._delete_job(name)
             raise LaunchError(f"job {name}: {_describe(exc)}", retryable=_retryable(exc)) from exc
         try:
             for manifest in dependents:
