@@ -270,9 +270,10 @@ async def test_a_channel_whose_last_listener_could_not_leave_is_dropped_not_reop
 
 
 async def test_live_output_held_in_memory_is_bounded_in_bytes(nc: NATS, topology: Topology) -> None:
-    """LIVE is in the NATS server's memory: what sandboxes publish there is bounded as a whole,
-    the oldest chunks going first — one looping on the stream route filled gigabytes for the
-    ten minutes LIVE keeps them."""
+    """LIVE is in the NATS server's memory: an operator may bound what sandboxes publish there
+    as a whole (`SUZUMIO_LIVE_MAX_BYTES`), the oldest chunks going first — one looping on the
+    stream route fills gigabytes for the ten minutes LIVE keeps them. (Unbounded unless set:
+    JetStream reserves the bound up front, for every namespace's LIVE.)"""
     small = Topology(namespace=topology.namespace, live_max_bytes=1024 * 1024)
     await ensure_streams(nc, small.streams())
     js = nc.jetstream()

@@ -57,10 +57,12 @@ class Topology(BaseModel):
 
     namespace: str = Field(default="", description="lowercase prefix; empty for none")
     live_max_age_seconds: float = 600.0
-    # LIVE is held in the NATS server's memory: what sandboxes publish there is bounded as a
-    # whole (one looping on `/runner/stream` at 2 M characters a call filled gigabytes for
-    # the ten minutes it keeps them); past it the oldest chunks go — the history is the record.
-    live_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024)
+    # LIVE is held in the NATS server's memory: an operator may bound it as a whole (one
+    # sandbox looping on `/runner/stream` at 2 M characters a call fills gigabytes for the
+    # ten minutes it keeps them); past it the oldest chunks go — the history is the record.
+    # -1: unbounded, the default — JetStream reserves a bound in its memory store up front,
+    # for each installation's LIVE (and each test's namespace), whatever it holds.
+    live_max_bytes: int = Field(default=-1, ge=-1)
     replicas: int = Field(default=1, ge=1, le=5)
 
     @field_validator("namespace")

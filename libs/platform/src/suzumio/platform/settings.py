@@ -27,9 +27,10 @@ class PlatformSettings(BaseSettings):
     namespace: str = Field(default="", description="prefix of every stream and subject")
     replicas: int = Field(default=1, ge=1, le=5, description="stream replicas (3 in a cluster)")
     live_max_bytes: int = Field(
-        default=256 * 1024 * 1024,
-        ge=1024 * 1024,
-        description="the LIVE stream's bytes in the NATS server's memory; the oldest go past it",
+        default=-1,
+        ge=-1,
+        description="the LIVE stream's bytes in the NATS server's memory, the oldest going past "
+        "it (-1: unbounded; JetStream reserves a bound in its memory store up front)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
