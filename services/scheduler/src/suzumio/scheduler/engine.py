@@ -300,14 +300,12 @@ class Scheduler:
         s = self.world.sessions[session_id]
         if session_id in self._holds:
             return False
+        if not self._has_room(project_id):
+            return False
         pool = self.world.pool_of(s.agent_id)
-        held_in_project, held_in_pool = self._holds.taken(project_id, pool)
-        in_project = self.world.running_by_project[project_id] + held_in_project
-        in_pool = self.world.running_by_pool[pool] + held_in_pool
         pool_limit = self._settings.pool_limits.get(pool)
-        return in_project < self.world.limit_of(project_id) and (
-            pool_limit is None or in_pool < pool_limit
-        )
+        in_pool = self.world.running_by_pool[pool] + self._holds.taken_in_pool(pool)
+        return pool_limit is None or in_pool < pool_limit
 
     def _start(self, session_id: str, now: datetime) -> None:
         s = self.world.sessions[session_id]

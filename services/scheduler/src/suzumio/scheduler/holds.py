@@ -80,12 +80,13 @@ class Holds:
         hold = self._by_session.get(session_id)
         return hold is not None and version >= hold.target and self.release(session_id, hold)
 
-    def taken(self, project_id: str, pool: str) -> tuple[int, int]:
-        """Capacity held by starts in flight: (in the project, in the pool)."""
-        return self._in_project[project_id], self._in_pool[pool]
-
     def taken_in(self, project_id: str) -> int:
+        """Capacity held by starts in flight in the project."""
         return self._in_project[project_id]
+
+    def taken_in_pool(self, pool: str) -> int:
+        """Capacity held by starts in flight in the pool."""
+        return self._in_pool[pool]
 
     async def settled(self, session_id: str, seconds: float) -> bool:
         """Waits up to `seconds` until no decision holds the session; False if one still does.
