@@ -10,7 +10,7 @@ import asyncio
 from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.events import ActivationOutputRecorded, ToolCallFinished, ToolCallStarted
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
-from suzumio.platform.bus.eventstore import AggregateStream, ConcurrencyConflictError
+from suzumio.platform.bus.eventstore import AggregateStream, ConcurrencyConflictError, Head
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
@@ -98,8 +98,10 @@ async def output_in_log(broker: Broker, a: LiveActivation) -> bool:
 
 async def started_in_log(broker: Broker, a: LiveActivation, call_id: str) -> bool:
     """A call this replica has not seen start may have started on another (a retry that
-    reached it first), not folded here yet: the subject says."""
-    stream = await broker.store.load("activation", a.id)
+    reached it first), not folded here yet: the subject says, after what was folded here (a
+    sandbox finishing calls it never started must not make each finish read its whole
+    subject)."""
+    stream = await broker.store.load("activation", a.id, after=Head(a.logged, a.logged_seq))
     if _has_call(stream, ToolCallStarted, call_id):
         a.calls_started.add(call_id)
         return True

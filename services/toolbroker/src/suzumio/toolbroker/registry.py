@@ -66,6 +66,8 @@ class LiveActivation:
     # The tool of each call started and not finished (its finish's metric names it).
     call_tools: dict[str, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
+    live_bytes: int = 0  # published to LIVE for it by this replica
+    live_cut: bool = False  # past its live budget: nothing more of it is published
 
 
 class ActivationRegistry:

@@ -60,6 +60,7 @@ from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.own_writes import append_own, output_in_log, started_in_log
 from suzumio.toolbroker.problems import BrokerError
+from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
 from suzumio.toolbroker.support import SupportContext
 
@@ -145,6 +146,14 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
     async with a.lock:
         if body.call_id in a.calls_started:
             return Recorded(recorded=False)
+        if len(a.calls_started) >= broker.max_tool_calls:
+            # Each start is an event in the log for good, and a call id in every replica's
+            # memory while the activation lives: a sandbox looping on this route must end.
+            raise BrokerError(
+                403,
+                "forbidden",
+                f"an activation may start at most {broker.max_tool_calls} tool calls",
+            )
         wrote = await append_own(
             broker,
             a,
@@ -297,11 +306,11 @@ async def compaction(body: CompactionMarker, caller: Auth, broker: Shared) -> Re
 
 @router.post("/runner/stream")
 async def stream(body: StreamBatch, caller: Auth, broker: Shared) -> Recorded:
-    await _publish_live(broker, caller, body)
-    return Recorded(recorded=True)
+    return Recorded(recorded=await _publish_live(broker, caller, body))
 
 
-async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> None:
+async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> bool:
+    """Whether the batch was published: not once the activation is past its live budget."""
     c = caller.claims
     now = datetime.now(UTC)
     for chunk in body.chunks:
@@ -339,6 +348,9 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> No
     if max(len(p) for p in payloads) > room:
         raise BrokerError(413, "too_large", "a chunk is larger than the bus carries")
     subject = broker.topology.live_subject(c.session_id)
+    if not _within_live_budget(caller.activation, sum(map(len, payloads)), broker.live_budget):
+        await _live_cut(broker, caller, subject, now)
+        return False
     acks = [
         broker.js.publish(
             subject, payload, headers=None if msg_id is None else {"Nats-Msg-Id": msg_id}
@@ -346,6 +358,40 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> No
         for payload, msg_id in zip(payloads, ids, strict=True)
     ]
     await asyncio.gather(*acks)  # in order: one publisher, one connection
+    return True
+
+
+def _within_live_budget(a: LiveActivation, size: int, budget: int) -> bool:
+    """Counts the batch when it fits (before any await: two batches of one activation on
+    their way at once are both counted)."""
+    if a.live_cut or a.live_bytes + size > budget:
+        return False
+    a.live_bytes += size
+    return True
+
+
+async def _live_cut(broker: Broker, caller: Caller, subject: str, now: datetime) -> None:
+    """Once: the activation's live output stops here, and its viewers are told so."""
+    a = caller.activation
+    if a.live_cut:
+        return
+    a.live_cut = True
+    budget = broker.live_budget
+    log.warning("broker.live_cut", activation=a.id, published=a.live_bytes, budget=budget)
+    notice = LiveChunk(
+        session_id=caller.claims.session_id,
+        activation_id=a.id,
+        kind="state",
+        text=f"live output stopped: the activation published its {budget} bytes of it; "
+        "the session's history has the record",
+        data={"live_cut": True, "budget_bytes": budget},
+        at=now,
+    )
+    try:
+        headers = {"Nats-Msg-Id": f"{a.id}.live_cut"}
+        await broker.js.publish(subject, notice.model_dump_json().encode(), headers=headers)
+    except Exception as exc:  # best-effort, as live output is
+        log.warning("broker.live_unpublished", activation=a.id, error=repr(exc))
 
 
 @router.post("/runner/signals")

@@ -7,6 +7,14 @@ from pydantic_settings import SettingsConfigDict
 
 from suzumio.platform.settings import ServiceSettings
 
+# What one activation may publish to LIVE on a replica, and start in tool calls: far past what
+# a runner does at its default budget (90 model calls, each streaming its answer and asking
+# for tools), and a bound on what a sandbox looping on those routes costs the NATS server's
+# memory, the log, and a replica's memory. A profile may allow 10,000 model calls of up to 128
+# tool calls each: its operator raises these with it.
+LIVE_BUDGET = 16 * 1024 * 1024
+MAX_TOOL_CALLS = 50_000
+
 
 class ToolbrokerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SUZUMIO_", extra="ignore", populate_by_name=True)
@@ -32,6 +40,19 @@ class ToolbrokerSettings(ServiceSettings):
         ge=1024,
         description="the largest request body, refused with 413 before it is read (stricter "
         "for small calls; output files are bounded by max_artifact_bytes instead)",
+    )
+    live_bytes_per_activation: int = Field(
+        default=LIVE_BUDGET,
+        ge=1,
+        description="bytes of live output one activation may publish (on each replica); past "
+        "them its live output stops, with one `state` chunk saying so (the history is the "
+        "record). LIVE is held in the NATS server's memory",
+    )
+    max_tool_calls_per_activation: int = Field(
+        default=MAX_TOOL_CALLS,
+        ge=1,
+        description="tool calls one activation may start (each is an event in the log); past "
+        "them a start is refused (403), which fails the activation",
     )
     credential_refresh_seconds: float = Field(
         default=10.0,

@@ -17,6 +17,7 @@ from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.telemetry import SECONDS_BUCKETS, meter
 from suzumio.toolbroker.checkpoints import LatestCheckpoints
 from suzumio.toolbroker.registry import ActivationRegistry
+from suzumio.toolbroker.settings import LIVE_BUDGET, MAX_TOOL_CALLS
 from suzumio.toolbroker.support import SupportOperations
 
 if TYPE_CHECKING:
@@ -112,6 +113,10 @@ class Broker:
     credentials: CredentialDesk | None = None
     # Model calls of sandboxes without any network (`model_relay`); none: its routes are 404.
     relay: ModelRelay | None = None
+    # Bytes of live output one activation may publish on a replica (`SUZUMIO_LIVE_BYTES_PER_
+    # ACTIVATION`): LIVE is held in the NATS server's memory.
+    live_budget: int = LIVE_BUDGET
+    max_tool_calls: int = MAX_TOOL_CALLS  # started by one activation
     checkpoints: LatestCheckpoints = field(init=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,111 @@
+"""What one activation may spend through the tool-broker, against the real services (with small
+budgets set as an operator would): its live output stops at its byte budget — LIVE is held in
+the NATS server's memory — with one `state` chunk that says so, and a start past its number of
+tool calls is refused (each start is an event in the log for good), while another activation
+keeps its own budgets."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import pytest
+import pytest_asyncio
+from nats.js.client import JetStreamContext
+
+from tests.e2e.conftest import PLATFORM_SERVICES
+from tests.e2e.stack import Stack, running_stack
+from tests.e2e.test_broker_access import activation_types, broker, live, start_body
+
+LIVE_BUDGET = 6_000
+MAX_CALLS = 3
+
+
+@pytest_asyncio.fixture(scope="module")
+async def budgeted(
+    nats_url: str, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    env = {
+        "SUZUMIO_LIVE_BYTES_PER_ACTIVATION": str(LIVE_BUDGET),
+        "SUZUMIO_MAX_TOOL_CALLS_PER_ACTIVATION": str(MAX_CALLS),
+    }
+    tmp = Path(tmp_path_factory.mktemp("budgeted"))
+    async with running_stack(nats_url, postgres_url, tmp, PLATFORM_SERVICES, env) as s:
+        yield s
+
+
+def batch(n: int, text: str) -> dict[str, Any]:
+    return {"batch": n, "chunks": [{"kind": "text", "text": text}]}
+
+
+async def published(sub: JetStreamContext.PushSubscription) -> list[dict[str, Any]]:
+    chunks: list[dict[str, Any]] = []
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=1.0)
+        except nats.errors.TimeoutError:
+            return chunks
+        chunks.append(json.loads(msg.data))
+
+
+async def test_live_output_stops_at_the_activations_budget_and_says_so_once(
+    budgeted: Stack,
+) -> None:
+    a = await live(budgeted, "loud")
+    sub = await budgeted.nc.jetstream().subscribe(
+        budgeted.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    async with broker(budgeted, a.token) as c:
+        answers = [(await c.post("/runner/stream", json=batch(i, "x" * 2_000))) for i in range(4)]
+        final = await c.post(
+            "/activation-output", json={"text": "done", "live": batch(4, "the last words")}
+        )
+    # Each chunk is ~2.2 KB as published: two fit in 6,000 bytes, the third does not.
+    assert [r.json() for r in answers] == [{"recorded": r} for r in (True, True, False, False)]
+    assert final.json() == {"recorded": True}  # the output is recorded all the same
+    chunks = await published(sub)
+    await sub.unsubscribe()
+    assert [(ch["kind"], len(ch["text"])) for ch in chunks[:2]] == [("text", 2_000)] * 2
+    assert len(chunks) == 3, [ch["text"][:40] for ch in chunks]  # nothing after the notice
+    notice = chunks[2]
+    assert notice["kind"] == "state"
+    assert notice["activation_id"] == a.activation_id
+    assert notice["data"] == {"live_cut": True, "budget_bytes": LIVE_BUDGET}
+    assert "activation.output_recorded" in await activation_types(budgeted, a.activation_id)
+
+    other = await live(budgeted, "quiet")  # its own budget
+    sub = await budgeted.nc.jetstream().subscribe(
+        budgeted.topology.live_subject(other.world.session_id), ordered_consumer=True
+    )
+    async with broker(budgeted, other.token) as c:
+        assert (await c.post("/runner/stream", json=batch(0, "hello"))).json() == {"recorded": True}
+    assert [ch["text"] for ch in await published(sub)] == ["hello"]
+    await sub.unsubscribe()
+
+
+async def test_a_start_past_the_activations_tool_calls_is_refused(budgeted: Stack) -> None:
+    a = await live(budgeted, "busy")
+    async with broker(budgeted, a.token) as c:
+        for i in range(MAX_CALLS):
+            answer = await c.post("/runner/tool-calls/start", json=start_body(f"c{i}"))
+            assert answer.json() == {"recorded": True}
+        again = await c.post("/runner/tool-calls/start", json=start_body("c0"))
+        past = await c.post("/runner/tool-calls/start", json=start_body("c-last"))
+        finish = {"call_id": "c0", "status": "ok", "duration_ms": 3, "result_size": 1}
+        finished = await c.post("/runner/tool-calls/finish", json=finish)
+    assert again.json() == {"recorded": False}  # a retry of one recorded is no new call
+    assert past.status_code == 403, past.text
+    assert past.headers["content-type"] == "application/problem+json"
+    assert past.json()["code"] == "forbidden"
+    assert str(MAX_CALLS) in past.json()["detail"]
+    assert finished.json() == {"recorded": True}  # its started calls still finish
+    types = await activation_types(budgeted, a.activation_id)
+    assert types.count("activation.tool_call_started") == MAX_CALLS
+
+    other = await live(budgeted, "idle")
+    async with broker(budgeted, other.token) as c:
+        answer = await c.post("/runner/tool-calls/start", json=start_body("c0"))
+    assert answer.json() == {"recorded": True}
