@@ -387,7 +387,26 @@ async def test_cleanup_follows_the_policy(server, platform_ns, policy, succeeded
     await backend.cleanup(handle, succeeded=succeeded)
     await backend.close()
     left = {kind: len(server.objects(kind, NS)) for kind in KINDS}
-    assert left == dict.fromkeys(KINDS, 0 if removed else 1)
+    # A kept Job keeps all but its Secret: the ended attempt's token and provider keys.
+    kept = {**dict.fromkeys(KINDS, 1), "Secret": 0}
+    assert left == (dict.fromkeys(KINDS, 0) if removed else kept)
+
+
+async def test_fake_api_a_stopped_job_kept_by_the_policy_keeps_no_secret(server, platform_ns):
+    """Against the fake API server: a Job stopped because its pod could not start is suspended,
+    never finished, so its TTL never removes it; kept by the policy, its Secret goes."""
+    backend = KubernetesBackend(settings_for(server, cleanup="never"), platform_ns)
+    handle = await backend.launch(plan_in(platform_ns))
+    task = await watching(server, backend, handle)
+    server.stall_pod(handle.sandbox_id, "InvalidImageName", "no such image")
+    result = await asyncio.wait_for(task, 5)
+    assert result.reason == "lost"
+    await backend.cleanup(handle, succeeded=False)
+    await backend.cleanup(handle, succeeded=False)  # again (a restarted leader): fine
+    await backend.close()
+    assert server.objects("Secret", NS) == []
+    assert len(server.objects("Job", NS)) == 1  # kept, suspended, saying why
+    assert_stopped(server, handle.sandbox_id, result.detail)
 
 
 # -- reconciliation, health -------------------------------------------------------------------

@@ -933,7 +933,7 @@ def granted(role: Manifest) -> set[Grant]:
 async def drive(server: FakeKubernetesServer, namespace: str) -> None:
     """Every path of the backend: health, launch (twice: the retried one reads the Job), a
     watch to the Job's end, a watch giving up a pod that cannot start, reconciliation, cancel,
-    cleanup and a dry run."""
+    cleanup (deleting the Job, and keeping it without its Secret) and a dry run."""
     settings = KubernetesSettings(
         namespace=namespace, image="suzumio/runner:t", api_url=server.url, watch_timeout_seconds=5
     )
@@ -956,6 +956,11 @@ async def drive(server: FakeKubernetesServer, namespace: str) -> None:
             handle.sandbox_id,
             stuck.sandbox_id,
         }
+        keeping = KubernetesBackend(settings.model_copy(update={"cleanup": "never"}), "")
+        try:
+            await keeping.cleanup(stuck, succeeded=False)  # kept: its Secret goes
+        finally:
+            await keeping.close()
         await backend.cancel(stuck)
         await backend.cleanup(handle, succeeded=True)
         await backend.dry_run(make_plan())

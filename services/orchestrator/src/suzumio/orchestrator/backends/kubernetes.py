@@ -531,7 +531,25 @@ class KubernetesBackend:
         policy = self.settings.cleanup
         if policy == "always" or (policy == "on_success" and succeeded):
             await self._delete_job(handle.sandbox_id)
+        else:
+            # Kept for whoever looks into it: the Job, its pod and ConfigMap say what ran and
+            # how it ended; the Secret (the input with its token, the provider keys) is of no
+            # use to an ended attempt, and a Job stopped before its pod started is never
+            # finished, so its TTL would never take it.
+            await self._delete_secret(handle.sandbox_id)
         self._cancelled.discard(handle.sandbox_id)
+
+    async def _delete_secret(self, name: str) -> None:
+        try:
+            api = await self._client()
+            await client.CoreV1Api(api).delete_namespaced_secret(
+                name, self._ns, _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("kubernetes secret not deleted", job=name, error=_describe(exc))
+        except _UNREACHABLE as exc:
+            log.warning("kubernetes secret not deleted", job=name, error=_describe(exc))
 
     async def _delete_job(self, name: str) -> None:
         # Background: the garbage collector removes the pod, Secret, ConfigMap and policy
