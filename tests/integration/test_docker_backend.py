@@ -398,6 +398,21 @@ async def test_cleanup_policy(make_backend, engine, tmp_path, policy, succeeded,
         assert engine.inspect_container(handle.sandbox_id)["State"]["Status"] == "exited"
 
 
+@pytest.mark.parametrize("policy", ["never", "on_success"])
+async def test_a_container_kept_by_the_policy_is_kept_stopped(
+    make_backend, engine, tmp_path, policy
+):
+    """An attempt can end while its container runs on: the engine was out of reach until the
+    watch gave up on it (lost, retried). Kept for a person to look at, it must not run beside
+    the retry."""
+    backend = make_backend(cleanup=policy)
+    handle = await backend.launch(make_plan(tmp_path, entry=SLEEP))
+    await until_running(engine, handle)
+    await asyncio.wait_for(backend.cleanup(handle, succeeded=False), STEP)
+    assert engine.inspect_container(handle.sandbox_id)["State"]["Status"] == "exited"
+    await backend.cleanup(handle, succeeded=False)  # again (exited already): fine
+
+
 async def test_a_fresh_backend_finds_and_watches_what_runs(make_backend, engine, tmp_path):
     first = make_backend(cleanup="never")
     running = await first.launch(make_plan(tmp_path, entry=SLEEP))

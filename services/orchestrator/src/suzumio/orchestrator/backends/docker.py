@@ -418,6 +418,12 @@ class DockerBackend:
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:
         policy = self._settings.cleanup
         if policy == "never" or (policy == "on_success" and not succeeded):
+            # Kept for a person to look at, never kept running: an attempt that ended while
+            # its container lived on (the engine out of reach until the watch gave up) would
+            # run beside its retry. A container that exited is not touched by the stop; an
+            # engine still out of reach fails the cleanup, and the stop is asked again.
+            with contextlib.suppress(NotFound):
+                await self._call(self._stop, handle.sandbox_id)
             self._cancelled.discard(handle.sandbox_id)  # its end is told: nothing asks again
             log.info(
                 "docker.kept", activation=handle.activation_id, container=handle.sandbox_id[:12]
