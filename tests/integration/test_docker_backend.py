@@ -15,6 +15,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -475,6 +476,94 @@ def test_bridge_networks_reach_the_host_through_the_gateway():
     assert networks.of(NetworkProfile.EGRESS) == "suzumio-net"
     assert networks.of(NetworkProfile.FULL) == "suzumio-net"
     assert networks.of(NetworkProfile.NONE) == "none"
+
+
+class GivenUpAfterItStarted(threading.Event):
+    """Not given up when the launch's thread begins; given up by its next look."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks > 1
+
+
+async def test_a_launch_given_up_midway_removes_no_other_launchs_container(
+    make_backend, engine, image, tmp_path
+):
+    """A leader that steps down cancels its launch, but the launch's thread goes on. Meeting a
+    container of the attempt's name (a new leader's launch, made and not yet started) it must
+    leave it alone — it used to take it for its own crash's leftover and remove it, and the new
+    leader's start then failed for good — and it starts nothing of its own."""
+    backend = make_backend()
+    plan = make_plan(tmp_path, entry=SLEEP)
+    network = (await backend._call(backend._network_choice)).of(plan.profile.network)
+    api = backend._client()
+    await asyncio.to_thread(backend._prepare, plan, network)
+    theirs = await asyncio.to_thread(
+        backend._create, api, plan, image, backend._name(plan), network
+    )
+    abandoned = GivenUpAfterItStarted()
+    with pytest.raises(docker_backend._AbandonedError):
+        await asyncio.to_thread(backend._launch_sync, plan, image, network, abandoned)
+    named = engine.inspect_container(backend._name(plan))  # theirs, and no other
+    assert (named["Id"], named["State"]["Status"]) == (theirs, "created")
+
+
+async def test_a_launch_cancelled_while_its_thread_works_leaves_no_container(
+    make_backend, engine, tmp_path, monkeypatch
+):
+    """Its leader stepped down (the launch cancelled) while the thread prepared the files: the
+    thread goes on, but starts nothing that nobody would watch."""
+    backend = make_backend()
+    plan = make_plan(tmp_path, entry=SLEEP)
+    prepare, prepared = backend._prepare, threading.Event()
+
+    def slow_prepare(*args: Any) -> None:
+        prepare(*args)
+        prepared.set()
+        time.sleep(0.5)  # the cancel comes meanwhile
+
+    launch_sync, done = backend._launch_sync, threading.Event()
+
+    def watched(*args: Any) -> str:
+        try:
+            return str(launch_sync(*args))
+        finally:
+            done.set()
+
+    monkeypatch.setattr(backend, "_prepare", slow_prepare)
+    monkeypatch.setattr(backend, "_launch_sync", watched)
+    launching = asyncio.create_task(backend.launch(plan))
+    assert await asyncio.to_thread(prepared.wait, STEP)
+    launching.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await launching
+    assert await asyncio.to_thread(done.wait, STEP)  # the thread went on to its end
+    assert engine.containers(all=True, filters={"name": backend._name(plan)}) == []
+
+
+async def test_a_container_removed_before_its_start_fails_the_launch_as_retryable(
+    make_backend, engine, tmp_path, monkeypatch
+):
+    """The other side of that race: this launch's container was removed between its create and
+    its start (by another launch of the attempt). The engine says 404, a client error, which
+    failed the attempt for good; nothing is wrong with the plan, so it is tried again."""
+    backend = make_backend()
+    api = backend._client()
+    start = api.start
+
+    def removed_first(container_id: str) -> None:
+        engine.remove_container(container_id, force=True)
+        start(container_id)
+
+    monkeypatch.setattr(api, "start", removed_first)
+    with pytest.raises(LaunchError) as failed:
+        await backend.launch(make_plan(tmp_path, entry=SLEEP))
+    assert failed.value.retryable, failed.value
+    assert "removed before it started" in str(failed.value)
 
 
 async def test_bad_launches_are_refused(make_backend, tmp_path):

@@ -124,6 +124,10 @@ class _ImageMissingError(Exception):
     """The engine lacks the image: it is pulled (off the launch's thread), then created."""
 
 
+class _AbandonedError(Exception):
+    """The launch was given up while its thread worked: nobody waits for its container."""
+
+
 class DockerBackend:
     name = NAME
 
@@ -182,13 +186,20 @@ class DockerBackend:
     async def launch(self, plan: LaunchPlan) -> Handle:
         check_mounts(plan)
         image = plan.profile.image or self._settings.image
+        # Set when this launch is given up (its leader stepped down and cancelled it): its
+        # thread goes on, and must then not remove a container of the same name that a new
+        # leader's launch made, nor start its own.
+        abandoned = threading.Event()
         try:
             network = (await self._call(self._network_choice)).of(plan.profile.network)
             try:
-                container_id = await self._call(self._launch_sync, plan, image, network)
+                container_id = await self._call(self._launch_sync, plan, image, network, abandoned)
             except _ImageMissingError:
                 await self._pull(image)
-                container_id = await self._call(self._launch_sync, plan, image, network)
+                container_id = await self._call(self._launch_sync, plan, image, network, abandoned)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
         except LaunchError:
             raise
         except (DockerException, requests.RequestException, OSError) as exc:
@@ -218,7 +229,11 @@ class DockerBackend:
             self._networks = networks
         return networks
 
-    def _launch_sync(self, plan: LaunchPlan, image: str, network: str) -> str:
+    def _launch_sync(
+        self, plan: LaunchPlan, image: str, network: str, abandoned: threading.Event
+    ) -> str:
+        if abandoned.is_set():
+            raise _AbandonedError
         self._prepare(plan, network)
         api = self._client()
         name = self._name(plan)
@@ -229,17 +244,27 @@ class DockerBackend:
         except APIError as exc:
             if exc.status_code != 409:
                 raise
+            if abandoned.is_set():  # the name's container may be a new leader's launch
+                raise _AbandonedError from None
             adopted = self._adopt(api, name, plan)
             if adopted is not None:
                 return adopted
             container_id = self._create(api, plan, image, name, network)
+        if abandoned.is_set():
+            _remove_quietly(api, container_id)  # its own: made by this thread
+            raise _AbandonedError
         try:
             api.start(container_id)
+        except NotFound:
+            # Removed before it started: another launch of the same attempt took its name
+            # (a leader's, racing one that stepped down). Not this plan's fault: try again.
+            raise LaunchError(
+                "the container was removed before it started (another launch of the attempt)"
+            ) from None
         except (DockerException, requests.RequestException):
             # Whatever went wrong: a start whose answer was lost (a read timeout) may have
             # started it, and a failed launch must leave nothing running that nobody watches.
-            with contextlib.suppress(DockerException, requests.RequestException):
-                api.remove_container(container_id, force=True)
+            _remove_quietly(api, container_id)
             raise
         return container_id
 
@@ -320,7 +345,10 @@ class DockerBackend:
     def _adopt(self, api: Any, name: str, plan: LaunchPlan) -> str | None:
         """A container of this name exists (a launch repeated after a crash): keep it if it
         runs this activation, else remove it so the attempt starts afresh."""
-        info = api.inspect_container(name)
+        try:
+            info = api.inspect_container(name)
+        except NotFound:  # removed meanwhile (the launch that made it failed): the name is free
+            return None
         labels = info["Config"].get("Labels") or {}
         if (
             info["State"].get("Running")
@@ -499,6 +527,11 @@ class DockerBackend:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._waits.shutdown(wait=False, cancel_futures=True)
         self._pulls.shutdown(wait=False, cancel_futures=True)
+
+
+def _remove_quietly(api: Any, container_id: str) -> None:
+    with contextlib.suppress(DockerException, requests.RequestException):
+        api.remove_container(container_id, force=True)
 
 
 def _client_error(exc: BaseException) -> bool:
