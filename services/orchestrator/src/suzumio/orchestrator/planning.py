@@ -133,8 +133,13 @@ class Planner:
         stored (the orchestrator's `Directory` at that point of the log)."""
         if agent is None or not agent.project_id or project is None:
             raise PlanError(f"agent {request.agent_id} does not exist")
-        snapshot = await self._sessions.snapshot(session_id, request)
         profile = self.profile(agent, project)
+        # Checked as it is planned only: a sandbox launched before the operator narrowed the
+        # bounds is still found and watched by its profile.
+        bounds, own_images = self.settings.bounds, self.settings.default_images()
+        if (why := bounds.refusal(profile, own_images)) is not None:
+            raise PlanError(f"runtime profile {agent.runtime_profile!r}: {why}")
+        snapshot = await self._sessions.snapshot(session_id, request)
         offline = profile.network is NetworkProfile.NONE
         if offline and self.settings.broker_socket is None:
             raise PlanError(

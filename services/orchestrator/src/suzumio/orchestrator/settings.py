@@ -10,6 +10,7 @@ from suzumio.orchestrator.backends.docker_settings import DockerSettings
 from suzumio.orchestrator.backends.kubernetes_render import KubernetesSettings
 from suzumio.orchestrator.backends.pool import PoolSettings
 from suzumio.orchestrator.backends.process import ProcessSettings
+from suzumio.orchestrator.bounds import SandboxBounds
 from suzumio.platform.settings import ServiceSettings
 
 
@@ -26,6 +27,12 @@ class OrchestratorSettings(ServiceSettings):
     docker: DockerSettings = Field(default_factory=DockerSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     pool: PoolSettings = Field(default_factory=PoolSettings)
+    bounds: SandboxBounds = Field(
+        default_factory=SandboxBounds,
+        description="what a project's runtime profile may ask for: SUZUMIO_BOUNDS__MAX_CPUS, "
+        "…__MAX_MEMORY_MB, …__MAX_DISK_MB, …__MAX_PIDS, …__MAX_WALL_CLOCK_SECONDS, "
+        "…__IMAGES (a JSON list of patterns)",
+    )
     default_backend: Backend = Field(
         default=Backend.PROCESS, description="for agents without a runtime profile"
     )
@@ -70,6 +77,10 @@ class OrchestratorSettings(ServiceSettings):
     # Resolved once per (work_dir, data_dir), not on every call: every activation asks, and a
     # realpath is a system call per path component.
     _resolved: tuple[Path | None, Path, Path] | None = PrivateAttr(default=None)
+
+    def default_images(self) -> frozenset[str]:
+        """The images the backends run for profiles that name none: the operator's own."""
+        return frozenset(i for i in (self.docker.image, self.kubernetes.image) if i)
 
     def sandboxes(self) -> Path:
         known = self._resolved
