@@ -27,6 +27,7 @@ from suzumio.platform.service.stream_cut import StreamCutError
 from suzumio.testing.model_server import NoopModelServer, Reply, ScriptedModelServer
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.model_relay import (
+    FENCE_CHECK_SECONDS,
     MAX_CALLS_PER_ACTIVATION,
     STALLED_GRACE_SECONDS,
     ModelRelay,
@@ -35,6 +36,7 @@ from suzumio.toolbroker.model_relay import (
 )
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.redaction import redacted
+from suzumio.toolbroker.registry import LiveActivation
 from tests.support import make_certificate
 
 BODY = b'{"model": "m", "stream": true, "messages": []}'
@@ -77,7 +79,8 @@ def caller(activation_id: str, project_id: str = "p", expires_in: float = 3600) 
         project_id=project_id,
         expires_at=datetime.now(UTC) + timedelta(seconds=expires_in),
     )
-    return cast("Caller", SimpleNamespace(claims=claims))
+    activation = LiveActivation(activation_id, "s", "g", project_id)
+    return cast("Caller", SimpleNamespace(claims=claims, activation=activation))
 
 
 async def read(answer: Response) -> bytes:
@@ -300,3 +303,34 @@ async def test_a_stream_that_outlasts_the_call_is_cut_and_its_place_given_back(
         if runner == "stops reading":
             with pytest.raises(StreamCutError):  # and should it read again, it ends at once
                 await anext(chunks)
+
+
+@pytest.mark.parametrize("provider", ["streaming", "thinking"])
+async def test_a_stream_of_an_activation_cancelled_meanwhile_is_cut_and_its_place_given_back(
+    provider: str,
+) -> None:
+    """A cancel (or the activation's end, or a P0 replacing it) fences the activation: what
+    its model says from then on counts for nothing, so the relayed stream is cut — also while
+    the provider says nothing for a long while — not left to run to the relay's deadline,
+    holding the activation's place and the provider's bill."""
+    relay = ModelRelay(None, 10, call_seconds=60, max_calls_per_project=1)
+    delay = 0.2 if provider == "streaming" else 30.0
+    async with ScriptedModelServer() as model:
+        model.script(
+            [Reply.text("one two three four five six", chunk_delay=delay), Reply.text("x")]
+        )
+        upstream = Upstream(f"{model.url}/v1", None)
+        cancelled = caller("a")
+        answer = await relay.forward(upstream, BODY, cancelled, "p")
+        assert isinstance(answer, StreamingResponse)
+        chunks = aiter(answer.body_iterator)
+        await anext(chunks)
+        cancelled.activation.fenced = "cancelled"  # as the registry's fold marks it
+        started = time.monotonic()
+        with pytest.raises(StreamCutError, match="cancelled"):
+            async for _ in chunks:
+                pass
+        # Within a look or two, not at the provider's next word (30 s) or the deadline (60 s).
+        assert time.monotonic() - started < 10 * FENCE_CHECK_SECONDS
+        # Its place is given back: the project's one call may be made again.
+        assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))

@@ -31,6 +31,7 @@ the operator's longest call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import socket
@@ -60,6 +61,7 @@ from suzumio.toolbroker.model_chain import model_chain, provider_of
 from suzumio.toolbroker.pinned_http import pinned, pinning_client
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.redaction import redacted
+from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.routes import Auth, Shared
 from suzumio.toolbroker.state import Broker
 
@@ -70,6 +72,8 @@ MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out 
 # Relayed calls one activation may have open at once: its loop makes one at a time (two with
 # a compaction's); more is a sandbox holding the relay's connections from everyone else.
 MAX_CALLS_PER_ACTIVATION = 4
+# How often a relayed stream waiting on its provider looks whether its activation still lives.
+FENCE_CHECK_SECONDS = 1.0
 # A stream whose runner stopped reading is closed this long after its deadline (its reads
 # end at the deadline itself; this is for one waiting on the runner, not the provider).
 STALLED_GRACE_SECONDS = 1.0
@@ -298,7 +302,7 @@ class ModelRelay:
 
         # Ended by the stream's end or by the runner leaving (either may come first).
         return StreamingResponse(
-            _relayed(answer, via, release, deadline),
+            _relayed(answer, via, release, deadline, caller.activation),
             status_code=answer.status_code,
             headers=passed,
             background=BackgroundTask(done),
@@ -331,12 +335,21 @@ async def _bounded(answer: httpx.Response) -> bytes:
 
 
 async def _relayed(
-    answer: httpx.Response, via: str, release: Callable[[], None], deadline: float
+    answer: httpx.Response,
+    via: str,
+    release: Callable[[], None],
+    deadline: float,
+    activation: LiveActivation,
 ) -> AsyncIterator[bytes]:
     chunks = answer.aiter_raw()
     try:
-        while (chunk := await _next_by(chunks, deadline)) is not None:
+        while (chunk := await _next_by(chunks, deadline, activation)) is not None:
             yield chunk
+    except _FencedError as exc:
+        # Its activation was cancelled (or ended, or replaced) meanwhile: nothing the model
+        # says now can count, and the provider's bill and the relay's place go on until cut.
+        log.info("model_relay.fenced", via=via, activation=activation.id, why=activation.fenced)
+        raise StreamCutError(f"the activation is {activation.fenced}") from exc
     except TimeoutError as exc:
         # Cut like a broken stream: the runner's SDK sees a connection that ended early.
         log.warning("model_relay.too_long", via=via, stage="stream")
@@ -351,15 +364,35 @@ async def _relayed(
         await answer.aclose()
 
 
-async def _next_by(chunks: AsyncIterator[bytes], deadline: float) -> bytes | None:
-    """The stream's next chunk (None at its end), read by the deadline. The deadline bounds
-    each read, never the relay's yield: the consumer's own waits (sending to the runner) are
-    not ours to cancel (a stalled one is `stalled`'s, which closes the answer: past the
-    deadline it is not read again)."""
-    if asyncio.get_running_loop().time() >= deadline:
-        raise TimeoutError
-    async with asyncio.timeout_at(deadline):
-        return await anext(chunks, None)
+class _FencedError(Exception):
+    pass
+
+
+async def _next_by(
+    chunks: AsyncIterator[bytes], deadline: float, activation: LiveActivation
+) -> bytes | None:
+    """The stream's next chunk (None at its end), read by the deadline and while the
+    activation lives (looked at every `FENCE_CHECK_SECONDS` of a wait: a provider may think
+    for minutes before its next word). The deadline bounds each read, never the relay's
+    yield: the consumer's own waits (sending to the runner) are not ours to cancel (a stalled
+    one is `stalled`'s, which closes the answer: past the deadline it is not read again)."""
+    loop = asyncio.get_running_loop()
+    read: asyncio.Future[bytes | None] = asyncio.ensure_future(anext(chunks, None))
+    try:
+        while True:
+            if activation.fenced:
+                raise _FencedError
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({read}, timeout=min(left, FENCE_CHECK_SECONDS))
+            if done:
+                return read.result()
+    finally:
+        if not read.done():
+            read.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await read
 
 
 def _relay(broker: Broker) -> ModelRelay:
