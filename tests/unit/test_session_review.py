@@ -14,13 +14,17 @@ from suzumio.contracts.commands import (
     CreateAgent,
     CreateApiKey,
     CreatePendingAction,
+    GrantMount,
     PostMessage,
     RecordSignal,
+    RevokeMount,
 )
 from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ApiKeyCreated,
+    MountGranted,
+    MountRevoked,
     ProjectCreated,
     SessionClosed,
     SessionMessageAppended,
@@ -35,7 +39,7 @@ from suzumio.contracts.values import (
     Priority,
     SignalKind,
 )
-from suzumio.session.domain import agent, pending_action, session, user
+from suzumio.session.domain import agent, pending_action, project, session, user
 from suzumio.session.domain.agent import AgentState
 from suzumio.session.domain.pending_action import PendingActionState
 from suzumio.session.domain.project import ProjectState
@@ -193,3 +197,22 @@ def test_an_answer_that_does_not_answer_its_kind_is_refused(
     good = {"answer": "a"} if kind is PendingKind.QUESTION else {"approved": True}
     fine = AnswerPendingAction.model_validate({"pending_action_id": "q" * 26, **good})
     assert pending_action.answer(action, fine, "user:u", now)
+
+
+def test_a_revoked_grants_id_cannot_grant_again() -> None:
+    """A keyed grant's id comes from its idempotency key: a retry of it (its answer lost, or
+    past the key's day) after an admin revoked the grant must not bring the host directory back
+    — it was accepted as a new grant. Like a deleted artifact's, a revoked grant's id stays
+    taken."""
+    state = ProjectState(P)
+    state.apply(ProjectCreated(name="p", owner_id="u"))
+    grant = GrantMount(project_id=P, grant_id="g" * 26, host_path="/srv/data", target="/data")
+    state.apply(project.grant_mount(state, grant, "/srv/data")[0])
+    assert isinstance(
+        project.revoke_mount(state, RevokeMount(project_id=P, grant_id="g" * 26))[0], MountRevoked
+    )
+    state.apply(MountRevoked(grant_id="g" * 26))
+    with pytest.raises(ConflictError, match="revoked"):
+        project.grant_mount(state, grant, "/srv/data")
+    again = grant.model_copy(update={"grant_id": "h" * 26})  # a new grant of the same directory
+    assert isinstance(project.grant_mount(state, again, "/srv/data")[0], MountGranted)

@@ -89,6 +89,9 @@ class ProjectState(AggregateState):
         self.profiles: dict[str, RuntimeProfileSpec] = {}
         self.providers: dict[str, ProviderSpec] = {}
         self.mounts: dict[str, Mount] = {}
+        # Revoked grants' ids stay taken: a retried grant (the same idempotency key) must not
+        # bring back a grant an admin revoked since.
+        self.revoked_mounts: set[str] = set()
 
     def apply(self, data: DomainEvent) -> None:  # noqa: C901
         match data:
@@ -117,6 +120,7 @@ class ProjectState(AggregateState):
                 )
             case MountRevoked():
                 self.mounts.pop(data.grant_id, None)
+                self.revoked_mounts.add(data.grant_id)
 
     @property
     def owners(self) -> set[str]:
@@ -237,6 +241,8 @@ def grant_mount(
 ) -> list[DomainEvent]:
     if cmd.grant_id in state.mounts:
         raise ConflictError("a mount grant with this id exists already")
+    if cmd.grant_id in state.revoked_mounts:
+        raise ConflictError("a mount grant with this id was revoked: a new grant takes a new id")
     target = normalised_target(cmd.target)
     for mount in state.mounts.values():
         shared = None in (mount.agent_id, cmd.agent_id) or mount.agent_id == cmd.agent_id
