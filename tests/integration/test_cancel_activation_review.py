@@ -83,6 +83,7 @@ async def test_a_cancel_is_appended_once_and_refused_elsewhere(
         assert isinstance(last.data, ActivationCancelRequested)
         assert last.data.activation_id == activation
         assert last.data.reason == f"cancelled by {USER}: changed my mind"
+        assert last.data.closes_work  # its open questions go too, not wake the agent later
         assert last.envelope.actor == USER  # who cancelled, in the audit trail
 
         # Again, while the orchestrator has not ended it yet: nothing more is written.

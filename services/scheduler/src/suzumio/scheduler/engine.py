@@ -542,7 +542,9 @@ class Scheduler:
             s = self.world.sessions[session_id]
             hold = self._holds.take(session_id, s.version + 1)
             why = f"cancelled by {meta.actor}" + (f": {reason}" if reason else "")
-            cancel = ActivationCancelRequested(activation_id=activation_id, reason=why)
+            cancel = ActivationCancelRequested(
+                activation_id=activation_id, reason=why, closes_work=True
+            )
             # The work goes with it: a user who stops an activation does not want it started
             # again at once on the same signals (a P0's cancel, by contrast, queues them
             # again for the activation that replaces it).

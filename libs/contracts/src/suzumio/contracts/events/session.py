@@ -128,6 +128,12 @@ class ActivationRequested(DomainEvent):
 class ActivationCancelRequested(DomainEvent):
     activation_id: Identifier
     reason: str = ""
+    closes_work: bool = Field(
+        default=False,
+        description="a person's cancel: the activation's work goes with it (its signals are "
+        "closed, and its open pending actions are cancelled instead of waking the agent when "
+        "they expire); a P0's replacement leaves them for the activation that replaces it",
+    )
 
 
 @event("session.history_compacted")

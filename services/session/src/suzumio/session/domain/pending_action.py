@@ -14,6 +14,7 @@ from suzumio.contracts.envelope import DomainEvent
 from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     PendingActionAnswered,
+    PendingActionCancelled,
     PendingActionCreated,
     PendingActionExpired,
     SignalRecorded,
@@ -25,6 +26,7 @@ from suzumio.session.domain.state import AggregateState
 
 OUTCOMES = frozenset({PendingActionAnswered.event_type, PendingActionExpired.event_type})
 """The events that end a pending action and so wake its session's agent."""
+CANCELLED_WITH_ITS_ACTIVATION = "its activation was cancelled, and its work with it"
 
 
 class PendingActionState(AggregateState):
@@ -37,6 +39,7 @@ class PendingActionState(AggregateState):
         self.kind = PendingKind.QUESTION
         self.options: tuple[str, ...] = ()
         self.expires_at = datetime.max.replace(tzinfo=UTC)
+        self.activation_id: str | None = None
         self.status = "open"
 
     def apply(self, data: DomainEvent) -> None:
@@ -44,10 +47,13 @@ class PendingActionState(AggregateState):
             case PendingActionCreated():
                 self.project_id, self.session_id = data.project_id, data.session_id
                 self.kind, self.options, self.expires_at = data.kind, data.options, data.expires_at
+                self.activation_id = data.activation_id
             case PendingActionAnswered():
                 self.status = "answered"
             case PendingActionExpired():
                 self.status = "expired"
+            case PendingActionCancelled():
+                self.status = "cancelled"
 
 
 def create(
@@ -109,10 +115,29 @@ def answer(
     ]
 
 
-def expire(state: PendingActionState, _: ExpirePendingAction, now: datetime) -> list[DomainEvent]:
+def expire(
+    state: PendingActionState, session: SessionState, _: ExpirePendingAction, now: datetime
+) -> list[DomainEvent]:
+    """Expired, which wakes the agent to say so — unless a person cancelled the activation
+    that asked: its work went with it, and the agent must not start again an hour later on
+    its own. Such an action is cancelled instead. (An answer a person gives it meanwhile
+    still wakes the agent: that is someone asking for the work again.)"""
     if state.status != "open" or now < state.expires_at:
         return []
+    if state.activation_id is not None and state.activation_id in session.work_cancelled:
+        return [PendingActionCancelled(reason=CANCELLED_WITH_ITS_ACTIVATION)]
     return [PendingActionExpired()]
+
+
+def cancel_if_fenced(state: PendingActionState, session: SessionState) -> list[DomainEvent]:
+    """An action just created for an activation that a cancel (or a later activation) fenced
+    in the meantime — the create was checked on the session as it was read, and the cancel
+    stored after that: cancelled at once, so no one is left a question from work that is
+    gone."""
+    if state.status != "open" or state.activation_id is None:
+        return []
+    why = fenced_because(session, state.activation_id)
+    return [] if why is None else [PendingActionCancelled(reason=why)]
 
 
 def resume_signal_id(pending_action_id: str) -> str:

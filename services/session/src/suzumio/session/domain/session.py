@@ -56,6 +56,7 @@ class SessionState(AggregateState):
         self.entries: dict[str, int] = {}  # history message id -> its place (retries skip)
         self.checkpoints: set[str] = set()
         self.fenced: set[str] = set()  # activations cancelled (or replaced by a P0)
+        self.work_cancelled: set[str] = set()  # cancelled by a person: their work goes too
         self.latest: str | None = None  # the last activation requested: the only one to write
 
     def apply(self, data: DomainEvent) -> None:  # noqa: C901 - one branch per event type
@@ -75,6 +76,8 @@ class SessionState(AggregateState):
                 self.closed = False
             case ActivationCancelRequested():
                 self.fenced.add(data.activation_id)
+                if data.closes_work:
+                    self.work_cancelled.add(data.activation_id)
             case ActivationRequested():
                 self.latest = data.activation_id
             case SignalRecorded():

@@ -42,9 +42,21 @@ class PendingActionHandlers(HandlerGroup):
             lambda s: pending_action.create(s, owner, cmd, now),
             ctx.meta(),
         )
-        self.c.on_pending_action(cmd.pending_action_id, state.expires_at)
+        # Checked again on the session as it is now: a cancel stored after the read above.
+        now_owner = await self.repo.get(SessionState, cmd.session_id)
+        state, fenced = await self.repo.execute(
+            PendingActionState,
+            cmd.pending_action_id,
+            lambda s: pending_action.cancel_if_fenced(s, now_owner),
+            ctx.meta(),
+        )
+        if not fenced.events:
+            self.c.on_pending_action(cmd.pending_action_id, state.expires_at)
         return accepted(
-            result, pending_action_id=cmd.pending_action_id, expires_at=state.expires_at.isoformat()
+            result,
+            pending_action_id=cmd.pending_action_id,
+            expires_at=state.expires_at.isoformat(),
+            status=state.status,
         )
 
     async def answer(self, ctx: CommandContext[AnswerPendingAction]) -> CommandAccepted:
@@ -73,10 +85,12 @@ class PendingActionHandlers(HandlerGroup):
         if not (await self.actor(ctx)).trusted:
             raise ForbiddenError("pending actions expire by the platform's clock")
         now = self.c.clock()
+        state = await self.repo.get(PendingActionState, cmd.pending_action_id)
+        session = await self.repo.get(SessionState, state.session_id) if state.exists else None
         state, result = await self.repo.execute(
             PendingActionState,
             cmd.pending_action_id,
-            lambda s: pending_action.expire(s, cmd, now),
+            lambda s: pending_action.expire(s, session or SessionState(""), cmd, now),
             ctx.meta(),
         )
         return await self._resumed(state, result, ctx.meta())
