@@ -117,3 +117,35 @@ async def test_a_404_is_not_kept(route_and_client: tuple[CountingRoute, httpx.As
     assert (await c.post("/things", json={"a": 1})).status_code == 404
     again = await c.post("/things", json={"a": 1})
     assert (again.status_code, again.json()) == (201, {"run": 2})
+
+
+class DownKV:
+    """The bucket while NATS is away: every call times out."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def timed_out(*_: Any, **__: Any) -> Any:
+            raise NatsTimeoutError
+
+        return timed_out
+
+
+async def test_the_bucket_out_of_reach_is_a_503_to_retry_not_a_500() -> None:
+    """The slot is taken before the route runs, outside the routes' error handlers: NATS
+    reconnecting there was answered 500 `internal` (do not retry) with a traceback, for a
+    request that was fine — to a careful client, the one that sends Idempotency-Key."""
+    route = CountingRoute()
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
+        lambda: cast("KeyValue", DownKV()),
+        lambda: SecretBox([SecretBox.generate_key()]),
+        _valid,
+    )
+    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k1"}
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+        answer = await c.post("/things", json={"a": 1})
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.headers["retry-after"] == "1"
+    assert answer.json()["code"] == "unavailable"
+    assert route.runs == 0

@@ -36,7 +36,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suzumio.gateway.api.deps import presented_key
-from suzumio.gateway.api.problems import FATE_UNKNOWN, problem_response
+from suzumio.gateway.api.problems import FATE_UNKNOWN, is_trouble, problem_response, unavailable
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretBox
 
@@ -101,6 +101,32 @@ class IdempotencyMiddleware:
         await self._handle(slot, body, scope, send)
 
     async def _handle(self, slot: str, body: _Body, scope: Scope, send: Send) -> None:
+        try:
+            claim = await self._claim(slot, body, scope, send)
+        except Exception as exc:
+            # Out here the routes' handlers are not around (they answer inside the app): the
+            # platform's servers in trouble would be a 500, which says "do not retry".
+            if not is_trouble(exc):
+                raise
+            await unavailable(scope["path"], exc)(scope, body.receive, send)
+            return
+        if claim is None:  # answered
+            return
+        recorded = _Recorder(send)
+        # Said to be alive while it runs: a request past STALE_PENDING_SECONDS (a long upload,
+        # long timeouts) was taken over by its retry and run twice.
+        ended = asyncio.Event()
+        refreshing = asyncio.create_task(_refresh(claim, ended))
+        try:
+            await self.app(scope, body.receive, recorded.send)
+        finally:
+            ended.set()  # not cancelled: a write cut off midway would leave its revision unknown
+            await refreshing
+            await self._keep(claim, body, recorded, scope)
+
+    async def _claim(self, slot: str, body: _Body, scope: Scope, send: Send) -> _Claim | None:
+        """The slot taken for this request; None when it was answered here (a kept answer
+        replayed, a conflict)."""
         kv = self._kv()
         claim = _Claim(kv, slot, body.early)
         for _ in range(3):  # the first request may delete its slot (401, 503) while we look
@@ -123,19 +149,9 @@ class IdempotencyMiddleware:
                             headers={"WWW-Authenticate": "Bearer"},
                         )
                     await answered(scope, body.receive, send)
-                    return
+                    return None
                 break
-        recorded = _Recorder(send)
-        # Said to be alive while it runs: a request past STALE_PENDING_SECONDS (a long upload,
-        # long timeouts) was taken over by its retry and run twice.
-        ended = asyncio.Event()
-        refreshing = asyncio.create_task(_refresh(claim, ended))
-        try:
-            await self.app(scope, body.receive, recorded.send)
-        finally:
-            ended.set()  # not cancelled: a write cut off midway would leave its revision unknown
-            await refreshing
-            await self._keep(claim, body, recorded, scope)
+        return claim
 
     async def _existing(
         self, kv: KeyValue, slot: str, body: _Body, claim: _Claim

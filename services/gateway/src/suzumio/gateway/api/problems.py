@@ -12,8 +12,10 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from suzumio.contracts.errors import HTTP_STATUS, CommandError, CommandTimeoutError
+from suzumio.platform.bus.jsapi import ERR_STREAM_NOT_FOUND
 from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, POSTGRES_TROUBLE, is_postgres_trouble
+from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -159,14 +161,40 @@ TROUBLE: tuple[type[Exception], ...] = (*POSTGRES_TROUBLE, TimeoutError, *NATS_T
 RETRY_AFTER_SECONDS = 1
 
 
-async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("api.unavailable", path=request.url.path, error=repr(exc))
+def is_trouble(exc: BaseException) -> bool:
+    """The platform's servers in trouble (a 503 to retry), not a failure of ours."""
+    if isinstance(exc, JetStreamApiError):
+        return _jetstream_trouble(exc)
+    return isinstance(exc, TROUBLE) or (
+        isinstance(exc, POSTGRES_SUSPECTS) and is_postgres_trouble(exc)
+    )
+
+
+def _jetstream_trouble(exc: JetStreamApiError) -> bool:
+    """A JetStream API error reply that passes: the server's own (5xx: no leader, short of
+    resources), or a stream not there yet (LIVE is made again within seconds of a NATS
+    restart that lost it). Any other is a request of ours the server refused: a bug."""
+    return exc.code >= 500 or exc.err_code == ERR_STREAM_NOT_FOUND
+
+
+async def _jetstream_error(request: Request, exc: Exception) -> JSONResponse:
+    if is_trouble(exc):
+        return unavailable(request.url.path, exc)
+    raise exc
+
+
+def unavailable(path: str, exc: BaseException) -> JSONResponse:
+    log.warning("api.unavailable", path=path, error=repr(exc))
     return problem_response(
         503,
         "unavailable",
         "the platform is briefly unavailable; retry",
         headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return unavailable(request.url.path, exc)
 
 
 async def _postgres_suspect(request: Request, exc: Exception) -> JSONResponse:
@@ -187,6 +215,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 HANDLERS = {
     **dict.fromkeys(TROUBLE, _unavailable),
     **dict.fromkeys(POSTGRES_SUSPECTS, _postgres_suspect),
+    JetStreamApiError: _jetstream_error,
     CommandError: _command_error,
     ApiError: _api_error,
     StarletteHTTPException: _http_error,
