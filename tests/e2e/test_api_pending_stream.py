@@ -276,6 +276,32 @@ async def test_websocket_variant(stack: Stack) -> None:
         assert again["data"]["text"] == "over ws"
 
 
+async def test_a_websocket_client_cannot_park_a_large_message_on_the_gateway(
+    stack: Stack,
+) -> None:
+    """The stream only sends: what a client sends is never read, and uvicorn held one message
+    of up to 16 MiB per socket for its life (32 sockets a user on each replica). A message
+    past a few KiB now closes the socket (1009, too big)."""
+    world = await new_world(stack, "wsz")
+    ws_url = stack.api.replace("http", "ws") + f"/v1/sessions/{world.session_id}/ws"
+    async with ws_connect(
+        ws_url, additional_headers={"Authorization": f"Bearer {world.key}"}, max_size=None
+    ) as ws:
+        opened = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert opened["event"] == "session.opened"
+        await ws.send("x" * (1 << 20))
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(drain(ws), 10)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1009
+
+
+async def drain(ws: Any) -> None:
+    """Read until the socket closes (ConnectionClosed)."""
+    while True:
+        await ws.recv()
+
+
 async def test_streams_end_when_access_is_withdrawn(stack: Stack) -> None:
     """An open stream re-checks the caller: removing a member ends their SSE stream, and
     revoking a key ends its WebSocket, each with an `end` item saying why."""

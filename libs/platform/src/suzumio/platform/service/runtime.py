@@ -50,6 +50,7 @@ from suzumio.platform.service.unix_socket import UnixListener, bind_unix
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
 
 log = get_logger(__name__)
+WS_MAX_MESSAGE_BYTES = 4096  # what a client may send on a WebSocket (nothing is expected)
 
 S = TypeVar("S", bound=ServiceSettings)
 Task = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
@@ -231,6 +232,10 @@ class ServiceRuntime:
                 # h11, whatever else is installed: uvicorn bounds a request's head (16 KB)
                 # only with it; on httptools a stranger's headers may be any size.
                 http="h11",
+                # The platform's WebSockets only send (the gateway's stream): a client's
+                # message is never read, and uvicorn holds one, of up to 16 MiB by default,
+                # for the socket's life.
+                ws_max_size=WS_MAX_MESSAGE_BYTES,
                 log_config=None,
                 access_log=False,
                 lifespan="off",
