@@ -13,7 +13,7 @@ from nats.js.kv import KeyValue
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET
 from suzumio.gateway.api.routes.artifacts import attachment
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
-from suzumio.platform.bus.objects import has_blob
+from suzumio.platform.bus.objects import blob_name, has_blob
 from tests.e2e.api import new_world, ok, problem
 from tests.e2e.stack import MAX_UPLOAD, Stack
 
@@ -117,6 +117,29 @@ async def test_download_headers_are_safe_for_any_name_and_type(stack: Stack) -> 
             201,
         )["items"]
         assert typed["content_type"] == "application/json"
+
+
+async def test_a_download_whose_bytes_are_gone_is_a_404_before_anything_is_sent(
+    stack: Stack,
+) -> None:
+    """The blob was looked up only as the body began: a 200 with its Content-Length went
+    out, then the stream broke (an unhandled error in the log). Looked up first, it is a
+    problem the client can read — as NATS in trouble there is a 503 to retry."""
+    world = await new_world(stack, "gon")
+    data = b"bytes that go missing"
+    async with stack.client(world.key) as c:
+        [item] = ok(
+            await c.post(
+                f"/v1/projects/{world.project_id}/artifacts",
+                files={"file": ("gone.txt", data, "text/plain")},
+                data={"session_id": world.session_id},
+            ),
+            201,
+        )["items"]
+        store = await stack.nc.jetstream().object_store(stack.topology.bucket(ARTIFACTS_BUCKET))
+        await store.delete(blob_name(hashlib.sha256(data).hexdigest()))
+        gone = problem(await c.get(f"/v1/artifacts/{item['id']}/content"), 404, "not_found")
+        assert "bytes" in gone["detail"]
 
 
 async def test_mount_grants_are_checked_against_the_allowed_roots(stack: Stack, tmp_path) -> None:

@@ -20,11 +20,11 @@ import hashlib
 import mimetypes
 import tempfile
 import weakref
-from collections.abc import AsyncIterator
 from typing import IO, Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
+from nats.js.errors import ObjectNotFoundError
 
 from suzumio.contracts.broker import Recorded
 from suzumio.contracts.commands import RecordArtifact
@@ -32,7 +32,7 @@ from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.events import AgentCreated, AgentUpdated, ArtifactDeleted, ArtifactRecorded
 from suzumio.contracts.ids import Identifier, derived_id
 from suzumio.contracts.runner import placeable
-from suzumio.platform.bus.objects import has_blob, put_blob, read_chunks
+from suzumio.platform.bus.objects import open_blob, put_blob
 from suzumio.platform.offloop import OffLoopWriter
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
@@ -64,15 +64,13 @@ async def fetch(artifact_id: Identifier, caller: Auth, broker: Shared) -> Stream
     """An artifact of the activation's session, streamed."""
     recorded = await _recorded(broker, artifact_id)
     files = broker.artifacts
-    if (
-        recorded is None
-        or recorded.session_id != caller.claims.session_id
-        or not await has_blob(files.store, recorded.sha256)
-    ):
-        raise BrokerError(404, "not_found", "no such artifact in this activation's session")
-    chunks: AsyncIterator[bytes] = read_chunks(
-        broker.js, files.store, files.bucket, recorded.sha256
-    )
+    missing = BrokerError(404, "not_found", "no such artifact in this activation's session")
+    if recorded is None or recorded.session_id != caller.claims.session_id:
+        raise missing
+    try:
+        chunks = await open_blob(broker.js, files.store, files.bucket, recorded.sha256)
+    except ObjectNotFoundError:
+        raise missing from None
     return StreamingResponse(
         chunks,
         media_type="application/octet-stream",
@@ -100,9 +98,13 @@ async def fetch_asset(
     """An asset of the activation's agent package, by its digest, streamed."""
     files = broker.artifacts
     size = await _listed_size(broker, caller.claims.agent_id, sha256)
-    if size is None or not await has_blob(files.store, sha256):
-        raise BrokerError(404, "not_found", "no such asset in this activation's agent package")
-    chunks: AsyncIterator[bytes] = read_chunks(broker.js, files.store, files.bucket, sha256)
+    missing = BrokerError(404, "not_found", "no such asset in this activation's agent package")
+    if size is None:
+        raise missing
+    try:
+        chunks = await open_blob(broker.js, files.store, files.bucket, sha256)
+    except ObjectNotFoundError:
+        raise missing from None
     return StreamingResponse(
         chunks,
         media_type="application/octet-stream",

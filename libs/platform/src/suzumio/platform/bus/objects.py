@@ -212,7 +212,28 @@ async def read_chunks(
     Raises:
         ObjectNotFoundError: no such blob.
     """
+    async for chunk in await open_blob(js, store, bucket, sha256_hex, timeout=timeout):
+        yield chunk
+
+
+async def open_blob(
+    js: JetStreamContext, store: ObjectStore, bucket: str, sha256_hex: str, *, timeout: float = 10
+) -> AsyncIterator[bytes]:
+    """As `read_chunks`, with the blob looked up here: a route streaming it answers a missing
+    blob, or NATS in trouble, before its 200 and Content-Length went out (an async
+    generator's first lines run only at its first chunk). The chunks are subscribed to as the
+    first is read: a stream never started leaves no subscription behind.
+
+    Raises:
+        ObjectNotFoundError: no such blob.
+    """
     info = await store.get_info(blob_name(sha256_hex))
+    return _chunks(js, bucket, info, sha256_hex, timeout)
+
+
+async def _chunks(
+    js: JetStreamContext, bucket: str, info: api.ObjectInfo, sha256_hex: str, timeout: float
+) -> AsyncIterator[bytes]:
     digest = hashlib.sha256()
     if not info.size:
         _check(digest, sha256_hex)

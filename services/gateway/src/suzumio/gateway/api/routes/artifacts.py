@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from nats.js.errors import ObjectNotFoundError
 from pydantic import ValidationError
 
 from suzumio.contracts.commands import DeleteArtifact, RecordArtifact
@@ -33,7 +33,7 @@ from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 from suzumio.gateway.uploads import ReceivedFile, ReceivedForm, media_type, receive_form
 from suzumio.platform.bus.jsapi import stream_last_seq
-from suzumio.platform.bus.objects import put_blob, read_chunks
+from suzumio.platform.bus.objects import open_blob, put_blob
 
 router = APIRouter(tags=["artifacts"], responses=RESPONSES)
 ID_RE = re.compile(ID_PATTERN)
@@ -259,7 +259,10 @@ async def download(
     """The artifact's bytes, streamed."""
     row = await _visible(gw, who, artifact_id, Role.VIEWER)
     js = gw.nc.jetstream()
-    chunks: AsyncIterator[bytes] = read_chunks(js, gw.artifacts, gw.artifacts_bucket, row["sha256"])
+    try:
+        chunks = await open_blob(js, gw.artifacts, gw.artifacts_bucket, row["sha256"])
+    except ObjectNotFoundError:
+        raise ApiError(404, "the artifact's bytes are not in the store") from None
     return StreamingResponse(
         chunks,
         headers={
