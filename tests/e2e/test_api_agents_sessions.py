@@ -18,7 +18,9 @@ from suzumio.gateway.api.pagination import encode_cursor
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from suzumio.platform.bus.commands import CommandClient
 from tests.e2e.api import new_world, ok, problem, tar_gz
+from tests.e2e.runner_env import request_activation
 from tests.e2e.stack import Stack
+from tests.support import eventually
 
 AGENT_YAML = b"""
 name: reviewer
@@ -252,6 +254,31 @@ async def test_a_retry_whose_first_answer_was_lost_creates_nothing_twice(stack: 
     assert len(sessions["items"]) == 2  # the world's own and the one opened once
 
 
+async def test_an_activations_tool_calls_come_a_page_at_a_time(stack: Stack) -> None:
+    """An activation may make tens of thousands: one unbounded answer, built on the event
+    loop, stalled every other request on the replica."""
+    world = await new_world(stack, "tcp")
+    activation_id = await request_activation(stack, world)
+    calls = [
+        ToolCallStarted(
+            call_id=f"c{i}", tool="file.read", arguments_digest="a" * 64, arguments_size=2
+        )
+        for i in range(3)
+    ]
+    await stack.store.append(activation_id, calls, 0)
+    url = f"/v1/activations/{activation_id}/tool-calls"
+    async with stack.client(world.key) as c:
+        await eventually(
+            lambda: c.get(url),
+            lambda r: r.status_code == 200 and len(r.json()["items"]) == 3,
+            what="the tool calls",
+        )
+        first = ok(await c.get(url, params={"limit": 2}))
+        rest = ok(await c.get(url, params={"limit": 2, "cursor": first["next_cursor"]}))
+    assert [t["call_id"] for t in first["items"] + rest["items"]] == ["c0", "c1", "c2"]
+    assert rest["next_cursor"] is None
+
+
 async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:
     world = await new_world(stack, "ned")
     activation_id, call_id = new_id(), "call-1"
@@ -288,7 +315,7 @@ async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:
         activation = ok(await c.get(f"/v1/activations/{activation_id}"))
         assert (activation["status"], activation["output_text"]) == ("completed", "done")
         assert activation["usage"] == {"total_tokens": 42}
-        calls = ok(await c.get(f"/v1/activations/{activation_id}/tool-calls"))
+        calls = ok(await c.get(f"/v1/activations/{activation_id}/tool-calls"))["items"]
         assert [(t["call_id"], t["status"], t["duration_ms"]) for t in calls] == [
             (call_id, "ok", 5)
         ]

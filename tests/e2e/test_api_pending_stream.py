@@ -46,10 +46,10 @@ async def test_approval_is_answered_and_wakes_the_agent(stack: Stack) -> None:
     async with stack.client(world.key) as c:
         listed = await eventually(
             lambda: c.get(f"/v1/sessions/{world.session_id}/pending-actions"),
-            lambda r: r.status_code == 200 and len(r.json()) == 1,
+            lambda r: r.status_code == 200 and len(r.json()["items"]) == 1,
             what="the pending action",
         )
-        assert listed.json()[0]["status"] == "open"
+        assert listed.json()["items"][0]["status"] == "open"
         problem(
             await c.post(f"/v1/pending-actions/{action_id}/reply", json={"answer": "yes"}),
             422,
@@ -81,6 +81,34 @@ async def test_approval_is_answered_and_wakes_the_agent(stack: Stack) -> None:
         assert len(wake) == 1
         assert (wake[0]["priority"], wake[0]["payload"]["approved"]) == ("P1", True)
         problem(await c.get("/v1/pending-actions/unknown"), 404, "not_found")
+
+
+async def test_a_sessions_pending_actions_come_a_page_at_a_time_and_by_status(
+    stack: Stack,
+) -> None:
+    """Nothing bounds a session's pending actions: the list was one unbounded answer, built
+    on the event loop. Paged (oldest first), and `status=open` gives what the agent waits on."""
+    world = await new_world(stack, "pgd")
+    ids = [await ask(stack, world, PendingKind.QUESTION) for _ in range(3)]
+    url = f"/v1/sessions/{world.session_id}/pending-actions"
+    async with stack.client(world.key) as c:
+        await eventually(
+            lambda: c.get(url),
+            lambda r: r.status_code == 200 and len(r.json()["items"]) == 3,
+            what="the pending actions",
+        )
+        ok(await c.post(f"/v1/pending-actions/{ids[1]}/reply", json={"answer": "done"}))
+        first = ok(await c.get(url, params={"limit": 2}))
+        rest = ok(await c.get(url, params={"limit": 2, "cursor": first["next_cursor"]}))
+        assert [a["id"] for a in first["items"] + rest["items"]] == ids
+        assert rest["next_cursor"] is None
+        still = await eventually(
+            lambda: c.get(url, params={"status": "open"}),
+            lambda r: r.status_code == 200 and len(r.json()["items"]) == 2,
+            what="the answer in the read model",
+        )
+        assert [a["id"] for a in still.json()["items"]] == [ids[0], ids[2]]
+        problem(await c.get(url, params={"status": "maybe"}), 422, "invalid")
 
 
 async def test_an_answer_to_a_closed_sessions_question_is_refused_until_it_is_reopened(

@@ -24,11 +24,11 @@ from tests.support import eventually
 async def open_question(c: httpx.AsyncClient, world: World) -> dict[str, Any]:
     listed = await eventually(
         lambda: c.get(f"/v1/sessions/{world.session_id}/pending-actions"),
-        lambda r: r.status_code == 200 and any(a["status"] == "open" for a in r.json()),
+        lambda r: r.status_code == 200 and any(a["status"] == "open" for a in r.json()["items"]),
         timeout=30,
         what="an open pending action",
     )
-    [action] = [a for a in listed.json() if a["status"] == "open"]
+    [action] = [a for a in listed.json()["items"] if a["status"] == "open"]
     return dict(action)
 
 

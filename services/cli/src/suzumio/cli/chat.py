@@ -411,18 +411,37 @@ async def _ended(conversation: Conversation, activation_id: str, row: dict[str, 
     return WAITING
 
 
+async def _open_actions(client: httpx.AsyncClient, path: str) -> list[Any]:
+    """The session's open pending actions, every page of them (a gateway from before the
+    pages answers a plain list, of every status); what could not be read is looked at again
+    next time."""
+    found: list[Any] = []
+    params: dict[str, str | int] = {"status": "open", "limit": 200}
+    while True:
+        response = await client.get(path, params=params)
+        try:
+            body = response.json() if response.status_code == 200 else None
+        except ValueError:  # not JSON (a proxy's error page)
+            return found
+        if isinstance(body, list):
+            return found + body
+        if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+            return found
+        found += body["items"]
+        following = body.get("next_cursor")
+        if not isinstance(following, str) or not following:
+            return found
+        params["cursor"] = following
+
+
 async def _pending(
     client: httpx.AsyncClient, conversation: Conversation, answers: StdinLines | None
 ) -> None:
     """What the message's activations wait on: said once each, and answered here when the
     command is interactive."""
     path = f"/v1/sessions/{quote(conversation.session_id, safe='')}/pending-actions"
-    response = await client.get(path)
-    try:
-        listed = response.json() if response.status_code == 200 else []
-    except ValueError:  # not JSON (a proxy's error page): looked at again next time
-        return
-    for action in listed if isinstance(listed, list) else ():
+    listed = await _open_actions(client, path)
+    for action in listed:
         if (
             not isinstance(action, dict)
             or action.get("status") != "open"

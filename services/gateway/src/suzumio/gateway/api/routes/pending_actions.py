@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 
 from suzumio.contracts.commands import AnswerPendingAction
 from suzumio.contracts.ids import Identifier
@@ -12,9 +12,11 @@ from suzumio.contracts.values import PendingKind, Role
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import GatewayDep, PrincipalDep, ReadPosition, require_role
 from suzumio.gateway.api.models import PendingActionOut, ReplyIn
+from suzumio.gateway.api.pagination import Page, page_of
 from suzumio.gateway.api.problems import not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
-from suzumio.gateway.api.routes.sessions import visible_session
+from suzumio.gateway.api.routes.sessions import Paging, visible_session
+from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 
 router = APIRouter(tags=["pending actions"], responses=RESPONSES)
@@ -52,15 +54,23 @@ async def _visible(gw: Gateway, who: Principal, action_id: Identifier, needed: R
 
 @router.get("/v1/sessions/{session_id}/pending-actions")
 async def list_pending_actions(
-    session_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
-) -> list[PendingActionOut]:
+    session_id: Identifier,
+    gw: GatewayDep,
+    who: PrincipalDep,
+    _: ReadPosition,
+    paging: Paging,
+    status: Annotated[Literal["open", "answered", "expired", "cancelled"] | None, Query()] = None,
+) -> Page[PendingActionOut]:
+    """The session's pending actions in order (oldest first), a page at a time; `status`
+    picks those of one status (`open`: what its agent waits on)."""
     await visible_session(gw, who, session_id, Role.VIEWER)
-    rows = await gw.pool.fetch(
-        "SELECT * FROM proj_pending_actions.pending_actions WHERE session_id = $1"
-        " ORDER BY created_at, id",
-        session_id,
-    )
-    return [_action(r) for r in rows]
+    where, args = ["session_id = $1"], [session_id]
+    if status is not None:
+        args.append(status)
+        where.append(f"status = ${len(args)}")
+    select = "SELECT * FROM proj_pending_actions.pending_actions"
+    rows = await page(gw.pool, select, where, args, paging, descending=False)
+    return page_of(rows, paging.limit, "created_at", _action)
 
 
 @router.get("/v1/pending-actions/{action_id}")

@@ -386,13 +386,22 @@ async def cancel_activation(
 
 @router.get("/v1/activations/{activation_id}/tool-calls", tags=["activations"])
 async def list_tool_calls(
-    activation_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
-) -> list[ToolCallOut]:
-    """The audit record of every tool call the activation made, in order."""
+    activation_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition, paging: Paging
+) -> Page[ToolCallOut]:
+    """The audit record of every tool call the activation made, in order (oldest first), a
+    page at a time: an activation may make tens of thousands."""
     await _visible_activation(gw, who, activation_id)
-    rows = await gw.pool.fetch(
-        "SELECT * FROM proj_tool_calls.tool_calls WHERE activation_id = $1"
-        " ORDER BY started_at, call_id",
-        activation_id,
+    rows = await page(
+        gw.pool,
+        "SELECT *, call_id AS id FROM proj_tool_calls.tool_calls",
+        ["activation_id = $1"],
+        [activation_id],
+        paging,
+        sort="started_at",
+        descending=False,
     )
-    return [ToolCallOut.model_validate(dict(r)) for r in rows]
+    return page_of(rows, paging.limit, "started_at", _tool_call)
+
+
+def _tool_call(row: Any) -> ToolCallOut:
+    return ToolCallOut.model_validate({k: v for k, v in dict(row).items() if k != "id"})
