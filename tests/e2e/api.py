@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from tests.e2e.stack import Stack
+from tests.support import eventually
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:
@@ -89,3 +90,21 @@ def tar_gz(files: dict[str, bytes]) -> bytes:
             info.size = len(body)
             archive.addfile(info, io.BytesIO(body))
     return buffer.getvalue()
+
+
+async def in_pages(c: httpx.AsyncClient, url: str, count: int, limit: int = 2) -> list[Any]:
+    """The list at `url`, once its read model shows `count` items, read `limit` at a time
+    from the first page to the last (whose `next_cursor` is null)."""
+    await eventually(
+        lambda: c.get(url),
+        lambda r: r.status_code == 200 and len(r.json()["items"]) == count,
+        what=f"{count} items at {url}",
+    )
+    items: list[Any] = []
+    params: dict[str, Any] = {"limit": limit}
+    while True:
+        page = ok(await c.get(url, params=params))
+        items += page["items"]
+        if page["next_cursor"] is None:
+            return items
+        params["cursor"] = page["next_cursor"]

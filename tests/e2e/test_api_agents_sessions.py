@@ -17,10 +17,9 @@ from suzumio.contracts.ids import new_id
 from suzumio.gateway.api.pagination import encode_cursor
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from suzumio.platform.bus.commands import CommandClient
-from tests.e2e.api import new_world, ok, problem, tar_gz
+from tests.e2e.api import in_pages, new_world, ok, problem, tar_gz
 from tests.e2e.runner_env import request_activation
 from tests.e2e.stack import Stack
-from tests.support import eventually
 
 AGENT_YAML = b"""
 name: reviewer
@@ -268,15 +267,8 @@ async def test_an_activations_tool_calls_come_a_page_at_a_time(stack: Stack) -> 
     await stack.store.append(activation_id, calls, 0)
     url = f"/v1/activations/{activation_id}/tool-calls"
     async with stack.client(world.key) as c:
-        await eventually(
-            lambda: c.get(url),
-            lambda r: r.status_code == 200 and len(r.json()["items"]) == 3,
-            what="the tool calls",
-        )
-        first = ok(await c.get(url, params={"limit": 2}))
-        rest = ok(await c.get(url, params={"limit": 2, "cursor": first["next_cursor"]}))
-    assert [t["call_id"] for t in first["items"] + rest["items"]] == ["c0", "c1", "c2"]
-    assert rest["next_cursor"] is None
+        listed = await in_pages(c, url, 3)
+    assert [t["call_id"] for t in listed] == ["c0", "c1", "c2"]
 
 
 async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:
