@@ -3,6 +3,7 @@ file made once and durably, and upload forms bounded as a whole."""
 
 from __future__ import annotations
 
+import hashlib
 import stat
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -92,3 +93,38 @@ async def test_many_files_each_under_the_limit_are_refused_past_the_uploads_tota
         assert [f.size for f in form.files] == [1000] * 4
     finally:
         form.close()
+
+
+async def test_a_form_of_many_files_holds_one_descriptor_and_reads_each_back() -> None:
+    """Each part opened a temporary file of its own, all open until the upload was stored (a
+    thousand commands later): a body of a thousand empty parts took a thousand descriptors,
+    and a few such uploads ran the gateway out of them (EMFILE for every socket after)."""
+
+    def open_fds() -> int:
+        return sum(1 for _ in Path("/proc/self/fd").iterdir())
+
+    before = open_fds()
+    parts = [
+        f'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="f{i}.txt"\r\n'
+        f"Content-Type: text/plain\r\n\r\n{f'file {i} ' * (i % 3)}\r\n"
+        for i in range(500)
+    ]
+    body = ("".join(parts) + "--b0undary--\r\n").encode()
+    content_type = "multipart/form-data; boundary=b0undary"
+    form = await receive_form(
+        content_type, _body(body), max_file_bytes=1024, max_total_bytes=1 << 20
+    )
+    try:
+        assert open_fds() - before <= 1
+        assert len(form.files) == 500
+        for i, received in enumerate(form.files):
+            expected = (f"file {i} " * (i % 3)).encode()
+            assert received.size == len(expected)
+            assert received.sha256 == hashlib.sha256(expected).hexdigest()
+            reader = received.file
+            assert reader.read(3) + reader.read() == expected  # in pieces, as put_blob reads
+            assert reader.read() == b""
+            assert received.file.read() == expected  # and again from the start
+    finally:
+        form.close()
+    assert open_fds() <= before

@@ -1,9 +1,11 @@
-"""Streaming multipart uploads: each file part is hashed and spooled to disk as it arrives,
-with a size cap enforced while reading, so a huge upload is refused before it fills a disk."""
+"""Streaming multipart uploads: each file part is hashed and spooled to disk as it arrives (all
+of a form's in one file), with a size cap enforced while reading, so a huge upload is refused
+before it fills a disk."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tempfile
 from collections.abc import AsyncIterator
@@ -31,27 +33,70 @@ def media_type(value: str | None) -> str:
     return essence.lower() if _MEDIA_TYPE.fullmatch(essence) else OCTET_STREAM
 
 
+class Spool:
+    """A form's file parts, one after the other in one temporary file (made at the first):
+    an upload of a thousand parts holds one descriptor, not one a part — a member could run
+    the gateway out of them with a body of empty parts."""
+
+    def __init__(self) -> None:
+        self._file: IO[bytes] | None = None
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        if self._file is None:
+            self._file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115 - closed by close()
+        self._file.write(chunk)
+        self.size += len(chunk)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        if self._file is None or size <= 0:
+            return b""
+        return os.pread(self._file.fileno(), size, offset)  # no shared position to move
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class FileWindow:
+    """One file of a spool, read from its start (by `put_blob`, on threads)."""
+
+    def __init__(self, spool: Spool, offset: int, size: int) -> None:
+        self._spool, self._offset, self._size = spool, offset, size
+        self._at = 0
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._size - self._at
+        wanted = left if n is None or n < 0 else min(n, left)
+        data = self._spool.read_at(self._offset + self._at, wanted)
+        self._at += len(data)
+        return data
+
+
 @dataclass
 class ReceivedFile:
     name: str  # the form field's name
     filename: str
     content_type: str
+    spool: Spool
+    offset: int  # where its bytes begin in the spool
     size: int = 0
     sha256: str = ""
-    file: IO[bytes] = field(default_factory=tempfile.TemporaryFile)
 
-    def close(self) -> None:
-        self.file.close()
+    @property
+    def file(self) -> FileWindow:
+        """Its bytes, read from the start (each call a reader of its own)."""
+        return FileWindow(self.spool, self.offset, self.size)
 
 
 @dataclass
 class ReceivedForm:
     files: list[ReceivedFile]
     fields: dict[str, str]
+    spool: Spool = field(default_factory=Spool)
 
     def close(self) -> None:
-        for f in self.files:
-            f.close()
+        self.spool.close()
 
 
 class _FormParser:
@@ -117,7 +162,8 @@ class _FormParser:
             # different names one): the client's error, said before anything is stored.
             raise ApiError(422, "a file name must be UTF-8") from None
         content_type = media_type(self._headers.get("content-type"))
-        self._file = ReceivedFile(self._name, name, content_type)
+        spool = self.form.spool
+        self._file = ReceivedFile(self._name, name, content_type, spool, spool.size)
         self.form.files.append(self._file)
 
     def part_data(self, data: bytes, start: int, end: int) -> None:
@@ -138,7 +184,7 @@ class _FormParser:
         if self._total_bytes > self._max_total_bytes:
             raise ApiError(413, f"an upload holds at most {self._max_total_bytes} bytes of files")
         self._digest.update(chunk)
-        self._file.file.write(chunk)
+        self.form.spool.write(chunk)
 
     def _keep_text(self, size: int) -> None:
         # Each field small is not enough: a form of many distinct small fields would still be
@@ -150,7 +196,6 @@ class _FormParser:
     def part_end(self) -> None:
         if self._file is not None:
             self._file.sha256 = self._digest.hexdigest()
-            self._file.file.seek(0)
         else:
             self.form.fields[self._name] = self._text.decode("utf-8", "replace")
 
