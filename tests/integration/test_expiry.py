@@ -93,3 +93,25 @@ async def test_a_deadline_passed_before_its_row_shows_is_looked_for_again_soon(
     clock.notify("never", NOW + timedelta(seconds=1))
     now = NOW + timedelta(seconds=1) + VISIBLE_WITHIN + timedelta(seconds=1)
     assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # never showed: given up
+
+
+async def test_a_far_deadline_is_left_to_the_read_model_and_a_near_one_watched(
+    pool: Pool,
+) -> None:
+    """Every action this process created was watched until its deadline (up to 30 days)
+    and every create scanned them all: a runner asking in a loop grew the watch without bound
+    and made each create slower. A far deadline's row shows in the read model long before it
+    is due, and each pass (a minute apart at most) reads the next deadline there; only one
+    due before that needs watching."""
+    await pool.execute(
+        "CREATE SCHEMA proj_pending_actions;"
+        " CREATE TABLE proj_pending_actions.pending_actions"
+        " (id text PRIMARY KEY, status text NOT NULL, expires_at timestamptz NOT NULL)"
+    )
+    clock = ExpiryClock(pool, RecordingRouter(refuse=set()), lambda: NOW)
+    for i in range(10_000):
+        clock.notify(f"far{i}", NOW + timedelta(days=30))
+    assert clock._sleep(None) == MAX_SLEEP.total_seconds()  # nothing of them to wake for
+    assert len(clock._watch) == 0
+    clock.notify("near", NOW + timedelta(seconds=5))
+    assert clock._sleep(None) == 5.0  # woken for it, whether its row shows by then or not

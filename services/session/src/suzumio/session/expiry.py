@@ -26,6 +26,7 @@ MAX_SLEEP = timedelta(seconds=60)
 VISIBLE_WITHIN = timedelta(seconds=10)
 RECHECK = timedelta(seconds=0.5)
 RETRY_FAILED_AFTER = timedelta(seconds=60)
+WATCH_HORIZON = 2 * MAX_SLEEP
 TABLE = "proj_pending_actions.pending_actions"
 PAGE = 500
 
@@ -46,7 +47,13 @@ class ExpiryClock:
         self._failed: dict[str, datetime] = {}  # id -> not to be retried before
 
     def notify(self, pending_action_id: str, deadline: datetime) -> None:
-        """A pending action was created that expires at `deadline`."""
+        """A pending action was created that expires at `deadline`. Watched only when it is
+        due soon: the read model shows a later one's row long before it is due, and each pass
+        (a minute apart at most) reads the next deadline there. Watching them all held every
+        action created for as long as its timeout (up to 30 days), and scanned them all at
+        each create."""
+        if deadline - self._clock() > WATCH_HORIZON:
+            return
         earliest = min(self._watch.values(), default=None)
         self._watch[pending_action_id] = deadline
         if earliest is None or deadline < earliest:
