@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import cast
 
 import anyio
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -265,6 +266,28 @@ async def test_a_channel_whose_last_listener_could_not_leave_is_dropped_not_reop
         hub.forget("s1", watcher)  # its `leave` never got the lock
         await hub._follow_live()
         assert hub._channels == {}
+    finally:
+        await hub.close()
+
+
+async def test_a_channel_left_without_listeners_on_the_current_live_is_dropped(
+    nc: NATS, topology: Topology
+) -> None:
+    """Not only on a LIVE made again: a channel whose last listener went without leaving (its
+    `leave` gave up on the lock behind a slow NATS, or its feed's cleanup failed first) kept
+    its server consumer and took its session's chunks for good, nobody reading them."""
+    hub = LiveHub(nc, topology)
+    watcher, stays = Watcher(), Watcher()
+    try:
+        await hub.join("s1", watcher)
+        await hub.join("s2", stays)
+        channel = hub._channels["s1"]
+        hub.forget("s1", watcher)  # its `leave` never got the lock
+        await hub._follow_live()
+        assert list(hub._channels) == ["s2"]  # the one still listened to stays
+        assert channel.sub is not None
+        with pytest.raises(nats.errors.BadSubscriptionError):
+            await channel.sub.unsubscribe()  # unsubscribed already
     finally:
         await hub.close()
 

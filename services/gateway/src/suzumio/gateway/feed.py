@@ -211,7 +211,8 @@ class SessionFeed:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(CLOSE_SECONDS):
                 if sub is not None:  # first: it needs no lock, and holds a server consumer
-                    await sub.unsubscribe()
+                    with contextlib.suppress(Exception):  # the hub's leave comes all the same
+                        await sub.unsubscribe()
                 if joined:
                     await self._gw.live.leave(self._session_id, self)
 

@@ -150,8 +150,10 @@ class LiveHub:
                 log.info("live.check_failed", error=repr(exc))
 
     async def _follow_live(self) -> None:
-        """Open again each channel opened on a LIVE that is gone (another creation time, or
-        its end before what the channel handed out already), and tell its listeners."""
+        """Drop each channel left without listeners, and open again each channel opened on a
+        LIVE that is gone (another creation time, or its end before what the channel handed
+        out already), telling its listeners."""
+        await self._reap()
         # Positions taken before the stream's: a message handed out after the request would
         # be past the end it names without anything being wrong.
         seen = [(session_id, c, c.last_seq) for session_id, c in self._channels.items()]
@@ -181,6 +183,18 @@ class LiveHub:
                 for listener in list(fresh.listeners):
                     if isinstance(listener, RestartListener):
                         listener.restarted()
+
+    async def _reap(self) -> None:
+        """Channels whose last listener went without leaving (its `leave` gave up on the lock,
+        or its feed's cleanup failed before it): each kept a server consumer and took its
+        session's chunks for good, nobody reading them."""
+        if all(c.listeners for c in self._channels.values()):
+            return
+        async with self._lock:
+            for session_id, channel in list(self._channels.items()):
+                if not channel.listeners:
+                    del self._channels[session_id]
+                    await _unsubscribe(channel)
 
     async def _live_info(self) -> tuple[str, int]:
         """LIVE's creation time and end."""
