@@ -10,10 +10,10 @@ import httpx
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
-from suzumio.contracts.subjects import ARTIFACTS_BUCKET
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET, blob_name
 from suzumio.gateway.api.routes.artifacts import attachment
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
-from suzumio.platform.bus.objects import blob_name, has_blob
+from suzumio.platform.bus.objects import has_blob
 from tests.e2e.api import new_world, ok, problem
 from tests.e2e.stack import MAX_UPLOAD, Stack
 
