@@ -59,10 +59,11 @@ class Repository:
             self._cache.move_to_end(key)
             return state
         # What came since, in one round trip: nothing new costs what a head lookup does.
-        stream = await self.store.load(
+        # Folded as it comes: a long history (a session's thousands of messages, after a
+        # restart or an eviction) is never held whole, decoded, in memory.
+        async for event in self.store.events(
             cls.aggregate, aggregate_id, after=Head(state.version, state.seq)
-        )
-        for event in stream.events:
+        ):
             state.fold(event.data, event.version, event.seq)
         if state.exists:  # a missing aggregate may be created by someone else any moment
             self._keep(key, state)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,23 +409,33 @@ class EventStore:
         Raises:
             UnknownEventTypeError: an event of a type this code does not know.
         """
+        events = [e async for e in self.events(aggregate, aggregate_id, after=after)]
+        return AggregateStream(aggregate, aggregate_id, tuple(events))
+
+    async def events(
+        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+    ) -> AsyncIterator[RecordedEvent[DomainEvent]]:
+        """As `load`, one event at a time as the messages come: a fold over a long history
+        holds one message's events, not all of them.
+
+        Raises:
+            UnknownEventTypeError: an event of a type this code does not know.
+        """
         subject = self.topology.event_subject(aggregate, aggregate_id)
         after = after or Head(0, 0)
-        events: list[RecordedEvent[DomainEvent]] = []
+        version, seq = after.version, after.seq
         async for stored in iter_subject(
             self._nc, self._stream, subject, after_seq=after.seq, timeout=self._timeout
         ):
             for envelope in envelopes_of(stored.data):
-                expected = after.version + len(events) + 1
-                if envelope.version != expected:
+                if envelope.version != version + 1:
                     raise PlatformError(
-                        f"{subject}: version {envelope.version} where {expected} was due"
+                        f"{subject}: version {envelope.version} where {version + 1} was due"
                     )
-                events.append(RecordedEvent(envelope, decode_data(envelope), stored.seq))
-        stream = AggregateStream(aggregate, aggregate_id, tuple(events))
-        if events:
-            self._remember(subject, Head(stream.version, stream.seq))
-        return stream
+                version, seq = envelope.version, stored.seq
+                yield RecordedEvent(envelope, decode_data(envelope), stored.seq)
+        if version > after.version:
+            self._remember(subject, Head(version, seq))
 
     async def first(self, aggregate: str, aggregate_id: str) -> list[EventEnvelope]:
         """The events of the aggregate's first commit (its creation), untyped: one read,
