@@ -44,6 +44,7 @@ from suzumio.platform.projections.apply import (
 from suzumio.platform.projections.base import Projection, live_schema
 from suzumio.platform.projections.decoding import LogEntry, decode_entry
 from suzumio.platform.projections.parking import record_parked
+from suzumio.platform.projections.reader import FetchSize
 from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
 
 log = get_logger(__name__)
@@ -230,12 +231,14 @@ class Projector:
         await self._ensure_consumer()
         self._next = await self._start_position(conn)
         psub = await self._bind(self._next)
+        size = FetchSize(self._batch)
         try:
             while not stop.is_set():
                 try:
-                    msgs = await psub.fetch(self._batch, timeout=1.0)
+                    msgs = await psub.fetch(size.next, timeout=1.0)
                 except TimeoutError:
                     continue
+                size.took(msgs)
                 try:
                     await self._handle(conn, msgs)
                 except _ResetError as reset:

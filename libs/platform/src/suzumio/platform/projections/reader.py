@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
@@ -14,6 +15,28 @@ from nats.js.client import JetStreamContext
 
 from suzumio.contracts.subjects import Topology
 
+BATCH_BYTES = 32 * 1024 * 1024  # what a batch may hold in memory, about
+
+
+class FetchSize:
+    """How many events the next fetch asks for: up to the projector's batch, and about
+    BATCH_BYTES of them by the size of the last ones. A batch is bounded by count at the
+    server (nats-py's fetch sends no byte bound), and a thousand events of a megabyte each
+    (a session's long messages) would be a gigabyte in memory at once. The first asks for a
+    few only, the size of what comes not being known yet."""
+
+    FIRST = 32
+
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self.next = min(most, self.FIRST)
+
+    def took(self, msgs: Sequence[Msg]) -> None:
+        if not msgs:
+            return
+        average = max(sum(len(m.data) for m in msgs) // len(msgs), 1)
+        self.next = max(1, min(self._most, BATCH_BYTES // average))
+
 
 class LogReader:
     """`async with LogReader(nc, topology, start_seq=1) as reader: await reader.fetch()`."""
@@ -22,7 +45,7 @@ class LogReader:
         self._js = nc.jetstream()
         self._topology = topology
         self._start_seq = start_seq
-        self._batch = batch
+        self._size = FetchSize(batch)
         self._sub: JetStreamContext.PullSubscription | None = None
 
     async def __aenter__(self) -> Self:
@@ -54,6 +77,8 @@ class LogReader:
         """The next messages in order; an empty list when none arrived within `timeout`."""
         assert self._sub is not None
         try:
-            return await self._sub.fetch(self._batch, timeout=timeout)
+            msgs: list[Msg] = await self._sub.fetch(self._size.next, timeout=timeout)
         except (TimeoutError, NatsTimeoutError):
             return []
+        self._size.took(msgs)
+        return msgs
