@@ -478,20 +478,23 @@ def test_bridge_networks_reach_the_host_through_the_gateway():
     assert networks.of(NetworkProfile.NONE) == "none"
 
 
-class GivenUpAfterItStarted(threading.Event):
-    """Not given up when the launch's thread begins; given up by its next look."""
+class GivenUpAt(threading.Event):
+    """Not given up when the launch's thread looks the first times; given up from its look
+    number `at` on (2: once its files are prepared, 3: when it meets the name taken)."""
 
-    def __init__(self) -> None:
+    def __init__(self, at: int) -> None:
         super().__init__()
+        self.at = at
         self.looks = 0
 
     def is_set(self) -> bool:
         self.looks += 1
-        return self.looks > 1
+        return self.looks >= self.at
 
 
+@pytest.mark.parametrize("at", [2, 3], ids=["after_prepare", "at_the_name"])
 async def test_a_launch_given_up_midway_removes_no_other_launchs_container(
-    make_backend, engine, image, tmp_path
+    make_backend, engine, image, tmp_path, at
 ):
     """A leader that steps down cancels its launch, but the launch's thread goes on. Meeting a
     container of the attempt's name (a new leader's launch, made and not yet started) it must
@@ -505,11 +508,37 @@ async def test_a_launch_given_up_midway_removes_no_other_launchs_container(
     theirs = await asyncio.to_thread(
         backend._create, api, plan, image, backend._name(plan), network
     )
-    abandoned = GivenUpAfterItStarted()
+    abandoned = GivenUpAt(at)
     with pytest.raises(docker_backend._AbandonedError):
         await asyncio.to_thread(backend._launch_sync, plan, image, network, abandoned)
+    assert abandoned.looks == at
     named = engine.inspect_container(backend._name(plan))  # theirs, and no other
     assert (named["Id"], named["State"]["Status"]) == (theirs, "created")
+
+
+async def test_a_container_removed_by_its_own_launch_while_adopted_frees_the_name(
+    make_backend, engine, image, tmp_path, monkeypatch
+):
+    """A new leader's launch found the attempt's name taken by a container that was not
+    running (the old leader's, given up): while it went to remove it, the old thread removed
+    it itself. The engine's 404 failed the new launch for good; the name is free, and the
+    launch goes on."""
+    backend = make_backend()
+    plan = make_plan(tmp_path, entry=SLEEP)
+    network = (await backend._call(backend._network_choice)).of(plan.profile.network)
+    api = backend._client()
+    await asyncio.to_thread(backend._prepare, plan, network)
+    name = backend._name(plan)
+    await asyncio.to_thread(backend._create, api, plan, image, name, network)
+    inspect = api.inspect_container
+
+    def inspected_then_removed(container: str) -> Any:
+        info = inspect(container)
+        engine.remove_container(info["Id"], force=True)  # the other thread's removal
+        return info
+
+    monkeypatch.setattr(api, "inspect_container", inspected_then_removed)
+    assert await asyncio.to_thread(backend._adopt, api, name, plan) is None
 
 
 async def test_a_launch_cancelled_while_its_thread_works_leaves_no_container(

@@ -235,21 +235,12 @@ class DockerBackend:
         if abandoned.is_set():
             raise _AbandonedError
         self._prepare(plan, network)
+        if abandoned.is_set():  # given up while it prepared: the name is not to be taken
+            raise _AbandonedError
         api = self._client()
-        name = self._name(plan)
-        try:
-            container_id = self._create(api, plan, image, name, network)
-        except ImageNotFound:
-            raise _ImageMissingError(image) from None
-        except APIError as exc:
-            if exc.status_code != 409:
-                raise
-            if abandoned.is_set():  # the name's container may be a new leader's launch
-                raise _AbandonedError from None
-            adopted = self._adopt(api, name, plan)
-            if adopted is not None:
-                return adopted
-            container_id = self._create(api, plan, image, name, network)
+        container_id, adopted = self._create_or_adopt(api, plan, image, network, abandoned)
+        if adopted:
+            return container_id
         if abandoned.is_set():
             _remove_quietly(api, container_id)  # its own: made by this thread
             raise _AbandonedError
@@ -267,6 +258,25 @@ class DockerBackend:
             _remove_quietly(api, container_id)
             raise
         return container_id
+
+    def _create_or_adopt(
+        self, api: Any, plan: LaunchPlan, image: str, network: str, abandoned: threading.Event
+    ) -> tuple[str, bool]:
+        """The container made for the plan, or one of its name that runs it already (True)."""
+        name = self._name(plan)
+        try:
+            return self._create(api, plan, image, name, network), False
+        except ImageNotFound:
+            raise _ImageMissingError(image) from None
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+            if abandoned.is_set():  # the name's container may be a new leader's launch
+                raise _AbandonedError from None
+        adopted = self._adopt(api, name, plan)
+        if adopted is not None:
+            return adopted, True
+        return self._create(api, plan, image, name, network), False
 
     def _prepare(self, plan: LaunchPlan, network: str) -> None:
         workspace = plan.host_dir / "workspace"
@@ -355,7 +365,8 @@ class DockerBackend:
             and labels.get(f"{LABEL_PREFIX}.activation") == plan.activation_id
         ):
             return str(info["Id"])
-        api.remove_container(info["Id"], force=True)
+        with contextlib.suppress(NotFound):  # removed meanwhile by the launch that made it
+            api.remove_container(info["Id"], force=True)
         return None
 
     async def _pull(self, image: str) -> None:

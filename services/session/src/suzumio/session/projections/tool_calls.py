@@ -12,7 +12,8 @@ from suzumio.platform.projections.writes import clean
 
 class ToolCallsProjection(Projection):
     name: ClassVar[str] = "tool_calls"
-    version: ClassVar[int] = 2  # 2: NUL in a record's text no longer parks it
+    # 2: NUL in a record's text no longer parks it; 3: the index the paged list reads by
+    version: ClassVar[int] = 3
     handles: ClassVar[frozenset[str]] = frozenset(
         c.event_type for c in (ToolCallStarted, ToolCallFinished)
     )
@@ -36,6 +37,7 @@ class ToolCallsProjection(Projection):
             position bigint NOT NULL,
             PRIMARY KEY (activation_id, call_id)
         );
+        CREATE INDEX ON {schema}.tool_calls (activation_id, started_at, call_id);
         """
 
     async def apply(self, conn: Connection, schema: str, events: Events) -> None:
