@@ -97,9 +97,9 @@ async def test_a_start_past_the_activations_tool_calls_is_refused(budgeted: Stac
         finish = {"call_id": "c0", "status": "ok", "duration_ms": 3, "result_size": 1}
         finished = await c.post("/runner/tool-calls/finish", json=finish)
     assert again.json() == {"recorded": False}  # a retry of one recorded is no new call
-    assert past.status_code == 403, past.text
+    assert past.status_code == 409, past.text
     assert past.headers["content-type"] == "application/problem+json"
-    assert past.json()["code"] == "forbidden"
+    assert past.json()["code"] == "limit_reached"
     assert str(MAX_CALLS) in past.json()["detail"]
     assert finished.json() == {"recorded": True}  # its started calls still finish
     types = await activation_types(budgeted, a.activation_id)

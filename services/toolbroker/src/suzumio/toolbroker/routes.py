@@ -149,9 +149,12 @@ async def tool_call_start(body: ToolCallStart, caller: Auth, broker: Shared) -> 
         if len(a.calls_started) >= broker.max_tool_calls:
             # Each start is an event in the log for good, and a call id in every replica's
             # memory while the activation lives: a sandbox looping on this route must end.
+            # Not a 401/403, which the runner takes for a fence (it would exit saying the
+            # token was refused, its output unrecorded): a refused request, which ends the
+            # activation failed with this reason in its output.
             raise BrokerError(
-                403,
-                "forbidden",
+                409,
+                "limit_reached",
                 f"an activation may start at most {broker.max_tool_calls} tool calls",
             )
         wrote = await append_own(

@@ -52,7 +52,7 @@ class ToolbrokerSettings(ServiceSettings):
         default=MAX_TOOL_CALLS,
         ge=1,
         description="tool calls one activation may start (each is an event in the log); past "
-        "them a start is refused (403), which fails the activation",
+        "them a start is refused (409 limit_reached), which ends the activation failed",
     )
     credential_refresh_seconds: float = Field(
         default=10.0,
