@@ -595,3 +595,30 @@ async def test_fake_api_a_job_whose_creation_answer_is_lost_is_not_left_suspende
             assert server.objects("Secret", NS) == []
         finally:
             await backend.close()
+
+
+class RefusingSecretDeletes(FakeKubernetesServer):
+    """Answers 503 to a Secret's deletion (an API server in trouble)."""
+
+    async def _route(self, request: Any, query: dict[str, str]) -> Any:
+        if request.method == "DELETE" and "/secrets/" in request.url.path:
+            raise ApiError(503, "ServiceUnavailable", "the API server is in trouble")
+        return await super()._route(request, query)
+
+
+async def test_fake_api_a_kept_jobs_secret_not_deleted_fails_the_cleanup(platform_ns: str) -> None:
+    """Against a fake API server. Swallowed, the failure left the Secret (the token and the
+    provider keys) for good: nothing looks at an ended Job again. Raised, the orchestrator
+    stops the attempt's sandbox until it can — deleting the Job deletes its Secret."""
+    async with RefusingSecretDeletes(namespaces=[NS, "default"]) as server:
+        backend = KubernetesBackend(settings_for(server, cleanup="never"), platform_ns)
+        try:
+            handle = await backend.launch(plan_in(platform_ns))
+            server.finish_job(handle.sandbox_id, 1)
+            with pytest.raises(client.ApiException) as refused:
+                await backend.cleanup(handle, succeeded=False)
+            assert refused.value.status == 503
+            await backend.cancel(handle)  # what the orchestrator then does
+            assert server.objects("Secret", NS) == []
+        finally:
+            await backend.close()

@@ -540,16 +540,21 @@ class KubernetesBackend:
         self._cancelled.discard(handle.sandbox_id)
 
     async def _delete_secret(self, name: str) -> None:
+        """Raises when the API server did not take the deletion: the cleanup then fails, and
+        the orchestrator stops the attempt's sandbox until it can (deleting the Job, and the
+        Secret with it) — nothing else would look at an ended Job's Secret again."""
+        api = await self._client()
         try:
-            api = await self._client()
             await client.CoreV1Api(api).delete_namespaced_secret(
                 name, self._ns, _request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("kubernetes secret not deleted", job=name, error=_describe(exc))
+                raise
         except _UNREACHABLE as exc:
             log.warning("kubernetes secret not deleted", job=name, error=_describe(exc))
+            raise
 
     async def _delete_job(self, name: str) -> None:
         # Background: the garbage collector removes the pod, Secret, ConfigMap and policy
