@@ -149,3 +149,36 @@ async def test_the_bucket_out_of_reach_is_a_503_to_retry_not_a_500() -> None:
     assert answer.headers["retry-after"] == "1"
     assert answer.json()["code"] == "unavailable"
     assert route.runs == 0
+
+
+class LandedKV(LosingKV):
+    """The bucket, but the first create lands and then its answer is lost."""
+
+    async def create(self, key: str, value: bytes) -> int:
+        revision = await self._kv.create(key, value)
+        if self.lost == 0:
+            self.lost += 1
+            raise NatsTimeoutError
+        return revision
+
+
+async def test_a_slot_taken_though_its_answer_was_lost_is_freed_for_the_retry(
+    nc: NATS, topology: Topology
+) -> None:
+    """The 503's retry, with the same key, was told for a minute that the request was still
+    in progress (its pending record, written as the answer was lost), while nothing had run."""
+    kv = LandedKV(await ensure_kv(nc.jetstream(), topology.bucket("idempotency"), ttl=600))
+    route = CountingRoute()
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
+        lambda: cast("KeyValue", kv),
+        lambda: SecretBox([SecretBox.generate_key()]),
+        _valid,
+    )
+    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k-landed"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+        first = await c.post("/things", json={"a": 1})
+        assert (first.status_code, kv.lost, route.runs) == (503, 1, 0)
+        retried = await c.post("/things", json={"a": 1})
+    assert (retried.status_code, retried.json()) == (201, {"run": 1})

@@ -101,16 +101,18 @@ class IdempotencyMiddleware:
         await self._handle(slot, body, scope, send)
 
     async def _handle(self, slot: str, body: _Body, scope: Scope, send: Send) -> None:
+        claim = _Claim(self._kv(), slot, body.early)
         try:
-            claim = await self._claim(slot, body, scope, send)
+            answered = await self._take(claim, body, scope, send)
         except Exception as exc:
             # Out here the routes' handlers are not around (they answer inside the app): the
             # platform's servers in trouble would be a 500, which says "do not retry".
             if not is_trouble(exc):
                 raise
+            await _let_go(claim)
             await unavailable(scope["path"], exc)(scope, body.receive, send)
             return
-        if claim is None:  # answered
+        if answered:
             return
         recorded = _Recorder(send)
         # Said to be alive while it runs: a request past STALE_PENDING_SECONDS (a long upload,
@@ -124,11 +126,10 @@ class IdempotencyMiddleware:
             await refreshing
             await self._keep(claim, body, recorded, scope)
 
-    async def _claim(self, slot: str, body: _Body, scope: Scope, send: Send) -> _Claim | None:
-        """The slot taken for this request; None when it was answered here (a kept answer
-        replayed, a conflict)."""
-        kv = self._kv()
-        claim = _Claim(kv, slot, body.early)
+    async def _take(self, claim: _Claim, body: _Body, scope: Scope, send: Send) -> bool:
+        """Take the slot for this request; True when it was answered here instead (a kept
+        answer replayed, a conflict)."""
+        kv, slot = claim.kv, claim.slot
         for _ in range(3):  # the first request may delete its slot (401, 503) while we look
             try:
                 claim.revision = await kv.create(slot, claim.pending())
@@ -149,9 +150,9 @@ class IdempotencyMiddleware:
                             headers={"WWW-Authenticate": "Bearer"},
                         )
                     await answered(scope, body.receive, send)
-                    return None
+                    return True
                 break
-        return claim
+        return False
 
     async def _existing(
         self, kv: KeyValue, slot: str, body: _Body, claim: _Claim
@@ -262,6 +263,17 @@ class _Claim:
 
 
 _WRONG_LAST = frozenset({10071, 10164})  # JetStream: wrong last (subject) sequence
+LET_GO_SECONDS = 2.0
+
+
+async def _let_go(claim: _Claim) -> None:
+    """Free the slot if this request's pending record is in it (a write whose answer was lost
+    may have landed): the 503's retry, with the same key, would be told for a minute that the
+    request is still in progress — while nothing ran. Best-effort: the platform is in trouble."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(LET_GO_SECONDS):
+            if await claim._still_ours():
+                await claim.write(None)
 
 
 async def _refresh(claim: _Claim, ended: asyncio.Event) -> None:
