@@ -30,10 +30,13 @@ class PastTheBoundsError(Exception):
 
 
 def profile_of(planner: Planner, spec: RuntimeProfileSpec) -> RuntimeProfileSpec:
+    agent = Agent(id="a1", project_id="p1", runtime_profile="big")
+    return planned(planner, agent, Project(id="p1", profiles={"big": spec}))
+
+
+def planned(planner: Planner, agent: Agent, project: Project) -> RuntimeProfileSpec:
     """The profile the plan runs with; PlanError when the bounds refuse it, which happens
     before the session is read (the plan is stopped there: this planner has no store)."""
-    agent = Agent(id="a1", project_id="p1", runtime_profile="big")
-    project = Project(id="p1", profiles={"big": spec})
     request = ActivationRequested(activation_id="act1", agent_id="a1", signal_ids=())
 
     async def snapshot(*_: object) -> None:
@@ -117,3 +120,15 @@ def test_the_process_and_pool_backends_run_no_image_of_the_profile(
             backend=backend, image="evil.example/x", pool="p" if backend is Backend.POOL else None
         )
         assert profile_of(bounded, spec) == spec
+
+
+def test_an_agent_without_a_profile_runs_within_the_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its profile is the platform's default, whose limits nobody chose: a bound below one of
+    them (1 GiB, an hour) failed every such agent, saying `runtime profile None`."""
+    bounded = planner(
+        monkeypatch, MAX_MEMORY_MB="512", MAX_WALL_CLOCK_SECONDS="1800", MAX_CPUS="0.5"
+    )
+    profile = planned(bounded, Agent(id="a1", project_id="p1"), Project(id="p1"))
+    assert (profile.limits.memory_mb, profile.limits.cpus) == (512, 0.5)
+    assert profile.timeouts.wall_clock_seconds == 1800
+    assert profile.limits.pids == 512  # unbounded: the default's own

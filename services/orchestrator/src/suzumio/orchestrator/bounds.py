@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Collection
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +38,31 @@ class SandboxBounds(BaseModel):
         "shell-style patterns (`registry.example.com/agents/*`). Unset: any image. The "
         "backends' own default images are allowed whatever this says",
     )
+
+    def clamp(self, profile: RuntimeProfileSpec) -> RuntimeProfileSpec:
+        """`profile` within the bounds: for the platform's default profile (agents without
+        one of their own), whose limits nobody chose to ask for — an operator's bound below a
+        default must not fail every such agent."""
+        limits, timeouts = profile.limits, profile.timeouts
+        return profile.model_copy(
+            update={
+                "limits": limits.model_copy(
+                    update={
+                        "cpus": _least(limits.cpus, self.max_cpus),
+                        "memory_mb": _least(limits.memory_mb, self.max_memory_mb),
+                        "disk_mb": _least(limits.disk_mb, self.max_disk_mb),
+                        "pids": _least(limits.pids, self.max_pids),
+                    }
+                ),
+                "timeouts": timeouts.model_copy(
+                    update={
+                        "wall_clock_seconds": _least(
+                            timeouts.wall_clock_seconds, self.max_wall_clock_seconds
+                        )
+                    }
+                ),
+            }
+        )
 
     def refusal(self, profile: RuntimeProfileSpec, default_images: Collection[str]) -> str | None:
         """Why `profile` may not run here; None when it may."""
@@ -72,6 +98,13 @@ class SandboxBounds(BaseModel):
                 "(SUZUMIO_BOUNDS__IMAGES)"
             )
         return None
+
+
+N = TypeVar("N", int, float)
+
+
+def _least(value: N, bound: N | None) -> N:
+    return value if bound is None or value <= bound else bound
 
 
 def _shown(value: float) -> str:

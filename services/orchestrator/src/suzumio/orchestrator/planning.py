@@ -223,7 +223,8 @@ class Planner:
     def profile(self, agent: Agent, project: Project) -> RuntimeProfileSpec:
         """The runtime profile an activation of `agent` runs with."""
         if agent.runtime_profile is None:
-            return RuntimeProfileSpec(backend=self.settings.default_backend)
+            default = RuntimeProfileSpec(backend=self.settings.default_backend)
+            return self.settings.bounds.clamp(default)
         profile = project.profiles.get(agent.runtime_profile)
         if profile is None:
             raise PlanError(f"runtime profile {agent.runtime_profile!r} does not exist")
