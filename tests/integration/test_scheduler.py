@@ -18,6 +18,7 @@ from suzumio.contracts.errors import ConflictError, ForbiddenError
 from suzumio.contracts.events import (
     ActivationRequested,
     CheckpointSaved,
+    SessionMessageAppended,
     SignalClosed,
     SignalRecorded,
 )
@@ -25,7 +26,7 @@ from suzumio.contracts.ids import new_id
 from suzumio.contracts.runner import SignalSpec
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.toolpacks import ToolpackManifest
-from suzumio.contracts.values import ActivationReason, Priority, SignalKind
+from suzumio.contracts.values import ActivationReason, Author, Priority, SignalKind
 from suzumio.platform.bus.commands import CommandClient, CommandServer
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.scheduler.domain import policy
@@ -150,6 +151,54 @@ async def test_priorities_one_live_activation_and_p1_handover(
         assert a2.signal_ids == (p2,)
         with pytest.raises(ConflictError):  # the first one ended: fenced
             await take(commands, session, a1.activation_id)
+
+
+async def test_a_long_messages_text_is_handed_over_from_the_log(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str, commands: CommandClient
+) -> None:
+    """Every replica holds every pending signal, closed sessions' too: a long message's text
+    is not kept with its signal but read from its commit when handed over — whole, as a short
+    one is from memory."""
+    world = Sessions(store)
+    session = await world.session(await world.project())
+    gate = Gate()
+    async with (
+        StandInLauncher(nc, topology, store, gate) as launcher,
+        running(nc, topology, store, database_url) as scheduler,
+    ):
+        await world.signal(session, Priority.P2)
+        [a1] = await requests(launcher, 1)
+        texts = {"short": "now, please", "long": "a long message, " * 1_000}
+        ids = {}
+        for name, text in texts.items():
+            message_id, signal_id = new_id(), new_id()
+            ids[name] = signal_id
+            author = Author(kind="user", id="u1")
+            await store.append_next(
+                session,
+                [
+                    SessionMessageAppended(
+                        message_id=message_id, author=author, role="user", text=text
+                    ),
+                    SignalRecorded(
+                        signal_id=signal_id,
+                        agent_id="agent",
+                        kind=SignalKind.USER_MESSAGE,
+                        priority=Priority.P1,
+                        message_id=message_id,
+                    ),
+                ],
+            )
+        pending = await eventually(
+            lambda: asyncio.sleep(0, scheduler.world.sessions[session].pending),
+            lambda p: ids["long"] in p,
+            what="the signals folded",
+        )
+        assert pending[ids["long"]].text is None  # not held in memory
+        assert pending[ids["short"]].text == texts["short"]
+        handed = await take(commands, session, a1.activation_id)
+        assert {s.id: s.text for s in handed} == {ids[n]: t for n, t in texts.items()}
+        gate.end(a1.activation_id)
 
 
 async def test_p0_replaces_the_live_activation_and_its_signals_queue_again(

@@ -35,6 +35,7 @@ from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
     ActivationStarted,
+    SessionMessageAppended,
     SignalClosed,
     SignalsDelivered,
 )
@@ -51,6 +52,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Priority, SignalKind, SignalOutcome
 from suzumio.platform import telemetry, trace_origin
 from suzumio.platform.bus.commands import CommandClient, CommandServer
+from suzumio.platform.bus.direct_get import StoredMessage, first_after
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
@@ -488,7 +490,7 @@ class Scheduler:
             if not due or not settled:
                 # Still held, by a decision slow to land: a handover appended beside it would
                 # race it, and take over its hold. The due ones go at the next tool boundary.
-                return [_spec(x) for x in again]
+                return await self._specs(session_id, again)
             ids = tuple(x.id for x in due)
             hold = self._holds.take(session_id, s.version + 1)
             try:
@@ -507,8 +509,22 @@ class Scheduler:
                 self._again(session_id, hold)
                 raise
             _decisions.add(1, {"kind": "handover", "outcome": "ok"})
-            return [_spec(x) for x in again + due]
+            return await self._specs(session_id, again + due)
         raise ConflictError("the session kept changing; try again")
+
+    async def _specs(self, session_id: str, signals: list[Signal]) -> list[SignalSpec]:
+        """The signals as handed over, a long message's text read from its commit."""
+        subject = self._topology.event_subject("session", session_id)
+        specs = []
+        for signal in signals:
+            text = signal.text
+            if signal.text_at is not None:
+                stored = await first_after(
+                    self._nc, self._topology.events_stream, subject, signal.text_at - 1
+                )
+                text = _text_in(stored, signal.message_id)
+            specs.append(_spec(signal, text))
+        return specs
 
     # -- a cancel asked for (the API) ----------------------------------------------------
     async def cancel_activation(
@@ -777,12 +793,22 @@ def _may_need_work(s: SessionSchedule) -> bool:
     )
 
 
-def _spec(signal: Signal) -> SignalSpec:
+def _spec(signal: Signal, text: str | None) -> SignalSpec:
     return SignalSpec(
         id=signal.id,
         kind=signal.kind,
         priority=signal.priority,
         payload=signal.payload,
-        text=signal.text,
+        text=text,
         message_id=signal.message_id,
     )
+
+
+def _text_in(stored: StoredMessage | None, message_id: str | None) -> str | None:
+    """The text of message `message_id` in the commit `stored`."""
+    for envelope in envelopes_of(stored.data) if stored is not None else ():
+        if envelope.type == SessionMessageAppended.event_type:
+            data = decode_data(envelope)
+            if isinstance(data, SessionMessageAppended) and data.message_id == message_id:
+                return data.text
+    return None

@@ -25,7 +25,10 @@ class Signal:
     recorded_at: datetime | None = None
     not_before: datetime | None = None
     message_id: str | None = None
-    text: str | None = None  # the message's text, for message signals
+    text: str | None = None  # the message's text, for message signals (a short one)
+    # A long text is not kept: every replica holds every pending signal, of closed sessions
+    # too. It is read from the log when handed over: the commit at this sequence holds it.
+    text_at: int | None = None
     payload: dict[str, Any] = field(default_factory=dict)
     failures: int = 0  # failed activations it was part of
     # Queued again after the activation it went to was replaced by a P0 (or cancelled): a P0

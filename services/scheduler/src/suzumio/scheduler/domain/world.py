@@ -48,6 +48,10 @@ from suzumio.scheduler.domain.model import (
     Signal,
 )
 
+# A pending signal's message text is kept in memory up to this long; a longer one is read
+# from the log when the signal is handed over (`Signal.text_at`).
+INLINE_TEXT_CHARS = 2_000
+
 WANTED: frozenset[str] = frozenset(
     cls.event_type
     for cls in (
@@ -248,6 +252,8 @@ class World:
                 ):
                     live.useful = True
             case SignalRecorded():
+                text = texts.get(data.message_id or "")
+                long = text is not None and len(text) > INLINE_TEXT_CHARS
                 s.pending[data.signal_id] = Signal(
                     id=data.signal_id,
                     kind=data.kind,
@@ -256,7 +262,8 @@ class World:
                     recorded_at=at,
                     not_before=data.not_before,
                     message_id=data.message_id,
-                    text=texts.get(data.message_id or ""),
+                    text=None if long else text,
+                    text_at=seq if long else None,
                     payload=dict(data.payload),
                 )
                 if data.kind is SignalKind.NUDGE:  # the nudge names what it reviewed
