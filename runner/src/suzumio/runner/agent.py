@@ -71,6 +71,7 @@ MAX_OUTPUT_CHARS = 900_000
 MAX_ENTRY_CHARS = 1_000_000  # of text, in a history entry (`HistoryEntryIn`)
 MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
 MAX_ARGUMENT_DEPTH = 64
+SENT_WHILE_ANSWERING = "[received while you were working]"
 MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
 END_OPEN_CALLS_SECONDS = 10.0
 # How a call that gave no result of its own ends, in its audit record.
@@ -177,8 +178,7 @@ class AgentLoop:
     async def run(self) -> Ending:
         for entry_id, message in render_history(self.spec.history):
             self._push(message, entry_id)
-        history_ids = {e.id for e in self.spec.history if e.id}
-        await self._take_signals(self.spec.activation.signals, history_ids)
+        await self._take_signals(self.spec.activation.signals, _after_the_agent(self.spec))
         self._live.event("state", "running", activation_id=self.spec.activation.id)
         while True:
             if self.model_calls >= self._config.max_model_calls:
@@ -670,9 +670,12 @@ class AgentLoop:
         )
 
     async def _take_signals(self, signals: Sequence[SignalSpec], in_history: set[str]) -> None:
-        """Signals become user messages; a message signal whose message is in the history
-        already is not repeated, and only what is not in the session's log yet (non-message
-        signals) is appended to it."""
+        """Signals become user messages; a message signal whose message ends the history
+        already (`in_history`: after all the agent said) is not repeated, and only what is
+        not in the session's log yet (non-message signals) is appended to it. A message
+        posted while the last activation wrote its answer is in the log before that answer:
+        it comes again at the end, or it looked answered (and the conversation ended with
+        the agent's turn)."""
         entries: list[HistoryEntryIn] = []
         for signal in signals:
             if signal.id in self._received:
@@ -684,7 +687,11 @@ class AgentLoop:
                 continue  # its answer came back as the tool's result already
             text = render_signal(signal)
             if signal.message_id and signal.text:
-                self._push({"role": "user", "content": text}, signal.message_id)
+                if signal.message_id in self._entry_ids:  # where the log put it, too early
+                    again = f"{SENT_WHILE_ANSWERING} {text}"
+                    self._push({"role": "user", "content": again}, None)
+                else:
+                    self._push({"role": "user", "content": text}, signal.message_id)
                 continue  # the message is in the session's log already
             entry_id = derived_id("signal.entry", signal.id)
             self._push({"role": "user", "content": text}, entry_id)
@@ -820,3 +827,15 @@ def tool_policy(spec: RunnerActivationInput, tool: str) -> ToolPolicy:
 
 def workspace_path(spec: RunnerActivationInput) -> Path:
     return Path(spec.workspace)
+
+
+def _after_the_agent(spec: RunnerActivationInput) -> set[str]:
+    """The ids of the history's entries after the last the agent wrote (its answer or a tool
+    result): messages it has not seen yet, in their place already."""
+    tail: set[str] = set()
+    for entry in reversed(spec.history):
+        if entry.role in {"assistant", "tool"}:
+            break
+        if entry.id:
+            tail.add(entry.id)
+    return tail

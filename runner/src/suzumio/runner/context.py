@@ -98,9 +98,16 @@ def package_facts(spec: RunnerActivationInput) -> list[str]:
 def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | None, Message]]:
     """The session's active history as (entry id, message) pairs. A tool call without its
     result (the sandbox died mid-round) gets a stand-in result, because providers refuse a
-    conversation with an unanswered call."""
+    conversation with an unanswered call.
+
+    A message posted while a tool round ran (a user's double text, another agent's message)
+    is in the log between the round's calls and their results, which the runner records once
+    the round is over: it comes after the results here. Taken as the end of the round, it
+    gave every call of it a stand-in and dropped the real results, in every later
+    activation."""
     out: list[tuple[str | None, Message]] = []
     open_calls: list[str] = []
+    held: list[tuple[str | None, Message]] = []  # posted while calls were open
 
     def close_open() -> None:
         out.extend(
@@ -108,6 +115,8 @@ def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | N
             for call_id in open_calls
         )
         open_calls.clear()
+        out.extend(held)
+        held.clear()
 
     for entry in history:
         if entry.role == "tool":
@@ -123,7 +132,12 @@ def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | N
                         },
                     )
                 )
+                if not open_calls:
+                    close_open()  # the round is whole: what was posted meanwhile follows
             continue  # a result whose call is not in the window: meaningless alone
+        if open_calls and entry.role != "assistant":
+            held.append((entry.id, {"role": entry.role, "content": entry.content}))
+            continue
         close_open()
         message: Message = {"role": entry.role, "content": entry.content}
         if entry.role == "assistant" and entry.tool_calls:

@@ -1,0 +1,125 @@
+"""The session's log and the runner's conversation order messages differently: a message is
+logged when it is posted, while the runner records a tool round's results once the round is
+over, and its answer with the final call. A message posted meanwhile must neither end the
+round in later activations (its results were dropped for stand-ins) nor look answered by the
+answer logged after it (it was skipped as a signal, the conversation ending on the agent's
+turn).
+
+The model is the scripted model server (the one allowed fake) through the real openai SDK; the
+broker is an `httpx.MockTransport` (tests.unit.loop_support)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from suzumio.contracts.runner import AgentHistoryMessage, SignalSpec, ToolCall
+from suzumio.contracts.values import ModelSpec, Priority, SignalKind
+from suzumio.runner.agent import SENT_WHILE_ANSWERING, AgentLoop
+from suzumio.runner.broker import BrokerClient
+from suzumio.runner.context import UNFINISHED, render_history
+from suzumio.runner.live import LiveStream
+from suzumio.runner.main import _run_loop
+from suzumio.runner.model import Endpoint, ModelClient
+from suzumio.runner.toolbox import Toolbox
+from suzumio.runner.tools.base import ToolContext
+from suzumio.testing.model_server import Reply, ScriptedModelServer
+from tests.unit.loop_support import TOKEN, Broker, spec
+
+CALLS = (
+    ToolCall(id="c1", name="shell.exec", arguments='{"command": "pytest"}'),
+    ToolCall(id="c2", name="file.read", arguments='{"path": "a.txt"}'),
+)
+
+
+def entry(id_: str, role: str, content: str = "", **extra: object) -> AgentHistoryMessage:
+    return AgentHistoryMessage(id=id_, role=role, content=content, **extra)  # type: ignore[arg-type]
+
+
+def test_a_message_posted_during_a_tool_round_follows_its_results() -> None:
+    history = [
+        entry("u1", "user", "run the tests"),
+        entry("a1", "assistant", tool_calls=CALLS),
+        entry("m1", "user", "also check the docs"),  # posted while the round ran
+        entry("r1", "tool", "12 passed", tool_call_id="c1"),
+        entry("r2", "tool", "hello", tool_call_id="c2"),
+        entry("a2", "assistant", "done"),
+    ]
+    rendered = render_history(history)
+    assert [i for i, _ in rendered] == ["u1", "a1", "r1", "r2", "m1", "a2"]
+    assert [m.get("content") for _, m in rendered[2:4]] == ["12 passed", "hello"]
+
+
+def test_a_round_cut_short_gets_stand_ins_and_then_what_was_posted() -> None:
+    history = [
+        entry("u1", "user", "run the tests"),
+        entry("a1", "assistant", tool_calls=CALLS),
+        entry("m1", "user", "hurry"),
+        entry("r1", "tool", "12 passed", tool_call_id="c1"),
+        # the sandbox died before c2's result; the next entry is the agent's again
+        entry("a2", "assistant", "let me look again"),
+    ]
+    rendered = render_history(history)
+    assert [i for i, _ in rendered] == ["u1", "a1", "r1", None, "m1", "a2"]
+    assert rendered[3][1] == {"role": "tool", "tool_call_id": "c2", "content": UNFINISHED}
+
+
+async def first_request(
+    tmp_path: Path, history: tuple[AgentHistoryMessage, ...], signal: SignalSpec, answer: str
+) -> tuple[str, list[dict[str, object]]]:
+    """The activation given `signal` on `history`: how it ended, and what its model was sent."""
+    activation = spec(tmp_path, history=history)
+    activation = activation.model_copy(
+        update={"activation": activation.activation.model_copy(update={"signals": (signal,)})}
+    )
+    transport = httpx.MockTransport(Broker().answer)
+    http = httpx.AsyncClient(base_url="http://broker", transport=transport)
+    client = BrokerClient("http://broker", TOKEN, http=http)
+    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
+    async with ScriptedModelServer() as server:
+        server.script([Reply.text(answer)])
+        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
+        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
+        try:
+            ending, _ = await _run_loop(activation, client, loop, tmp_path)
+        finally:
+            await model.close()
+            await http.aclose()
+        return ending.reason, list(server.requests[0].messages)
+
+
+def message_signal(signal_id: str, message_id: str, text: str) -> SignalSpec:
+    return SignalSpec(
+        id=signal_id,
+        kind=SignalKind.USER_MESSAGE,
+        priority=Priority.P1,
+        text=text,
+        message_id=message_id,
+    )
+
+
+async def test_a_message_logged_before_the_last_answer_comes_again_at_the_end(
+    tmp_path: Path,
+) -> None:
+    """Posted while the last activation wrote its answer: the log has it before that answer,
+    and the activation it wakes was given it as a signal. It was skipped as in the history
+    already, and the request ended on the agent's own turn."""
+    history = (
+        entry("u1", "user", "write the report"),
+        entry("m1", "user", "in British spelling, please"),  # during the final model call
+        entry("a1", "assistant", "Here is the report."),
+    )
+    signal = message_signal("sig1", "m1", "in British spelling, please")
+    reason, sent = await first_request(tmp_path, history, signal, "Here it is, in British.")
+    assert reason == "completed"
+    assert sent[-1] == {
+        "role": "user",
+        "content": f"{SENT_WHILE_ANSWERING} in British spelling, please",
+    }
+
+    # At the history's end already (posted after the answer): in its place, not twice.
+    tail = (*history, entry("m2", "user", "thanks"))
+    _, sent = await first_request(tmp_path, tail, message_signal("sig2", "m2", "thanks"), "ok")
+    assert [m["content"] for m in sent if m["role"] == "user"].count("thanks") == 1
+    assert sent[-1] == {"role": "user", "content": "thanks"}
