@@ -71,6 +71,13 @@ MAX_OUTPUT_CHARS = 900_000
 MAX_ENTRY_CHARS = 1_000_000  # of text, in a history entry (`HistoryEntryIn`)
 MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
 MAX_ARGUMENT_DEPTH = 64
+
+
+class StartRefusedError(BrokerError):
+    """The broker refused a tool call's audit start (not a fence): the round's results are
+    recorded, and the activation ends failed with the broker's reason."""
+
+
 SENT_WHILE_ANSWERING = "[received while you were working]"
 MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
 END_OPEN_CALLS_SECONDS = 10.0
@@ -518,6 +525,9 @@ class AgentLoop:
                 )
             )
         await self._broker.append_history(entries)
+        for result in results:
+            if isinstance(result, CallFailure) and isinstance(result.error, StartRefusedError):
+                raise result.error
         return outcomes
 
     def _allowed_seconds(self, call: _Call) -> float:
@@ -534,15 +544,21 @@ class AgentLoop:
     async def _run_call(self, call: _Call) -> CoreOutcome:
         digest = hashlib.sha256(call.wire.arguments.encode()).hexdigest()  # printable: UTF-8
         tool = call.tool or call.wire.name
-        await self._broker.start_call(
-            ToolCallStart(
-                call_id=call.wire.id,
-                tool=tool[:200],
-                arguments_digest=digest,
-                arguments_size=len(call.wire.arguments.encode()),
-                read_only=call.tool is not None and self._toolbox.read_only(call.tool),
-            )
+        start = ToolCallStart(
+            call_id=call.wire.id,
+            tool=tool[:200],
+            arguments_digest=digest,
+            arguments_size=len(call.wire.arguments.encode()),
+            read_only=call.tool is not None and self._toolbox.read_only(call.tool),
         )
+        try:
+            await self._broker.start_call(start)
+        except BrokerError as exc:
+            if isinstance(exc, FencedError):
+                raise
+            # No call runs unaudited; and a start refused (the activation's tool calls spent)
+            # is refused for every call after it: the activation ends, saying why.
+            raise StartRefusedError(exc.status, exc.detail) from exc
         self._open_calls[call.wire.id] = time.monotonic()
         self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
         outcome = await self._execute(call, digest)
