@@ -189,6 +189,20 @@ async def test_background_jobs_do_not_hold_the_call(tmp_path: Path) -> None:
         os.kill(await read_pid(pid_file), 9)
 
 
+async def test_a_background_job_that_writes_after_the_call_goes_on(tmp_path: Path) -> None:
+    """The call closed the pipe as it returned: the job's next write killed it (SIGPIPE) — a
+    dev server started with `&` died at its first log line."""
+    done = tmp_path / "done"
+    result = await sh(ctx_for(tmp_path), f"(sleep 1; echo late; echo ok > {done}) & echo started")
+    assert "background processes still hold the output" in result.text
+    for _ in range(50):  # bounds the wait; the job needs ~0.5 s more
+        if done.exists():
+            break
+        await asyncio.sleep(0.1)
+    assert done.read_text() == "ok\n"  # it wrote "late", and lived on to write this
+    assert "late" not in result.text.splitlines()  # what it wrote after the call is dropped
+
+
 def test_output_buffer_keeps_head_and_tail() -> None:
     buffer = OutputBuffer(10)
     for piece in (b"abc", b"defgh", b"ijklmnop", b"qrstuvwxyz"):

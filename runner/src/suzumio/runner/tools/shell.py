@@ -16,7 +16,8 @@ reaches every process the command started.
   also when the cancel lands while the shell is being started.
 - Background jobs that outlive the shell are left running (a dev server started with `&` is
   legitimate); if one still holds the output pipe, the result is returned after a short drain
-  and whatever it prints later is dropped.
+  and whatever it prints later is read and dropped (the pipe stays open until the last such
+  job ends: closed, its next write would kill it).
 """
 
 from __future__ import annotations
@@ -86,13 +87,14 @@ class OutputBuffer:
 
 class _Collector(asyncio.SubprocessProtocol):
     def __init__(self, output: OutputBuffer, loop: asyncio.AbstractEventLoop) -> None:
-        self.output = output
+        self.output: OutputBuffer | None = output  # None: the call returned, output dropped
         self.exited: asyncio.Future[None] = loop.create_future()
         self.drained: asyncio.Future[None] = loop.create_future()
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
         del fd  # stderr is merged into stdout: one pipe
-        self.output.add(data if isinstance(data, bytes) else data.encode())
+        if self.output is not None:
+            self.output.add(data if isinstance(data, bytes) else data.encode())
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         del fd, exc
@@ -193,6 +195,7 @@ class ShellExec:
         except ValueError as exc:  # a NUL or a lone surrogate cannot be passed to exec
             return ToolResult(f"the command cannot be run: {exc}", "error")
         group = transport.get_pid()
+        held = False  # background jobs still write to the pipe after the call returned
         try:
             # asyncio.wait, unlike wait_for, never cancels the futures it watches.
             done, _ = await asyncio.wait({proto.exited}, timeout=timeout)
@@ -206,12 +209,21 @@ class ShellExec:
             trailer = f"[{_exit_text(transport.get_returncode())} in {elapsed:.2f}s]"
             if not proto.drained.done():
                 trailer += " [background processes still hold the output; later output dropped]"
+                held = True
             return ToolResult(_with_trailer(output, trailer))
         except BaseException:
             _signal_group(group, signal.SIGKILL)
             raise
         finally:
-            transport.close()
+            if held:
+                # The pipe stays open, what comes dropped, until the last job holding it ends
+                # (at the latest with the activation, which ends what its commands left):
+                # closed now, a job's next write killed it (SIGPIPE) — a dev server started
+                # with `&` died at its first log line.
+                proto.output = None
+                proto.drained.add_done_callback(lambda _: transport.close())
+            else:
+                transport.close()
 
 
 def _command(args: dict[str, Any]) -> str:
