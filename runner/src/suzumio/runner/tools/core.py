@@ -96,6 +96,10 @@ class CoreOutcome:
     waiting_for: str | None = None  # a pending action nobody answered yet
 
 
+# Asks of one call's approval nobody decided, at most: walked through at each try of it.
+MAX_APPROVAL_ASKS = 20
+
+
 class CoreTools:
     def __init__(
         self, broker: BrokerClient, activation_id: str, session_id: str, ask_wait: float
@@ -156,21 +160,16 @@ class CoreTools:
         return settle(outcome.status, outcome.answer, pending_id, "the user's answer")
 
     async def approval(self, tool: str, arguments: str, digest: str, wait: float) -> CoreOutcome:
-        """Ask a person to approve a tool call (policy `ask`). The id derives from the session,
-        the tool and its arguments: the same call asked again (in a later activation, after
-        the answer) finds the answer instead of asking twice."""
+        """Ask a person to approve a tool call (policy `ask`). The ids derive from the session,
+        the tool and its arguments, and a count: the same call asked again (in a later
+        activation, after the answer) walks the ones nobody decided (expired, or cancelled
+        with their activation) to the one decided, or asks under the next. With the
+        activation in the id, an approval given to a later ask was never found again: each
+        activation asked anew, and the call never ran."""
         prompt = f"Allow the agent to run {tool} with {arguments[:2_000]}?"
-        pending_id = derived_id("approval", self._session_id, tool, digest)
-        outcome = await self._broker.ask(
-            AskRequest(
-                pending_action_id=pending_id,
-                kind=PendingKind.APPROVAL,
-                prompt=prompt,
-                wait_seconds=wait,
-            )
-        )
-        if outcome.status in {"expired", "cancelled"}:  # nobody decided: ask once more
-            pending_id = derived_id("approval", self._session_id, tool, digest, self._activation_id)
+        for asked in range(MAX_APPROVAL_ASKS):
+            parts = (self._session_id, tool, digest) + ((str(asked),) if asked else ())
+            pending_id = derived_id("approval", *parts)
             outcome = await self._broker.ask(
                 AskRequest(
                     pending_action_id=pending_id,
@@ -179,6 +178,8 @@ class CoreTools:
                     wait_seconds=wait,
                 )
             )
+            if outcome.status not in {"expired", "cancelled"}:  # else nobody decided: again
+                break
         if outcome.status == "answered":
             self.answered.add(pending_id)
             if outcome.approved:
