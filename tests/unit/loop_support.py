@@ -6,6 +6,7 @@ send. Tests that need the real broker's behaviour run against the service (tests
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,15 @@ from suzumio.contracts.runner import (
     SessionRef,
 )
 from suzumio.contracts.values import ModelSpec
+from suzumio.runner.agent import AgentLoop, Ending
+from suzumio.runner.broker import BrokerClient
+from suzumio.runner.live import LiveStream
+from suzumio.runner.main import _run_loop
+from suzumio.runner.model import Endpoint, ModelClient
+from suzumio.runner.toolbox import Toolbox
+from suzumio.runner.tools.base import ToolContext
+from suzumio.testing.model.server import RecordedRequest
+from suzumio.testing.model_server import Reply, ScriptedModelServer
 
 TOKEN = "sza1.the-activations-own-token"
 
@@ -57,3 +67,34 @@ class Broker:
     def tool_results(self) -> list[dict[str, Any]]:
         entries = (e for b in self.bodies.get("/runner/history", []) for e in b["entries"])
         return [e for e in entries if e["role"] == "tool"]
+
+
+@dataclass
+class LoopRun:
+    ending: Ending
+    code: int
+    model_requests: list[RecordedRequest]  # what the model was sent, call by call
+
+
+async def run_loop(
+    tmp_path: Path,
+    activation: RunnerActivationInput,
+    replies: list[Reply],
+    broker: Broker | None = None,
+) -> LoopRun:
+    """One activation's loop (`_run_loop`, as `run_activation` drives it) against the scripted
+    model's `replies` and `broker` (a plain one by default)."""
+    transport = httpx.MockTransport((broker or Broker()).answer)
+    http = httpx.AsyncClient(base_url="http://broker", transport=transport)
+    client = BrokerClient("http://broker", TOKEN, http=http)
+    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
+    async with ScriptedModelServer() as server:
+        server.script(replies)
+        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
+        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
+        try:
+            ending, code = await _run_loop(activation, client, loop, tmp_path)
+        finally:
+            await model.close()
+            await http.aclose()
+        return LoopRun(ending, code, server.completion_requests)

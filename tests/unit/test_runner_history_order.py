@@ -12,20 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from suzumio.contracts.runner import AgentHistoryMessage, SignalSpec, ToolCall
-from suzumio.contracts.values import ModelSpec, Priority, SignalKind
-from suzumio.runner.agent import SENT_WHILE_ANSWERING, AgentLoop
-from suzumio.runner.broker import BrokerClient
+from suzumio.contracts.values import Priority, SignalKind
+from suzumio.runner.agent import SENT_WHILE_ANSWERING
 from suzumio.runner.context import UNFINISHED, render_history
-from suzumio.runner.live import LiveStream
-from suzumio.runner.main import _run_loop
-from suzumio.runner.model import Endpoint, ModelClient
-from suzumio.runner.toolbox import Toolbox
-from suzumio.runner.tools.base import ToolContext
-from suzumio.testing.model_server import Reply, ScriptedModelServer
-from tests.unit.loop_support import TOKEN, Broker, spec
+from suzumio.testing.model_server import Reply
+from tests.unit.loop_support import run_loop, spec
 
 CALLS = (
     ToolCall(id="c1", name="shell.exec", arguments='{"command": "pytest"}'),
@@ -73,20 +65,8 @@ async def first_request(
     activation = activation.model_copy(
         update={"activation": activation.activation.model_copy(update={"signals": (signal,)})}
     )
-    transport = httpx.MockTransport(Broker().answer)
-    http = httpx.AsyncClient(base_url="http://broker", transport=transport)
-    client = BrokerClient("http://broker", TOKEN, http=http)
-    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
-    async with ScriptedModelServer() as server:
-        server.script([Reply.text(answer)])
-        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
-        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
-        try:
-            ending, _ = await _run_loop(activation, client, loop, tmp_path)
-        finally:
-            await model.close()
-            await http.aclose()
-        return ending.reason, list(server.requests[0].messages)
+    run = await run_loop(tmp_path, activation, [Reply.text(answer)])
+    return run.ending.reason, list(run.model_requests[0].messages)
 
 
 def message_signal(signal_id: str, message_id: str, text: str) -> SignalSpec:

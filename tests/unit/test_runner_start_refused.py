@@ -12,17 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from suzumio.contracts.values import ModelSpec
 from suzumio.runner import exits
-from suzumio.runner.agent import AgentLoop
-from suzumio.runner.broker import BrokerClient
-from suzumio.runner.live import LiveStream
-from suzumio.runner.main import _run_loop
-from suzumio.runner.model import Endpoint, ModelClient
-from suzumio.runner.toolbox import Toolbox
-from suzumio.runner.tools.base import ToolContext
-from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.unit.loop_support import TOKEN, Broker, spec
+from suzumio.testing.model_server import Reply, ToolCall
+from tests.unit.loop_support import Broker, run_loop, spec
 
 LIMIT = "an activation may start at most 3 tool calls"
 
@@ -38,21 +30,10 @@ class Spent(Broker):
 async def test_a_start_refused_for_good_ends_the_activation_saying_why(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("x")
     broker = Spent()
-    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(broker.answer))
-    client = BrokerClient("http://broker", TOKEN, http=http)
-    activation = spec(tmp_path)
-    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
     read = ToolCall("file_read", {"path": "a.txt"})
-    async with ScriptedModelServer() as server:
-        server.script([Reply.tool_calls([read])] * 5 + [Reply.text("done")])
-        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
-        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
-        try:
-            ending, code = await _run_loop(activation, client, loop, tmp_path)
-        finally:
-            await model.close()
-            await http.aclose()
-        calls = len(server.completion_requests)
+    replies = [Reply.tool_calls([read])] * 5 + [Reply.text("done")]
+    run = await run_loop(tmp_path, spec(tmp_path), replies, broker)
+    ending, code, calls = run.ending, run.code, len(run.model_requests)
     assert (ending.reason, code) == ("failed", exits.CRASHED)
     assert LIMIT in ending.text
     assert calls == 1  # no second model call after the refusal
