@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +30,7 @@ from suzumio.contracts.events import (
     ActivationRequested,
     ActivationStarted,
 )
+from suzumio.contracts.policies import broker_policies
 from suzumio.contracts.runner import (
     ActivationSpec,
     AgentSpec,
@@ -39,7 +40,7 @@ from suzumio.contracts.runner import (
     SessionRef,
 )
 from suzumio.contracts.subjects import Topology
-from suzumio.contracts.values import ModelSpec
+from suzumio.contracts.values import ModelSpec, ToolPolicy
 from suzumio.orchestrator.sessions import load_session
 from suzumio.platform.bus.eventstore import EventStore, envelopes_of
 from suzumio.platform.bus.follower import LogFollower
@@ -139,13 +140,17 @@ class RunnerLauncher:
         workspace = self.workdir / request.activation_id / "workspace"
         workspace.mkdir(parents=True)
         signer = TokenSigner([self.secret_key])
-        token = signer.issue(
-            activation_id=request.activation_id,
-            session_id=session_id,
-            project_id=parts.project_id,
-            agent_id=request.agent_id,
-            ttl=timedelta(minutes=10),
-        )
+
+        def token(policies: Mapping[str, ToolPolicy] | None = None) -> str:
+            return signer.issue(
+                activation_id=request.activation_id,
+                session_id=session_id,
+                project_id=parts.project_id,
+                agent_id=request.agent_id,
+                ttl=timedelta(minutes=10),
+                policies=policies,
+            )
+
         spec = RunnerActivationInput(
             project=ProjectRef(id=parts.project_id, name="test project"),
             agent=AgentSpec(
@@ -161,13 +166,17 @@ class RunnerLauncher:
             ),
             workspace=str(workspace),
             controller_url=self.broker_url,
-            token=token,
+            token=token(),
             runner=self.config,
             history=parts.history,
             checkpoint=parts.checkpoint,
         )
         if self.customise is not None:
             spec = self.customise(spec)
+            # The policy the test gave the agent, in its token too, as the orchestrator does.
+            policies = broker_policies(spec.permissions, spec.default_permission)
+            if policies:
+                spec = spec.model_copy(update={"token": token(policies)})
         input_path = self.workdir / request.activation_id / "input.json"
         input_path.write_text(spec.model_dump_json())
         run = Run(request.activation_id, session_id, input_path)

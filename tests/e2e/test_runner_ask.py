@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from suzumio.contracts.events import ActivationOutputRecorded, ToolCallFinished
+from suzumio.contracts.events import ActivationOutputRecorded, CheckpointSaved, ToolCallFinished
 from suzumio.contracts.runner import RunnerActivationInput, RunnerConfig
 from suzumio.contracts.values import ToolPolicy
 from suzumio.runner import exits
@@ -140,3 +140,33 @@ async def test_policy_ask_needs_an_approval_and_deny_never_runs(
     stream = await platform.store.load("activation", run.activation_id)
     statuses = [e.data.status for e in stream.events if isinstance(e.data, ToolCallFinished)]
     assert sorted(statuses) == ["denied", "ok"]
+
+
+async def test_an_approved_call_of_a_broker_tool_passes_the_brokers_own_check(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """`checkpoint` under `ask`: the broker holds the policy too (the token says so), and lets
+    the call through only with the arguments a person approved, which the runner sends."""
+    world = await new_world(platform, "sava")
+    model.script(
+        [
+            Reply.tool_calls([ToolCall("checkpoint", {"data": {"step": 2}})]),
+            Reply.text("saved"),
+        ]
+    )
+    policy = with_policy(checkpoint=ToolPolicy.ASK)
+    async with launcher(platform, model, tmp_path, world, customise=policy) as runs:
+        await post(platform, world, "save your place")
+        async with platform.client(world.key) as c:
+            action = await open_question(c, world)
+            assert action["kind"] == "approval"
+            reply = {"answer": "", "approved": True}
+            ok(await c.post(f"/v1/pending-actions/{action['id']}/reply", json=reply))
+        [run] = await runs.wait_ended(1)
+    assert run.exit_code == exits.COMPLETED, run.stderr
+    stream = await platform.store.load("session", world.session_id)
+    [saved] = [e.data for e in stream.events if isinstance(e.data, CheckpointSaved)]
+    assert saved.data == {"step": 2}
+    activation = await platform.store.load("activation", run.activation_id)
+    statuses = [e.data.status for e in activation.events if isinstance(e.data, ToolCallFinished)]
+    assert statuses == ["ok"]

@@ -46,6 +46,7 @@ def test_an_ordinary_token_reads_in_an_earlier_release_and_a_keyless_one_does_no
     signer = TokenSigner([SecretBox.generate_key()])
     ordinary, keyless = issue(signer, keyless=False), issue(signer, keyless=True)
     assert "keyless" not in claims_of(ordinary)
+    assert "policies" not in claims_of(ordinary)  # an agent whose tools are all allowed
     EarlierClaims.model_validate(claims_of(ordinary))
     with pytest.raises(ValueError, match="keyless"):
         EarlierClaims.model_validate(claims_of(keyless))

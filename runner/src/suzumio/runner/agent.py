@@ -33,6 +33,7 @@ from suzumio.contracts.broker import (
     ToolCallStart,
 )
 from suzumio.contracts.ids import derived_id, new_id
+from suzumio.contracts.policies import arguments_digest, effective_policy
 from suzumio.contracts.runner import RunnerActivationInput, SignalSpec
 from suzumio.contracts.values import ToolPolicy
 from suzumio.runner.broker import (
@@ -41,7 +42,7 @@ from suzumio.runner.broker import (
     BrokerUnavailableError,
     FencedError,
 )
-from suzumio.runner.context import build_prompt, render_history, render_signal, wire_name
+from suzumio.runner.context import build_prompt, render_history, render_signal
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import MIN_SECRET_CHARS, keep_secret, log
 from suzumio.runner.loop import compaction, figures
@@ -542,7 +543,7 @@ class AgentLoop:
         return self._toolbox.allowed_seconds(call.tool, call.args) + waits
 
     async def _run_call(self, call: _Call) -> CoreOutcome:
-        digest = hashlib.sha256(call.wire.arguments.encode()).hexdigest()  # printable: UTF-8
+        digest = arguments_digest(call.wire.arguments)  # printable: UTF-8
         tool = call.tool or call.wire.name
         start = ToolCallStart(
             call_id=call.wire.id,
@@ -636,6 +637,8 @@ class AgentLoop:
             )
             if approval.result.status != "ok" or approval.waiting_for:
                 return approval
+            # The broker checks the approval again for the tools whose effect it makes.
+            return await self._toolbox.run(call.tool, call.args, call.wire.id, call.wire.arguments)
         return await self._toolbox.run(call.tool, call.args, call.wire.id)
 
     def _clean(self, text: str) -> str:
@@ -826,19 +829,9 @@ def _deeper_than(value: object, limit: int) -> bool:
     return False
 
 
-_STRICTNESS = (ToolPolicy.ALLOW, ToolPolicy.ASK, ToolPolicy.DENY)
-
-
 def tool_policy(spec: RunnerActivationInput, tool: str) -> ToolPolicy:
-    """The agent's policy for `tool` (canonical name). A policy may name the tool as the model
-    sees it too (`shell_exec`, from a transcript): that is still the tool, and a `deny` under
-    that name must not leave it allowed. Named both ways, the stricter policy holds."""
-    named = [
-        spec.permissions[n] for n in dict.fromkeys((tool, wire_name(tool))) if n in spec.permissions
-    ]
-    if not named:
-        return spec.default_permission
-    return max(named, key=_STRICTNESS.index)
+    """The agent's policy for `tool` (canonical name): `effective_policy`'s rule."""
+    return effective_policy(spec.permissions, spec.default_permission, tool)
 
 
 def workspace_path(spec: RunnerActivationInput) -> Path:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from suzumio.contracts.policies import wire_name
 from suzumio.contracts.runner import (
     ASSETS_DIR,
     AgentHistoryMessage,
@@ -171,8 +172,3 @@ def render_signal(signal: SignalSpec) -> str:
             if signal.payload.get("pending_action_id"):
                 return f"[answer to your question] {payload}"
             return f"[signal {signal.kind.value}] {payload}"
-
-
-def wire_name(name: str) -> str:
-    """Providers allow [a-zA-Z0-9_-] in function names: `file.read` goes out as `file_read`."""
-    return name.replace(".", "_")

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from suzumio.contracts.policies import wire_name
 from suzumio.contracts.runner import RunnerActivationInput, ToolDefinition
 from suzumio.contracts.toolpacks import ToolpackManifest, discover, resolve
 from suzumio.runner.broker import BrokerClient
-from suzumio.runner.context import wire_name
 from suzumio.runner.log import log
 from suzumio.runner.tools.base import (
     CallKind,
@@ -153,7 +153,11 @@ class Toolbox:
         return 0.0
 
     # -- running -----------------------------------------------------------------------------
-    async def run(self, tool: str, args: dict[str, Any], call_id: str) -> CoreOutcome:
+    async def run(
+        self, tool: str, args: dict[str, Any], call_id: str, approved: str | None = None
+    ) -> CoreOutcome:
+        """Run a call. `approved`: its arguments as the model wrote them, when a person
+        approved it (policy `ask`): what the broker finds the approval by."""
         if tool in self._sandbox:
             return CoreOutcome(await self._sandbox[tool].run(args, self.ctx))
         if tool in self._handlers:
@@ -175,7 +179,7 @@ class Toolbox:
             return CoreOutcome(
                 result if isinstance(result, ToolResult) else ToolResult(str(result))
             )
-        return await self.core.run(tool, args, call_id)
+        return await self.core.run(tool, args, call_id, approved)
 
 
 def _in_daemon_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:

@@ -20,6 +20,15 @@ from suzumio.contracts.runner import RunnerActivationOutput, SignalSpec
 from suzumio.contracts.values import Clean, CleanJson, Name, Payload, PendingKind, Priority
 
 Digest = str  # lowercase hex SHA-256
+ApprovedCall = Annotated[
+    str | None,
+    Field(
+        max_length=1_000_000,
+        description="the tool call's arguments as the model wrote them (JSON text), when the "
+        "agent's policy asks a person to approve the tool: the broker finds the approval by "
+        "them, and refuses the call without one (`suzumio.contracts.policies`)",
+    ),
+]
 # Sizes and durations of the tool-call audit land in `integer` columns of its read model: a
 # larger one would be stored in the log and then parked by the projection (the call missing
 # from the audit). No real call comes near it (a result is cut to 200 000 characters).
@@ -161,6 +170,7 @@ class AskRequest(_Body):
         description="how long the request waits for the answer; 0 returns at once, so the "
         "activation can checkpoint and end (the answer then arrives as a signal)",
     )
+    approved_call: ApprovedCall = None
 
 
 class AskOutcome(_Body):
@@ -174,6 +184,7 @@ class AskOutcome(_Body):
 class CheckpointPut(_Body):
     checkpoint_id: Identifier
     data: CleanJson
+    approved_call: ApprovedCall = None
 
 
 class SupportCall(_Body):
@@ -185,6 +196,7 @@ class SupportCall(_Body):
         description="unique per call within the activation (the tool call id): ids of what "
         "the operation creates derive from it, so a retried call creates nothing twice",
     )
+    approved_call: ApprovedCall = None
 
 
 class SupportResult(_Body):

@@ -15,12 +15,13 @@ import base64
 import hashlib
 import hmac
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from suzumio.contracts.ids import Identifier
+from suzumio.contracts.values import ToolPolicy
 
 PREFIX = "sza1"
 _CONTEXT = b"suzumio activation token v1"
@@ -44,6 +45,11 @@ class ActivationClaims(BaseModel):
         default=False,
         description="its sandbox holds no provider key (network `none`: the broker's relay "
         "calls its models), and the broker gives it none",
+    )
+    policies: dict[str, ToolPolicy] = Field(
+        default_factory=dict,
+        description="the agent's policy for the tools whose effect the broker makes "
+        "(`suzumio.contracts.policies.BROKER_TOOLS`), where it is not `allow`",
     )
 
 
@@ -77,6 +83,7 @@ class TokenSigner:
         ttl: timedelta,
         now: datetime | None = None,
         keyless: bool = False,
+        policies: Mapping[str, ToolPolicy] | None = None,
     ) -> str:
         claims = ActivationClaims(
             activation_id=activation_id,
@@ -86,6 +93,7 @@ class TokenSigner:
             toolpacks=tuple(toolpacks),
             expires_at=(now or datetime.now(UTC)) + ttl,
             keyless=keyless,
+            policies=dict(policies or {}),
         )
         # Fields at their defaults are left out: a token a broker of an earlier release reads
         # (its claims refuse fields they do not know) as long as it needs nothing new — a

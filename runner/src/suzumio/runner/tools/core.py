@@ -14,6 +14,7 @@ from typing import Any
 
 from suzumio.contracts.broker import AskRequest, CheckpointPut, SupportCall
 from suzumio.contracts.ids import derived_id
+from suzumio.contracts.policies import MAX_APPROVAL_ASKS, approval_id
 from suzumio.contracts.runner import ToolDefinition
 from suzumio.contracts.values import PendingKind
 from suzumio.runner.broker import BrokerClient, BrokerError
@@ -96,10 +97,6 @@ class CoreOutcome:
     waiting_for: str | None = None  # a pending action nobody answered yet
 
 
-# Asks of one call's approval nobody decided, at most: walked through at each try of it.
-MAX_APPROVAL_ASKS = 20
-
-
 class CoreTools:
     def __init__(
         self, broker: BrokerClient, activation_id: str, session_id: str, ask_wait: float
@@ -110,38 +107,47 @@ class CoreTools:
         self.ask_wait = ask_wait
         self.answered: set[str] = set()  # pending actions answered while this activation ran
 
-    async def run(self, name: str, args: dict[str, Any], call_id: str) -> CoreOutcome:
+    async def run(
+        self, name: str, args: dict[str, Any], call_id: str, approved: str | None = None
+    ) -> CoreOutcome:
         try:
-            return await self._run(name, args, call_id)
+            return await self._run(name, args, call_id, approved)
         except BrokerError as exc:
             if exc.status in {401, 403}:
                 raise
             return CoreOutcome(ToolResult(f"refused: {exc.detail}", "error"))
 
-    async def _run(self, name: str, args: dict[str, Any], call_id: str) -> CoreOutcome:
+    async def _run(
+        self, name: str, args: dict[str, Any], call_id: str, approved: str | None
+    ) -> CoreOutcome:
         match name:
             case "message.send" | "signal.record":
-                reply = await self._broker.support(
-                    "core", SupportCall(operation=name, arguments=args, request_id=call_id)
+                call = SupportCall(
+                    operation=name, arguments=args, request_id=call_id, approved_call=approved
                 )
+                reply = await self._broker.support("core", call)
                 return CoreOutcome(ToolResult(json.dumps(reply.result)))
             case "ask_user":
-                return await self._ask(args, call_id)
+                return await self._ask(args, call_id, approved)
             case "checkpoint":
-                return await self._checkpoint(args, call_id)
+                return await self._checkpoint(args, call_id, approved)
             case "activation.complete":
                 return CoreOutcome(ToolResult("completed"), complete=str(args.get("result", "")))
         return CoreOutcome(ToolResult(f"unknown core tool {name}", "error"))
 
-    async def _checkpoint(self, args: dict[str, Any], call_id: str) -> CoreOutcome:
+    async def _checkpoint(
+        self, args: dict[str, Any], call_id: str, approved: str | None
+    ) -> CoreOutcome:
         data = args.get("data")
         if not isinstance(data, dict):
             return CoreOutcome(ToolResult("`data` must be an object", "error"))
         checkpoint_id = derived_id("checkpoint", self._activation_id, call_id)
-        await self._broker.put_checkpoint(CheckpointPut(checkpoint_id=checkpoint_id, data=data))
+        await self._broker.put_checkpoint(
+            CheckpointPut(checkpoint_id=checkpoint_id, data=data, approved_call=approved)
+        )
         return CoreOutcome(ToolResult("checkpoint saved"))
 
-    async def _ask(self, args: dict[str, Any], call_id: str) -> CoreOutcome:
+    async def _ask(self, args: dict[str, Any], call_id: str, approved: str | None) -> CoreOutcome:
         question = str(args.get("question", "")).strip()
         if not question:
             return CoreOutcome(ToolResult("`question` is required", "error"))
@@ -153,6 +159,7 @@ class CoreTools:
                 prompt=question,
                 options=options,
                 wait_seconds=self.ask_wait,
+                approved_call=approved,
             )
         )
         if outcome.status == "answered":
@@ -168,8 +175,7 @@ class CoreTools:
         activation asked anew, and the call never ran."""
         prompt = f"Allow the agent to run {tool} with {arguments[:2_000]}?"
         for asked in range(MAX_APPROVAL_ASKS):
-            parts = (self._session_id, tool, digest) + ((str(asked),) if asked else ())
-            pending_id = derived_id("approval", *parts)
+            pending_id = approval_id(self._session_id, tool, digest, asked)
             outcome = await self._broker.ask(
                 AskRequest(
                     pending_action_id=pending_id,

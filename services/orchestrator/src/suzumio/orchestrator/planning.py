@@ -23,6 +23,7 @@ from pathlib import Path
 
 from suzumio.contracts.envelope import EventEnvelope
 from suzumio.contracts.events import ActivationRequested
+from suzumio.contracts.policies import broker_policies
 from suzumio.contracts.runner import (
     ActivationSpec,
     AgentSpec,
@@ -158,6 +159,9 @@ class Planner:
             toolpacks=agent.toolpacks,
             ttl=ttl + timedelta(seconds=self.settings.token_margin_seconds),
             keyless=offline,  # nor does the broker give it one (`/runner/credentials`)
+            # The broker holds the policy for what it does itself: a command in the sandbox
+            # can call it with this token, past the runner.
+            policies=broker_policies(agent.permissions),
         )
         mounts = self._mounts(agent, project)
         spec = RunnerActivationInput(

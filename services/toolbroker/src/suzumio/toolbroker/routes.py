@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -54,11 +54,12 @@ from suzumio.contracts.events import (
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
-from suzumio.contracts.values import MAX_JSON_DEPTH
+from suzumio.contracts.values import MAX_JSON_DEPTH, PendingKind
 from suzumio.platform import telemetry
 from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.own_writes import append_own, output_in_log, started_in_log
+from suzumio.toolbroker.policy import permit
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
@@ -426,6 +427,8 @@ async def _take_signals(caller: Caller, broker: Broker, received: tuple[str, ...
 @router.post("/runner/ask")
 async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
     c = caller.claims
+    if body.kind is not PendingKind.APPROVAL:  # approvals are how `ask` itself works
+        await permit(broker.store, c, "ask_user", body.approved_call, _asks(body))
     waiter = broker.waiter
     with waiter.watch(body.pending_action_id) as outcome:
         try:
@@ -453,6 +456,13 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
 
 @router.put("/runner/checkpoint")
 async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> Recorded:
+    await permit(
+        broker.store,
+        caller.claims,
+        "checkpoint",
+        body.approved_call,
+        lambda written: isinstance(written, dict) and written.get("data") == body.data,
+    )
     _plain_json(body.data, "the checkpoint's data")
     # In bytes, as the limit says and the bus counts: a character of text may take four.
     if len(body.model_dump_json().encode()) > MAX_CHECKPOINT_BYTES:
@@ -491,6 +501,14 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
             403, "forbidden", f"{body.operation!r} is not an allowed operation of {toolpack!r}"
         )
     _plain_json(body.arguments, "the arguments")
+    if toolpack == "core":  # its operations are the core tools of the same names
+        await permit(
+            broker.store,
+            c,
+            body.operation,
+            body.approved_call,
+            lambda written: written == body.arguments,
+        )
     ctx = SupportContext(
         c,
         toolpack,
@@ -550,6 +568,21 @@ def _usage_on_span(usage: Mapping[str, Any], reason: str) -> None:
             span.set_attribute(f"suzumio.{key}", value)
     if isinstance(model := usage.get("model"), str):
         span.set_attribute("suzumio.model", model[:200])
+
+
+def _asks(body: AskRequest) -> Callable[[Any], bool]:
+    """Whether the `ask_user` arguments the model wrote are this question's (as the runner
+    makes its question of them)."""
+
+    def matches(written: Any) -> bool:
+        return (
+            body.kind is PendingKind.QUESTION
+            and isinstance(written, dict)
+            and str(written.get("question", "")).strip() == body.prompt
+            and tuple(str(o) for o in written.get("options") or ()) == body.options
+        )
+
+    return matches
 
 
 async def _pending_session(broker: Broker, pending_action_id: str) -> str | None:

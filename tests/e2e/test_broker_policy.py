@@ -1,0 +1,140 @@
+"""The agent's tool policy held by the tool-broker for the tools whose effect it makes: a
+command in the sandbox that read the token and calls the broker itself, past the runner, meets
+the same `deny` and `ask`. Real session, scheduler, tool-broker and gateway processes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from suzumio.contracts.events import (
+    PendingActionCreated,
+    PendingActionExpired,
+    SessionMessageAppended,
+)
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.policies import approval_id, arguments_digest
+from suzumio.contracts.values import ToolPolicy
+from tests.e2e.api import ok
+from tests.e2e.stack import Stack
+from tests.e2e.test_broker_access import Live, broker, live, mint
+from tests.support import eventually
+
+DENY, ASK = ToolPolicy.DENY, ToolPolicy.ASK
+
+
+async def with_policies(stack: Stack, name: str, policies: dict[str, ToolPolicy]) -> Live:
+    a = await live(stack, name)
+    token = mint(stack, a.world, a.activation_id, policies=policies)
+    return Live(a.world, a.activation_id, token)
+
+
+def send(a: Live, text: str, request_id: str, approved: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "operation": "message.send",
+        "arguments": {"session_id": a.world.session_id, "text": text},
+        "request_id": request_id,
+    }
+    if approved is not None:
+        body["approved_call"] = approved
+    return body
+
+
+async def texts(stack: Stack, a: Live) -> list[str]:
+    stream = await stack.store.load("session", a.world.session_id)
+    return [e.data.text for e in stream.events if isinstance(e.data, SessionMessageAppended)]
+
+
+def refused(response: httpx.Response, code: str) -> None:
+    assert response.status_code == 403, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == code
+
+
+async def test_a_denied_tool_is_refused_by_the_broker_and_others_still_run(
+    platform: Stack,
+) -> None:
+    a = await with_policies(
+        platform, "dena", {"message.send": DENY, "checkpoint": DENY, "ask_user": DENY}
+    )
+    async with broker(platform, a.token) as c:
+        refused(await c.post("/toolpacks/core/support", json=send(a, "sneaked", "r1")), "denied")
+        put = {"checkpoint_id": new_id(), "data": {"k": 1}}
+        refused(await c.put("/runner/checkpoint", json=put), "denied")
+        question = {"pending_action_id": new_id(), "prompt": "colour?"}
+        refused(await c.post("/runner/ask", json=question), "denied")
+        # An approval is how `ask` works, not a question to the user: it is still asked.
+        approval = {"pending_action_id": new_id(), "kind": "approval", "prompt": "run x?"}
+        assert (await c.post("/runner/ask", json=approval)).json()["status"] == "pending"
+        # A tool the policy does not name is the runner's to decide.
+        signal = {"operation": "signal.record", "arguments": {"kind": "x"}, "request_id": "r2"}
+        assert (await c.post("/toolpacks/core/support", json=signal)).status_code == 200
+    assert "sneaked" not in await texts(platform, a)
+    stream = await platform.store.load("session", a.world.session_id)
+    types = [e.envelope.type for e in stream.events]
+    assert "session.checkpoint_saved" not in types
+    created = await platform.store.load("pending_action", approval["pending_action_id"])
+    assert isinstance(created.events[0].data, PendingActionCreated)
+    questions = await platform.store.load("pending_action", question["pending_action_id"])
+    assert not questions.events
+
+
+async def test_a_tool_under_ask_runs_only_with_a_call_a_person_approved(platform: Stack) -> None:
+    a = await with_policies(platform, "aska", {"message.send": ASK})
+    written = json.dumps({"session_id": a.world.session_id, "text": "approved words"})
+    digest = arguments_digest(written)
+    async with broker(platform, a.token) as c:
+        support = "/toolpacks/core/support"
+        refused(await c.post(support, json=send(a, "approved words", "r1")), "approval_required")
+        # The call as the model wrote it, but nobody was asked yet.
+        refused(
+            await c.post(support, json=send(a, "approved words", "r1", written)),
+            "approval_required",
+        )
+        # The first ask expires unanswered (walked past), the second is approved.
+        first = approval_id(a.world.session_id, "message.send", digest, 0)
+        second = approval_id(a.world.session_id, "message.send", digest, 1)
+        for pending, timeout in ((first, 1), (second, 3_600)):
+            ask = {
+                "pending_action_id": pending,
+                "kind": "approval",
+                "prompt": "send it?",
+                "timeout_seconds": timeout,
+            }
+            ok(await c.post("/runner/ask", json=ask))
+        await eventually(
+            lambda: platform.store.load("pending_action", first),
+            lambda s: any(isinstance(e.data, PendingActionExpired) for e in s.events),
+            timeout=30,
+            what="the first ask expired",
+        )
+        async with platform.client(a.world.key) as gateway:
+            reply = {"answer": "", "approved": True}
+            ok(await gateway.post(f"/v1/pending-actions/{second}/reply", json=reply))
+        # An approved call's arguments do not carry another call.
+        refused(
+            await c.post(support, json=send(a, "other words", "r2", written)),
+            "approval_required",
+        )
+        sent = await c.post(support, json=send(a, "approved words", "r3", written))
+        assert sent.status_code == 200, sent.text
+    assert await texts(platform, a) == ["approved words"]
+
+
+async def test_a_refused_approval_lets_nothing_through(platform: Stack) -> None:
+    a = await with_policies(platform, "askr", {"checkpoint": ASK})
+    data = {"plan": "step 2"}
+    written = json.dumps({"data": data})
+    pending = approval_id(a.world.session_id, "checkpoint", arguments_digest(written), 0)
+    async with broker(platform, a.token) as c:
+        ask = {"pending_action_id": pending, "kind": "approval", "prompt": "save it?"}
+        ok(await c.post("/runner/ask", json=ask))
+        async with platform.client(a.world.key) as gateway:
+            reply = {"answer": "no", "approved": False}
+            ok(await gateway.post(f"/v1/pending-actions/{pending}/reply", json=reply))
+        put = {"checkpoint_id": new_id(), "data": data, "approved_call": written}
+        refused(await c.put("/runner/checkpoint", json=put), "approval_required")
+    stream = await platform.store.load("session", a.world.session_id)
+    assert "session.checkpoint_saved" not in [e.envelope.type for e in stream.events]
