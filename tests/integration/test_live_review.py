@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import nats.errors
@@ -150,8 +150,8 @@ async def test_a_feed_closed_by_a_cancelled_task_still_leaves_the_hub_and_the_lo
     nc: NATS, topology: Topology
 ) -> None:
     """A client gone: Starlette cancels the response's task, and anyio cancels each await of
-    its `finally` again. A feed closed so while another stream holds the hub's lock (opening
-    a session's channel: NATS round trips) must still leave the hub — no chunk more handed to
+    its `finally` again. A feed closed so while another stream holds the session's lock
+    (opening its channel again: NATS round trips) must still leave the hub — no chunk more handed to
     it — and end its log consumer, rather than stay a listener for good."""
     await ensure_streams(nc, topology.streams())
     hub = LiveHub(nc, topology)
@@ -164,7 +164,8 @@ async def test_a_feed_closed_by_a_cancelled_task_still_leaves_the_hub_and_the_lo
     feed = SessionFeed(gw, "s1", Cursor(), allowed)
     await feed.open()
     assert len(nc._subs) > subscriptions
-    await hub._lock.acquire()  # another stream, opening its session's channel
+    held = hub._held("s1")  # another stream of the session, opening its channel again
+    await held.__aenter__()
     try:
         with anyio.CancelScope() as gone:
             gone.cancel()
@@ -172,7 +173,7 @@ async def test_a_feed_closed_by_a_cancelled_task_still_leaves_the_hub_and_the_lo
         assert gone.cancelled_caught
         assert all(feed not in c.listeners for c in hub._channels.values())
     finally:
-        hub._lock.release()
+        await held.__aexit__(None, None, None)
     async with asyncio.timeout(STEP):
         while hub._channels or len(nc._subs) > subscriptions:
             await asyncio.sleep(0.02)
@@ -308,3 +309,42 @@ async def test_live_output_held_in_memory_is_bounded_in_bytes(nc: NATS, topology
     assert info.state.bytes <= 1024 * 1024
     assert info.state.first_seq > 1  # the oldest went
     assert info.state.last_seq == 40
+
+
+class SlowToOpen(LiveHub):
+    """A hub whose channel of `slow` opens only when let: NATS slow to answer for it."""
+
+    def __init__(self, nc: NATS, topology: Topology, slow: str) -> None:
+        super().__init__(nc, topology)
+        self.slow, self.opening, self.let = slow, asyncio.Event(), asyncio.Event()
+
+    async def _open(self, session_id: str, listeners: set[livehub.LiveListener]) -> Any:
+        if session_id == self.slow:
+            self.opening.set()
+            await self.let.wait()
+        return await super()._open(session_id, listeners)
+
+
+async def test_a_session_slow_to_open_holds_up_no_other_sessions_watchers(
+    nc: NATS, topology: Topology
+) -> None:
+    hub = SlowToOpen(nc, topology, "s1")
+    one, two, three = Watcher(), Watcher(), Watcher()
+    try:
+        slow = asyncio.create_task(hub.join("s1", one))
+        await asyncio.wait_for(hub.opening.wait(), STEP)
+        # Another session's watchers join and leave while s1's channel is still opening.
+        await asyncio.wait_for(hub.join("s2", two), STEP)
+        await asyncio.wait_for(hub.leave("s2", two), STEP)
+        assert not slow.done()
+        waiting = asyncio.create_task(hub.join("s1", three))  # the same session waits its turn
+        hub.let.set()
+        await asyncio.wait_for(asyncio.gather(slow, waiting), STEP)
+        assert set(hub._channels) == {"s1"}
+        assert hub._channels["s1"].listeners == {one, three}  # one channel, both on it
+        await hub.leave("s1", one)
+        await hub.leave("s1", three)
+        assert hub._channels == {}
+        assert hub._locks == {}  # nothing kept of the sessions gone
+    finally:
+        await hub.close()

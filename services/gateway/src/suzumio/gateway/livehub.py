@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -67,7 +68,10 @@ class LiveHub:
         self._nc = nc
         self._topology = topology
         self._channels: dict[str, _Channel] = {}
-        self._lock = asyncio.Lock()  # joins and leaves are rare next to messages
+        # One lock per session, held across the NATS requests that open or end its channel:
+        # a session whose open is slow (NATS busy, many channels opened again after a
+        # restart) must not hold up the joins and leaves of every other session.
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._watch: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
@@ -82,7 +86,7 @@ class LiveHub:
             raise ApiError(
                 503, "this gateway is shutting down; connect again", headers={"Retry-After": "1"}
             )
-        async with self._lock:
+        async with self._held(session_id):
             channel = self._channels.get(session_id)
             if channel is None:
                 channel = await self._open(session_id, set())
@@ -109,7 +113,7 @@ class LiveHub:
 
     async def leave(self, session_id: str, listener: LiveListener) -> None:
         self.forget(session_id, listener)
-        async with self._lock:
+        async with self._held(session_id):
             channel = self._channels.get(session_id)
             if channel is None:
                 return
@@ -161,40 +165,55 @@ class LiveHub:
             return
         created, end = await self._live_info()
         stale = [(s, c) for s, c, last in seen if c.created != created or end < last]
-        if not stale:
+        for session_id, old in stale:
+            async with self._held(session_id):
+                await self._reopen(session_id, old)
+
+    async def _reopen(self, session_id: str, old: _Channel) -> None:
+        if self._channels.get(session_id) is not old:
+            return  # left meanwhile
+        if not old.listeners:  # its last listener's `leave` gave up on the lock
+            del self._channels[session_id]
+            await _unsubscribe(old)
             return
-        async with self._lock:
-            for session_id, old in stale:
-                if self._channels.get(session_id) is not old:
-                    continue  # left meanwhile
-                if not old.listeners:  # its last listener's `leave` gave up on the lock
-                    del self._channels[session_id]
-                    await _unsubscribe(old)
-                    continue
-                old.closed = True  # the old numbering's messages must not follow the new's
-                try:
-                    fresh = await self._open(session_id, old.listeners)
-                except BaseException:
-                    old.closed = False  # as it was; the next round tries again
-                    raise
-                self._channels[session_id] = fresh
-                await _unsubscribe(old)
-                log.warning("live.renumbered", session=session_id, position=fresh.last_seq)
-                for listener in list(fresh.listeners):
-                    if isinstance(listener, RestartListener):
-                        listener.restarted()
+        old.closed = True  # the old numbering's messages must not follow the new's
+        try:
+            fresh = await self._open(session_id, old.listeners)
+        except BaseException:
+            old.closed = False  # as it was; the next round tries again
+            raise
+        self._channels[session_id] = fresh
+        await _unsubscribe(old)
+        log.warning("live.renumbered", session=session_id, position=fresh.last_seq)
+        for listener in list(fresh.listeners):
+            if isinstance(listener, RestartListener):
+                listener.restarted()
 
     async def _reap(self) -> None:
         """Channels whose last listener went without leaving (its `leave` gave up on the lock,
         or its feed's cleanup failed before it): each kept a server consumer and took its
         session's chunks for good, nobody reading them."""
-        if all(c.listeners for c in self._channels.values()):
-            return
-        async with self._lock:
-            for session_id, channel in list(self._channels.items()):
-                if not channel.listeners:
+        idle = [(s, c) for s, c in self._channels.items() if not c.listeners]
+        for session_id, channel in idle:
+            async with self._held(session_id):
+                if self._channels.get(session_id) is channel and not channel.listeners:
                     del self._channels[session_id]
                     await _unsubscribe(channel)
+
+    @contextlib.asynccontextmanager
+    async def _held(self, session_id: str) -> AsyncIterator[None]:
+        """The session's lock, made for as long as anyone holds it or waits for it."""
+        lock, users = self._locks.get(session_id) or (asyncio.Lock(), 0)
+        self._locks[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[session_id]
+            if users == 1:
+                del self._locks[session_id]
+            else:
+                self._locks[session_id] = (lock, users - 1)
 
     async def _live_info(self) -> tuple[str, int]:
         """LIVE's creation time and end."""
