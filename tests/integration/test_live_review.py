@@ -164,7 +164,7 @@ async def test_a_feed_closed_by_a_cancelled_task_still_leaves_the_hub_and_the_lo
     feed = SessionFeed(gw, "s1", Cursor(), allowed)
     await feed.open()
     assert len(nc._subs) > subscriptions
-    held = hub._held("s1")  # another stream of the session, opening its channel again
+    held = hub._turns.take("s1")  # another stream of the session, opening its channel again
     await held.__aenter__()
     try:
         with anyio.CancelScope() as gone:
@@ -345,6 +345,6 @@ async def test_a_session_slow_to_open_holds_up_no_other_sessions_watchers(
         await hub.leave("s1", one)
         await hub.leave("s1", three)
         assert hub._channels == {}
-        assert hub._locks == {}  # nothing kept of the sessions gone
+        assert len(hub._turns) == 0  # nothing kept of the sessions gone
     finally:
         await hub.close()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -28,6 +27,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.gateway.api.problems import ApiError
 from suzumio.platform.bus.jsapi import API_PREFIX, request
 from suzumio.platform.logging import get_logger
+from suzumio.platform.turns import Turns
 
 log = get_logger(__name__)
 
@@ -71,7 +71,7 @@ class LiveHub:
         # One lock per session, held across the NATS requests that open or end its channel:
         # a session whose open is slow (NATS busy, many channels opened again after a
         # restart) must not hold up the joins and leaves of every other session.
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._turns: Turns[str] = Turns()
         self._watch: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
@@ -86,7 +86,7 @@ class LiveHub:
             raise ApiError(
                 503, "this gateway is shutting down; connect again", headers={"Retry-After": "1"}
             )
-        async with self._held(session_id):
+        async with self._turns.take(session_id):
             channel = self._channels.get(session_id)
             if channel is None:
                 channel = await self._open(session_id, set())
@@ -113,7 +113,7 @@ class LiveHub:
 
     async def leave(self, session_id: str, listener: LiveListener) -> None:
         self.forget(session_id, listener)
-        async with self._held(session_id):
+        async with self._turns.take(session_id):
             channel = self._channels.get(session_id)
             if channel is None:
                 return
@@ -166,7 +166,7 @@ class LiveHub:
         created, end = await self._live_info()
         stale = [(s, c) for s, c, last in seen if c.created != created or end < last]
         for session_id, old in stale:
-            async with self._held(session_id):
+            async with self._turns.take(session_id):
                 await self._reopen(session_id, old)
 
     async def _reopen(self, session_id: str, old: _Channel) -> None:
@@ -195,25 +195,10 @@ class LiveHub:
         session's chunks for good, nobody reading them."""
         idle = [(s, c) for s, c in self._channels.items() if not c.listeners]
         for session_id, channel in idle:
-            async with self._held(session_id):
+            async with self._turns.take(session_id):
                 if self._channels.get(session_id) is channel and not channel.listeners:
                     del self._channels[session_id]
                     await _unsubscribe(channel)
-
-    @contextlib.asynccontextmanager
-    async def _held(self, session_id: str) -> AsyncIterator[None]:
-        """The session's lock, made for as long as anyone holds it or waits for it."""
-        lock, users = self._locks.get(session_id) or (asyncio.Lock(), 0)
-        self._locks[session_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[session_id]
-            if users == 1:
-                del self._locks[session_id]
-            else:
-                self._locks[session_id] = (lock, users - 1)
 
     async def _live_info(self) -> tuple[str, int]:
         """LIVE's creation time and end."""

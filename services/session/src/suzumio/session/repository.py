@@ -8,10 +8,9 @@ brought up to date and the decision is taken again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,6 +23,7 @@ from suzumio.platform.bus.eventstore import (
     EventStore,
     Head,
 )
+from suzumio.platform.turns import Turns
 from suzumio.session.domain.state import AggregateState
 
 S = TypeVar("S", bound=AggregateState)
@@ -48,7 +48,7 @@ class Repository:
         self.store = store
         self._cache: OrderedDict[tuple[str, str], AggregateState] = OrderedDict()
         self._cache_size = cache_size
-        self._turns = _Turns()
+        self._turns: Turns[tuple[str, str]] = Turns()
 
     async def get(self, cls: type[S], aggregate_id: str, *, fresh: bool = True) -> S:
         """The aggregate's state; `fresh` checks with the server that nothing came since."""
@@ -132,24 +132,3 @@ class Repository:
                 self._cache.pop((cls.aggregate, aggregate_id), None)
             return state, result
         raise AssertionError("unreachable")
-
-
-class _Turns:
-    """One lock per key, kept only while someone holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def take(self, key: tuple[str, str]) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
