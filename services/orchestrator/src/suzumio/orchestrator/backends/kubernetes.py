@@ -67,6 +67,7 @@ STOPPED_ANNOTATION = "suzumio.io/stopped"
 """On a Job the watch stopped because its pod could not start: the activation's detail."""
 FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way
 INTERRUPTED = "its launch did not finish: the Job was created but never started"
+KEPT_STOPPED = "stopped by the cleanup: its attempt had ended while it still ran"
 
 
 def _describe(exc: BaseException) -> str:
@@ -537,7 +538,39 @@ class KubernetesBackend:
             # use to an ended attempt, and a Job stopped before its pod started is never
             # finished, so its TTL would never take it.
             await self._delete_secret(handle.sandbox_id)
+            await self._stop_kept(handle.sandbox_id)
         self._cancelled.discard(handle.sandbox_id)
+
+    async def _stop_kept(self, name: str) -> None:
+        """A kept Job whose attempt ended while it still runs (the attempt was lost: the API
+        unreachable, the watch gave up) is stopped — suspended, its pod goes — rather than run
+        on beside the attempt's retry, fenced, spending its node's room and the provider's
+        bill to its deadline. It says why, as a Job the watch stopped does. Raises when the
+        API server did not take it: the orchestrator then stops the sandbox until it can."""
+        api = await self._client()
+        jobs = client.BatchV1Api(api)
+        try:
+            job = await jobs.read_namespaced_job(name, self._ns, _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        if job_outcome(api.sanitize_for_serialization(job)) is not None:
+            return  # finished, or stopped already
+        stop: Manifest = {
+            "metadata": {
+                "annotations": {STOPPED_ANNOTATION: KEPT_STOPPED, FINAL_ANNOTATION: "true"}
+            },
+            "spec": {"suspend": True},
+        }
+        try:
+            await jobs.patch_namespaced_job(
+                name, self._ns, _body(stop), _request_timeout=self._timeout
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log.warning("kubernetes kept job stopped", job=name)
 
     async def _delete_secret(self, name: str) -> None:
         """Raises when the API server did not take the deletion: the cleanup then fails, and
