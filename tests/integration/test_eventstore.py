@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from suzumio.platform.bus.eventstore import (
     EventStore,
 )
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.replies import Replies
 from tests.support import eventually
 
 
@@ -145,9 +147,52 @@ async def test_an_append_larger_than_the_bus_carries_is_refused_as_input(
         )
         for _ in range(nc.max_payload // len(text) + 1)
     ]
-    with pytest.raises(InvalidError, match="one append carries at most"):
+    with pytest.raises(InvalidError, match="this append carries at most"):
         await store.append(session_id, events, 0)
     assert not (await store.load("session", session_id)).events
+
+
+def message(text: str) -> SessionMessageAppended:
+    return SessionMessageAppended(
+        message_id=new_id(), author=Author(kind="user", id="u"), role="user", text=text
+    )
+
+
+async def test_an_append_fitting_the_bus_only_without_its_headers_is_refused_as_input(
+    nc: NATS, store: EventStore
+) -> None:
+    """The server counts a message's headers (each event's type, its version, the expected
+    sequence) against max_payload with its payload, and answers one over it by closing the
+    connection — every append and command in flight on it lost, and a retry closing it again.
+    nats-py checks the payload alone."""
+    session_id = new_id()
+    full = ["x" * 1_000_000] * (nc.max_payload // 1_000_000)
+    base = len((await store.prepare(session_id, [message(t) for t in [*full, ""]], 0)).payload)
+    # A payload just within max_payload: its headers (a few hundred bytes) take it past.
+    last = "x" * (nc.max_payload - base - 40)
+    reconnects = nc.stats["reconnects"]
+    with pytest.raises(InvalidError, match="this append carries at most"):
+        await store.append(session_id, [message(t) for t in [*full, last]], 0)
+    await nc.flush()
+    assert nc.is_connected
+    assert nc.stats["reconnects"] == reconnects
+    assert not (await store.load("session", session_id)).events
+
+
+async def test_a_request_fitting_the_bus_only_without_its_headers_is_never_sent(
+    nc: NATS,
+) -> None:
+    replies = Replies.of(nc)
+    subject = f"test.{new_id()}"
+    sub = await nc.subscribe(subject)
+    reconnects = nc.stats["reconnects"]
+    with pytest.raises(nats.errors.MaxPayloadError):
+        await replies.request(subject, b"x" * (nc.max_payload - 10), {"Suzumio-Type": "a"}, 5)
+    await nc.flush()
+    assert nc.is_connected
+    assert nc.stats["reconnects"] == reconnects
+    assert sub.pending_msgs == 0
+    await sub.unsubscribe()
 
 
 async def test_publish_retried_after_a_lost_ack_stores_one_event(

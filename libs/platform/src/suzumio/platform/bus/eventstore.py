@@ -44,7 +44,7 @@ from suzumio.platform import telemetry
 from suzumio.platform.bus.direct_get import StoredMessage, first_after, iter_subject
 from suzumio.platform.bus.direct_get import last_for_subject as _last_for_subject
 from suzumio.platform.bus.jsapi import stream_last_seq
-from suzumio.platform.bus.replies import Replies
+from suzumio.platform.bus.replies import Replies, header_bytes
 from suzumio.platform.errors import JetStreamApiError, PlatformError
 
 HDR_MSG_ID = "Nats-Msg-Id"
@@ -54,6 +54,9 @@ HDR_VERSION = "Suzumio-Version"
 
 ERR_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 MAX_EVENTS_PER_APPEND = 1_000
+# Room kept past an append's own headers when it is sized: the trace context it is sent under
+# may differ from the one it was prepared under.
+HEADER_MARGIN = 256
 TYPE_SEPARATOR = ","  # Suzumio-Type of a commit lists its events' types in order
 
 _appends = telemetry.meter.create_counter(
@@ -240,16 +243,20 @@ class EventStore:
             if len(envelopes) == 1
             else _COMMIT.dump_json(list(envelopes), by_alias=True)
         )
-        if len(payload) > self._nc.max_payload:
+        prepared = _Prepared(
+            subject, aggregate, aggregate_id, expected_version, expected_seq, envelopes, payload
+        )
+        # The server counts the headers too (every event's type among them, and the trace
+        # context), and answers a message over its limit by closing the connection.
+        room = self._nc.max_payload - header_bytes(self._headers(prepared)) - HEADER_MARGIN
+        if len(payload) > room:
             # A command that fit on the bus can still make events that do not (each envelope
             # adds its fields): refused as input, not failed as the server's fault.
             raise InvalidError(
-                f"the events are {len(payload)} bytes; one append carries at most "
-                f"{self._nc.max_payload} bytes: send less"
+                f"the events are {len(payload)} bytes; this append carries at most "
+                f"{room} bytes: send less"
             )
-        return _Prepared(
-            subject, aggregate, aggregate_id, expected_version, expected_seq, envelopes, payload
-        )
+        return prepared
 
     async def commit(self, prepared: _Prepared) -> AppendResult:
         """Publish a prepared append; calling it again for the same one is harmless."""

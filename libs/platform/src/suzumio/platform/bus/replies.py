@@ -13,12 +13,12 @@ import asyncio
 import itertools
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from weakref import WeakKeyDictionary
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 _OF: WeakKeyDictionary[NATS, Replies] = WeakKeyDictionary()
@@ -91,7 +91,13 @@ class Replies:
         Raises:
             nats.errors.TimeoutError: none within `timeout`.
             nats.errors.NoRespondersError: nobody listens on `subject`.
+            nats.errors.MaxPayloadError: the payload and headers together are larger than
+                the server takes (nats-py checks the payload alone; the server answers a
+                message over its limit by closing the connection, and everything in flight
+                on it goes too).
         """
+        if len(payload) + header_bytes(headers) > self._nc.max_payload:
+            raise MaxPayloadError
         if not self._prefix:
             await self._start()
         loop = asyncio.get_running_loop()
@@ -140,6 +146,18 @@ class Replies:
                 yield msg
         finally:
             self._streams.pop(token, None)
+
+
+def header_bytes(headers: Mapping[str, str] | None) -> int:
+    """The size of `headers` as nats-py sends them: what they take of the server's
+    max_payload, which counts a message's headers and payload together."""
+    if not headers:
+        return 0
+    size = len(b"NATS/1.0\r\n\r\n")
+    for key, value in headers.items():
+        if key.strip():
+            size += len(key.strip().encode()) + len(value.strip().encode()) + 4  # ": ", CRLF
+    return size
 
 
 def _raise_no_responders(msg: Msg) -> None:
