@@ -69,6 +69,36 @@ async def test_a_slow_follower_loses_no_message_when_its_subscription_overflows(
     assert all(timedelta(0) <= now - t < timedelta(minutes=1) for t in stamps)  # read ones too
 
 
+async def test_a_message_with_a_malformed_version_header_does_not_stop_a_follower(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    """Only the event store writes the log, but a message with a header that is no number
+    (`Suzumio-Version: x`) raised as the follower read it — and again at each gap read after
+    every later message: the folds behind the follower stopped for good."""
+    start = await stream_last_seq(nc, topology.events_stream) + 1
+    follower = LogFollower(nc, topology, start_seq=start)
+    await follower.start()
+    try:
+        odd = new_id()
+        first = await store.append(odd, [ProjectCreated(name="p", owner_id="u")], 0)
+        stored = await store.load("project", odd)
+        await nc.jetstream().publish(
+            topology.event_subject("project", new_id()),
+            stored.events[0].envelope.model_dump_json(by_alias=True).encode(),
+            headers={"Suzumio-Type": "project.created", "Suzumio-Version": "x"},
+        )
+        after = await store.append(new_id(), [ProjectCreated(name="q", owner_id="u")], 0)
+        seen = []
+        while not seen or seen[-1].seq < after.events[-1].seq:
+            msg = await follower.next(timeout=10)
+            assert msg is not None, f"stopped after {seen[-1].seq if seen else None}"
+            seen.append(msg)
+    finally:
+        await follower.close()
+    assert [m.seq for m in seen] == list(range(first.events[0].seq, after.events[-1].seq + 1))
+    assert [m.version for m in seen] == [1, 1, 1]  # the odd one's from its envelope
+
+
 class DiskFullProjects(ProjectsProjection):
     """The projects projection on a Postgres whose disk is full for a while: every write of
     it fails (SQLSTATE 53100, raised by the server) until `full` is cleared."""

@@ -16,9 +16,10 @@ server checks, from what it has seen itself or, on a miss, from the last stored 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -473,7 +474,15 @@ def types_of(headers: dict[str, str] | None) -> list[str] | None:
 
 
 def _version_of(stored: StoredMessage) -> int:
-    version = stored.headers.get(HDR_VERSION)
-    if version is not None:
-        return int(version)
-    return envelopes_of(stored.data)[-1].version
+    return version_in(stored.headers, stored.data)
+
+
+def version_in(headers: Mapping[str, str] | None, data: bytes) -> int:
+    """The version a commit brings its aggregate to: its `Suzumio-Version` header, else its
+    last envelope's; 0 when neither can be read. A malformed header must not raise: a
+    follower raising on one message would read it again after every later one, and stop."""
+    with contextlib.suppress(ValueError, TypeError):
+        return int((headers or {})[HDR_VERSION])
+    with contextlib.suppress(Exception):
+        return envelopes_of(data)[-1].version
+    return 0

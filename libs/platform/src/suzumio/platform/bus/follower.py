@@ -28,7 +28,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.direct_get import StoredMessage, first_since, iter_subject
-from suzumio.platform.bus.eventstore import HDR_VERSION, types_of
+from suzumio.platform.bus.eventstore import types_of, version_in
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.logging import get_logger
 
@@ -96,7 +96,7 @@ class LogFollower:
                         seq,
                         msg.subject,
                         tuple(types or ()),
-                        int((msg.headers or {}).get(HDR_VERSION, 0)),
+                        version_in(msg.headers, msg.data),
                         msg.data,
                         meta.num_pending,
                         meta.timestamp,
@@ -193,7 +193,7 @@ def _from_stored(stored: StoredMessage, pending: int) -> LogMessage:
         stored.seq,
         stored.subject,
         tuple(types_of(headers) or ()),
-        int(headers.get(HDR_VERSION, 0)),
+        version_in(headers, stored.data),
         stored.data,
         pending,
         stored_at,
