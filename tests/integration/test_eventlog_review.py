@@ -18,7 +18,7 @@ from suzumio.contracts.events import MessageParked, ProjectCreated
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.eventstore import AppendResult, EventStore
-from suzumio.platform.bus.follower import LogFollower
+from suzumio.platform.bus.follower import LogFollower, LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.db.pool import Connection, Pool
 from suzumio.platform.projections.base import Events, Projection
@@ -88,7 +88,7 @@ async def test_a_message_with_a_malformed_version_header_does_not_stop_a_followe
             headers={"Suzumio-Type": "project.created", "Suzumio-Version": "x"},
         )
         after = await store.append(new_id(), [ProjectCreated(name="q", owner_id="u")], 0)
-        seen = []
+        seen: list[LogMessage] = []
         while not seen or seen[-1].seq < after.events[-1].seq:
             msg = await follower.next(timeout=10)
             assert msg is not None, f"stopped after {seen[-1].seq if seen else None}"

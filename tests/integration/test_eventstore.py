@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats.errors
 import pytest
@@ -193,6 +194,31 @@ async def test_a_request_fitting_the_bus_only_without_its_headers_is_never_sent(
     assert nc.stats["reconnects"] == reconnects
     assert sub.pending_msgs == 0
     await sub.unsubscribe()
+
+
+async def test_an_earlier_attempt_still_in_process_is_waited_for_not_failed(
+    nc: NATS, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a cluster, an append retried while its first attempt is still being agreed on gets
+    "duplicate message id is in process" (10158). That is no failure: asked again, the server
+    answers for the first attempt (stored: a duplicate, or a refusal the store reads its way
+    past). (The answer is made here: one server alone never gives it.)"""
+    send = store._send
+    answers: list[dict[str, Any]] = []
+
+    async def in_process_once(p: Any) -> dict[str, Any]:
+        answer = await send(p)  # the first attempt lands, but its answer says "in process"
+        if not answers:
+            answer = {"error": {"code": 409, "err_code": 10158, "description": "in process"}}
+        answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(store, "_send", in_process_once)
+    pid = new_id()
+    result = await store.append(pid, [created()], 0)
+    assert len(answers) == 2  # asked again, the server answered for the first attempt
+    stream = await store.load("project", pid)
+    assert [(e.version, e.seq) for e in stream.events] == [(1, result.events[0].seq)]
 
 
 async def test_publish_retried_after_a_lost_ack_stores_one_event(

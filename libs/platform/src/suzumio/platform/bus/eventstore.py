@@ -54,6 +54,9 @@ HDR_TYPE = "Suzumio-Type"
 HDR_VERSION = "Suzumio-Version"
 
 ERR_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+# "duplicate message id is in process": in a cluster, an earlier attempt of this very append
+# (its message id) is still being agreed on — stored or not, it is not known yet.
+ERR_DUPLICATE_IN_PROCESS = 10158
 MAX_EVENTS_PER_APPEND = 1_000
 # Room kept past an append's own headers when it is sized: the trace context it is sent under
 # may differ from the one it was prepared under.
@@ -305,6 +308,11 @@ class EventStore:
             if not error:
                 return int(reply["seq"])  # also for `"duplicate": true`: the first copy's seq
             err_code = int(error.get("err_code", 0))
+            if err_code == ERR_DUPLICATE_IN_PROCESS:
+                # Asked again after a pause, the server answers for the earlier attempt:
+                # stored (`duplicate`, with its sequence) or refused.
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
             if err_code in ERR_WRONG_LAST_SEQUENCE:
                 try:
                     stored = await self._find_own(p)

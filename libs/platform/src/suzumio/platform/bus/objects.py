@@ -39,11 +39,11 @@ from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
 from suzumio.contracts.subjects import blob_name
+from suzumio.platform.bus.eventstore import ERR_WRONG_LAST_SEQUENCE
 
 CHUNKS_SUBJECT = "$O.{bucket}.C.{nuid}"
 RECORD_SUBJECT = "$O.{bucket}.M.{name}"
 CHUNK_BYTES = 128 * 1024  # what nats-py and the other clients cut objects into
-ERR_WRONG_LAST_SEQUENCE = 10071
 SETTLE_SECONDS = 5.0
 _nuids = NUID()
 
@@ -124,7 +124,7 @@ async def _send_record(
                 },
             )
         except APIError as exc:
-            if exc.err_code != ERR_WRONG_LAST_SEQUENCE:
+            if exc.err_code not in ERR_WRONG_LAST_SEQUENCE:  # 10164: the cluster's word
                 raise
         else:
             return True
