@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -42,7 +43,8 @@ from suzumio.contracts.runner import (
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology, blob_name
 from suzumio.contracts.values import Backend, ModelSpec, Priority, RuntimeProfileSpec, SignalKind
 from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan, MountPlan
-from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings
+from suzumio.orchestrator.backends.pool import PoolBackend, PoolSettings, exit_of
+from suzumio.platform.bus import connection
 from suzumio.platform.bus.kv import ensure_object_store
 from tests.support import start_pool_worker
 
@@ -479,6 +481,111 @@ async def test_a_redelivered_dispatch_runs_only_within_its_deadline(
     assert (refused.worker_id, refused.reason) == ("wb", "deadline")
     assert not statuses.of(too_late.sandbox_id, "started")
     await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+
+
+async def test_a_dispatch_started_by_a_worker_that_died_unwatched_never_runs_again(
+    nc: NATS, workers: StartWorker, statuses: Statuses, topology: Topology, tmp_path: Path,
+    hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """No orchestrator leads while a worker dies mid-run (none takes the dispatch out of the
+    queue): the queue hands it out again after the ack wait, and the next worker must not
+    run the attempt a second time beside what the first did, with a token still good."""
+    url, _ = hanging  # the runner waits on its first broker call: it runs until killed
+    backend = PoolBackend(nc, topology, SETTINGS)
+    handle = await backend.launch(make_plan(url, tmp_path))
+    await backend.close()  # no orchestrator from here on
+    first = workers("wa")
+    await eventually(lambda: statuses.of(handle.sandbox_id, "started"), timeout=30)
+    first.kill()
+    first.wait(timeout=10)
+    workers("wb")
+    await eventually(lambda: statuses.of(handle.sandbox_id, "refused"), timeout=ACK_WAIT + 30)
+    [refused] = statuses.of(handle.sandbox_id, "refused")
+    assert (refused.worker_id, refused.reason) == ("wb", "claimed")
+    assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["wa"]
+    await eventually(lambda: queue_is_empty(nc, topology), timeout=5)
+    assert exit_of(refused).reason == "lost"  # the attempt fails, retryable: a new one runs
+
+
+class CuttableLink:
+    """A TCP relay to the NATS server whose connections can be cut, and new ones refused,
+    for a while: one client's own outage, the server and everyone else fine."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.down = False
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def cut(self) -> None:
+        self.down = True
+        for writer in list(self.writers):
+            writer.transport.abort()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self.writers.update({writer, up_writer})
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            for w in (writer, up_writer):
+                w.transport.abort()
+                self.writers.discard(w)
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_the_orchestrators_own_outage_declares_no_running_dispatch_lost(
+    nats_url: str, workers: StartWorker, statuses: Statuses, topology: Topology,
+    tmp_path: Path, hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """The orchestrator's link to NATS is down for longer than the heartbeat timeout, the
+    workers' is not: what it did not hear meanwhile says nothing. Declared lost, each running
+    dispatch failed, and the cancels it queued while away stopped healthy runs at its
+    reconnect."""
+    url, _ = hanging
+    parsed = urllib.parse.urlsplit(nats_url)
+    link = CuttableLink((parsed.hostname or "127.0.0.1", parsed.port or 4222))
+    port = await link.start()
+    relayed = parsed._replace(netloc=f"{parsed.netloc.rsplit('@', 1)[0]}@127.0.0.1:{port}")
+    nc = await connection.connect(urllib.parse.urlunsplit(relayed), "suzumio-test-relayed")
+    backend = PoolBackend(nc, topology, SETTINGS)
+    workers("wa")
+    try:
+        await wait_workers(backend, "wa")
+        handle = await backend.launch(make_plan(url, tmp_path))
+        watching = asyncio.create_task(backend.watch(handle))
+        await eventually(lambda: statuses.of(handle.sandbox_id, "started"), timeout=30)
+        link.cut()
+        await asyncio.sleep(HEARTBEAT_TIMEOUT * 2 + 1)
+        assert not watching.done(), watching.result()
+        link.down = False
+        await eventually(lambda: nc.is_connected, timeout=10)
+        await asyncio.sleep(HEARTBEAT_TIMEOUT + 1)  # its beats are heard again
+        assert not watching.done(), watching.result()
+        assert not statuses.of(handle.sandbox_id, "exited")  # it runs on
+        await backend.cancel(handle)
+        result = await asyncio.wait_for(watching, 30)
+        assert result.reason == "killed"
+    finally:
+        await backend.close()
+        await nc.close()
+        await link.close()
 
 
 async def test_two_workers_share_ten_dispatches(

@@ -71,6 +71,7 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
+from nats.js.errors import APIError as JetStreamAPIError
 from nats.js.errors import Error as JetStreamError
 from nats.js.object_store import ObjectStore
 from pydantic import ValidationError
@@ -108,6 +109,12 @@ ROUTED_HOLD_SECONDS = 5.0
 # A worker's own consumer (dispatches routed to it) outlives its pulls this long: its id dies
 # with its process, and a new worker makes its own.
 OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
+# A dispatch's claim (`_claim`): how long the write may take before the run starts without it,
+# and how long past the deadline the claim outlives it (a redelivery after the deadline is
+# refused for that already).
+CLAIM_TIMEOUT_SECONDS = 5.0
+CLAIM_MARGIN_SECONDS = 60.0
+WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's, and the cluster's
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
 _POOL = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # the contracts' Slug
 _PR_SET_PDEATHSIG = 1
@@ -288,6 +295,9 @@ class Worker:
         self._runs: dict[str, _Run] = {}
         self._cancelled: dict[str, float] = {}  # dispatch id, or "<activation id>.*"
         self._recent: dict[str, tuple[float, PoolStatus]] = {}
+        # This process among the workers ever named so (`--worker-id` is reused on restart):
+        # its claims are its own, a claim of the same id's earlier life is not.
+        self._instance = secrets.token_hex(8)
         self._handed_back: dict[str, float] = {}  # routed here, handed back unstarted: when
         self._tasks: set[asyncio.Task[None]] = set()  # one per dispatch in hand
         self._aux: set[asyncio.Task[None]] = set()  # kills, removals
@@ -763,7 +773,7 @@ class Worker:
         did = dispatch.dispatch_id
         if did in self._runs:  # redelivered while it waited for its slot: that one runs it
             return
-        refusal = self._refusal(dispatch)
+        refusal = self._refusal(dispatch) or await self._claim(dispatch)
         if refusal is not None:
             log("worker.refused", dispatch=did, reason=refusal)
             await self._publish(self._status(dispatch, "refused", reason=refusal), flush=True)
@@ -788,6 +798,41 @@ class Worker:
         any_of_it = f"{dispatch.input.activation.id}.*"
         if dispatch.dispatch_id in self._cancelled or any_of_it in self._cancelled:
             return "cancelled"
+        return None
+
+    async def _claim(self, dispatch: ActivationDispatch) -> PoolStatusReason | None:
+        """Claim the dispatch before it starts: `claimed` if a worker started it before.
+
+        Its message stays in the queue until its run ended, and the queue hands it out again
+        if no ack comes within the ack wait — after its worker died mid-run, and no leading
+        orchestrator took it out of the queue in time (there was none for a while, or it
+        died with the worker). Run again, the attempt would do its work twice with a token
+        still good. The claim is a message on the dispatch's own subject of `CLAIMS`, written
+        only where there is none (and kept to the deadline): the second worker's is refused.
+        Unknown (NATS slow, or a platform from before the stream) runs it, as before."""
+        value = f"{self.cfg.worker_id} {self._instance}".encode()
+        subject = self.topology.claim_subject(dispatch.dispatch_id)
+        js = self.nc.jetstream()
+        try:
+            await js.publish(
+                subject,
+                value,
+                timeout=CLAIM_TIMEOUT_SECONDS,
+                headers={"Nats-Expected-Last-Subject-Sequence": "0"},
+                msg_ttl=max(_seconds_left(dispatch), 0) + CLAIM_MARGIN_SECONDS,
+            )
+        except JetStreamAPIError as exc:
+            if exc.err_code not in WRONG_LAST_SEQUENCE:
+                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
+                return None
+            try:  # claimed: by this very worker, whose first answer was lost?
+                held = await js.get_last_msg(self.topology.claims_stream, subject)
+            except Exception as exc:
+                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
+                return "claimed"  # someone's claim is there: not run twice
+            return None if held.data == value else "claimed"
+        except Exception as exc:
+            log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
         return None
 
     async def _refuse_unreadable(self, msg: Msg) -> None:

@@ -308,6 +308,7 @@ PoolStatusReason = Literal[
     "deadline",  # refused: the deadline passed before it could start
     "invalid",  # refused: the worker could not read the dispatch
     "busy",  # refused: sent to this worker (affinity), it had no slot free in time, or stopped
+    "claimed",  # refused: a worker started it before (it was handed out again after that)
 ]
 
 

@@ -47,6 +47,7 @@ class StreamSpec(BaseModel):
     duplicate_window_seconds: float = 120.0
     replicas: int = 1
     allow_direct: bool = True
+    allow_msg_ttl: bool = False  # a message may carry its own max age (`Nats-TTL`)
     description: str = ""
 
 
@@ -92,6 +93,10 @@ class Topology(BaseModel):
     def activations_stream(self) -> str:
         return self._stream("ACTIVATIONS")
 
+    @property
+    def claims_stream(self) -> str:
+        return self._stream("CLAIMS")
+
     def streams(self) -> tuple[StreamSpec, ...]:
         return (
             StreamSpec(
@@ -120,6 +125,17 @@ class Topology(BaseModel):
                 retention=Retention.WORK_QUEUE,
                 replicas=self.replicas,
                 description="activation dispatches for warm worker pools",
+            ),
+            StreamSpec(
+                name=self.claims_stream,
+                subjects=(self._subject("claim", ">"),),
+                storage=Storage.FILE,
+                # Each claim lives to its dispatch's deadline (its own TTL); this bounds one
+                # written without (the longest wall clock a profile may ask for, and a day).
+                max_age_seconds=8 * 86_400.0,
+                allow_msg_ttl=True,
+                replicas=self.replicas,
+                description="dispatches a pool worker started: a redelivery of one is refused",
             ),
         )
 
@@ -170,6 +186,10 @@ class Topology(BaseModel):
     def worker_consumer(self, pool: str, worker_id: str) -> str:
         """The consumer of the dispatches routed to one worker (`worker_activation_subject`)."""
         return f"pool_{pool}_worker_{worker_id}"
+
+    def claim_subject(self, dispatch_id: str) -> str:
+        """Where a pool worker claims a dispatch it starts (`CLAIMS`)."""
+        return self._subject("claim", dispatch_id)
 
     def pool_status_subject(self, activation_id: str) -> str:
         return self._subject("pool", "status", activation_id)

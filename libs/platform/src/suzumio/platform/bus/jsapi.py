@@ -50,6 +50,8 @@ def stream_config(spec: StreamSpec) -> dict[str, Any]:
         "allow_direct": spec.allow_direct,
         "discard": "old",
     }
+    if spec.allow_msg_ttl:
+        config["allow_msg_ttl"] = True
     if spec.storage.value == "file" and spec.retention.value == "limits":
         # The log is the truth: nothing may be deleted from it through the API.
         config["deny_delete"] = True

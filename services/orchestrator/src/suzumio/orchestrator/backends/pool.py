@@ -163,6 +163,11 @@ def _refused(status: PoolStatus) -> Exit:
     if status.reason == "busy":
         detail = f"worker {status.worker_id}, which the dispatch was sent to, had no slot"
         return Exit(None, "lost", detail)
+    if status.reason == "claimed":
+        # Handed out again after a worker started it (that worker gone without a word): its
+        # run's end is unknown, and it is never run twice.
+        detail = f"worker {status.worker_id} found it started already by a worker since gone"
+        return Exit(None, "lost", detail)
     return Exit(None, "lost", f"worker {status.worker_id} could not read the dispatch")
 
 
@@ -183,6 +188,10 @@ class PoolBackend:
         self._workers: dict[str, tuple[float, PoolWorkerInfo]] = {}
         self._presence: Subscription | None = None
         self._presence_since = 0.0
+        # The NATS connection as last looked at (`_silence`): its reconnects, and since when
+        # it has been up as far as this backend knows.
+        self._reconnects = nc.stats["reconnects"]
+        self._connected_since = 0.0
         # Affinity key → the worker keeping that session warm, and since when (monotonic):
         # from its `exited` (warm) and its presence beats. In time order, the oldest first.
         self._warm: dict[str, tuple[str, float]] = {}
@@ -268,11 +277,27 @@ class PoolBackend:
             for old in list(self._warm)[: MAX_WARM_ROUTES // 10]:
                 del self._warm[old]
 
+    def _silence(self, tracker: _Tracker) -> float:
+        """How long nothing was heard of a dispatch — counted only while this orchestrator
+        could hear: not while its own NATS connection is away (nothing reaches it then, and
+        asking the workers would only queue the question), and from its reconnect after that.
+        Else an outage of its own longer than the heartbeat timeout had every running
+        dispatch declared lost, and their cancels, buffered, stopped them at the reconnect."""
+        now = time.monotonic()
+        self._note_connection(now)
+        return now - max(tracker.last_seen, self._connected_since)
+
+    def _note_connection(self, now: float) -> None:
+        reconnects = self._nc.stats["reconnects"]
+        if not self._nc.is_connected or reconnects != self._reconnects:
+            self._reconnects, self._connected_since = reconnects, now
+
     def _gone(self, worker_id: str) -> bool:
         """No beat of that worker within `worker_alive_seconds`, beats having been heard
         that long (an orchestrator just started has not heard any yet)."""
         now, alive = time.monotonic(), self.settings.worker_alive_seconds
-        if self._presence is None or now - self._presence_since < alive:
+        self._note_connection(now)  # beats missed while this side was away say nothing
+        if self._presence is None or now - max(self._presence_since, self._connected_since) < alive:
             return False
         beat = self._workers.get(worker_id)
         return beat is None or now - beat[0] > alive
@@ -362,7 +387,7 @@ class PoolBackend:
                     continue  # handed back and queued again
                 return ended
             if tracker.started:
-                silent = time.monotonic() - tracker.last_seen
+                silent = self._silence(tracker)
                 wait = self.settings.heartbeat_timeout_seconds - silent
                 if wait <= 0 and not await self._claimed(tracker):
                     # `gone`: its worker died, and the runner with it; if the runner had
@@ -383,7 +408,7 @@ class PoolBackend:
                 if wait <= 0:
                     detail = "no worker started it before its deadline"
                     return await self._abandon(handle, Exit(None, "timeout", detail))
-                silent = time.monotonic() - tracker.last_seen
+                silent = self._silence(tracker)
                 if silent >= self.settings.heartbeat_timeout_seconds:
                     # Its `started` (and maybe its `exited`) may have been missed, across a
                     # reconnect or a restart: once it left the queue, some worker took it to
