@@ -588,6 +588,33 @@ async def test_the_orchestrators_own_outage_declares_no_running_dispatch_lost(
         await link.close()
 
 
+async def test_a_dispatch_found_running_after_a_failover_can_still_be_taken_out(
+    nc: NATS, workers: StartWorker, statuses: Statuses, topology: Topology, tmp_path: Path,
+    hanging: tuple[str, Hanging],
+) -> None:  # fmt: skip
+    """A new leader finds a running dispatch through its worker's word, and its message in
+    the queue (unacked while it runs): the handle must say where that is. Else, its worker
+    dying later, the cleanup could not take it out, and the queue handed the ended attempt
+    out again after the ack wait."""
+    url, _ = hanging
+    first = PoolBackend(nc, topology, SETTINGS)
+    handle = await first.launch(make_plan(url, tmp_path))
+    worker = workers("wa")
+    await eventually(lambda: statuses.of(handle.sandbox_id, "started"), timeout=30)
+    await first.close()  # the leader goes; another takes over
+    second = PoolBackend(nc, topology, SETTINGS)
+    try:
+        [found] = [h for h in await second.list_live() if h.sandbox_id == handle.sandbox_id]
+        assert found.data["state"] == "running"
+        worker.kill()
+        worker.wait(timeout=10)
+        await second.cleanup(found, succeeded=False)
+        stream = await nc.jetstream().stream_info(topology.activations_stream)
+        assert stream.state.messages == 0
+    finally:
+        await second.close()
+
+
 async def test_two_workers_share_ten_dispatches(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
     topology: Topology, tmp_path: Path, fenced_url: str,

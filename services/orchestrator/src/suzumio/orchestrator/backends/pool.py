@@ -610,8 +610,14 @@ class PoolBackend:
                         ended=True,
                     ),
                 )
-        for handle in await self._queued():  # unacked after its exit: the exit is what counts
-            handles.setdefault(handle.sandbox_id, handle)
+        for handle in await self._queued():
+            known = handles.get(handle.sandbox_id)
+            if known is None:
+                handles[handle.sandbox_id] = handle
+            else:
+                # Unacked while it runs, or after its exit (the worker's word on it counts):
+                # where its message is, so that cleanup can still take it out of the queue.
+                known.data["seq"] = handle.data["seq"]
         return list(handles.values())
 
     async def _queued(self) -> list[Handle]:
