@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,10 +15,11 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.events import ProjectCreated, ProjectRenamed
+from suzumio.contracts.events import ProjectCreated, ProjectRenamed, SessionMessageAppended
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus import connection
+from suzumio.contracts.values import Author
+from suzumio.platform.bus import connection, direct_get
 from suzumio.platform.bus.direct_get import iter_subject, last_for_subject
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.bus.jsapi import ensure_streams
@@ -58,6 +60,34 @@ async def test_a_load_pages_through_batches_in_order(
     end = every[-1].seq
     held = [m async for m in iter_subject(nc, topology.events_stream, subject, min_last_seq=end)]
     assert [m.seq for m in held] == [m.seq for m in every]
+
+
+async def test_a_load_brings_a_bounded_number_of_bytes_per_round_trip(
+    nc: NATS, store: EventStore, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server sends a Direct Get batch whole, with no flow control, and it waits in memory
+    for the reader: a batch is bounded in bytes as well as in messages."""
+    monkeypatch.setattr(direct_get, "BATCH_BYTES", 1_500_000)
+    session = new_id()
+    for version in range(6):  # six events of about a megabyte each
+        text = "x" * 1_000_000
+        said = SessionMessageAppended(
+            message_id=new_id(), author=Author(kind="user", id="u"), role="user", text=text
+        )
+        await store.append(session, [said], version)
+    trips = 0
+    replies = Replies.replies
+
+    def counted(self: Replies, *args: Any, **kwargs: Any) -> Any:
+        nonlocal trips
+        trips += 1
+        return replies(self, *args, **kwargs)
+
+    monkeypatch.setattr(Replies, "replies", counted)
+    subject = topology.event_subject("session", session)
+    every = [m async for m in direct_get.iter_subject(nc, topology.events_stream, subject)]
+    assert len(every) == 6
+    assert trips == 3  # two of the large ones a round trip: the second passes the bound
 
 
 async def test_loads_and_lookups_make_no_subscription_of_their_own(tmp_path: Path) -> None:

@@ -16,6 +16,9 @@ from suzumio.platform.bus.jsapi import API_PREFIX
 from suzumio.platform.bus.replies import Replies
 from suzumio.platform.errors import PlatformError
 
+# What one round trip of `iter_subject` brings at most, and the message that passes it.
+BATCH_BYTES = 16 * 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
@@ -89,7 +92,14 @@ async def iter_subject(
     start = after_seq + 1
     pending = 1
     while pending:
-        request_body = {"seq": start, "next_by_subj": subject, "batch": batch}
+        # Bounded in bytes too: the server sends a batch whole, with no flow control, and it
+        # waits in memory for the reader — 256 messages of 8 MB are 2 GB.
+        request_body = {
+            "seq": start,
+            "next_by_subj": subject,
+            "batch": batch,
+            "max_bytes": BATCH_BYTES,
+        }
         if min_last_seq:
             request_body["min_last_seq"] = min_last_seq
         body = json.dumps(request_body).encode()
