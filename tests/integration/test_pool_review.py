@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -29,6 +30,7 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.orchestrator.backends.base import LaunchPlan
 from suzumio.orchestrator.backends.pool import PoolBackend
 from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.runner import forkserver
 from suzumio.runner.forkserver import ForkServer
 from suzumio.runner.workfiles import empty
 from tests.integration.test_pool_backend import (
@@ -320,6 +322,36 @@ async def test_a_resident_runs_request_of_many_megabytes_does_not_stall_the_fork
     assert took < 5, f"{took:.1f} s"
 
 
+async def test_a_start_the_fork_server_names_too_late_is_killed_not_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that waited too long for the server's answer failed (the attempt is retried):
+    the process the server then starts after all must not run on beside the retry."""
+    monkeypatch.setattr(forkserver, "FORK_ANSWER_SECONDS", 0.5)
+    server = ForkServer()
+    await server.start()
+    assert server._proc is not None
+    pid = server._proc.pid
+    try:
+        env = {"PATH": "/usr/bin:/bin"}
+        os.kill(pid, signal.SIGSTOP)  # busy elsewhere, as far as this start can tell
+        try:
+            with pytest.raises(TimeoutError):
+                await server.spawn_resident(tmp_path, tmp_path / "runner.log", env, 3)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        def children() -> list[psutil.Process]:
+            return [c for c in psutil.Process(pid).children() if c.status() != psutil.STATUS_ZOMBIE]
+
+        # The server goes on, and starts it after all; then this one (answered in order).
+        resident = await server.spawn_resident(tmp_path, tmp_path / "runner2.log", env, 3)
+        assert resident.returncode is None  # the server serves on
+        await eventually(lambda: [c.pid for c in children()] == [resident.pid], timeout=10)
+    finally:
+        await server.close()
+
+
 SLOW_TO_WARM_SERVER = """
 import json, sys, time
 time.sleep(1.0)  # the imports and the warm-up of a real one
@@ -380,3 +412,29 @@ async def test_the_runners_fork_server_says_when_it_is_warm(tmp_path: Path) -> N
         assert await asyncio.wait_for(run.wait(), 60) == 2
     finally:
         await server.close()
+
+
+async def test_the_fork_server_holds_none_of_the_workers_nats_credentials(
+    nats_url: str, topology: Topology, backend: PoolBackend, tmp_path: Path
+) -> None:
+    """A runner's commands run as the worker's user and can find their runner's parent, the
+    fork server: its environment must not hold the worker's NATS URL, credentials and all
+    (with them, a sandbox could read every dispatch of the pool: others' tokens and keys)."""
+    env = {**os.environ, "SUZUMIO_NATS_URL": nats_url}
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "suzumio.runner", "worker", "--namespace", topology.namespace,
+         "--workdir", str(tmp_path / "work"), "--worker-id", "envy", "--heartbeat", "0.3"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    try:
+        await wait_workers(backend, "envy")  # it reached NATS through the variable
+        [server] = [c for c in psutil.Process(worker.pid).children() if "forkserver" in c.cmdline()]
+        held = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in held if v.startswith(b"SUZUMIO_")]
+        assert not [v for v in held if nats_url.encode() in v]
+        assert any(v.startswith(b"PATH=") for v in held)  # the rest is the worker's
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=15)
+        log.close()

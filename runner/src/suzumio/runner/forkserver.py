@@ -38,7 +38,7 @@ import random
 import selectors
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,11 @@ from suzumio.runner.limits import Sandbox
 from suzumio.runner.log import log
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 # How long the worker waits for a new server to be warm before it goes on without it (runs
 # then wait for it as they always could): the imports and warm-up take ~1-4 s of CPU.
 READY_SECONDS = 120.0
+FORK_ANSWER_SECONDS = 30.0  # how long a start waits for the server to name its process
 
 
 def _libc() -> Any:
@@ -320,6 +322,14 @@ def _outlive_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def server_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The fork server's environment: the worker's, less the platform's settings — the NATS
+    URL with its credentials among them. The server needs none (each runner gets the
+    dispatch's environment), and a runner's commands could read the server's from
+    /proc/<pid>/environ, through their runner's parent."""
+    return {k: v for k, v in environ.items() if not k.startswith("SUZUMIO_")}
+
+
 def serve() -> int:
     """The server's loop (`python -m suzumio.runner forkserver`)."""
     _outlive_stop_signals()
@@ -334,6 +344,9 @@ def serve() -> int:
     libc = _libc()
     if libc is not None:  # the worker's death ends the server, and with it its children
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # A runner's commands run as this server's user: none may read its memory or its
+        # /proc/<pid>/environ (a runner forked here sets the same for itself).
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     strays.become_subreaper()  # what a runner killed outright leaves comes here: _reap ends it
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -470,6 +483,10 @@ class ForkServer:
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._children: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits reported before the spawn's reply was read
+        # Starts given up on before the server named their process (by request id), and the
+        # processes named too late, killed (their exits are nobody's).
+        self._abandoned: set[int] = set()
+        self._killed: set[int] = set()
         self._runs: dict[int, ResidentRun] = {}  # request id → an activation on a resident
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -496,7 +513,10 @@ class ForkServer:
         pool could start it at once. Returns early if the server died (`alive` then says so:
         the worker starts another), and after `ready_within` seconds in any case."""
         self._proc = await asyncio.create_subprocess_exec(
-            *self._command(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            *self._command(),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=server_env(os.environ),
         )
         self._reader = asyncio.create_task(self._read())
         ready = asyncio.create_task(self._ready.wait())
@@ -569,7 +589,14 @@ class ForkServer:
         except OSError:
             self._pending.pop(request_id, None)
             raise
-        pid = await asyncio.wait_for(answer, 30)
+        try:
+            pid = await asyncio.wait_for(answer, FORK_ANSWER_SECONDS)
+        except TimeoutError:
+            # Reported as a failed start, and the attempt retried: the process, if the server
+            # starts it after all, must not run beside the retry, nobody watching it.
+            self._pending.pop(request_id, None)
+            self._abandoned.add(request_id)
+            raise
         child = ForkedProcess(pid)
         self._children[pid] = child
         if pid in self._early:
@@ -609,6 +636,18 @@ class ForkServer:
             run.tail = str(message.get("tail", ""))
             run.ended(int(message["done"]) if "done" in message else -int(signal.SIGKILL))
             return
+        if message["id"] in self._abandoned:
+            self._abandoned.discard(message["id"])
+            if "pid" in message:
+                pid = int(message["pid"])
+                self._killed.add(pid)
+                log("forkserver.late_start_killed", pid=pid)
+                # Its group, and itself: answered as soon as it was forked, it may not have
+                # made its own group yet.
+                for kill in (os.killpg, os.kill):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        kill(pid, signal.SIGKILL)
+            return
         answer = self._pending.pop(message["id"], None)
         if answer is not None and not answer.done():
             if "error" in message:
@@ -617,6 +656,9 @@ class ForkServer:
                 answer.set_result(int(message["pid"]))
 
     def _exited(self, pid: int, code: int) -> None:
+        if pid in self._killed:  # a start given up on: kept, its exit would end a later
+            self._killed.discard(pid)  # process given the same pid at once
+            return
         child = self._children.pop(pid, None)
         if child is None:
             self._early[pid] = code

@@ -118,6 +118,7 @@ WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's, and the cluster
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
 _POOL = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # the contracts' Slug
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 # A worker's runs' cgroups: <own cgroup>/<this><id>-<pid>-<its start time>/<run>. The process
 # in the name: a worker that stops (removing its tree, and killing what is in it) while its
 # successor with the same id starts must not take the successor's runs with it, and a worker
@@ -1364,6 +1365,10 @@ def serve(config: WorkerConfig) -> int:
     # Before the fork server starts: it and the runners it forks take the worker's policy.
     if why_not := cpu.apply(config.cpu_policy):
         log("worker.cpu_policy_unchanged", policy=config.cpu_policy, reason=why_not)
+    # The runners' commands run as this worker's user: none may read its memory or its
+    # /proc/<pid>/environ, where its NATS credentials are (a runner reads its parent's pid).
+    if _libc is not None:
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
     async def main() -> int:
         stop = asyncio.Event()
