@@ -4,7 +4,7 @@ reader, the projector under transient Postgres trouble, parking records."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -17,6 +17,8 @@ from suzumio.contracts.envelope import DomainEvent, EventMeta
 from suzumio.contracts.events import MessageParked, ProjectCreated
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus import direct_get
+from suzumio.platform.bus import follower as follower_module
 from suzumio.platform.bus.eventstore import AppendResult, EventStore
 from suzumio.platform.bus.follower import LogFollower, LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
@@ -27,15 +29,9 @@ from tests.integration.projector_support import caught_up, running_projector
 from tests.support import eventually
 
 
-async def test_a_slow_follower_loses_no_message_when_its_subscription_overflows(
-    nc: NATS, store: EventStore, topology: Topology, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A follower whose reader is slow blocks in its callback; nats-py answers flow control
-    as messages arrive (not as the callback takes them), so the server keeps pushing and the
-    subscription drops what overflows it (a "slow consumer") after the ordered consumer
-    already counted it as seen: without a check of its own the follower would skip events
-    silently. The subscription's limit (512K messages or 256 MB by default: a long log's
-    replay) is made small here to get there quickly."""
+def overflowing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Followers' subscriptions drop what passes 20 pending messages (a "slow consumer"): the
+    default limit (512K messages or 256 MB: a long log's replay), made small to get there."""
     subscribe = JetStreamContext.subscribe
 
     async def small(self: JetStreamContext, *args: Any, **kwargs: Any) -> Any:
@@ -43,30 +39,68 @@ async def test_a_slow_follower_loses_no_message_when_its_subscription_overflows(
         return await subscribe(self, *args, **kwargs)
 
     monkeypatch.setattr(JetStreamContext, "subscribe", small)
+
+
+async def followed(
+    nc: NATS, store: EventStore, topology: Topology, count: int, **options: Any
+) -> tuple[list[LogMessage], range]:
+    """What a follower with a slow reader hands out of `count` appends, and what it should."""
     start = await stream_last_seq(nc, topology.events_stream) + 1
-    follower = LogFollower(nc, topology, start_seq=start, queue_size=5)
+    follower = LogFollower(nc, topology, start_seq=start, queue_size=5, **options)
     await follower.start()
     try:
         await asyncio.gather(
             *(
                 store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
-                for _ in range(300)
+                for _ in range(count)
             )
         )
         last = await stream_last_seq(nc, topology.events_stream)
         await asyncio.sleep(1.0)  # all of them pushed while nobody reads
-        seen: list[int] = []
-        stamps: list[datetime] = []
-        while not seen or seen[-1] < last:
+        seen: list[LogMessage] = []
+        while not seen or seen[-1].seq < last:
             msg = await follower.next(timeout=10)
-            assert msg is not None, f"nothing after {seen[-1] if seen else None}, {last} due"
-            seen.append(msg.seq)
-            stamps.append(msg.stored_at)
+            assert msg is not None, f"nothing after {seen[-1].seq if seen else None}, {last}"
+            seen.append(msg)
     finally:
         await follower.close()
-    assert seen == list(range(start, last + 1))
+    return seen, range(start, last + 1)
+
+
+async def test_a_slow_follower_loses_no_message_when_its_subscription_overflows(
+    nc: NATS, store: EventStore, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose reader is slow blocks in its callback; nats-py answers flow control
+    as messages arrive (not as the callback takes them), so the server keeps pushing and the
+    subscription drops what overflows it after the ordered consumer already counted it as
+    seen: without a check of its own the follower would skip events silently."""
+    overflowing(monkeypatch)
+    seen, due = await followed(nc, store, topology, 300)
+    assert [m.seq for m in seen] == list(due)
     now = datetime.now(UTC)
-    assert all(timedelta(0) <= now - t < timedelta(minutes=1) for t in stamps)  # read ones too
+    assert all(timedelta(0) <= now - m.stored_at < timedelta(minutes=1) for m in seen)
+
+
+async def test_a_gap_read_ending_short_skips_nothing(
+    nc: NATS, store: EventStore, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gap's read may end short of it: with a replicated stream, a replica behind the rest
+    answers "no more". The message that revealed the gap must then wait (the next one, or the
+    tail check, reads on), not be queued past the messages still missing."""
+    read = direct_get.iter_subject
+
+    async def behind(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        got = 0
+        async for stored in read(*args, **kwargs):
+            yield stored
+            got += 1
+            if got == 3:
+                return  # what a lagging replica holds of it
+
+    overflowing(monkeypatch)
+    monkeypatch.setattr(follower_module, "iter_subject", behind)
+    seen, due = await followed(nc, store, topology, 200, check_every=0.2)
+    assert [m.seq for m in seen] == list(due)
 
 
 async def test_a_message_with_a_malformed_version_header_does_not_stop_a_follower(

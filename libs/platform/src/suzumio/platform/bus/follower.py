@@ -90,6 +90,12 @@ class LogFollower:
                     await self._read_missing(seq - 1)
                     if seq <= self._last:
                         return
+                    if self._last < seq - 1:
+                        # The read ended short of the gap (answered by a replica behind the
+                        # rest): queued now, this one would leave the missing ones out for
+                        # good. The next message, or the tail check, reads on from there.
+                        log.warning("follower.gap_unread", after=self._last, seq=seq)
+                        return
                 types = types_of(msg.headers)
                 await self._queue.put(
                     LogMessage(
@@ -132,6 +138,7 @@ class LogFollower:
             self._topology.events_stream,
             self._topology.events_filter(),
             after_seq=self._last,
+            min_last_seq=through,  # from a replica that holds them (a cluster's may lag)
         ):
             if stored.seq <= self._last:
                 continue
