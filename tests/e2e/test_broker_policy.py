@@ -47,8 +47,21 @@ async def texts(stack: Stack, a: Live) -> list[str]:
     return [e.data.text for e in stream.events if isinstance(e.data, SessionMessageAppended)]
 
 
+async def decided(
+    stack: Stack, c: httpx.AsyncClient, a: Live, tool: str, written: str, *, approved: bool
+) -> None:
+    """The first ask to approve `tool` with `written`, as the runner makes it, answered by a
+    person through the gateway."""
+    pending = approval_id(a.world.session_id, tool, arguments_digest(written), 0)
+    ask = {"pending_action_id": pending, "kind": "approval", "prompt": f"run {tool}?"}
+    ok(await c.post("/runner/ask", json=ask))
+    async with stack.client(a.world.key) as gateway:
+        reply = {"answer": "", "approved": approved}
+        ok(await gateway.post(f"/v1/pending-actions/{pending}/reply", json=reply))
+
+
 def refused(response: httpx.Response, code: str) -> None:
-    assert response.status_code == 403, response.text
+    assert response.status_code == 409, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["code"] == code
 
@@ -127,14 +140,20 @@ async def test_a_refused_approval_lets_nothing_through(platform: Stack) -> None:
     a = await with_policies(platform, "askr", {"checkpoint": ASK})
     data = {"plan": "step 2"}
     written = json.dumps({"data": data})
-    pending = approval_id(a.world.session_id, "checkpoint", arguments_digest(written), 0)
     async with broker(platform, a.token) as c:
-        ask = {"pending_action_id": pending, "kind": "approval", "prompt": "save it?"}
-        ok(await c.post("/runner/ask", json=ask))
-        async with platform.client(a.world.key) as gateway:
-            reply = {"answer": "no", "approved": False}
-            ok(await gateway.post(f"/v1/pending-actions/{pending}/reply", json=reply))
+        await decided(platform, c, a, "checkpoint", written, approved=False)
         put = {"checkpoint_id": new_id(), "data": data, "approved_call": written}
         refused(await c.put("/runner/checkpoint", json=put), "approval_required")
     stream = await platform.store.load("session", a.world.session_id)
     assert "session.checkpoint_saved" not in [e.envelope.type for e in stream.events]
+
+
+async def test_an_approved_call_the_model_gave_no_arguments_runs(platform: Stack) -> None:
+    """A provider may send `""` for a call without arguments: the runner reads it as `{}`
+    and asks its approval under the digest of `""` — the broker reads it so too."""
+    a = await with_policies(platform, "aske", {"signal.record": ASK})
+    async with broker(platform, a.token) as c:
+        await decided(platform, c, a, "signal.record", "", approved=True)
+        call = {"operation": "signal.record", "arguments": {}, "request_id": "r1"}
+        recorded = await c.post("/toolpacks/core/support", json={**call, "approved_call": ""})
+        assert recorded.status_code == 200, recorded.text

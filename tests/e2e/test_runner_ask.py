@@ -5,6 +5,7 @@ path. Real session, scheduler, tool-broker and gateway processes; a scripted mod
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import httpx
 from suzumio.contracts.events import ActivationOutputRecorded, CheckpointSaved, ToolCallFinished
 from suzumio.contracts.runner import RunnerActivationInput, RunnerConfig
 from suzumio.contracts.values import ToolPolicy
+from suzumio.platform.tokens import TokenSigner
 from suzumio.runner import exits
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from tests.e2e.api import World, new_world, ok
@@ -170,3 +172,41 @@ async def test_an_approved_call_of_a_broker_tool_passes_the_brokers_own_check(
     activation = await platform.store.load("activation", run.activation_id)
     statuses = [e.data.status for e in activation.events if isinstance(e.data, ToolCallFinished)]
     assert statuses == ["ok"]
+
+
+async def test_a_call_the_broker_refuses_by_policy_is_the_models_to_hear_not_a_fence(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """The broker holds the agent's policy too; where it refuses a call the runner let through
+    (a runner from before, or one whose input says otherwise), the model hears it refused,
+    as the tool's result — a 403 was taken for a fenced token (the call failed as broken,
+    `FencedError`)."""
+    world = await new_world(platform, "refu")
+    model.script(
+        [
+            Reply.tool_calls([ToolCall("checkpoint", {"data": {"step": 2}})]),
+            Reply.text("could not save"),
+        ]
+    )
+
+    def denied_by_the_broker(spec: RunnerActivationInput) -> RunnerActivationInput:
+        token = TokenSigner([platform.secret_key]).issue(
+            activation_id=spec.activation.id,
+            session_id=spec.session.id,
+            project_id=spec.project.id,
+            agent_id=spec.agent.id,
+            ttl=timedelta(minutes=10),
+            policies={"checkpoint": ToolPolicy.DENY},
+        )
+        return spec.model_copy(update={"token": token})
+
+    async with launcher(platform, model, tmp_path, world, customise=denied_by_the_broker) as runs:
+        await post(platform, world, "save your place")
+        [run] = await runs.wait_ended(1)
+    assert run.exit_code == exits.COMPLETED, run.stderr
+    activation = await platform.store.load("activation", run.activation_id)
+    [finished] = [e.data for e in activation.events if isinstance(e.data, ToolCallFinished)]
+    assert finished.status == "error"
+    assert finished.error == "refused: checkpoint is denied by this agent's policy"
+    stream = await platform.store.load("session", world.session_id)
+    assert not [e for e in stream.events if isinstance(e.data, CheckpointSaved)]

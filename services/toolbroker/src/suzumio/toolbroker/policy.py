@@ -4,10 +4,13 @@ The runner applies the policy to every call. But whatever runs in the sandbox ca
 activation's token (a `shell.exec` command among them) and call the broker past the runner, so
 for `BROKER_TOOLS` the broker holds the policy too — the token carries it, signed:
 
-- `deny`: refused (403 `denied`);
+- `deny`: refused (409 `denied`);
 - `ask`: the call must come with its arguments as the model wrote them (`approved_call`), which
   must be this call's, and a person must have approved that call: the broker finds the
   approval's pending action by the same ids the runner asks under (`approval_id`).
+
+Refused with 409, not 403: a runner takes a 401 or 403 for its token fenced, where a refused
+call is the model's to hear about (its tool's result, `refused: …`).
 """
 
 from __future__ import annotations
@@ -38,22 +41,22 @@ async def permit(
     if policy is ToolPolicy.ALLOW:
         return
     if policy is ToolPolicy.DENY:
-        raise BrokerError(403, "denied", f"{tool} is denied by this agent's policy")
+        raise BrokerError(409, "denied", f"{tool} is denied by this agent's policy")
     if approved_call is None:
         raise BrokerError(
-            403, "approval_required", f"{tool} needs a person's approval (the agent's policy)"
+            409, "approval_required", f"{tool} needs a person's approval (the agent's policy)"
         )
     try:
-        written = json.loads(approved_call)
+        written = json.loads(approved_call or "{}")  # as the runner reads no arguments
     except ValueError:
         raise BrokerError(422, "invalid", "approved_call: not JSON text") from None
     if not matches(written):
         raise BrokerError(
-            403, "approval_required", f"the approved arguments are not this {tool} call's"
+            409, "approval_required", f"the approved arguments are not this {tool} call's"
         )
     if not await _approved(store, claims.session_id, tool, arguments_digest(approved_call)):
         raise BrokerError(
-            403, "approval_required", f"no one approved this {tool} call (the agent's policy)"
+            409, "approval_required", f"no one approved this {tool} call (the agent's policy)"
         )
 
 
