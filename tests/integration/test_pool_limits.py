@@ -28,10 +28,12 @@ from suzumio.runner.worker import CGROUP_PREFIX, Worker, WorkerConfig, _started
 from tests.integration.test_pool_backend import (  # noqa: F401 - fixtures
     Hanging,
     StartWorker,
+    Statuses,
     backend,
     fenced_url,
     hanging,
     make_plan,
+    statuses,
     wait_workers,
     watch,
     workers,
@@ -341,3 +343,45 @@ async def test_a_run_killed_at_its_memory_limit_ends_out_of_memory(
         handle = await backend.launch(plan)
         end = await watch(backend, handle, timeout=60)
     assert end.reason == "oom", end
+
+
+async def test_a_cancel_heard_while_the_dispatch_is_claimed_starts_no_runner(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    hanging: tuple[str, Hanging],  # noqa: F811
+    statuses: Statuses,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim is the last wait before a runner starts: a cancel that comes during it must
+    stop the run there — not be recorded for a dispatch no longer looked at, the runner
+    starting all the same."""
+    url, broker = hanging
+    claiming, go_on = asyncio.Event(), asyncio.Event()
+    claim = Worker._claim
+
+    async def slow_claim(self: Worker, dispatch: object) -> object:
+        claiming.set()
+        await go_on.wait()  # NATS slow to answer
+        return await claim(self, dispatch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Worker, "_claim", slow_claim)
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="claimer"
+    ) as worker:
+        await wait_workers(backend, worker.cfg.worker_id)
+        handle = await backend.launch(make_plan(url, tmp_path / "plans"))
+        watching = asyncio.create_task(watch(backend, handle, timeout=60))
+        await asyncio.wait_for(claiming.wait(), 30)
+        await backend.cancel(handle)
+        await asyncio.sleep(0.5)  # the cancel reaches the worker while it claims
+        go_on.set()
+        end = await watching
+        for _ in range(200):  # the run is over (at most 20 s)
+            if not worker._runs:
+                break
+            await asyncio.sleep(0.1)
+        assert not worker._runs
+    assert end.reason == "cancelled", end
+    assert not statuses.of(handle.sandbox_id, "started"), statuses.of(handle.sandbox_id)
+    assert broker.open == 0  # no runner of it called the broker

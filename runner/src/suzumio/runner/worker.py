@@ -774,7 +774,7 @@ class Worker:
         did = dispatch.dispatch_id
         if did in self._runs:  # redelivered while it waited for its slot: that one runs it
             return
-        refusal = self._refusal(dispatch) or await self._claim(dispatch)
+        refusal = self._refusal(dispatch)
         if refusal is not None:
             log("worker.refused", dispatch=did, reason=refusal)
             await self._publish(self._status(dispatch, "refused", reason=refusal), flush=True)
@@ -909,7 +909,15 @@ class Worker:
         try:
             if dispatch.inputs:
                 await self._bring_in(run)
-            if (stopped := run.stop_reason) is not None:  # cancelled while its files came in
+            # Claimed last thing before it starts: a worker that died before (bringing its
+            # files in, say) ran nothing of it, and the queue's next worker may run it.
+            if (claimed := await self._claim(dispatch)) is not None:
+                log("worker.refused", dispatch=dispatch.dispatch_id, reason=claimed)
+                refused = self._status(dispatch, "refused", reason=claimed)
+                await self._publish(refused, flush=True)
+                await run.msg.term()
+                return
+            if (stopped := run.stop_reason) is not None:  # cancelled while it was made ready
                 detail = "stopped before its runner started"
                 ended = self._status(dispatch, "exited", reason=stopped, detail=detail)
                 await self._finish(run, ended)
