@@ -489,7 +489,7 @@ def version_in(headers: Mapping[str, str] | None, data: bytes) -> int:
     """The version a commit brings its aggregate to: its `Suzumio-Version` header, else its
     last envelope's; 0 when neither can be read. A malformed header must not raise: a
     follower raising on one message would read it again after every later one, and stop."""
-    with contextlib.suppress(ValueError, TypeError):
+    with contextlib.suppress(KeyError, ValueError, TypeError):
         return int((headers or {})[HDR_VERSION])
     with contextlib.suppress(Exception):
         return envelopes_of(data)[-1].version

@@ -151,7 +151,7 @@ class Replies:
 def header_bytes(headers: Mapping[str, str] | None) -> int:
     """The size of `headers` as nats-py sends them: what they take of the server's
     max_payload, which counts a message's headers and payload together."""
-    if not headers:
+    if headers is None:  # an empty dict still sends the header block, as nats-py does
         return 0
     size = len(b"NATS/1.0\r\n\r\n")
     for key, value in headers.items():
