@@ -543,10 +543,12 @@ class KubernetesBackend:
 
     async def _stop_kept(self, name: str) -> None:
         """A kept Job whose attempt ended while it still runs (the attempt was lost: the API
-        unreachable, the watch gave up) is stopped — suspended, its pod goes — rather than run
-        on beside the attempt's retry, fenced, spending its node's room and the provider's
-        bill to its deadline. It says why, as a Job the watch stopped does. Raises when the
-        API server did not take it: the orchestrator then stops the sandbox until it can."""
+        unreachable, the watch gave up) is stopped rather than run on beside the attempt's
+        retry, fenced, spending its node's room and the provider's bill to its deadline: its
+        deadline is brought to now (`activeDeadlineSeconds` 1), so the Job controller fails
+        it and its pod goes. Not suspended: a suspended Job never finishes, and its TTL
+        would never remove it. It says why. Raises when the API server did not take it: the
+        orchestrator then stops the sandbox until it can."""
         api = await self._client()
         jobs = client.BatchV1Api(api)
         try:
@@ -558,10 +560,8 @@ class KubernetesBackend:
         if job_outcome(api.sanitize_for_serialization(job)) is not None:
             return  # finished, or stopped already
         stop: Manifest = {
-            "metadata": {
-                "annotations": {STOPPED_ANNOTATION: KEPT_STOPPED, FINAL_ANNOTATION: "true"}
-            },
-            "spec": {"suspend": True},
+            "metadata": {"annotations": {STOPPED_ANNOTATION: KEPT_STOPPED}},
+            "spec": {"activeDeadlineSeconds": 1},
         }
         try:
             await jobs.patch_namespaced_job(
