@@ -171,6 +171,13 @@ class AskRequest(_Body):
         "activation can checkpoint and end (the answer then arrives as a signal)",
     )
     approved_call: ApprovedCall = None
+    tool: str | None = Field(
+        default=None,
+        max_length=200,
+        description="kind approval: the tool whose call (`approved_call`, required with it) a "
+        "person is asked to approve; the id must be one `approval_id` gives for them, and the "
+        "broker words the prompt itself",
+    )
 
 
 class AskOutcome(_Body):

@@ -55,6 +55,11 @@ def arguments_digest(arguments: str) -> str:
     return hashlib.sha256(arguments.encode()).hexdigest()
 
 
+def approval_prompt(tool: str, arguments: str) -> str:
+    """What a person is asked, to approve a call: the tool and its arguments as written."""
+    return f"Allow the agent to run {tool} with {arguments[:2_000]}?"
+
+
 def approval_id(session_id: str, tool: str, digest: str, asked: int) -> str:
     """The pending action of the `asked`-th ask to approve a call (0: the first). The ids
     derive from the session, the tool and its arguments, so the same call asked again in a

@@ -14,7 +14,7 @@ from typing import Any
 
 from suzumio.contracts.broker import AskRequest, CheckpointPut, SupportCall
 from suzumio.contracts.ids import derived_id
-from suzumio.contracts.policies import MAX_APPROVAL_ASKS, approval_id
+from suzumio.contracts.policies import MAX_APPROVAL_ASKS, approval_id, approval_prompt
 from suzumio.contracts.runner import ToolDefinition
 from suzumio.contracts.values import PendingKind
 from suzumio.runner.broker import BrokerClient, BrokerError
@@ -173,7 +173,7 @@ class CoreTools:
         with their activation) to the one decided, or asks under the next. With the
         activation in the id, an approval given to a later ask was never found again: each
         activation asked anew, and the call never ran."""
-        prompt = f"Allow the agent to run {tool} with {arguments[:2_000]}?"
+        prompt = approval_prompt(tool, arguments)
         for asked in range(MAX_APPROVAL_ASKS):
             pending_id = approval_id(self._session_id, tool, digest, asked)
             outcome = await self._broker.ask(
@@ -182,6 +182,8 @@ class CoreTools:
                     kind=PendingKind.APPROVAL,
                     prompt=prompt,
                     wait_seconds=wait,
+                    tool=tool,
+                    approved_call=arguments,
                 )
             )
             if outcome.status not in {"expired", "cancelled"}:  # else nobody decided: again

@@ -20,7 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from suzumio.contracts.events import PendingActionAnswered, PendingActionCreated
-from suzumio.contracts.policies import MAX_APPROVAL_ASKS, approval_id, arguments_digest
+from suzumio.contracts.policies import (
+    MAX_APPROVAL_ASKS,
+    approval_id,
+    approval_prompt,
+    arguments_digest,
+)
 from suzumio.contracts.values import PendingKind, ToolPolicy
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.tokens import ActivationClaims
@@ -58,6 +63,20 @@ async def permit(
         raise BrokerError(
             409, "approval_required", f"no one approved this {tool} call (the agent's policy)"
         )
+
+
+def approval_asked(session_id: str, pending_action_id: str, tool: str, arguments: str) -> str:
+    """The prompt of an approval ask: worded here, from the tool and the arguments it
+    approves, whose ids it must bear. A caller could otherwise ask under the ids of one call
+    while showing the person another (or any text at all), and the approval given would
+    let the first through. Raises (422) for ids that are not the call's."""
+    digest = arguments_digest(arguments)
+    ids = {approval_id(session_id, tool, digest, asked) for asked in range(MAX_APPROVAL_ASKS)}
+    if pending_action_id not in ids:
+        raise BrokerError(
+            422, "invalid", f"an approval of {tool} with these arguments is not asked under this id"
+        )
+    return approval_prompt(tool, arguments)
 
 
 async def _approved(store: EventStore, session_id: str, tool: str, digest: str) -> bool:

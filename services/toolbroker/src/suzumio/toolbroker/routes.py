@@ -59,7 +59,7 @@ from suzumio.platform import telemetry
 from suzumio.platform.logging import get_logger
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.own_writes import append_own, output_in_log, started_in_log
-from suzumio.toolbroker.policy import permit
+from suzumio.toolbroker.policy import approval_asked, permit
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
@@ -427,7 +427,12 @@ async def _take_signals(caller: Caller, broker: Broker, received: tuple[str, ...
 @router.post("/runner/ask")
 async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
     c = caller.claims
-    if body.kind is not PendingKind.APPROVAL:  # approvals are how `ask` itself works
+    prompt = body.prompt
+    if body.kind is PendingKind.APPROVAL:  # how `ask` itself works: of one call, worded here
+        if body.tool is None or body.approved_call is None:
+            raise BrokerError(422, "invalid", "an approval names its tool and approved_call")
+        prompt = approval_asked(c.session_id, body.pending_action_id, body.tool, body.approved_call)
+    else:
         await permit(broker.store, c, "ask_user", body.approved_call, _asks(body))
     waiter = broker.waiter
     with waiter.watch(body.pending_action_id) as outcome:
@@ -438,7 +443,7 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
                     session_id=c.session_id,
                     activation_id=c.activation_id,
                     kind=body.kind,
-                    prompt=body.prompt,
+                    prompt=prompt,
                     options=body.options,
                     paths=body.paths,
                     timeout_seconds=body.timeout_seconds,
