@@ -14,9 +14,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 
 from suzumio.contracts.envelope import DomainEvent, EventMeta
-from suzumio.contracts.events import MessageParked, ProjectCreated
+from suzumio.contracts.events import MessageParked, ProjectCreated, SessionMessageAppended
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
+from suzumio.contracts.values import Author
 from suzumio.platform.bus import direct_get
 from suzumio.platform.bus import follower as follower_module
 from suzumio.platform.bus.eventstore import AppendResult, EventStore
@@ -101,6 +102,35 @@ async def test_a_gap_read_ending_short_skips_nothing(
     monkeypatch.setattr(follower_module, "iter_subject", behind)
     seen, due = await followed(nc, store, topology, 200, check_every=0.2)
     assert [m.seq for m in seen] == list(due)
+
+
+async def test_a_follower_holds_a_bounded_number_of_bytes_for_a_slow_reader(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    """Ten thousand messages of megabytes each (history a sandbox wrote) held for a reader
+    that is behind were gigabytes: the queue is bounded in bytes as well as in messages, and
+    what waits stays on the server."""
+    start = await stream_last_seq(nc, topology.events_stream) + 1
+    follower = LogFollower(nc, topology, start_seq=start, queue_bytes=2_500_000)
+    await follower.start()
+    try:
+        session = new_id()
+        for version in range(8):  # eight events of about a megabyte each
+            said = SessionMessageAppended(
+                message_id=new_id(), author=Author(kind="user", id="u"), role="user",
+                text="x" * 1_000_000,
+            )  # fmt: skip
+            await store.append(session, [said], version)
+        await asyncio.sleep(1.0)  # all of them pushed while nobody reads
+        assert follower._queue.qsize() <= 3  # the third passes the bound, no more after it
+        seen: list[int] = []
+        while len(seen) < 8:
+            msg = await follower.next(timeout=10)
+            assert msg is not None, f"nothing after {len(seen)} of 8"
+            seen.append(msg.seq)
+    finally:
+        await follower.close()
+    assert seen == list(range(seen[0], seen[0] + 8))  # every one, in order
 
 
 async def test_a_message_with_a_malformed_version_header_does_not_stop_a_follower(

@@ -34,6 +34,8 @@ from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
 
+QUEUE_BYTES = 64 * 1024 * 1024  # what a follower holds for its reader, about
+
 
 @dataclass(frozen=True, slots=True)
 class LogMessage:
@@ -55,6 +57,7 @@ class LogFollower:
         start_seq: int = 1,
         start_time: datetime | None = None,
         queue_size: int = 10_000,
+        queue_bytes: int = QUEUE_BYTES,
         check_every: float = 2.0,
     ) -> None:
         """From `start_seq`, or from the first message stored at or after `start_time` (for
@@ -64,6 +67,11 @@ class LogFollower:
         self._start = max(start_seq, 1)
         self._start_time = start_time
         self._queue: asyncio.Queue[LogMessage] = asyncio.Queue(queue_size)
+        # The queue is bounded in bytes too: 10,000 messages of a few megabytes each (history
+        # a sandbox wrote) would be gigabytes held for a slow reader.
+        self._queue_bytes = queue_bytes
+        self._queued_bytes = 0
+        self._taken = asyncio.Event()  # a message left the queue: room, maybe
         self._sub: Subscription | None = None
         self.replay_end = 0  # the log's last sequence when following began
         self._last = 0  # the last sequence put in the queue
@@ -97,7 +105,7 @@ class LogFollower:
                         log.warning("follower.gap_unread", after=self._last, seq=seq)
                         return
                 types = types_of(msg.headers)
-                await self._queue.put(
+                await self._put(
                     LogMessage(
                         seq,
                         msg.subject,
@@ -142,7 +150,7 @@ class LogFollower:
         ):
             if stored.seq <= self._last:
                 continue
-            await self._queue.put(_from_stored(stored, max(through - stored.seq, 0)))
+            await self._put(_from_stored(stored, max(through - stored.seq, 0)))
             self._last = stored.seq
             if stored.seq >= through:
                 return
@@ -152,7 +160,7 @@ class LogFollower:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self._check_every)
-            if loop.time() - self._arrived < self._check_every or self._queue.full():
+            if loop.time() - self._arrived < self._check_every or self._full():
                 continue  # messages are coming, or the reader has plenty to do
             try:
                 last = await stream_last_seq(self._nc, self._topology.events_stream)
@@ -163,16 +171,34 @@ class LogFollower:
             except Exception as exc:  # NATS away: the next round asks again
                 log.warning("follower.check_failed", error=repr(exc))
 
+    async def _put(self, message: LogMessage) -> None:
+        """Queue `message`, waiting while the queue holds its bytes' worth (one message, of
+        whatever size, always goes in: the reader needs it to go on)."""
+        size = len(message.data)
+        while self._queued_bytes and self._queued_bytes + size > self._queue_bytes:
+            self._taken.clear()
+            await self._taken.wait()
+        self._queued_bytes += size
+        await self._queue.put(message)
+
+    def _full(self) -> bool:
+        return self._queue.full() or self._queued_bytes >= self._queue_bytes
+
+    def _took(self, message: LogMessage) -> LogMessage:
+        self._queued_bytes -= len(message.data)
+        self._taken.set()
+        return message
+
     async def next(self, timeout: float | None = None) -> LogMessage | None:
         """The next message; None when none came within `timeout` seconds."""
         try:
-            return await asyncio.wait_for(self._queue.get(), timeout)
+            return self._took(await asyncio.wait_for(self._queue.get(), timeout))
         except TimeoutError:
             return None
 
     def next_nowait(self) -> LogMessage | None:
         try:
-            return self._queue.get_nowait()
+            return self._took(self._queue.get_nowait())
         except asyncio.QueueEmpty:
             return None
 
