@@ -296,8 +296,8 @@ class Worker:
         self._runs: dict[str, _Run] = {}
         self._cancelled: dict[str, float] = {}  # dispatch id, or "<activation id>.*"
         self._recent: dict[str, tuple[float, PoolStatus]] = {}
-        # This process among the workers ever named so (`--worker-id` is reused on restart):
-        # its claims are its own, a claim of the same id's earlier life is not.
+        # This process among the workers ever named so (`--worker-id` is reused on restart),
+        # in its claims: for whoever looks at one.
         self._instance = secrets.token_hex(8)
         self._handed_back: dict[str, float] = {}  # routed here, handed back unstarted: when
         self._tasks: set[asyncio.Task[None]] = set()  # one per dispatch in hand
@@ -823,15 +823,10 @@ class Worker:
                 msg_ttl=max(_seconds_left(dispatch), 0) + CLAIM_MARGIN_SECONDS,
             )
         except JetStreamAPIError as exc:
-            if exc.err_code not in WRONG_LAST_SEQUENCE:
-                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
-                return None
-            try:  # claimed: by this very worker, whose first answer was lost?
-                held = await js.get_last_msg(self.topology.claims_stream, subject)
-            except Exception as exc:
-                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
-                return "claimed"  # someone's claim is there: not run twice
-            return None if held.data == value else "claimed"
+            if exc.err_code in WRONG_LAST_SEQUENCE:
+                return "claimed"  # a claim is there: whose, it says (never this process's)
+            log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
+            return None
         except Exception as exc:
             log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
         return None
