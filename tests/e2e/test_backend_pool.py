@@ -111,6 +111,22 @@ def parent_of(pid: int) -> int:
     return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
+async def adopter_of(pid: int) -> int:
+    """The runner that took `pid` in once its parent (the shell that started it) exited: until
+    then the parent is that shell, alive or exiting."""
+
+    async def parent() -> tuple[int, bytes]:
+        ppid = parent_of(pid)
+        with contextlib.suppress(OSError):
+            return ppid, Path(f"/proc/{ppid}/cmdline").read_bytes()
+        return ppid, b""
+
+    found = await eventually(
+        parent, lambda p: b"suzumio.runner" in p[1], timeout=10, what="the runner adopts it"
+    )
+    return found[0]
+
+
 def gone(pids: list[int]) -> bool:
     return not any(Path(f"/proc/{pid}").exists() for pid in pids)  # ended and reaped
 
@@ -159,8 +175,7 @@ async def test_what_a_killed_runners_commands_leave_running_ends_with_it(
         )
         activation_id = await h.request(await h.world("killed"))
         earlier = await pid_in(tmp_path, "earlier.pid")
-        runner = parent_of(earlier)  # the runner took the orphan in
-        assert b"suzumio.runner" in Path(f"/proc/{runner}/cmdline").read_bytes(), runner
+        runner = await adopter_of(earlier)  # the runner took the orphan in
         await h.model.wait_for_requests(2, timeout=30)
         await asyncio.sleep(0.5)  # the second command runs
         descendants = [earlier]
