@@ -163,6 +163,7 @@ class Sandboxes:
         self.stopped_as = stopped_as
         self.calls: dict[str, list[tuple[str, bool | None]]] = defaultdict(list)
         self._stopped: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.releases = 0
 
     async def launch(self, plan: LaunchPlan) -> Handle:
         raise AssertionError("nothing is launched here")
@@ -186,6 +187,9 @@ class Sandboxes:
 
     async def health(self) -> Health:
         return Health(ok=True)
+
+    async def release(self) -> None:
+        self.releases += 1
 
     async def close(self) -> None:
         return
@@ -425,6 +429,23 @@ async def test_a_replica_that_stops_leading_while_it_ends_an_error_of_ours_leave
     async with lead({"fake": sandboxes}):
         await asyncio.wait_for(ending.wait(), 30)
     assert sandboxes.calls[activation_id] == [("cancel", None)]
+
+
+async def test_a_replica_that_stops_leading_has_its_backends_forget_their_sandboxes(
+    store: EventStore, lead: Lead
+) -> None:
+    """What a backend kept to watch its sandboxes (the pool's dispatches hold their tokens)
+    is released when the replica stops leading, not kept for ever: the watching is the next
+    leader's."""
+    _, activation_id = await launched_before(store, "fake")
+    sandboxes = Sandboxes([Handle(activation_id, "fake", "s1")])
+    async with lead({"fake": sandboxes}) as orchestrator:
+        await eventually(
+            lambda: asyncio.sleep(0, activation_id in orchestrator._tasks), bool, what="watched"
+        )
+        assert sandboxes.releases == 0
+    assert sandboxes.releases == 1
+    assert sandboxes.calls[activation_id] == []  # its sandbox lives on, for the next leader
 
 
 class SlowToList(Sandboxes):

@@ -288,6 +288,20 @@ async def test_a_retried_launch_is_one_dispatch_and_a_queued_cancel_removes_it(
     assert await queue_is_empty(nc, topology)
 
 
+async def test_a_replica_that_stops_leading_forgets_its_dispatches_and_can_watch_again(
+    backend: PoolBackend, workers: StartWorker, tmp_path: Path, fenced_url: str
+) -> None:
+    """Released (its replica stopped leading), the backend keeps none of the dispatches it
+    watched — a dispatch's body holds the activation's token — and leading again it watches
+    one from the start."""
+    queued = await backend.launch(make_plan(fenced_url, tmp_path))
+    assert queued.sandbox_id in backend._trackers  # noqa: SLF001 -- what it keeps is the point
+    await backend.release()
+    assert backend._trackers == {}  # noqa: SLF001
+    workers("wa")
+    assert (await watch(backend, queued)).code == 6  # the worker ran it; heard all the same
+
+
 async def test_host_mounts_are_refused(backend: PoolBackend, tmp_path: Path) -> None:
     plan = make_plan(closed_port_url(), tmp_path)
     mounted = replace(plan, mounts=(MountPlan(tmp_path, "/data"),))

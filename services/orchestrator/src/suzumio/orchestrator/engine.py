@@ -372,6 +372,12 @@ class Orchestrator:
             await asyncio.gather(*running, return_exceptions=True)
             self._tasks.clear()
             self._cancels.clear()
+            for backend in self.backends.values():
+                try:
+                    await backend.release()
+                except Exception as exc:  # a backend's fault must not stop the stepping down
+                    log.warning("orchestrator.release_failed", backend=backend.name,
+                                error=repr(exc))  # fmt: skip
 
     async def _reconcile(self, done: asyncio.Event) -> None:
         """Match the log's unfinished activations with what the backends have. A backend

@@ -147,6 +147,11 @@ class Backend(Protocol):
 
     async def health(self) -> Health: ...
 
+    async def release(self) -> None:
+        """This replica stopped leading: forget what it kept to watch its sandboxes (they
+        live on; the next leader finds them with `list_live`). It may lead again later."""
+        ...
+
     async def close(self) -> None: ...
 
 

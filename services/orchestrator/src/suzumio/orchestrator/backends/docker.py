@@ -499,6 +499,10 @@ class DockerBackend:
             if all(f"{LABEL_PREFIX}.{k}" in (c.get("Labels") or {}) for k in HANDLE_LABELS)
         ]
 
+    async def release(self) -> None:
+        # A cancel is sent again by whichever replica leads next (it is in the log).
+        self._cancelled.clear()
+
     async def health(self) -> Health:
         try:
             detail = await self._call(self._health)

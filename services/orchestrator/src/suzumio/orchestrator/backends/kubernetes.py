@@ -619,6 +619,12 @@ class KubernetesBackend:
             handles.append(Handle(activation, self.name, job.metadata.name, data, finished=ended))
         return handles
 
+    async def release(self) -> None:
+        # A cancel is sent again by whichever replica leads next (it is in the log); the
+        # refusals were its watches', which ended.
+        self._cancelled.clear()
+        self._refused.clear()
+
     async def health(self) -> Health:
         detail: dict[str, Any] = {"namespace": self._ns}
         if (warning := egress_warning(self.settings)) is not None:

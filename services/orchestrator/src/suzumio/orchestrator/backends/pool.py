@@ -696,6 +696,12 @@ class PoolBackend:
         return {"pending": pending, "in_flight": in_flight}
 
     async def close(self) -> None:
+        await self.release()
+
+    async def release(self) -> None:
+        # What it kept was for watching, which the next leader does now: the dispatches
+        # (those still routed to a warm worker with their body, and so their token) and the
+        # subscriptions to every worker's word.
         self._trackers.clear()
         for sub in (self._statuses, self._given_up, self._presence):
             if sub is not None:

@@ -546,6 +546,9 @@ class ProcessBackend:
         }
         return Handle(activation_id, NAME, str(pid), data, finished=not alive)
 
+    async def release(self) -> None:
+        return  # its children are this host's: the next leader here watches them again
+
     async def health(self) -> Health:
         problem = await self._isolation_problem()
         detail: dict[str, object] = {"isolation": "bwrap" if self._bwrap else "none"}
