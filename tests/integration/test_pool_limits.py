@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -385,3 +386,46 @@ async def test_a_cancel_heard_while_the_dispatch_is_claimed_starts_no_runner(
     assert end.reason == "cancelled", end
     assert not statuses.of(handle.sandbox_id, "started"), statuses.of(handle.sandbox_id)
     assert broker.open == 0  # no runner of it called the broker
+
+
+async def test_a_resident_runner_killed_after_an_earlier_activations_oom_is_not_out_of_memory(
+    backend: PoolBackend,  # noqa: F811
+    workers: StartWorker,  # noqa: F811
+    tmp_path: Path,
+    fenced_url: str,  # noqa: F811
+    hanging: tuple[str, Hanging],  # noqa: F811
+) -> None:
+    """A warm session's resident runner keeps its cgroup, whose count of kills at the memory
+    limit spans its activations: one of an earlier activation's processes killed there does
+    not make a later activation whose runner is killed (here by hand) end out of memory."""
+    url, broker = hanging
+    workers("oomw", idle_ttl=60)
+    await wait_workers(backend, "oomw")
+    found = await worker_cgroups("oomw")
+
+    def plan(broker_url: str) -> LaunchPlan:
+        made = make_plan(broker_url, tmp_path / "plans", session_id="w")
+        return with_profile(made, limits=LIMITS)
+
+    first = await watch(backend, await backend.launch(plan(fenced_url)))
+    assert first.code == 6, first  # the broker refused it: an end that keeps the runner
+    [name] = found.sandboxes()
+    cgroup = found.parents["memory"] / name
+    greedy = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c",
+        f"echo $$ > {cgroup}/cgroup.procs && exec {sys.executable} -c 'b = b\"x\" * (768 << 20)'",
+    )  # fmt: skip
+    assert await greedy.wait() == -9  # killed at the limit, as a command of the first one
+    assert found.oom_kills(name) == 1
+
+    opened = broker.open
+    second = await backend.launch(plan(url))
+    await eventually(lambda: asyncio.sleep(0, broker.open > opened), bool, what="waiting")
+    [runner] = [
+        int(pid)
+        for pid in (cgroup / "cgroup.procs").read_text().split()
+        if b"suzumio.runner" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    os.kill(runner, signal.SIGKILL)
+    end = await watch(backend, second)
+    assert end.reason == "killed", end  # as a plain kill is (retried), not out of memory

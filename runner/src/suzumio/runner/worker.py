@@ -185,6 +185,9 @@ class _Run:
     stop_reason: PoolStatusReason | None = None
     started: PoolStatus | None = None
     resident: bool = False  # on a resident runner kept from an earlier activation
+    # Kills at the memory limit its (resident runner's) cgroup counted before it began: the
+    # count spans the runner's activations, and an earlier one's does not make this one's.
+    oom_kills_before: int = 0
 
 
 @dataclass
@@ -452,7 +455,7 @@ class Worker:
             name = _run_cgroup(run)
         if name is None:
             return False
-        return await asyncio.to_thread(self._cgroups.oom_kills, name) > 0
+        return await asyncio.to_thread(self._cgroups.oom_kills, name) > run.oom_kills_before
 
     def _drop_cgroup(self, name: str) -> None:
         """Empty and remove a run's cgroup, in the background (it waits for the kills)."""
@@ -1121,6 +1124,9 @@ class Worker:
             )
         resident.runs += 1
         run.log = resident.log
+        if resident.cgroup is not None and self._cgroups is not None:
+            # A counter of cgroupfs, read at once (no disk behind it).
+            run.oom_kills_before = self._cgroups.oom_kills(resident.cgroup)
         return await forks.run_in(resident.proc, run.spec, run.workspace, env)
 
     def _retire(self, key: str) -> None:
