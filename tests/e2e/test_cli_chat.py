@@ -12,6 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
+import asyncpg
 import pytest
 
 from suzumio.cli import chat
@@ -307,3 +308,123 @@ async def test_a_command_is_sent_again_after_a_proxys_503(stack: Stack) -> None:
     async with stack.client(world.key) as c:
         listed = ok(await c.get("/v1/projects", params={"limit": 200}))["items"]
     assert [p["id"] for p in listed if p["name"] == name] == [said.stdout.strip()]
+
+
+async def test_a_poll_that_cannot_reach_the_gateway_is_asked_again(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """While the answer streams, the reads of the activation's state lose their connection
+    (a gateway restarting): they are asked again at the next poll, and the chat ends as its
+    work did — not with "could not follow the answer"."""
+    world = await new_world(stack, "chat-poll-cut")
+    session_id = await asking_agent(stack, world, "poll-cut-model", permissions={})
+    scripted.script([Reply.text("Through the restart.")], model="poll-cut-model")
+    cut = Rule("lose_answer", b"GET /v1/activations/", times=3)
+    async with FaultyLink.running(stack.api, cut) as link:
+        said = await cli(stack, world.key, "chat", "--api", link.url, session_id, "hello")
+
+    assert cut.hits >= 1
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert said.stdout.splitlines()[-1] == "Through the restart.", said.stdout
+
+
+async def test_a_prompt_whose_approval_is_given_elsewhere_stops_waiting_for_typing(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """Interactive, the prompt waits for a line that never comes (stdin open, nobody types)
+    while the approval is given elsewhere (the API): the chat says so and follows the work
+    to its end, instead of waiting out its --timeout and exiting as failed."""
+    world = await new_world(stack, "chat-elsewhere")
+    session = await asking_agent(stack, world, "elsewhere-model")
+    scripted.script(
+        [
+            Reply.tool_calls([ToolCall("shell_exec", {"command": "echo elsewhere"})]),
+            Reply.text("Ran it after all."),
+        ],
+        model="elsewhere-model",
+    )
+    env = {**os.environ, "SUZUMIO_API_URL": stack.api, "SUZUMIO_API_KEY": world.key,
+           "COLUMNS": "200"}  # fmt: skip
+    chatting = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "suzumio.cli", "chat", session, "run it", "--interactive",
+        "--timeout", "60",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        async with stack.client(world.key) as c:
+            path = f"/v1/sessions/{session}/pending-actions"
+            [action] = await _open_actions_of(c, path)
+            await asyncio.sleep(1.5)  # the chat shows its prompt
+            reply = {"approved": True}
+            ok(await c.post(f"/v1/pending-actions/{action['id']}/reply", json=reply))
+        out, err = await asyncio.wait_for(chatting.communicate(), 90)
+    finally:
+        if chatting.returncode is None:
+            chatting.kill()
+            await chatting.wait()
+
+    said = out.decode()
+    assert chatting.returncode == 0, said + err.decode()
+    # The answer streams on while the prompt waits (its text may follow the prompt).
+    assert "Ran it after all." in said, said
+    assert "  answered elsewhere, or no longer open" in said.splitlines(), said
+
+
+async def _open_actions_of(c: Any, path: str) -> list[dict[str, Any]]:
+    response = await eventually(
+        lambda: c.get(path, params={"status": "open"}),
+        lambda r: r.status_code == 200 and len(r.json()["items"]) == 1,
+        timeout=60,
+        what="the approval asked for",
+    )
+    return list(response.json()["items"])
+
+
+async def test_an_answer_the_question_refuses_is_asked_for_again(
+    stack: Stack, scripted: ScriptedModelServer
+) -> None:
+    """The question offers options and the answer typed is none of them: the gateway's
+    refusal is shown and the question asked again, and the next answer goes through."""
+    world = await new_world(stack, "chat-reask")
+    session = await asking_agent(stack, world, "reask-model", permissions={})
+    ask = ToolCall("ask_user", {"question": "Which colour?", "options": ["red", "blue"]})
+    scripted.script([Reply.tool_calls([ask]), Reply.text("Red it is.")], model="reask-model")
+
+    said = await cli_with_stdin(
+        stack, world.key, "green\nred\n", "chat", session, "pick", "--interactive"
+    )
+
+    assert said.returncode == 0, said.stdout + said.stderr
+    lines = said.stdout.splitlines()
+    assert sum(line.startswith("? ") for line in lines) == 2, said.stdout  # asked twice
+    assert any("the answer must be one of" in line for line in lines), said.stdout
+    assert "  your answer:   answered" in lines, said.stdout
+    assert lines[-1] == "Red it is.", said.stdout
+    [*_, ours] = [r for r in scripted.completion_requests if r.model == "reask-model"]
+    assert "red" in ours.json["messages"][-1]["content"], ours.json["messages"][-1]
+
+
+async def test_a_create_the_read_models_lag_behind_prints_what_it_made(stack: Stack) -> None:
+    """The project is made but the read models stand still (the projector's checkpoint held
+    here), so the gateway answers 504 with the new project's `Location`: the command prints
+    its id and exits 0 — run again it would make a second project — and says it may take a
+    moment to show."""
+    world = await new_world(stack, "cli-lagging")
+    name = f"made-late-{new_id()[-8:]}"
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        held = conn.transaction()
+        await held.start()
+        await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
+        try:
+            said = await cli(stack, world.key, "projects", "create", name)
+        finally:
+            await held.rollback()
+    finally:
+        await conn.close()
+
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert "the project was made; the API may take a moment to show it" in said.stderr
+    async with stack.client(world.key) as c:
+        made = ok(await c.get(f"/v1/projects/{said.stdout.strip()}"))
+    assert made["name"] == name

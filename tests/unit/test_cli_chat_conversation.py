@@ -132,6 +132,10 @@ async def test_an_answer_the_activation_took_while_it_ran_does_not_hold_the_chat
     assert await chat._ended(talk, "a1", waiting) == chat.WAITING
 
 
+async def still_open() -> bool:
+    return True
+
+
 async def test_a_prompt_gives_up_when_the_messages_work_is_closed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -143,7 +147,7 @@ async def test_a_prompt_gives_up_when_the_messages_work_is_closed(
     loop.add_reader(read, lines.readable)
     try:
         loop.call_later(0.1, setattr, talk, "closed", ("cancelled", "asked"))
-        assert await asyncio.wait_for(chat._typed(lines, talk), 10) == b""
+        assert await asyncio.wait_for(chat._typed(lines, talk, still_open), 10) == b""
     finally:
         loop.remove_reader(read)
         os.close(read)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -87,3 +88,28 @@ def test_an_unreadable_admin_key_file_is_refused_naming_it(tmp_path: Path, packa
     key_file.rmdir()
     key_file.write_bytes(b"szm_\xff\xfe\n")
     refused(import_agent(tmp_path, package), 2, f"{key_file} holds no API key")
+
+
+def test_the_data_directorys_admin_key_goes_only_to_an_api_on_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--api` naming another host, with no key given: the platform's own admin key is not
+    sent there (nothing is sent); to this machine's API it is."""
+    (tmp_path / ADMIN_KEY_FILE).write_text("szm_local_admin_key\n")
+    sent: list[tuple[str, object]] = []
+
+    def request(method: str, url: str, **options: object) -> object:
+        sent.append((url, options.get("headers")))
+        raise httpx.ConnectError("not here", request=httpx.Request(method, url))
+
+    monkeypatch.setattr(httpx, "request", request)
+    monkeypatch.setattr("suzumio.cli.rest.RETRY_DELAYS", ())
+    for elsewhere in ("http://192.0.2.7:8080", "https://api.example.com", "http://[2001:db8::1]"):
+        said = run(tmp_path, "projects", "create", "x", "--api", elsewhere)
+        refused(said, 2, "the data directory's admin key is sent only to an API on this machine")
+    assert sent == []
+    for here in ("http://127.0.0.1:9", "http://localhost:9", "http://[::1]:9"):
+        refused(run(tmp_path, "projects", "create", "x", "--api", here), 1, "could not reach")
+    assert [headers["authorization"] for _, headers in sent] == [  # type: ignore[index]
+        "Bearer szm_local_admin_key"
+    ] * 3

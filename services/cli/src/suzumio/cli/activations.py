@@ -23,7 +23,7 @@ def cancel_command(
     key: rest.ApiKey = None,
 ) -> None:
     """Stop a live activation now: its sandbox is killed, its token fenced."""
-    headers = rest.key_headers(key)
+    headers = rest.key_headers(api, key)
     # One path segment whatever it holds: `a/../x` or `x?y` must not name another endpoint.
     path = f"/v1/activations/{quote(activation_id, safe='')}/cancel"
     body = {"reason": reason} if reason else None

@@ -76,7 +76,7 @@ def _walk(directory: Path) -> Iterator[Path]:
 
 def _send(api: str, key: str | None, directory: Path, path: str, expect: int, done: str) -> None:
     """POST the package in `directory` to `path`; say which agent it made or changed."""
-    headers = rest.key_headers(key)
+    headers = rest.key_headers(api, key)
     try:
         archive = pack(directory)
     except OSError as exc:  # a file we may not read, or one gone while packing

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import sys
+import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -46,7 +48,7 @@ from suzumio.cli import pending, rest
 from suzumio.cli.failures import fail, first_line, redact
 from suzumio.cli.timeline import StreamRefusedError, detail, read_timeline
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # one line per line, however narrow
 TERMINAL = frozenset({"completed", "failed", "cancelled", "timed_out"})
 POLL_SECONDS = 0.25
 SETTLE_SECONDS = 2.0  # for the stream to bring a completed activation's last words
@@ -56,6 +58,7 @@ PENDING_EVERY = 4  # polls between looks at what the activations wait on (~1 s)
 EARLY_ACTIVATIONS = 16  # activations whose live chunks are kept before one is handed the message
 EARLY_CHUNKS = 2_000  # chunks kept of each
 SHOWN_TAIL = 4_096  # characters of each activation's live text kept, to compare its output with
+PROMPT_ASKS_EVERY = 2  # looks: how often the action is read again while its prompt waits
 PROMPT_LOOK_SECONDS = 1.0  # while a prompt waits for its answer: how often the work is looked at
 MAX_ANSWER_BYTES = 1 << 20  # a longer line is taken as it is
 SILENT_STREAM_SECONDS = 45.0  # three of the gateway's keep-alive intervals
@@ -210,7 +213,7 @@ def chat_command(
     once an activation handed the message completed; 1 if the message's work failed for
     good, or nothing ended within --timeout; 3 if the agent ended waiting for an answer
     nobody gave in time: `suzumio pending list SESSION`)."""
-    headers = rest.key_headers(key)
+    headers = rest.key_headers(api, key)
     path = f"/v1/sessions/{quote(session_id, safe='')}/messages"
     posted, response = rest.post(api, path, 201, headers=headers, json={"text": text})
     signal_id = posted.get("signal_id") if posted else None
@@ -418,7 +421,10 @@ async def _open_actions(client: httpx.AsyncClient, path: str) -> list[Any]:
     found: list[Any] = []
     params: dict[str, str | int] = {"status": "open", "limit": 200}
     while True:
-        response = await client.get(path, params=params)
+        try:
+            response = await client.get(path, params=params)
+        except httpx.TransportError:  # a gateway restarting: looked at again next time
+            return found
         try:
             body = response.json() if response.status_code == 200 else None
         except ValueError:  # not JSON (a proxy's error page)
@@ -449,35 +455,84 @@ async def _pending(
             or action.get("id") in conversation.asked
         ):
             continue
-        conversation.asked.add(str(action.get("id")))
+        action_id = str(action.get("id"))
+        conversation.asked.add(action_id)
         conversation.say(pending.describe(action), style="bold")
-        reply = await _answer(action, answers, conversation) if answers is not None else None
+        still_open = functools.partial(_still_open, client, action_id)
+        reply = (
+            await _answer(action, answers, conversation, still_open)
+            if answers is not None
+            else None
+        )
         if reply is None:
+            if conversation.closed is None and not await still_open():
+                conversation.say("  answered elsewhere, or no longer open")
+                continue
             conversation.say(f"  reply: {pending.how_to_reply(action)}")
             continue
         # Before the answer is sent: its signal may be on the timeline before the reply is.
-        conversation.answered[str(action["id"])] = str(action["activation_id"])
-        answered = await client.post(
-            f"/v1/pending-actions/{quote(str(action['id']), safe='')}/reply", json=reply
-        )
-        if answered.status_code != 200:
-            del conversation.answered[str(action["id"])]
-        said = "answered" if answered.status_code == 200 else detail(answered)
+        conversation.answered[action_id] = str(action["activation_id"])
+        answered = await _reply(client, action_id, reply)
+        if answered is None or answered.status_code != 200:
+            del conversation.answered[action_id]
+        if answered is not None and answered.status_code == 422:
+            conversation.asked.discard(action_id)  # an answer it cannot take: asked again
+        if answered is None:
+            said = f"the answer could not be sent; reply: {pending.how_to_reply(action)}"
+        else:
+            said = "answered" if answered.status_code == 200 else detail(answered)
         conversation.say(f"  {said}")
 
 
+async def _still_open(client: httpx.AsyncClient, action_id: str) -> bool:
+    """Whether the action still waits for an answer (yes when that cannot be read now)."""
+    try:
+        response = await client.get(f"/v1/pending-actions/{quote(action_id, safe='')}")
+    except httpx.TransportError:
+        return True
+    body = rest.json_object(response) if response.status_code == 200 else None
+    return body is None or body.get("status") == "open"
+
+
+async def _reply(
+    client: httpx.AsyncClient, action_id: str, reply: dict[str, object]
+) -> httpx.Response | None:
+    """The reply sent, again while the connection fails or the gateway is away, under one
+    `Idempotency-Key` (an attempt that reached it is answered as it was, not done twice);
+    None when it could not be sent at all."""
+    path = f"/v1/pending-actions/{quote(action_id, safe='')}/reply"
+    headers = {rest.IDEMPOTENCY_HEADER: f"cli-{uuid.uuid4().hex}"}
+    for delay in (*rest.RETRY_DELAYS, None):
+        try:
+            response = await client.post(path, json=reply, headers=headers)
+        except httpx.TransportError:
+            response = None
+        again = response is None or response.status_code in TRANSIENT
+        # An attempt cut off may still be at work: the gateway's 409 says so, then answers.
+        again = again or (response is not None and rest.still_in_progress(response))
+        if not again:
+            return response
+        if delay is None:
+            return response
+        await asyncio.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns")
+
+
 async def _answer(
-    action: dict[str, Any], lines: StdinLines, conversation: Conversation
+    action: dict[str, Any],
+    lines: StdinLines,
+    conversation: Conversation,
+    still_open: Callable[[], Awaitable[bool]],
 ) -> dict[str, object] | None:
-    """The reply typed for `action` (None: none can be typed, stdin ended, or the message's
-    work was closed while the prompt waited)."""
+    """The reply typed for `action` (None: none can be typed, stdin ended, or while the
+    prompt waited the message's work was closed or the action answered elsewhere)."""
     approval = action.get("kind") == "approval"
     if action.get("kind") == "artifact_request":
         return None
     while True:
         sys.stdout.write("  approve? [y/n] " if approval else "  your answer: ")
         sys.stdout.flush()
-        line = await _typed(lines, conversation)
+        line = await _typed(lines, conversation, still_open)
         if not line:
             sys.stdout.write("\n")
             return None
@@ -488,12 +543,20 @@ async def _answer(
             return {"answer": text}
 
 
-async def _typed(lines: StdinLines, conversation: Conversation) -> bytes:
-    """A line typed at the prompt; b"" when stdin ended or the message's signal was closed
-    meanwhile (a cancel: the timeline, read on, says so)."""
+async def _typed(
+    lines: StdinLines, conversation: Conversation, still_open: Callable[[], Awaitable[bool]]
+) -> bytes:
+    """A line typed at the prompt; b"" when stdin ended, or meanwhile the message's signal
+    was closed (a cancel: the timeline, read on, says so) or the action was answered
+    elsewhere (`suzumio pending reply`, the API) or expired — its activation may end while
+    nobody types, and the command would wait out its --timeout and say it failed."""
+    looks = 0
     while conversation.closed is None:
         with contextlib.suppress(TimeoutError):
             return await asyncio.wait_for(lines.readline(), PROMPT_LOOK_SECONDS)
+        looks += 1
+        if looks % PROMPT_ASKS_EVERY == 0 and not await still_open():
+            return b""
     return b""
 
 
@@ -519,8 +582,12 @@ async def _settle(conversation: Conversation, activation_id: str, row: dict[str,
 
 
 async def _activation(client: httpx.AsyncClient, activation_id: str) -> dict[str, Any] | None:
-    """The activation's row; None while the read model has not got it yet."""
-    response = await client.get(f"/v1/activations/{quote(activation_id, safe='')}")
+    """The activation's row; None while the read model has not got it yet, or the gateway
+    cannot be reached (a restart: the stream is read again from its cursor meanwhile)."""
+    try:
+        response = await client.get(f"/v1/activations/{quote(activation_id, safe='')}")
+    except httpx.TransportError:
+        return None  # asked again at the next poll, within --timeout
     if response.status_code == 404 or response.status_code in TRANSIENT:
         return None  # asked again at the next poll, within --timeout
     if response.status_code != 200:

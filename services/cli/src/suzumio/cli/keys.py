@@ -16,12 +16,16 @@ API_KEY_VARIABLE = "SUZUMIO_API_KEY"
 _HEADER_SAFE = re.compile(r"[!-~]+")  # visible ASCII, which every key we issue is
 
 
-def api_key(given: str | None) -> tuple[str, str] | None:
-    """The key to send and where it came from: `given` (--key), else $SUZUMIO_API_KEY, else
-    the admin key `suzumio up` saved in the data directory; None when there is none."""
+def api_key(given: str | None, *, local: bool) -> tuple[str, str] | None:
+    """The key to send and where it came from: `given` (--key), else $SUZUMIO_API_KEY, else,
+    for an API on this machine (`local`), the admin key `suzumio up` saved in the data
+    directory; None when there is none. The platform's admin key never goes to another
+    host's API on its own: `--api` naming one by mistake would hand it over."""
     for key, source in ((given, "--key"), (os.environ.get(API_KEY_VARIABLE), API_KEY_VARIABLE)):
         if key and key.strip():
             return key.strip(), source
+    if not local:
+        return None
     path = load_settings().data_dir / ADMIN_KEY_FILE
     try:
         saved = path.read_text(encoding="utf-8").strip()

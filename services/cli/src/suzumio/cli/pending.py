@@ -13,7 +13,7 @@ from suzumio.cli import rest
 from suzumio.cli.failures import fail, redact
 
 app = typer.Typer(help="What agents wait on, and the answers.", no_args_is_help=True)
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # one line per line, however narrow
 
 
 def describe(action: dict[str, Any]) -> str:
@@ -72,7 +72,7 @@ def reply_command(
     if approved is not None:
         body["approved"] = approved
     path = f"/v1/pending-actions/{quote(action_id, safe='')}/reply"
-    done, response = rest.post(api, path, 200, headers=rest.key_headers(key), json=body)
+    done, response = rest.post(api, path, 200, headers=rest.key_headers(api, key), json=body)
     if done is None or "status" not in done:
         fail(f"the API at {redact(api)} answered 200 without the action: {rest.short(response)}")
     console.print(f"{action_id} {done['status']}", style="green", markup=False)

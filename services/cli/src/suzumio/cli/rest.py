@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 import uuid
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 import httpx
 import typer
@@ -13,8 +15,11 @@ from rich.console import Console
 from suzumio.cli.failures import fail, first_line, redact
 from suzumio.cli.keys import api_key, authorization
 
-console = Console()
-errors = Console(stderr=True)  # refusals: `P=$(suzumio projects create x)` must not take one
+# Soft-wrapped: what is printed stays one line however narrow the terminal (or a pipe's
+# 80 columns), as scripts reading it expect. Refusals go to stderr: `P=$(suzumio projects
+# create x)` must not take one.
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 IN_PROGRESS = "is still in progress"  # the gateway's 409 while a key's first request runs
@@ -32,14 +37,31 @@ ApiKey = Annotated[
 ]
 
 
-def key_headers(key: str | None) -> dict[str, str]:
-    """The `Authorization` header of the key given, else $SUZUMIO_API_KEY, else the data
-    directory's admin key; exit 2 without one."""
-    found = api_key(key)
+def key_headers(api: str, key: str | None) -> dict[str, str]:
+    """The `Authorization` header of the key given, else $SUZUMIO_API_KEY, else — for an API
+    on this machine only — the data directory's admin key; exit 2 without one."""
+    found = api_key(key, local=is_local(api))
     if found is None:
-        errors.print("[red]no API key: pass --key or set SUZUMIO_API_KEY[/red]")
+        errors.print(
+            "[red]no API key: pass --key or set SUZUMIO_API_KEY (the data directory's admin "
+            "key is sent only to an API on this machine)[/red]"
+        )
         raise typer.Exit(2)
     return authorization(*found)
+
+
+def is_local(api: str) -> bool:
+    """Whether the API's URL names this machine (a loopback address, or localhost)."""
+    try:
+        host = httpx.URL(api).host
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def post(
@@ -53,8 +75,12 @@ def post(
     return json_object(response), response
 
 
-def _send(method: str, api: str, path: str, expect: int, **request: Any) -> httpx.Response:
-    """The response of a request whose status is `expect`; anything else exits, one line."""
+def _send(
+    method: str, api: str, path: str, expect: int, *, made: bool = False, **request: Any
+) -> httpx.Response:
+    """The response of a request whose status is `expect` — or, `made`, a 504 that names
+    what the request made (`Location`): the change was made, the read models are behind.
+    Anything else exits, one line."""
     shown = redact(api)  # as we print it: a proxy's password (https://user:pw@host) masked
     if not api.startswith(("http://", "https://")):
         fail(f"--api {shown!r} needs a scheme, like http://{shown}")
@@ -62,6 +88,8 @@ def _send(method: str, api: str, path: str, expect: int, **request: Any) -> http
         response = _with_retries(method, f"{api.rstrip('/')}{path}", **request)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         fail(f"could not reach the API at {shown}: {first_line(exc).replace(api, shown)}")
+    if made and response.status_code == 504 and response.headers.get("location"):
+        return response
     if response.status_code != expect:
         body = json_object(response)
         detail = body.get("detail") if body is not None else None
@@ -94,7 +122,7 @@ def _with_retries(method: str, url: str, **request: Any) -> httpx.Response:
             # A kept answer (replayed) is all a retry would ever get again.
             replayed = response.headers.get(REPLAYED_HEADER) == "true"
             transient = response.status_code in TRANSIENT_STATUSES and not replayed
-            again = transient or (cut_off and method == "POST" and _still_in_progress(response))
+            again = transient or (cut_off and method == "POST" and still_in_progress(response))
             if not again or delay is None:
                 return response
             # A proxy's 502/504 may come while the gateway still works on the request.
@@ -103,7 +131,7 @@ def _with_retries(method: str, url: str, **request: Any) -> httpx.Response:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _still_in_progress(response: httpx.Response) -> bool:
+def still_in_progress(response: httpx.Response) -> bool:
     """The gateway's 409 for a request whose `Idempotency-Key` an earlier attempt still holds."""
     body = json_object(response) if response.status_code == 409 else None
     return body is not None and IN_PROGRESS in str(body.get("detail"))
@@ -140,8 +168,14 @@ def short(response: httpx.Response, limit: int = 200) -> str:
 
 
 def create(api: str, path: str, body: dict[str, object], key: str | None, what: str) -> str:
-    """POST `body` to `path` for a new `what`; its id (exits 1 on a refusal, with one line)."""
-    answer, response = post(api, path, 201, headers=key_headers(key), json=body)
+    """POST `body` to `path` for a new `what`; its id (exits 1 on a refusal, with one line).
+    Made while the read models lag (the gateway's 504 with the new `what`'s `Location`), it
+    is made: its id is the answer — run again, the command would make a second one."""
+    response = _send("POST", api, path, 201, made=True, headers=key_headers(api, key), json=body)
+    if response.status_code == 504:
+        errors.print(f"the {what} was made; the API may take a moment to show it", markup=False)
+        return unquote(response.headers["location"].rstrip("/").rsplit("/", 1)[-1])
+    answer = json_object(response)
     made = answer.get("id") if answer is not None else None
     if not isinstance(made, str):
         fail(f"the API at {redact(api)} answered 201 without a {what}: {short(response)}")
@@ -161,7 +195,7 @@ def get(api: str, path: str, headers: dict[str, str], **params: str | int) -> ob
 
 def get_list(api: str, path: str, key: str | None) -> list[dict[str, Any]]:
     """A list endpoint's items, every page of it (`{items, next_cursor}`), or its plain list."""
-    headers = key_headers(key)
+    headers = key_headers(api, key)
     found: list[dict[str, Any]] = []
     params: dict[str, str | int] = {"limit": 200}
     while True:

@@ -12,7 +12,7 @@ from rich.console import Console
 from suzumio.cli import rest
 
 app = typer.Typer(help="Sessions, through the REST API.", no_args_is_help=True)
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # one line per line, however narrow
 
 
 @app.command("create")
