@@ -5,14 +5,14 @@ while the session service is away, and an append conflict while the fold lags.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.commands import Command, CommandAccepted
 from suzumio.contracts.envelope import DomainEvent, EventMeta
-from suzumio.contracts.errors import UnavailableError
+from suzumio.contracts.errors import ConflictError, UnavailableError
 from suzumio.contracts.events import (
     ActivationRequested,
     AgentCreated,
@@ -21,6 +21,7 @@ from suzumio.contracts.events import (
     CheckpointSaved,
     SessionOpened,
     SignalRecorded,
+    SignalsDelivered,
 )
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.scheduling import AgentSchedulingState, HookAction
@@ -275,3 +276,84 @@ async def test_a_conflict_while_the_fold_lags_waits_for_the_fold_instead_of_spin
         [a1] = await requests(launcher, 1)
         assert a1.signal_ids == (signal.signal_id,)
         assert 2 <= counting.appends <= 4  # the refused one, then one on the real head
+
+
+class HandoverRacedStore(EventStore):
+    """The scheduler's store: before a handover's append, `race` runs (once) — the test moves
+    the world under the decision there; once the append is answered, the fold flows again."""
+
+    race: Callable[[int], Awaitable[None]] | None = None
+    flowing = asyncio.Event()
+
+    async def append(
+        self,
+        aggregate_id: str,
+        events: Sequence[DomainEvent],
+        expected_version: int,
+        meta: EventMeta | None = None,
+    ) -> AppendResult:
+        race, handover = self.race, any(isinstance(e, SignalsDelivered) for e in events)
+        if race is None or not handover:
+            return await super().append(aggregate_id, events, expected_version, meta)
+        self.race = None
+        await race(expected_version)
+        try:
+            return await super().append(aggregate_id, events, expected_version, meta)
+        finally:
+            self.flowing.set()
+
+
+async def test_a_handover_whose_append_conflicts_looks_at_the_session_again(
+    nc: NATS,
+    topology: Topology,
+    store: EventStore,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a handover held the session, its live activation failed (the fold skipped the
+    session then: held) and another writer moved the session, so the handover's append
+    conflicts. Released, the session is looked at again: its signals start the next
+    activation — not left waiting until something else touches the session."""
+    world = Sessions(store)
+    session = await world.session(await world.project())
+    gate = Gate()
+    raced = HandoverRacedStore(nc, topology)
+    raced.flowing = asyncio.Event()
+    raced.flowing.set()
+    async with (
+        StandInLauncher(nc, topology, store, gate) as launcher,
+        running(nc, topology, raced, database_url) as scheduler,
+    ):
+        first = await world.signal(session)
+        [a1] = await requests(launcher, 1)
+        s = scheduler.world.sessions[session]
+        await eventually(lambda: asyncio.sleep(0, s.live), bool, what="a1 live")
+        second = await world.signal(session)  # waits for a1's next tool boundary
+        await eventually(lambda: asyncio.sleep(0, second in s.pending), bool, what="pending")
+
+        follower = scheduler.replica.follower
+        real_next, real_nowait = follower.next, follower.next_nowait
+
+        async def gated_next(timeout: float | None = None) -> LogMessage | None:
+            msg = await real_next(timeout)
+            await raced.flowing.wait()
+            return msg
+
+        def gated_nowait() -> LogMessage | None:
+            return real_nowait() if raced.flowing.is_set() else None
+
+        monkeypatch.setattr(follower, "next", gated_next)
+        monkeypatch.setattr(follower, "next_nowait", gated_nowait)
+
+        async def race(version: int) -> None:
+            gate.end(a1.activation_id, "fail")  # folded while held: the session is skipped
+            await eventually(lambda: asyncio.sleep(0, s.live is None), bool, what="a1 ended")
+            raced.flowing.clear()  # the fold stops before the other writer's event
+            checkpoint = CheckpointSaved(checkpoint_id=new_id(), activation_id=new_id(), data={})
+            await store.append(session, [checkpoint], version)
+
+        raced.race = race
+        with pytest.raises(ConflictError):  # not live any more
+            await scheduler.take_signals(session, a1.activation_id, ())
+        [_, a2] = await requests(launcher, 2)
+        assert set(a2.signal_ids) == {first, second}

@@ -4,18 +4,22 @@ still sent; a timezone-naive `not_before` from a hook is read as UTC, not refuse
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import cast
 
+import pytest
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.commands import Command, PostMessage, RecordSignal
+from suzumio.contracts.errors import InvalidError
 from suzumio.contracts.scheduling import (
     AgentSchedulingState,
     HookAction,
     HookMessage,
     HookSignal,
+    SchedulerHook,
 )
 from suzumio.contracts.subjects import DEFAULT_TOPOLOGY
 from suzumio.contracts.values import MAX_PAYLOAD_BYTES, SignalKind
@@ -48,9 +52,9 @@ def hook(name: str, *actions: HookAction) -> NamedHook:
     return NamedHook(name, call)
 
 
-async def review(*hooks: NamedHook, useful: bool = True) -> Sent:
+async def review(*hooks: NamedHook, useful: bool = True, sent: Sent | None = None) -> Sent:
     """An activation of session s ended; the scheduler reviews it with `hooks`."""
-    sent = Sent()
+    sent = sent or Sent()
     scheduler = Scheduler(
         cast("NATS", object()),
         DEFAULT_TOPOLOGY,
@@ -102,6 +106,45 @@ async def test_when_every_action_was_refused_the_nudge_rule_still_applies() -> N
     """No hook acted: an activation that did nothing useful gets its one nudge."""
     too_early = HookSignal(key="early", not_before=datetime(1999, 12, 31, tzinfo=UTC))
     sent = await review(hook("a", too_early), useful=False)
+    [nudge] = sent.of(RecordSignal)
+    assert isinstance(nudge, RecordSignal)
+    assert nudge.kind is SignalKind.NUDGE
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["async", "plain"])
+async def test_a_hook_that_calls_sys_exit_fails_alone(plain: bool) -> None:
+    """A hook's `sys.exit()` is its own failure: the review goes on with the other hooks'
+    actions — the scheduler is not stopped (asyncio lets `SystemExit` out of the loop)."""
+
+    def leaving(state: AgentSchedulingState) -> Sequence[HookAction]:
+        sys.exit("a click-style helper gave up")
+
+    async def leaving_async(state: AgentSchedulingState) -> Sequence[HookAction]:
+        sys.exit("a click-style helper gave up")
+
+    call = cast("SchedulerHook", leaving if plain else leaving_async)
+    sent = await review(NamedHook("exits", call), hook("b", HookSignal(key="fine")))
+    [signal] = sent.of(RecordSignal)
+    assert isinstance(signal, RecordSignal)
+    assert signal.payload == {"hook": "b"}
+
+
+class Refusing(Sent):
+    """The session service refusing every message a hook asks for (as it would one too long
+    once the text is its own, or an internal error)."""
+
+    async def send(self, command: Command, *, actor: str, **_: object) -> None:
+        if isinstance(command, PostMessage):
+            raise InvalidError("refused by the session service")
+        await super().send(command, actor=actor)
+
+
+async def test_a_hook_action_the_session_service_refuses_is_not_counted_as_done() -> None:
+    """No hook's action was done — the session service refused it, not the validation here:
+    an activation that did nothing useful still gets its one nudge."""
+    sent = await review(hook("a", HookMessage(key="hi", text="follow up")), useful=False,
+                        sent=Refusing())  # fmt: skip
+    assert sent.of(PostMessage) == []
     [nudge] = sent.of(RecordSignal)
     assert isinstance(nudge, RecordSignal)
     assert nudge.kind is SignalKind.NUDGE

@@ -112,6 +112,10 @@ CASES = {
         Case(pending=[sig("m1", failures=1), sig("stop", "P0", 2)], backoff_until=SOON),
         Plan(start=start("stop", "m1", reason=Reason.RETRY, attempt=2)),
     ),
+    "a P0 that failed already waits out the backoff as the rest do": (
+        Case(pending=[sig("m1", failures=1), sig("stop", "P0", 2, failures=1)], backoff_until=SOON),
+        Plan(wake_at=SOON),
+    ),
     "a retry says so and counts its attempt": (
         Case(pending=[sig("m1", failures=2), sig("m2", seq=2)]),
         Plan(start=start("m1", "m2", reason=Reason.RETRY, attempt=3)),

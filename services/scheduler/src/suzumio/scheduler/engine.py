@@ -501,7 +501,10 @@ class Scheduler:
                     EventMeta(actor=ACTOR),
                 )
             except ConcurrencyConflictError:
-                self._holds.release(session_id, hold)  # unless the fold did, for a newer one
+                # Unless the fold released it (for a newer one): released, the session is
+                # looked at again — what the fold skipped while it was held (the live one's
+                # end, a due timer) is decided on, not left until something else touches it.
+                self._again(session_id, hold)
                 end = await stream_last_seq(self._nc, self._topology.events_stream)
                 await self.folded.reached(end, 5.0)
                 continue
@@ -576,7 +579,7 @@ class Scheduler:
                 written = await self._store.append(session_id, [cancel, *closes], s.version, meta)
             except ConcurrencyConflictError:
                 _decisions.add(1, {"kind": "cancel", "outcome": "conflict"})
-                self._holds.release(session_id, hold)  # unless the fold did, for a newer one
+                self._again(session_id, hold)  # as a handover's conflict: looked at again
                 await self._fold_to_now()
                 continue
             except BaseException:
@@ -737,7 +740,7 @@ class Scheduler:
         other actions of the review, other hooks' too, are still sent. An unreachable session
         service still cuts the whole review short, to be done again (see _review)."""
         try:
-            await self._send(action_command(s.id, ended.activation_id, hook_name, action))
+            return await self._send(action_command(s.id, ended.activation_id, hook_name, action))
         except _UnreachableError:
             raise
         except ValidationError as exc:
@@ -752,7 +755,6 @@ class Scheduler:
         except Exception:
             log.exception("scheduler.hook_action_failed", session=s.id, hook=hook_name)
             return False
-        return True
 
     async def _nudge(self, s: SessionSchedule, ended: Ended) -> None:
         await self._send(
@@ -765,16 +767,19 @@ class Scheduler:
             )
         )
 
-    async def _send(self, command: RecordSignal | PostMessage) -> None:
+    async def _send(self, command: RecordSignal | PostMessage) -> bool:
+        """Whether the command was done (False: refused, and logged)."""
         try:
             await self._commands.send(command, actor=ACTOR)
         except ConflictError:
-            pass  # recorded already (or the session closed meanwhile)
+            return True  # recorded already (or the session closed meanwhile)
         except (UnavailableError, CommandTimeoutError) as exc:
             # Not refused, unanswered: the whole review is done again later (see _review).
             raise _UnreachableError(command.verb) from exc
         except CommandError as exc:
             log.warning("scheduler.command_refused", verb=command.verb, error=str(exc))
+            return False
+        return True
 
     def _spawn(self, work: object) -> None:
         assert asyncio.iscoroutine(work)

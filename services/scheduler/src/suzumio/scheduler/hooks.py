@@ -186,12 +186,23 @@ class Hooks:
     async def _call(
         self, hook: NamedHook, state: AgentSchedulingState, started: asyncio.Event
     ) -> list[Any]:
-        if inspect.iscoroutinefunction(hook.call):
-            return _listed(await hook.call(state))
-        # A plain function may block; it must not block the scheduler's loop. Nor may the
-        # generator it may return, whose body runs only as it is read: read in the thread.
-        answer = await self._threads.run(hook.name, hook.call, state, started)
-        return _listed(await answer) if inspect.isawaitable(answer) else _listed(answer)
+        try:
+            if inspect.iscoroutinefunction(hook.call):
+                return _listed(await hook.call(state))
+            # A plain function may block; it must not block the scheduler's loop. Nor may the
+            # generator it may return, whose body runs only as it is read: read in the thread.
+            answer = await self._threads.run(hook.name, hook.call, state, started)
+            return _listed(await answer) if inspect.isawaitable(answer) else _listed(answer)
+        except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+            raise _tamed(exc) from None
+
+
+def _tamed(exc: BaseException) -> Exception:
+    """A hook's `sys.exit()` (a command-line helper's way to fail) as the failure it is: out
+    of a task, asyncio raises `SystemExit` and `KeyboardInterrupt` out of the event loop —
+    the scheduler would stop for every project, and again on each restart as the new leader
+    reviews the same ends."""
+    return RuntimeError(f"the hook raised {type(exc).__name__}({exc})")
 
 
 MAX_ACTIONS = 100
@@ -321,7 +332,7 @@ class _HookThreads:
                 if not inspect.isawaitable(result):
                     result = _listed(result)  # a generator's body is the hook's code too
             except BaseException as exc:  # handed to the caller, which logs it
-                error = exc
+                error = exc if isinstance(exc, Exception) else _tamed(exc)
             with contextlib.suppress(RuntimeError):  # the loop closed while it ran
                 loop.call_soon_threadsafe(settle, result, error)
 
