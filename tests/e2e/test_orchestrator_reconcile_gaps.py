@@ -7,6 +7,7 @@ sandboxes live on, as after a failover — and a second one is started on the sa
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from suzumio.contracts.events import (
     ActivationTimedOut,
 )
 from suzumio.contracts.ids import new_id
+from suzumio.orchestrator import engine
 from suzumio.orchestrator.backends.base import Backend, Exit, Handle
 from suzumio.orchestrator.backends.process import RECORDS, ProcessBackend
 from suzumio.orchestrator.engine import Orchestrator, Tracked
@@ -237,3 +239,63 @@ def terminals(types: list[str]) -> list[str]:
 
 async def _exists(path: Path) -> bool:
     return path.exists()
+
+
+async def test_a_cancel_while_the_backend_cannot_list_ends_the_activation_at_once(
+    platform: Stack, model: ScriptedModelServer, tmp_path: Path
+) -> None:
+    """Its backend cannot say what runs (an engine down) since the replica took the lead: a
+    cancel ends the activation now — not once the backend answers, maybe never — and the
+    sandbox the backend shows later is stopped as an orphan."""
+    model.script([Reply.text("never in time", delay=90)])
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        session_id, activation_id = await started_then_left(h, "cancel-unlisted")
+    flaky: list[UnreachableAtFirst] = []
+
+    async def unreachable_a_while(settings: OrchestratorSettings) -> Backend:
+        flaky.append(UnreachableAtFirst(settings.sandboxes(), failures=4))  # ~15 s of silence
+        return flaky[0]
+
+    async with harness(platform, model, tmp_path, unreachable_a_while, "process") as h:
+        await eventually(
+            lambda: asyncio.sleep(0, flaky[0].listings), bool, what="a listing that failed"
+        )
+        await platform.store.append_next(
+            session_id,
+            [ActivationCancelRequested(activation_id=activation_id, reason="stop it")],
+            EventMeta(actor="system:scheduler"),
+        )
+        ended = await h.ended(activation_id, timeout=10)
+        assert terminals(ended) == ["activation.cancelled"], ended
+        assert flaky[0].listings <= flaky[0].failures  # before the backend answered
+        await eventually(
+            lambda: asyncio.sleep(0, flaky[0].listings),
+            lambda listings: listings > flaky[0].failures,
+            timeout=40,
+            what="the backend answering",
+        )
+        await eventually(h.live_ids, lambda ids: activation_id not in ids, what="orphan stopped")
+
+
+async def test_the_wall_clock_limit_ends_an_activation_whose_backend_cannot_list(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its backend never answers a listing: the activation still ends, timed out, once its
+    wall clock (counted from its start in the log) and the stop's grace have passed."""
+    model.script([Reply.text("too late", delay=90)])
+    async with harness(platform, model, tmp_path, process_backend, "process") as h:
+        _, activation_id = await started_then_left(h, "overdue-unlisted", wall_clock=3)
+    monkeypatch.setattr(engine, "STOP_GRACE_SECONDS", 1.0)
+
+    async def never_listing(settings: OrchestratorSettings) -> Backend:
+        return UnreachableAtFirst(settings.sandboxes(), failures=10**6)
+
+    async with harness(platform, model, tmp_path, never_listing, "process") as h:
+        ended = await h.ended(activation_id, timeout=40)
+    assert terminals(ended) == ["activation.timed_out"], ended
+    timed_out = (await platform.store.load("activation", activation_id)).events[-1].data
+    assert isinstance(timed_out, ActivationTimedOut)
+    assert timed_out.timeout_seconds == 3

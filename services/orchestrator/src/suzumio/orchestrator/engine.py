@@ -236,6 +236,9 @@ class Orchestrator:
         # once the end is in, which decides its cleanup.
         self._ending: set[str] = set()
         self._orphaned: dict[str, Handle] = {}
+        # Backends that could not list their sandboxes since this replica began to lead: the
+        # activations on them have no handle, and are matched once the backend answers.
+        self._unlisted: set[str] = set()
         self.folded = self.replica.folded
         self.leading = False
         self.health_report: list[dict[str, object]] = []  # the backends', as last asked
@@ -372,6 +375,7 @@ class Orchestrator:
             await asyncio.gather(*running, return_exceptions=True)
             self._tasks.clear()
             self._cancels.clear()
+            self._unlisted = set()
             for backend in self.backends.values():
                 try:
                     await backend.release()
@@ -386,9 +390,12 @@ class Orchestrator:
         has them — their sandboxes may well run — neither lost nor launched a second time."""
         pending: set[str] = set(self.backends)
         delay = RELIST_FIRST_SECONDS
+        found_at = time.time()
         while pending and not done.is_set():
             live, unlisted = await list_live(self.backends, pending)
+            self._unlisted = unlisted
             await self._match(live, unlisted)
+            self._end_overdue(unlisted, found_at)
             pending = unlisted
             if pending:
                 with contextlib.suppress(TimeoutError):
@@ -414,6 +421,28 @@ class Orchestrator:
                 self._orphaned[handle.activation_id] = handle  # cleared after its end
             elif handle.activation_id not in self._tasks:  # else being launched
                 await self._clear_orphan(handle)
+
+    def _end_overdue(self, unlisted: set[str], found_at: float) -> None:
+        """The activations of backends that still cannot list, past their wall clock (and
+        the grace a stop gets): ended as timed out now, not left running for as long as the
+        backend stays silent — maybe for ever. Their tokens are revoked with the end; a
+        sandbox of theirs the backend shows later is cleared as an orphan."""
+        for activation_id, tracked in list(self.activations.items()):
+            if tracked.ended or activation_id in self._tasks:
+                continue
+            if self._backend_of(tracked) not in unlisted:
+                continue
+            limit = self._wall_clock(tracked)
+            deadline = deadline_of(tracked.started_at, limit, found_at)
+            if limit is None or deadline is None or time.time() < deadline + STOP_GRACE_SECONDS:
+                continue
+            log.warning("orchestrator.overdue_unlisted", activation=activation_id,
+                        backend=self._backend_of(tracked))  # fmt: skip
+            tracked.timed_out, tracked.timeout_seconds = True, limit
+            timed_out = ActivationTimedOut(timeout_seconds=limit)
+            self._tasks[activation_id] = asyncio.create_task(
+                self._end_and_forget(tracked, self._unless_finished(tracked, timed_out))
+            )
 
     async def _clear_orphan(self, handle: Handle) -> None:
         """A sandbox whose activation is over (or unknown): stopped only if it still runs —
@@ -490,9 +519,13 @@ class Orchestrator:
     def _spawn_cancel(self, activation_id: str) -> None:
         tracked = self.activations[activation_id]
         task = self._tasks.get(activation_id)
-        if task is None and not tracked.started:
+        unlisted = tracked.handle is None and self._backend_of(tracked) in self._unlisted
+        if task is None and (not tracked.started or unlisted):
             # Not started as the log has it, yet its runner may have run (launched just before
-            # a leader went, its start never appended) and finished: its output decides.
+            # a leader went, its start never appended) and finished: its output decides. Or
+            # started, its backend unable to list its sandboxes since this replica began to
+            # lead: ended now all the same (its token is revoked with the request), not when
+            # the backend answers — maybe never; a sandbox it shows then is an orphan, stopped.
             cancelled = ActivationCancelled(reason=tracked.cancel_reason or "")
             self._tasks[activation_id] = asyncio.create_task(
                 self._end_and_forget(tracked, self._unless_finished(tracked, cancelled))
