@@ -15,12 +15,18 @@ from suzumio.contracts.events import (
     HistoryCompacted,
     SessionMessageAppended,
     SessionOpened,
+    SignalClosed,
     SignalRecorded,
     SignalsDelivered,
 )
 from suzumio.contracts.ids import new_id
-from suzumio.contracts.values import Author, Priority, SignalKind
-from suzumio.orchestrator.sessions import SessionReader, SessionSnapshot, load_session
+from suzumio.contracts.values import Author, Priority, SignalKind, SignalOutcome
+from suzumio.orchestrator.sessions import (
+    REQUESTS_KEPT,
+    SessionReader,
+    SessionSnapshot,
+    load_session,
+)
 from suzumio.platform.bus.eventstore import AggregateStream, EventStore
 
 META = EventMeta(actor="system:test")
@@ -305,3 +311,38 @@ async def test_a_kept_fold_holds_no_text_of_the_runners_own_entries(store: Event
     [kept] = reader._folds.values()
     assert kept.texts == {}
     assert not any("x" * 1_000 in text for text in texts(snapshot))
+
+
+async def test_a_kept_fold_lets_go_of_signals_done_with_and_a_retry_still_finds_its_own(
+    store: EventStore,
+) -> None:
+    """Every posted message's text went to its signal and stayed in the kept fold for ever
+    (thousands of them, of up to a megabyte each, copied at every plan). The signals of the
+    last requests stay (a retry names them again), and those not yet requested; older ones,
+    and closed ones, go. A request naming one let go still gets it: the session read whole."""
+    session, add = await opened(store)
+    reader = SessionReader(store)
+    requests = []
+    for n in range(REQUESTS_KEPT + 8):
+        r = await posted(add, f"message {n}: " + "x" * 10_000)
+        await add(r)
+        requests.append(r)
+        snapshot = await reader.snapshot(session, r)
+        assert [s.text for s in snapshot.signals] == [f"message {n}: " + "x" * 10_000]
+    waiting = await posted(add, "not requested yet")
+    closing = await posted(add, "closed unrequested")
+    await add(SignalClosed(signal_id=closing.signal_ids[0], outcome=SignalOutcome.FAILED))
+    latest = requests[-1]
+    again = await reader.snapshot(session, latest)
+    [kept] = reader._folds.values()
+    assert set(kept.signals) == {
+        *(r.signal_ids[0] for r in requests[-REQUESTS_KEPT:]),
+        waiting.signal_ids[0],
+    }
+    assert again == await load_session(store, session, latest)
+
+    retry = request(requests[0].signal_ids[0], waiting.signal_ids[0])  # the first one, again
+    await add(retry)
+    snapshot = await reader.snapshot(session, retry)
+    assert [s.text for s in snapshot.signals] == ["message 0: " + "x" * 10_000, "not requested yet"]
+    assert snapshot == await load_session(store, session, retry)

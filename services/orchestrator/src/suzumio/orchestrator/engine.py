@@ -20,7 +20,7 @@ import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -1001,10 +1001,19 @@ class Orchestrator:
         store."""
         root = self._planner.settings.sandboxes()
         live = {name for name, t in self.activations.items() if not t.ended}
-        await retention.sweep_activations(root / "activations", horizon, live)
         sessions = {t.session_id for t in self.activations.values() if not t.ended}
-        await retention.sweep_sessions(root / "sessions", horizon, sessions, self._closed_at)
-        await self._artifacts.sweep_strays()
+        sweeps: dict[str, Callable[[], Awaitable[object]]] = {
+            "activations": lambda: retention.sweep_activations(root / "activations", horizon, live),
+            "sessions": lambda: retention.sweep_sessions(
+                root / "sessions", horizon, sessions, self._closed_at
+            ),
+            "strays": lambda: self._artifacts.sweep_strays(),  # noqa: PLW0108 -- read late
+        }
+        for what, sweep in sweeps.items():  # each on its own: one that fails skips no other
+            try:
+                await sweep()
+            except Exception:
+                log.exception("orchestrator.gc_failed", sweep=what)
 
     async def _closed_at(self, session_id: str) -> float | None:
         """When the session was closed, if it is: read off its log's last event when that is

@@ -78,7 +78,11 @@ async def sweep_sessions(
         changed = _changed(root / name)
         if changed is None or changed >= horizon:  # touched since: not closed long enough
             continue
-        closed = await closed_at(name)
+        try:
+            closed = await closed_at(name)
+        except Exception as exc:  # one session whose log cannot be read keeps only its own
+            log.warning("retention.session_unreadable", session=name, error=repr(exc)[:300])
+            continue
         if closed is not None and closed < horizon:
             log.info("retention.session_removed", session=name)
             await _remove(root / name)

@@ -8,7 +8,7 @@ from their projection, `session_artifacts`.)"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -19,6 +19,7 @@ from suzumio.contracts.events import (
     HistoryCompacted,
     SessionMessageAppended,
     SessionOpened,
+    SignalClosed,
     SignalRecorded,
 )
 from suzumio.contracts.runner import AgentHistoryMessage, CheckpointRef, SignalSpec, ToolCall
@@ -26,6 +27,7 @@ from suzumio.platform.bus.eventstore import EventStore, Head
 from suzumio.platform.db.pool import Pool
 
 SUMMARY_PREFIX = "[Summary of earlier conversation]"
+REQUESTS_KEPT = 16  # requests whose signals a kept fold keeps (a retry names them again)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class _SessionFold:
     signals: dict[str, SignalSpec] = field(default_factory=dict)
     origins: dict[str, int] = field(default_factory=dict)  # signal id -> its message's seq
     checkpoint: CheckpointRef | None = None
+    # The signal ids of the session's last requests: a signal requested before and in none
+    # of them is let go (its text may be a megabyte, and a long session posts thousands), as
+    # is one closed. A request naming one let go has its snapshot read afresh (`complete`).
+    requested: deque[tuple[str, ...]] = field(default_factory=lambda: deque(maxlen=REQUESTS_KEPT))
+    prune: bool = True
 
     def copy(self) -> _SessionFold:
         return replace(
@@ -71,6 +78,7 @@ class _SessionFold:
             texts=dict(self.texts),
             signals=dict(self.signals),
             origins=dict(self.origins),
+            requested=deque(self.requested, maxlen=REQUESTS_KEPT),
         )
 
     def apply(self, event: RecordedEvent[DomainEvent]) -> None:
@@ -101,6 +109,24 @@ class _SessionFold:
                 self.checkpoint = CheckpointRef(
                     id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
                 )
+            case ActivationRequested() if self.prune:
+                self._let_go(self.requested[0] if len(self.requested) == REQUESTS_KEPT else ())
+                self.requested.append(data.signal_ids)
+            case SignalClosed() if self.prune:
+                self.signals.pop(data.signal_id, None)
+                self.origins.pop(data.signal_id, None)
+
+    def _let_go(self, leaving: tuple[str, ...]) -> None:
+        """The signals of the request leaving the kept ones, unless a later one names them."""
+        still = {i for ids in list(self.requested)[1:] for i in ids}
+        for signal_id in leaving:
+            if signal_id not in still:
+                self.signals.pop(signal_id, None)
+                self.origins.pop(signal_id, None)
+
+    def complete(self, request: ActivationRequested) -> bool:
+        """Whether it still has every signal of `request` (else one was let go)."""
+        return all(i in self.signals for i in request.signal_ids)
 
     def snapshot(self, request: ActivationRequested) -> SessionSnapshot:
         return SessionSnapshot(
@@ -126,6 +152,9 @@ async def _read_on(
             and isinstance(data, ActivationRequested)
             and data.activation_id == request.activation_id
         ):
+            if fold.prune and not fold.complete(request):
+                # One of its signals was let go by this fold: the session read whole.
+                return await load_session(store, session_id, request)
             taken = fold.snapshot(request)
         fold.apply(event)
         if i + 1 == len(events) or events[i + 1].seq != event.seq:  # its message is whole
@@ -139,7 +168,7 @@ async def load_session(
     """The session as it was when the activation was requested: the active history (after
     the last compaction, whose summary stands in for the archived range), the batch's signals
     in the scheduler's order and the latest checkpoint."""
-    fold = _SessionFold()
+    fold = _SessionFold(prune=False)
     return await _read_on(store, session_id, fold, request) or fold.snapshot(request)
 
 
@@ -172,7 +201,7 @@ class SessionReader:
         try:
             for envelope in envelopes:
                 event = RecordedEvent(envelope, decode_data(envelope), seq)
-                if isinstance(event.data, ActivationRequested):
+                if isinstance(event.data, ActivationRequested) and fold.complete(event.data):
                     self._take(event.data, fold.snapshot(event.data))
                 fold.apply(event)
         except Exception:
