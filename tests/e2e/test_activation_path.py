@@ -258,6 +258,13 @@ async def test_cancelling_a_running_activation_kills_its_sandbox(
         lambda: story(everything, ids[1]), lambda t: bool(ended & set(t)), timeout=60
     )
     assert "activation.completed" in replaced, replaced
+    # Cancel, then start: the replacement's sandbox started once the replaced one had ended
+    # (not beside it, on the session's directory, for the stop's grace).
+    old_events = (await everything.store.load("activation", ids[0])).events
+    new_events = (await everything.store.load("activation", ids[1])).events
+    [cancelled] = [e for e in old_events if e.envelope.type == "activation.cancelled"]
+    [started] = [e for e in new_events if e.envelope.type == "activation.started"]
+    assert started.envelope.occurred_at >= cancelled.envelope.occurred_at
     await post(everything, world, "one more thing")
     ids = await eventually(live_activation, lambda ids: len(ids) == 3, what="the next request")
     after = await eventually(

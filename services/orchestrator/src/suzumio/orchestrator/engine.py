@@ -21,7 +21,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from nats.aio.client import Client as NATS
@@ -94,6 +94,9 @@ KEEP_ENDED = 10_000  # ended activations remembered (timings, late duplicates)
 # A sandbox stopped at its timeout gets this long to report its end (a pool worker: its kill
 # grace, then storing what the activation left in out/).
 STOP_GRACE_SECONDS = 60.0
+# A P0's activation waits this long at most for the one it replaces to end (a stop's grace:
+# docker's 5 s, the process backend's 3 s).
+REPLACED_WAIT_SECONDS = 10.0
 # A store that fails (a timeout, a stream electing its leader) is asked again after these
 # waits, doubling, for as long as this replica leads: an activation's end is never given up.
 RETRY_FIRST_SECONDS = 0.2
@@ -183,6 +186,7 @@ class Tracked:
     # (-1: one could not be, and the subject must be read instead), and the output recorded.
     version: int = 0
     output: ActivationOutputRecorded | None = None
+    ending_seen: asyncio.Event = field(default_factory=asyncio.Event)  # set as `ended` is
 
 
 @dataclass(frozen=True)
@@ -350,6 +354,7 @@ class Orchestrator:
                 t.output = t.output or data  # the first is the one (the broker records one)
             case _:  # a terminal event
                 t.ended, t.output = True, None
+                t.ending_seen.set()
                 t.completed = isinstance(data, ActivationCompleted)
                 self._planner.forget(activation_id)
                 self._ended.append(activation_id)
@@ -579,6 +584,7 @@ class Orchestrator:
                 return
             files = self.directory.session_files(plan.session_id)
             plan = await self._artifacts.copy_in(plan, files)
+            await self._replaced_gone(tracked)
             if tracked.cancel_reason is not None:
                 await self._end(tracked, ActivationCancelled(reason=tracked.cancel_reason))
                 return
@@ -596,6 +602,21 @@ class Orchestrator:
             await self._fail_or_log(tracked, exc)
         finally:
             self._tasks.pop(activation_id, None)
+
+    async def _replaced_gone(self, tracked: Tracked) -> None:
+        """A P0's activation starts once the one it replaces has ended (DESIGN §6: cancel,
+        then start) — else both ran side by side on the session's directory for the stop's
+        grace, the old one's last commands changing files the new one reads — or, its sandbox
+        slow to stop, after `REPLACED_WAIT_SECONDS` all the same (it is fenced already)."""
+        replaced = tracked.request.replaces
+        old = self.activations.get(replaced) if replaced else None
+        if old is None or old.ended or not (old.started or replaced in self._tasks):
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(old.ending_seen.wait(), REPLACED_WAIT_SECONDS)
+        if not old.ended:
+            log.warning("orchestrator.replaced_still_running", activation=replaced,
+                        replacement=tracked.request.activation_id)  # fmt: skip
 
     async def _launch(
         self, tracked: Tracked, plan: LaunchPlan, backend: Backend, folded_at: float, began: int
@@ -881,6 +902,7 @@ class Orchestrator:
             failed = ActivationFailed(reason=f"orchestrator: {exc.__cause__}"[:2_000])
             ended = await self._append_end(tracked, lambda _: failed, None)
         tracked.ended, tracked.completed = True, isinstance(ended, ActivationCompleted)
+        tracked.ending_seen.set()
         return ended
 
     async def _append_end(
