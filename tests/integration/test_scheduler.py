@@ -137,9 +137,12 @@ async def test_priorities_one_live_activation_and_p1_handover(
         p2 = await world.signal(session, Priority.P2)
         handed = await take(commands, session, a1.activation_id)
         assert [s.id for s in handed] == [p1]
+        later = await world.signal(session, Priority.P1)
         again = await take(commands, session, a1.activation_id)  # the reply was "lost"
-        assert [s.id for s in again] == [p1]
-        assert await take(commands, session, a1.activation_id, received=(p1,)) == []
+        assert [s.id for s in again] == [p1]  # alone: a reply's worth, no more
+        handed = await take(commands, session, a1.activation_id, received=(p1,))
+        assert [s.id for s in handed] == [later]
+        assert await take(commands, session, a1.activation_id, received=(p1, later)) == []
         assert len(launcher.requested) == 1
         with pytest.raises(ForbiddenError):
             await commands.send(

@@ -143,6 +143,14 @@ def test_decide(case: Case, expected: Plan) -> None:
     assert plan == expected
 
 
+def long_sig(signal_id: str, seq: int) -> Signal:
+    return Signal(signal_id, SignalKind.USER_MESSAGE, Priority.P1, seq, text_at=seq)
+
+
+def sig_with_text(signal_id: str, seq: int, text: str) -> Signal:
+    return Signal(signal_id, SignalKind.USER_MESSAGE, Priority.P1, seq, text=text)
+
+
 HANDOVER = {
     "due P1 signals go to the live activation, oldest first": (
         Case(pending=[sig("b", seq=5), sig("a", seq=3), sig("u", "P2", 1)], live=[]),
@@ -160,6 +168,16 @@ HANDOVER = {
         None,
     ),
     "no live activation: nothing to hand over": (Case(pending=[sig("a")]), "live", None),
+    "one long text per handover, the next at the next boundary": (
+        Case(pending=[long_sig("l1", 1), sig("s", seq=2), long_sig("l2", 3)], live=[]),
+        "live",
+        ["l1", "s"],
+    ),
+    "short texts up to a reply's worth, in order, the first always": (
+        Case(pending=[sig_with_text(f"m{n}", n, "漢" * 2_000) for n in range(400)], live=[]),
+        "live",
+        [f"m{n}" for n in range(policy.HANDOVER_BYTES // 8_002)],  # 4 bytes a char, and "{}"
+    ),
 }
 
 

@@ -487,9 +487,11 @@ class Scheduler:
                 raise ConflictError("the activation is not live (it ended or was replaced)")
             known = set(received)
             again = [x for x in live.signals if x.id in live.handed and x.id not in known]
-            if not due or not settled:
+            if again or not due or not settled:
                 # Still held, by a decision slow to land: a handover appended beside it would
-                # race it, and take over its hold. The due ones go at the next tool boundary.
+                # race it, and take over its hold. Or ones handed before were not received
+                # (their reply lost): they go again alone, a reply's worth at most. The due
+                # ones go at the next tool boundary.
                 return await self._specs(session_id, again)
             ids = tuple(x.id for x in due)
             hold = self._holds.take(session_id, s.version + 1)
@@ -512,7 +514,7 @@ class Scheduler:
                 self._again(session_id, hold)
                 raise
             _decisions.add(1, {"kind": "handover", "outcome": "ok"})
-            return await self._specs(session_id, again + due)
+            return await self._specs(session_id, due)
         raise ConflictError("the session kept changing; try again")
 
     async def _specs(self, session_id: str, signals: list[Signal]) -> list[SignalSpec]:

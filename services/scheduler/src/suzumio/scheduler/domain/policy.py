@@ -39,6 +39,7 @@ class Plan:
 # failed activation may have been handed any number of P1s. The rest close in the next ones
 # (each decision's append, once folded, has the session looked at again).
 MAX_CLOSES_PER_DECISION = 200
+HANDOVER_BYTES = 2 << 20  # the short texts (and payloads) of one handover, together
 
 
 def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Settings) -> Plan:
@@ -86,7 +87,29 @@ def handover(s: SessionSchedule, activation_id: str, now: datetime) -> list[Sign
     activation is not the session's live one (it ended, or a P0 replaced it: fenced)."""
     if s.live is None or s.live.id != activation_id:
         return None
-    return [x for x in s.due_signals(now) if x.priority is Priority.P1]
+    return _within_a_reply([x for x in s.due_signals(now) if x.priority is Priority.P1])
+
+
+def _within_a_reply(signals: list[Signal]) -> list[Signal]:
+    """The first of `signals`, in order, whose texts one reply can carry (a bus message, of
+    at most 8 MB): at most one long text (read from the log: up to a million characters, 4
+    bytes each at worst) and short ones up to `HANDOVER_BYTES`; the first always. The rest
+    go at the next tool boundary. (All at once, three long messages made a reply too large
+    to send after their delivery was recorded — and every retry of the runner failed alike.)"""
+    taken: list[Signal] = []
+    budget, long_taken = HANDOVER_BYTES, False
+    for signal in signals:
+        if signal.text_at is not None:
+            if long_taken:
+                break
+            long_taken, size = True, 0  # bounded by a message's own limit, counted apart
+        else:
+            size = 4 * len(signal.text or "") + len(repr(signal.payload))
+        if taken and size > budget:
+            break
+        taken.append(signal)
+        budget -= size
+    return taken
 
 
 def needs_nudge(ended: Ended) -> bool:
