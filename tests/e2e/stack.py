@@ -89,9 +89,10 @@ async def running_stack(
         await asyncio.gather(*(p.wait_ready() for p in procs))
         admin_key = await bootstrap_admin(nc, topology, None)
         assert admin_key is not None
+        api = f"http://127.0.0.1:{next(p.port for p in procs if p.name == 'gateway')}"
+        await _admitted(api, admin_key)
         yield Stack(
-            api=f"http://127.0.0.1:{next(p.port for p in procs if p.name == 'gateway')}",
-            admin_key=admin_key, topology=topology,
+            api=api, admin_key=admin_key, topology=topology,
             nats_url=nats_url, database_url=database_url, nc=nc,
             store=EventStore(nc, topology), mount_root=mount_root,
             logs=[p.log_path for p in procs], processes=procs, secret_key=secret_key,
@@ -108,3 +109,16 @@ async def running_stack(
         )
         await nc.close()
         await servers.drop_database(postgres_url, database_url)
+
+
+async def _admitted(api: str, admin_key: str, timeout: float = 60.0) -> None:
+    """Once the gateway knows the admin key: a fresh stack's projector, on a loaded machine,
+    may show it later than the gateway waits (it answers 503 meanwhile)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    async with httpx.AsyncClient(base_url=api, headers=headers, timeout=30.0) as c:
+        while (answer := await c.get("/v1/me")).status_code == 503:
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    assert answer.status_code == 200, (answer.status_code, answer.text)

@@ -135,6 +135,36 @@ async def test_a_write_the_read_models_lag_behind_still_says_its_position(stack:
         await conn.close()
 
 
+async def test_a_key_the_lagging_read_model_has_not_shown_yet_is_unavailable_not_invalid(
+    stack: Stack,
+) -> None:
+    """A key made a moment ago, while the keys' read model stands still (the projector's
+    checkpoint held here) past the read-your-writes wait: the gateway cannot tell yet — a 503
+    to try again, not a 401 telling the client its good key is wrong. Once it caught up, the
+    key works."""
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        async with stack.client(stack.admin_key) as admin:
+            held = conn.transaction()
+            await held.start()
+            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
+            try:
+                body = {"name": "fresh", "email": "fresh@x.io"}
+                made = ok(await admin.post("/v1/users", json=body), 201)
+                async with stack.client(made["api_key"]) as c:
+                    early = await c.get("/v1/me")
+            finally:
+                await held.rollback()
+        problem(early, 503, "unavailable")
+        assert early.headers["retry-after"] == "1"
+        async with stack.client(made["api_key"]) as c:
+            assert ok(await c.get("/v1/me"))["id"] == made["id"]
+        async with stack.client("szm_" + "x" * 40) as c:  # and a wrong key is still a 401
+            problem(await c.get("/v1/me"), 401, "unauthenticated")
+    finally:
+        await conn.close()
+
+
 async def test_a_create_the_read_models_lag_behind_still_says_what_it_made(stack: Stack) -> None:
     """A new user's or key's secret is in the create's answer only: while the read models lag
     it is answered from the command (201), not lost in a 504 (the key existed, and no retry

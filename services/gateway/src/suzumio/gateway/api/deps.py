@@ -45,8 +45,16 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
         # read model lags: a wrong key is refused at once when it is up to date, whatever
         # another read model's lag.
         timeout = gw.settings.read_your_writes_timeout
-        await gw.positions.wait_for(end, timeout, projection=KEYS_PROJECTION)
+        caught_up = await gw.positions.wait_for(end, timeout, projection=KEYS_PROJECTION)
         principal = await gw.keys.principal(key, refresh=True)
+        if principal is None and not caught_up:
+            # Still behind: the key may well be in the part not read yet. Unknown is not
+            # invalid — a 401 would tell a client its good key is wrong.
+            raise ApiError(
+                503,
+                "the API keys' read model is catching up; try again",
+                headers={"Retry-After": "1"},
+            )
     if principal is None:
         raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
     return principal
