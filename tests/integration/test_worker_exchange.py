@@ -5,6 +5,8 @@ it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -81,6 +83,25 @@ async def test_a_missing_input_or_a_planted_link_is_an_error(
         with pytest.raises(ExchangeError, match="outside"):
             await bring_in(store, workspace / "in", (await stored(store, b"data", path),))
     assert list(outside.iterdir()) == []
+
+
+async def test_a_planted_fifo_is_replaced_not_waited_on(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    """An earlier activation of a warm workspace left a FIFO where this one's input goes:
+    opened to see whether it already holds the input's bytes, it held the worker until a
+    writer came — for ever."""
+    store = await objects(nc, topology)
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    os.mkfifo(inbox / "a.txt")
+    ref = await stored(store, b"hello\n", "a.txt")
+    try:
+        await asyncio.wait_for(bring_in(store, inbox, (ref,)), 10)
+    finally:  # a reader stuck in open() gets its writer, so no thread is left hanging
+        with contextlib.suppress(OSError):
+            os.close(os.open(inbox / "a.txt", os.O_WRONLY | os.O_NONBLOCK))
+    assert (inbox / "a.txt").read_bytes() == b"hello\n"
 
 
 async def test_outputs_are_stored_and_the_outbox_emptied(

@@ -116,12 +116,16 @@ def holds(inbox: Path, ref: FileRef) -> bool:
 def open_output(path: Path) -> tuple[io.BufferedReader, int] | None:
     """`path` opened for reading with its size, or None if it is not a regular file. Opened
     without following a link, and checked as opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    # Non-blocking to open: a FIFO the sandbox planted where an input or output goes held the
+    # open (and the worker's next activation, or a thread for ever) until a writer came. A
+    # regular file reads the same either way.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     source = os.fdopen(fd, "rb")
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         source.close()
         return None
+    os.set_blocking(fd, True)
     return source, info.st_size
 
 
