@@ -19,11 +19,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
 
 from suzumio.contracts.ids import new_id
+from suzumio.contracts.runner import FileRef
+from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.contracts.values import Backend, ResourceLimits, RuntimeProfileSpec, Timeouts
 from suzumio.orchestrator.backends.base import LaunchPlan
 from suzumio.orchestrator.backends.pool import PoolBackend
+from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.runner import exchange
 from suzumio.runner import limits as sandbox_limits
 from suzumio.runner.worker import CGROUP_PREFIX, Worker, WorkerConfig, _started
 from tests.integration.test_pool_backend import (  # noqa: F401 - fixtures
@@ -429,3 +435,95 @@ async def test_a_resident_runner_killed_after_an_earlier_activations_oom_is_not_
     os.kill(runner, signal.SIGKILL)
     end = await watch(backend, second)
     assert end.reason == "killed", end  # as a plain kill is (retried), not out of memory
+
+
+class StuckCopy:
+    """The worker's copying of a dispatch's inputs never ends (a large file, a slow store)."""
+
+    def __init__(self) -> None:
+        self.copying = asyncio.Event()
+        self.copies = 0
+        self.claims = 0
+
+    async def bring_in(self, *args: object) -> None:  # noqa: ARG002
+        self.copies += 1
+        self.copying.set()
+        await asyncio.Event().wait()
+
+
+@pytest_asyncio.fixture
+async def stuck_copy(monkeypatch: pytest.MonkeyPatch, nc: NATS, topology: Topology) -> StuckCopy:
+    await ensure_object_store(nc.jetstream(), topology.bucket(ARTIFACTS_BUCKET))
+    stuck = StuckCopy()
+    monkeypatch.setattr(exchange, "bring_in", stuck.bring_in)  # as the worker calls it
+    claim = Worker._claim
+
+    async def counted_claim(self: Worker, dispatch: object) -> object:
+        stuck.claims += 1
+        return await claim(self, dispatch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Worker, "_claim", counted_claim)
+    return stuck
+
+
+def with_input(plan: LaunchPlan) -> LaunchPlan:
+    return replace(plan, inputs=(FileRef(path="big.bin", sha256="ab" * 32, size=1 << 30),))
+
+
+async def test_a_cancel_ends_a_run_whose_files_are_still_coming_in(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    hanging: tuple[str, Hanging],  # noqa: F811
+    statuses: Statuses,  # noqa: F811
+    stuck_copy: StuckCopy,
+) -> None:
+    """The copy is given up at the cancel, the dispatch never claimed nor its runner started:
+    it went on copying, and the activation stayed `running` until the copy was done."""
+    url, broker = hanging
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="copier"
+    ) as worker:
+        await wait_workers(backend, worker.cfg.worker_id)
+        handle = await backend.launch(with_input(make_plan(url, tmp_path / "plans")))
+        watching = asyncio.create_task(watch(backend, handle, timeout=30))
+        await asyncio.wait_for(stuck_copy.copying.wait(), 30)
+        await backend.cancel(handle)
+        end = await watching
+        await eventually(lambda: asyncio.sleep(0, not worker._runs), bool, what="run over")
+    # Ended by the worker at the cancel ("killed") or by the backend before it heard of a start
+    assert end.reason in {"cancelled", "killed"}, end
+    assert "cancelled" in (end.detail or ""), end
+    assert stuck_copy.claims == 1  # claimed (as before), but never started
+    assert not statuses.of(handle.sandbox_id, "started"), statuses.of(handle.sandbox_id)
+    assert broker.open == 0
+
+
+async def test_a_worker_stopping_while_a_runs_files_come_in_hands_the_dispatch_back(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    hanging: tuple[str, Hanging],  # noqa: F811
+    statuses: Statuses,  # noqa: F811
+    stuck_copy: StuckCopy,
+) -> None:
+    """Unclaimed and not started, for the next worker to run: the drain did not wait for the
+    copy, which went on after the worker stopped, the dispatch held by nobody until its ack
+    wait ran out."""
+    url, _ = hanging
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="leaver"
+    ) as worker:
+        await wait_workers(backend, worker.cfg.worker_id)
+        handle = await backend.launch(with_input(make_plan(url, tmp_path / "plans")))
+        await asyncio.wait_for(stuck_copy.copying.wait(), 30)
+    assert not worker._runs  # nothing left behind it
+    assert stuck_copy.claims == 0
+    assert not statuses.of(handle.sandbox_id), statuses.of(handle.sandbox_id)
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work2", worker_id="taker"
+    ) as taker:
+        await wait_workers(backend, taker.cfg.worker_id)
+        await eventually(lambda: asyncio.sleep(0, stuck_copy.copies == 2), bool, what="taken")
+        assert taker._runs  # copying its files now
+    assert stuck_copy.claims == 0

@@ -188,6 +188,8 @@ class _Run:
     # Kills at the memory limit its (resident runner's) cgroup counted before it began: the
     # count spans the runner's activations, and an earlier one's does not make this one's.
     oom_kills_before: int = 0
+    own: bool = False  # taken from this worker's own consumer (routed here), not the pool's
+    halted: asyncio.Event = field(default_factory=asyncio.Event)  # set at its cancel
 
 
 @dataclass
@@ -708,18 +710,13 @@ class Worker:
                 await msg.nak()
             return
         try:
-            if self._stop is not None and self._stop.is_set():
+            if self._stopping():
                 # The worker began to stop while this one waited for its slot: back it goes,
                 # for another worker, rather than be started here only for the drain to stop
                 # it (or the fork server to close under it).
-                if own:
-                    await self._hand_back(dispatch, msg)
-                else:
-                    log("worker.handed_back", dispatch=did)
-                    with contextlib.suppress(Exception):
-                        await msg.nak()
+                await self._give_back(dispatch, msg, own=own)
                 return
-            await self._handle_in_slot(dispatch, msg)
+            await self._handle_in_slot(dispatch, msg, own=own)
         finally:
             self._running -= 1
             self._slot_freed.set()
@@ -737,6 +734,19 @@ class Worker:
                 await msg.term()
             return True
         return False
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    async def _give_back(self, dispatch: ActivationDispatch, msg: Msg, *, own: bool) -> None:
+        """A dispatch not started here because the worker stops, for another worker: one of
+        the pool's queue back to it, one routed here handed back."""
+        if own:
+            await self._hand_back(dispatch, msg)
+            return
+        log("worker.handed_back", dispatch=dispatch.dispatch_id)
+        with contextlib.suppress(Exception):
+            await msg.nak()
 
     async def _hand_back(self, dispatch: ActivationDispatch, msg: Msg) -> None:
         """A dispatch routed here that cannot start here (no slot came free in time, or the
@@ -773,7 +783,9 @@ class Worker:
         self._running += 1
         return True
 
-    async def _handle_in_slot(self, dispatch: ActivationDispatch, msg: Msg) -> None:
+    async def _handle_in_slot(
+        self, dispatch: ActivationDispatch, msg: Msg, *, own: bool = False
+    ) -> None:
         did = dispatch.dispatch_id
         if did in self._runs:  # redelivered while it waited for its slot: that one runs it
             return
@@ -789,6 +801,7 @@ class Worker:
             status = self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             await self._report_end(msg, status)
             return
+        run.own = own
         self._runs[did] = run
         try:
             await self._execute(run)
@@ -906,7 +919,13 @@ class Worker:
         holding = asyncio.create_task(self._beat(run, heard=False))
         try:
             if dispatch.inputs:
-                await self._bring_in(run)
+                await self._bring_in_unless_halted(run)
+            if run.stop_reason is None and self._stopping():
+                # The worker began to stop while the files came in: unclaimed, the dispatch
+                # goes back for another worker — not started here for the drain to stop it,
+                # nor held in a copy the drain does not wait for.
+                await self._give_back(dispatch, run.msg, own=run.own)
+                return
             # Claimed last thing before it starts: a worker that died before (bringing its
             # files in, say) ran nothing of it, and the queue's next worker may run it.
             if (claimed := await self._claim(dispatch)) is not None:
@@ -966,6 +985,23 @@ class Worker:
         # still read busy here ran cold, on a new runner, beside the idle resident one.
         self._give_back_warm(run)
         await self._finish(run, status)
+
+    async def _bring_in_unless_halted(self, run: _Run) -> None:
+        """The dispatch's inputs brought in, or given up at its cancel or when the worker
+        begins to stop (`run.stop_reason` or the stop says which): a large input's copy held
+        either for as long as it took."""
+        bringing = asyncio.create_task(self._bring_in(run))
+        halts = [asyncio.create_task(run.halted.wait())]
+        if self._stop is not None:
+            halts.append(asyncio.create_task(self._stop.wait()))
+        try:
+            await asyncio.wait({bringing, *halts}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (bringing, *halts):
+                waiter.cancel()
+            await asyncio.wait({bringing})  # its partial file gone before the run goes on
+        if not bringing.cancelled():
+            bringing.result()
 
     async def _bring_in(self, run: _Run) -> None:
         """The dispatch's inputs into the workspace. A session's warm workspace that cannot
@@ -1116,8 +1152,10 @@ class Worker:
                 proc = await forks.spawn_resident(
                     run.workspace, log_path, env, self.cfg.resident_runs, sandbox
                 )
-            except OSError:
+            except BaseException:  # a fork server slow to answer too: its cgroup is no run's
                 self._drop_cgroup(cgroup)
+                with contextlib.suppress(OSError):
+                    log_path.unlink()
                 raise
             resident = self._residents[key] = _Resident(
                 proc, _resident_env(env), log_path, limits, cgroup if sandbox.procs else None
@@ -1271,6 +1309,7 @@ class Worker:
             }:
                 log("worker.cancelling", dispatch=run.dispatch.dispatch_id)
                 run.stop_reason = run.stop_reason or "cancelled"
+                run.halted.set()
                 if run.proc is not None:
                     self._background(self._kill(run, "cancelled"))
 
