@@ -203,6 +203,9 @@ async def test_a_replica_closing_does_not_break_the_launches_of_one_sharing_its_
         if found.version == 1:
             memory = found.parents["memory"] / plan.activation_id / "memory.limit_in_bytes"
             assert int(memory.read_text()) == LIMITS.memory_mb << 20
+            # This host accounts swap: none beyond the limit.
+            swap = memory.with_name("memory.memsw.limit_in_bytes")
+            assert int(swap.read_text()) == LIMITS.memory_mb << 20
     finally:
         found.close()
 

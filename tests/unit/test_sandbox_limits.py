@@ -58,6 +58,13 @@ def test_v2_gives_each_sandbox_memory_pids_and_cpu_under_the_processs_own_cgroup
     }
     assert found.sandboxes() == ["act-1"]
     assert limits.Sandbox.from_json(sandbox.to_json()) == sandbox  # as a fork server gets it
+    assert not (cgroup / "memory.swap.max").exists()  # no swap accounting: not made up
+
+    # Where the kernel accounts swap (the file is there as the cgroup is made): none.
+    (parent / "act-2").mkdir()
+    (parent / "act-2" / "memory.swap.max").write_text("max")
+    found.create("act-2", LIMITS)
+    assert (parent / "act-2" / "memory.swap.max").read_text() == "0"
 
 
 def test_v2_without_the_controllers_is_no_cgroup_and_says_why(tmp_path: Path) -> None:

@@ -172,11 +172,18 @@ class Cgroups:
                     "cpu.cfs_quota_us": str(quota),
                 },
             }
+        # No swap beyond the memory limit where the kernel accounts it (no file otherwise):
+        # else a sandbox at its limit went on in swap, as far as the host had any.
+        v1_swap = ("memory.memsw.limit_in_bytes", memory)
+        no_swap = ("memory.swap.max", "0") if self.version == 2 else v1_swap
         try:
             for directory, values in writes.items():
                 self._make(directory)
                 for name, value in values.items():
                     (directory / name).write_text(value)
+            swap = self.parents["memory"] / sandbox / no_swap[0]
+            if swap.exists():  # after the memory limit: v1 wants memsw at least as high
+                swap.write_text(no_swap[1])
         except OSError:
             self.remove(sandbox)
             raise
