@@ -84,8 +84,12 @@ async def make_backend(image: str, engine: Any) -> AsyncIterator[MakeBackend]:
     namespace = f"test-{uuid4().hex[:10]}"
     made: list[DockerBackend] = []
 
-    def make(namespace: str = namespace, **settings: Any) -> DockerBackend:
-        backend = DockerBackend(DockerSettings(**{"image": image, **settings}), namespace=namespace)
+    def make(
+        namespace: str = namespace, installation: str | None = None, **settings: Any
+    ) -> DockerBackend:
+        backend = DockerBackend(
+            DockerSettings(**{"image": image, **settings}), namespace, installation
+        )
         made.append(backend)
         return backend
 
@@ -443,6 +447,23 @@ async def test_a_fresh_backend_finds_and_watches_what_runs(make_backend, engine,
     engine.kill(again.sandbox_id)  # killed from outside: not a cancel of ours
     ended = await asyncio.wait_for(watching, STEP)
     assert (ended.code, ended.reason) == (None, "killed")
+
+
+async def test_another_installations_containers_in_the_namespace_are_none_of_its_own(
+    make_backend, tmp_path
+):
+    """Two installations that kept the default namespace on one Docker engine: each one's
+    reconciliation found the other's containers as orphans of its own, and stopped them.
+    An unlabelled one is from a release before installations were told apart: still ours."""
+    mine = await make_backend(installation="inst-a").launch(make_plan(tmp_path, entry=SLEEP))
+    theirs = await make_backend(installation="inst-b").launch(make_plan(tmp_path, entry=SLEEP))
+    older = await make_backend().launch(make_plan(tmp_path, entry=SLEEP))
+
+    found = {h.activation_id for h in await make_backend(installation="inst-a").list_live()}
+    assert found == {mine.activation_id, older.activation_id}
+    assert theirs.activation_id not in found
+    everyone = {h.activation_id for h in await make_backend().list_live()}
+    assert theirs.activation_id in everyone  # the filter is the installation's, not a fluke
 
 
 async def test_health_reports_engine_and_image(make_backend, image):

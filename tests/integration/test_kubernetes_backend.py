@@ -472,6 +472,31 @@ async def test_the_empty_platform_namespace_is_listed_too(server):
         await backend.close()
 
 
+async def test_fake_api_another_installations_jobs_in_the_namespace_are_none_of_its_own(
+    server, platform_ns
+):
+    """Against the fake API server: two installations with the same platform namespace share
+    the cluster's namespace; each one's reconciliation took the other's Jobs for orphans and
+    deleted them. An unlabelled Job is from a release before installations were told apart."""
+    made = []
+    for installation in ("inst-a", "inst-b", None):
+        backend = KubernetesBackend(settings_for(server), platform_ns, installation)
+        made.append(backend)
+        await backend.launch(plan_in(platform_ns))
+    mine, theirs, older = made
+    try:
+        found = {h.sandbox_id for h in await mine.list_live()}
+        everyone = {h.sandbox_id for h in await older.list_live()}
+        assert len(everyone) == 3
+        assert len(found) == 2
+        [foreign] = everyone - found
+        [job] = [j for j in server.objects("Job") if j["metadata"]["name"] == foreign]
+        assert job["metadata"]["labels"]["suzumio.io/installation"] == "inst-b"
+    finally:
+        for backend in made:
+            await backend.close()
+
+
 async def test_health(server, backend, platform_ns):
     health = await backend.health()
     assert health.ok

@@ -20,6 +20,7 @@ from suzumio.orchestrator.backends.process import ProcessBackend
 from suzumio.orchestrator.engine import Orchestrator
 from suzumio.orchestrator.planning import Planner
 from suzumio.orchestrator.settings import OrchestratorSettings
+from suzumio.platform.bus.installation import installation_id
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.secrets import SecretBox, secret_keys
 from suzumio.platform.service import ServiceRuntime
@@ -35,6 +36,9 @@ async def build_backends(
     unreachable at start is still built: its health says so and its launches fail."""
     backends: dict[str, Backend] = {}
     namespace = runtime.topology.namespace
+    installation = await installation_id(
+        runtime.nc.jetstream(), runtime.topology, replicas=settings.replicas
+    )
     for name in settings.backends:
         match name.value:
             case "process":
@@ -42,12 +46,12 @@ async def build_backends(
                     settings.sandboxes(), settings.process, Path(settings.data_dir)
                 )
             case "docker":
-                backends["docker"] = DockerBackend(settings.docker, namespace)
+                backends["docker"] = DockerBackend(settings.docker, namespace, installation)
             case "kubernetes":
                 kubernetes = settings.kubernetes
                 if kubernetes.broker_url is None:
                     kubernetes = kubernetes.model_copy(update={"broker_url": settings.broker_url})
-                backends["kubernetes"] = KubernetesBackend(kubernetes, namespace)
+                backends["kubernetes"] = KubernetesBackend(kubernetes, namespace, installation)
             case "pool":
                 backends["pool"] = PoolBackend(runtime.nc, runtime.topology, settings.pool)
     return backends

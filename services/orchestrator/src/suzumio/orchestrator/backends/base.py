@@ -155,8 +155,14 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-def labels_for(plan: LaunchPlan, namespace: str) -> dict[str, str]:
-    return {
+INSTALLATION_LABEL = f"{LABEL_PREFIX}.installation"
+
+
+def labels_for(plan: LaunchPlan, namespace: str, installation: str | None = None) -> dict[str, str]:
+    """What marks a sandbox as this platform's: `installation` (the id made once per
+    installation, `suzumio.platform.bus.installation`) tells apart installations sharing a
+    Docker engine or Kubernetes namespace that kept the same (default) namespace."""
+    labels = {
         f"{LABEL_PREFIX}.managed": "true",
         f"{LABEL_PREFIX}.namespace": namespace or "-",
         f"{LABEL_PREFIX}.project": plan.project_id,
@@ -165,3 +171,12 @@ def labels_for(plan: LaunchPlan, namespace: str) -> dict[str, str]:
         f"{LABEL_PREFIX}.activation": plan.activation_id,
         f"{LABEL_PREFIX}.attempt": str(plan.attempt),
     }
+    if installation is not None:
+        labels[INSTALLATION_LABEL] = installation
+    return labels
+
+
+def of_another_installation(found: str | None, installation: str | None) -> bool:
+    """Whether a sandbox labelled `found` (None: unlabelled, from a release before the label)
+    belongs to another installation than `installation` (None: any is this one's)."""
+    return installation is not None and found is not None and found != installation

@@ -43,6 +43,7 @@ from docker.types import Mount  # type: ignore[import-untyped]
 
 from suzumio.orchestrator.backends.base import (
     INPUT_PATH,
+    INSTALLATION_LABEL,
     LABEL_PREFIX,
     OFFLINE_BROKER_URL,
     WORKSPACE,
@@ -52,6 +53,7 @@ from suzumio.orchestrator.backends.base import (
     LaunchError,
     LaunchPlan,
     labels_for,
+    of_another_installation,
 )
 from suzumio.orchestrator.backends.docker_settings import (
     HOST_FALLBACK,
@@ -131,9 +133,15 @@ class _AbandonedError(Exception):
 class DockerBackend:
     name = NAME
 
-    def __init__(self, settings: DockerSettings | None = None, namespace: str = "") -> None:
+    def __init__(
+        self,
+        settings: DockerSettings | None = None,
+        namespace: str = "",
+        installation: str | None = None,
+    ) -> None:
         self._settings = settings or DockerSettings()
         self._namespace = namespace
+        self._installation = installation
         self._ns_label = namespace or "-"
         self._owner = sandbox_owner(self._settings.user, os.geteuid(), os.getegid())
         self._networks: Networks | None = None  # asked of the engine once
@@ -214,7 +222,7 @@ class DockerBackend:
             network=network,
             env=plan.redacted_env(),
         )
-        labels = labels_for(plan, self._namespace)
+        labels = labels_for(plan, self._namespace, self._installation)
         return self._handle(container_id, self._name(plan), "running", labels)
 
     def _network_choice(self) -> Networks:
@@ -346,7 +354,7 @@ class DockerBackend:
             name=name,
             user=self._owner.user,
             environment=[f"{k}={v}" for k, v in plan.env.items()],
-            labels={**plan.labels, **labels_for(plan, self._namespace)},
+            labels={**plan.labels, **labels_for(plan, self._namespace, self._installation)},
             working_dir=WORKSPACE,
             host_config=host_config,
         )
@@ -493,10 +501,15 @@ class DockerBackend:
     def _list(self) -> list[dict[str, Any]]:
         wanted = [f"{LABEL_PREFIX}.managed=true", f"{LABEL_PREFIX}.namespace={self._ns_label}"]
         found: list[dict[str, Any]] = self._client().containers(all=True, filters={"label": wanted})
+        # Another installation on this engine that kept the same namespace is not ours: taken
+        # for orphans, its containers were stopped at every takeover here.
         return [
             c
             for c in found
             if all(f"{LABEL_PREFIX}.{k}" in (c.get("Labels") or {}) for k in HANDLE_LABELS)
+            and not of_another_installation(
+                (c.get("Labels") or {}).get(INSTALLATION_LABEL), self._installation
+            )
         ]
 
     async def release(self) -> None:

@@ -37,12 +37,20 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.watch import Watch
 
-from suzumio.orchestrator.backends.base import Exit, Handle, Health, LaunchError, LaunchPlan
+from suzumio.orchestrator.backends.base import (
+    Exit,
+    Handle,
+    Health,
+    LaunchError,
+    LaunchPlan,
+    of_another_installation,
+)
 from suzumio.orchestrator.backends.docker_settings import give_tree
 from suzumio.orchestrator.backends.kubernetes_pods import StartCheck, Stuck
 from suzumio.orchestrator.backends.kubernetes_render import (
     ACTIVATION_ANNOTATION,
     CONTAINER,
+    INSTALLATION_ANNOTATION,
     JOB_LABEL,
     KubernetesSettings,
     Manifest,
@@ -173,9 +181,12 @@ class KubernetesBackend:
     refused_give_up_seconds = 300.0
     """How long a watch the API server keeps refusing (401/403) is retried before it ends."""
 
-    def __init__(self, settings: KubernetesSettings, namespace: str = "") -> None:
+    def __init__(
+        self, settings: KubernetesSettings, namespace: str = "", installation: str | None = None
+    ) -> None:
         self.settings = settings
         self.namespace = namespace
+        self.installation = installation
         self._api: ApiClient | None = None
         self._watch_api: ApiClient | None = None
         self._connecting = asyncio.Lock()
@@ -231,7 +242,9 @@ class KubernetesBackend:
 
     async def launch(self, plan: LaunchPlan) -> Handle:
         try:
-            job, *dependents = render(plan, self.settings, namespace=self.namespace)
+            job, *dependents = render(
+                plan, self.settings, namespace=self.namespace, installation=self.installation
+            )
         except ValueError as exc:
             raise LaunchError(str(exc), retryable=False) from exc
         name = job["metadata"]["name"]
@@ -613,6 +626,10 @@ class KubernetesBackend:
             activation = annotations.get(ACTIVATION_ANNOTATION)
             if activation is None:
                 continue
+            # Another installation sharing the Kubernetes namespace with the same platform
+            # namespace: not an orphan of this one's, to be deleted at its takeover.
+            if of_another_installation(annotations.get(INSTALLATION_ANNOTATION), self.installation):
+                continue
             attempt = annotations.get("suzumio.io/attempt", "0")
             data = {"namespace": self._ns, "uid": job.metadata.uid, "attempt": int(attempt)}
             ended = job_outcome(api.sanitize_for_serialization(job)) is not None
@@ -659,7 +676,11 @@ class KubernetesBackend:
             LaunchError: the plan cannot run here, or the API server rejected a manifest.
         """
         try:
-            manifests = redact(render(plan, self.settings, namespace=self.namespace))
+            manifests = redact(
+                render(
+                    plan, self.settings, namespace=self.namespace, installation=self.installation
+                )
+            )
         except ValueError as exc:
             raise LaunchError(str(exc), retryable=False) from exc
         try:

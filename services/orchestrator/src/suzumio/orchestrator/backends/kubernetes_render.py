@@ -47,6 +47,7 @@ MANAGED_LABEL = f"{DOMAIN}/managed"
 NAMESPACE_LABEL = f"{DOMAIN}/namespace"
 JOB_LABEL = f"{DOMAIN}/job"
 ACTIVATION_ANNOTATION = f"{DOMAIN}/activation"
+INSTALLATION_ANNOTATION = f"{DOMAIN}/installation"
 CONTAINER = "runner"
 INPUT_KEY = "input.json"
 ACTIVATION_DIR = str(Path(INPUT_PATH).parent)
@@ -202,9 +203,11 @@ def _k8s_key(key: str) -> str:
     return f"{DOMAIN}/{key.removeprefix(LABEL_PREFIX + '.')}"
 
 
-def _metadata(plan: LaunchPlan, settings: KubernetesSettings, namespace: str) -> Manifest:
+def _metadata(
+    plan: LaunchPlan, settings: KubernetesSettings, namespace: str, installation: str | None
+) -> Manifest:
     name = resource_name(plan.activation_id, plan.attempt)
-    ours = labels_for(plan, namespace)
+    ours = labels_for(plan, namespace, installation)
     labels = {_k8s_key(k): label_value(v) for k, v in ours.items()} | {JOB_LABEL: name}
     annotations = {_k8s_key(k): v for k, v in ours.items()}  # the exact ids, for list_live
     extra = {k: v for k, v in plan.labels.items() if k not in ours}
@@ -241,6 +244,7 @@ def render(
     settings: KubernetesSettings,
     *,
     namespace: str = "",
+    installation: str | None = None,
     job_uid: str = PENDING_UID,
 ) -> list[Manifest]:
     """Job, Secret, ConfigMap and NetworkPolicy, in the order they are created.
@@ -252,7 +256,7 @@ def render(
     for key in plan.env:
         if not _ENV_NAME.fullmatch(key):
             raise ValueError(f"not a valid environment variable name: {key!r}")
-    meta = _metadata(plan, settings, namespace)
+    meta = _metadata(plan, settings, namespace, installation)
     owned = {**copy.deepcopy(meta), "ownerReferences": [owner_reference(meta["name"], job_uid)]}
     return [
         _job(plan, settings, meta),
