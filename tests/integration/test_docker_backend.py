@@ -24,6 +24,7 @@ from uuid import uuid4
 
 import docker  # type: ignore[import-untyped]
 import pytest
+import requests
 import structlog
 from docker.errors import NotFound  # type: ignore[import-untyped]
 from tools import docker_engine, runner_image
@@ -497,6 +498,27 @@ def test_bridge_networks_reach_the_host_through_the_gateway():
     assert networks.of(NetworkProfile.EGRESS) == "suzumio-net"
     assert networks.of(NetworkProfile.FULL) == "suzumio-net"
     assert networks.of(NetworkProfile.NONE) == "none"
+
+
+async def test_a_create_whose_answer_was_lost_leaves_no_container(
+    make_backend, engine, tmp_path, monkeypatch
+):
+    """The engine made the container, the answer never came (a read timeout): the launch
+    fails (retryable), and the container — the plan's keys in its env — is not left behind
+    for the next attempt, which has another name."""
+    backend = make_backend()
+    plan = make_plan(tmp_path, entry=SLEEP)
+    create = DockerBackend._create
+
+    def made_but_unanswered(self, api, *args):
+        create(self, api, *args)
+        raise requests.ReadTimeout("read timed out")
+
+    monkeypatch.setattr(DockerBackend, "_create", made_but_unanswered)
+    with pytest.raises(LaunchError) as refused:
+        await backend.launch(plan)
+    assert refused.value.retryable
+    assert engine.containers(all=True, filters={"name": backend._name(plan)}) == []
 
 
 class GivenUpAt(threading.Event):

@@ -281,6 +281,12 @@ class DockerBackend:
                 raise
             if abandoned.is_set():  # the name's container may be a new leader's launch
                 raise _AbandonedError from None
+        except requests.RequestException:
+            # Its answer lost (a read timeout): the engine may have made it, the plan's keys
+            # in its env, and the next attempt has another name — nothing removed it before
+            # the next takeover's reconciliation.
+            _remove_quietly(api, name)
+            raise
         adopted = self._adopt(api, name, plan)
         if adopted is not None:
             return adopted, True
