@@ -99,6 +99,10 @@ from suzumio.runner.workfiles import WorkspaceError, empty, remove_tree
 # The orchestrator stops a run at its deadline; the worker does too, this much later, in case
 # nobody is left to do it.
 DEADLINE_BACKSTOP_SECONDS = 30.0
+# Ends remembered (`recent_seconds` long) at most: the oldest go first. Ten minutes of a busy
+# worker's ends were held in memory, each listing serialising all of them on the loop; this
+# many still outlast the pool consumer's ack wait at hundreds of ends a second.
+RECENT_MAX = 20_000
 # How long a dispatch from the pool's queue that found its slot taken (by one routed here) waits
 # for another before it goes back to the queue.
 NO_SLOT_HOLD_SECONDS = 2.0
@@ -1237,6 +1241,8 @@ class Worker:
     async def _report_end(self, msg: Msg, status: PoolStatus) -> None:
         """Tell the orchestrator, then ack: any end is final for this attempt."""
         self._recent[status.dispatch_id] = (time.monotonic(), status)
+        while len(self._recent) > RECENT_MAX:  # oldest first: the dict is in order of ends
+            del self._recent[next(iter(self._recent))]
         # No flush of its own: the ack goes after it on the same connection, and the ack's
         # confirmation means the server took the status first.
         await self._publish(status)
