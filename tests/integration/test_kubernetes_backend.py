@@ -393,8 +393,9 @@ async def test_cleanup_follows_the_policy(server, platform_ns, policy, succeeded
 
 
 async def test_fake_api_a_stopped_job_kept_by_the_policy_keeps_no_secret(server, platform_ns):
-    """Against the fake API server: a Job stopped because its pod could not start is suspended,
-    never finished, so its TTL never removes it; kept by the policy, its Secret goes."""
+    """Against the fake API server: a Job stopped because its pod could not start is suspended;
+    kept by the policy, its Secret goes, and it is resumed with its deadline now — left
+    suspended it never finished, and its TTL never removed it."""
     backend = KubernetesBackend(settings_for(server, cleanup="never"), platform_ns)
     handle = await backend.launch(plan_in(platform_ns))
     task = await watching(server, backend, handle)
@@ -405,8 +406,31 @@ async def test_fake_api_a_stopped_job_kept_by_the_policy_keeps_no_secret(server,
     await backend.cleanup(handle, succeeded=False)  # again (a restarted leader): fine
     await backend.close()
     assert server.objects("Secret", NS) == []
-    assert len(server.objects("Job", NS)) == 1  # kept, suspended, saying why
-    assert_stopped(server, handle.sandbox_id, result.detail)
+    [job] = server.objects("Job", NS)  # kept, saying why, and finishing
+    assert job["metadata"]["annotations"]["suzumio.io/stopped"] == result.detail
+    assert not job["spec"].get("suspend")
+    assert job["spec"]["activeDeadlineSeconds"] == 1  # the Job controller fails it at once
+
+
+async def test_fake_api_a_kept_job_whose_launch_was_cut_short_is_made_to_finish(
+    server, platform_ns
+):
+    """Against the fake API server: a Job left suspended by a launch cut short (the
+    orchestrator stopped between its create and its resume), kept by the policy, stayed for
+    ever; it now finishes at its deadline, saying why, with no Secret to start on."""
+    backend = KubernetesBackend(settings_for(server, cleanup="never"), platform_ns)
+    handle = await backend.launch(plan_in(platform_ns))
+    # As the launch left it: suspended, no word of why (the fake drops its pod as a Job
+    # controller does).
+    jobs = client.BatchV1Api(await backend._client())
+    await jobs.patch_namespaced_job(handle.sandbox_id, NS, {"spec": {"suspend": True}})
+    await backend.cleanup(handle, succeeded=False)
+    await backend.close()
+    [job] = server.objects("Job", NS)
+    assert "never started" in job["metadata"]["annotations"]["suzumio.io/stopped"]
+    assert not job["spec"].get("suspend")
+    assert job["spec"]["activeDeadlineSeconds"] == 1
+    assert server.objects("Secret", NS) == []
 
 
 async def test_fake_api_a_kept_job_still_running_is_stopped_a_finished_one_left_be(

@@ -15,7 +15,9 @@ watch after a restart and for whoever looks at a Job the cleanup policy keeps) a
 activation with the pod's reason; so does a Job that gets no pod at all (the Job controller
 cannot create it: a quota, an admission policy — no condition says so). A Job found suspended
 without that annotation is a launch cut short before the resume (the orchestrator stopped in
-between): it would never run, so it ends at once, nothing having run. With `host_paths`,
+between): it would never run, so it ends at once, nothing having run. Either kind, kept by
+the cleanup policy, is resumed with its deadline now so that it finishes and its TTL takes it
+(its Secret gone, its pod cannot start). With `host_paths`,
 launch first creates the activation's directories on the node and hands them to the sandbox's
 user (hostPath ignores `fsGroup`).
 Manifests are in `kubernetes_render`; this module does the talking.
@@ -570,12 +572,25 @@ class KubernetesBackend:
             if exc.status == 404:
                 return
             raise
-        if job_outcome(api.sanitize_for_serialization(job)) is not None:
+        manifest = api.sanitize_for_serialization(job)
+        if (manifest.get("spec") or {}).get("suspend"):
+            # Stopped before its pod started (by its watch, or a launch cut short): kept so,
+            # it never finishes, and its TTL never removed it. Resumed with its deadline
+            # now, it fails at once (its pod cannot start: the Secret went) and its TTL
+            # takes it as it takes any kept Job; it still says why it stopped.
+            annotations = (manifest.get("metadata") or {}).get("annotations") or {}
+            why = annotations.get(STOPPED_ANNOTATION, INTERRUPTED)
+            stop: Manifest = {
+                "metadata": {"annotations": {STOPPED_ANNOTATION: why}},
+                "spec": {"suspend": False, "activeDeadlineSeconds": 1},
+            }
+        elif job_outcome(manifest) is not None:
             return  # finished, or stopped already
-        stop: Manifest = {
-            "metadata": {"annotations": {STOPPED_ANNOTATION: KEPT_STOPPED}},
-            "spec": {"activeDeadlineSeconds": 1},
-        }
+        else:
+            stop = {
+                "metadata": {"annotations": {STOPPED_ANNOTATION: KEPT_STOPPED}},
+                "spec": {"activeDeadlineSeconds": 1},
+            }
         try:
             await jobs.patch_namespaced_job(
                 name, self._ns, _body(stop), _request_timeout=self._timeout
