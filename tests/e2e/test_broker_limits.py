@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import nats.errors
 import pytest
 
@@ -70,19 +71,11 @@ async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(
     assert (status, problem["code"]) == (413, "too_large")
 
 
-async def test_a_streamed_body_is_refused_once_it_passes_its_routes_limit(
-    platform: Stack,
-) -> None:
-    """An audit record is small: its route takes 64 KiB. A chunked body of 64 MiB with no
-    token is sent: the broker ends the request long before its end (what was sent by then is
-    at most what the sockets' buffers hold) — with a 413, or, when bytes it did not read are
-    still arriving as it closes, with a reset."""
-    head = (
-        b"POST /runner/tool-calls/start HTTP/1.1\r\nHost: broker\r\n"
-        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
+async def streamed(port: int, head: bytes) -> tuple[int, bytes]:
+    """A chunked body of up to 64 MiB sent after `head`, as long as no answer came: how much
+    was sent, and the answer (empty: the connection was reset)."""
     chunk = b"4000\r\n" + b"x" * 16384 + b"\r\n"
-    reader, writer = await asyncio.open_connection("127.0.0.1", port_of(platform))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     answer = asyncio.create_task(reader.read())
     sent = 0
     try:
@@ -97,10 +90,50 @@ async def test_a_streamed_body_is_refused_once_it_passes_its_routes_limit(
         got = b""  # refused: what it said was lost to the reset
     finally:
         writer.close()
+    return sent, got
+
+
+async def test_a_streamed_body_is_refused_once_it_passes_its_routes_limit(
+    platform: Stack,
+) -> None:
+    """An audit record is small: its route takes 64 KiB. A chunked body of 64 MiB is sent:
+    the broker ends the request long before its end (what was sent by then is at most what
+    the sockets' buffers hold) — with a 413, or, when bytes it did not read are still
+    arriving as it closes, with a reset."""
+    a = await live(platform, "chunky")
+    head = (
+        b"POST /runner/tool-calls/start HTTP/1.1\r\nHost: broker\r\n"
+        + f"Authorization: Bearer {a.token}\r\n".encode()
+        + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    sent, got = await streamed(port_of(platform), head)
     assert sent < 16 * 1024 * 1024, sent  # it did not read on to the end
     if got:
         status, problem = status_and_problem(got)
         assert (status, problem["code"]) == (413, "too_large")
+
+
+async def test_a_body_without_a_token_is_refused_before_any_of_it_is_read(
+    platform: Stack,
+) -> None:
+    """FastAPI parses a route's whole body before the token's check: a stranger's 30 MB of
+    JSON (within the route's bound) cost the broker seconds of its loop and hundreds of MB for
+    a 401. Refused at once now: streamed, on a connection closed after the answer."""
+    head = (
+        b"POST /runner/signals HTTP/1.1\r\nHost: broker\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    sent, got = await streamed(port_of(platform), head)
+    assert sent < 16 * 1024 * 1024, sent
+    if got:
+        status, problem = status_and_problem(got)
+        assert (status, problem["code"]) == (401, "unauthenticated")
+    # Declared and short enough to be thrown away: answered on a connection that stays open.
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port_of(platform)}") as c:
+        refused = await c.post("/runner/signals", content=b"[" * 1_000_000)
+        assert refused.status_code == 401, refused.text
+        assert refused.json()["code"] == "unauthenticated"
+        assert refused.headers.get("connection") != "close"
 
 
 async def test_a_final_text_the_log_cannot_hold_is_422_and_nothing_happens(

@@ -27,9 +27,13 @@ async def test_a_runner_that_received_thousands_of_signals_still_takes_the_next(
     async with broker(platform, a.token) as c:
         bad = await c.post("/runner/signals", json={"received": ["not an id"]})
         many = await c.post("/runner/signals", json={"received": [new_id()] * 10_001})
+        # Past what the largest valid list takes: refused before it is read, not parsed.
+        padded = b'{"received": []' + b" " * 2_000_000 + b"}"
+        huge = await c.post("/runner/signals", content=padded)
     assert bad.status_code == 422, bad.text
     assert bad.headers["content-type"] == "application/problem+json"
     assert many.status_code == 422, many.text
+    assert huge.status_code == 413, huge.text
 
 
 async def test_against_a_broker_from_before_the_post_the_newest_go_in_the_query() -> None:

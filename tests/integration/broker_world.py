@@ -22,6 +22,7 @@ from suzumio.platform.tokens import TokenSigner
 from suzumio.toolbroker.access import Gate
 from suzumio.toolbroker.bootstrap import create_app
 from suzumio.toolbroker.registry import ActivationRegistry
+from suzumio.toolbroker.signed_first import SignedFirst
 from suzumio.toolbroker.state import Broker, Metrics
 from suzumio.toolbroker.support import SupportOperations
 
@@ -101,8 +102,9 @@ def client(
         waiter=cast("Any", None),
         artifacts=cast("Any", None),
     )
+    app = SignedFirst(create_app(broker), TokenSigner([KEY]))  # as the service serves it
     return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(broker), raise_app_exceptions=False),
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
         base_url="http://broker",
         headers={"Authorization": f"Bearer {token}"},
     )

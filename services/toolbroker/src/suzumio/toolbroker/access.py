@@ -15,6 +15,7 @@ from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.tokens import ActivationClaims, TokenError, TokenSigner
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.registry import ActivationRegistry, LiveActivation
+from suzumio.toolbroker.signed_first import CLAIMS_KEY
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,12 @@ class Gate:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise BrokerError(401, "unauthenticated", "an activation token is required")
-        try:
-            claims = self._signer.verify(token.strip())
-        except TokenError as exc:
-            raise BrokerError(401, "unauthenticated", f"invalid token: {exc}") from None
+        claims = request.scope.get(CLAIMS_KEY)  # `SignedFirst` checked this request's token
+        if not isinstance(claims, ActivationClaims):
+            try:
+                claims = self._signer.verify(token.strip())
+            except TokenError as exc:
+                raise BrokerError(401, "unauthenticated", f"invalid token: {exc}") from None
         await self._fold(claims.session_id)
         activation = self._registry.get(claims.activation_id)
         if activation is None:

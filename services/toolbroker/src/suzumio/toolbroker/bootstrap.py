@@ -23,6 +23,7 @@ from suzumio.toolbroker.problems import HANDLERS
 from suzumio.toolbroker.registry import ActivationRegistry
 from suzumio.toolbroker.routes import MAX_CHECKPOINT_BYTES, MAX_STREAM_BATCH_CHARS, router
 from suzumio.toolbroker.settings import ToolbrokerSettings
+from suzumio.toolbroker.signed_first import SignedFirst
 from suzumio.toolbroker.state import Artifacts, Broker, Metrics
 from suzumio.toolbroker.support import SupportOperations
 
@@ -37,6 +38,7 @@ def body_limits(settings: ToolbrokerSettings) -> BodyLimits:
         {
             "/runner/tool-calls/": 64 * 1024,
             "/runner/credentials": 64 * 1024,
+            "/runner/signals": 1024 * 1024,  # 10,000 ids of 64 characters, quoted
             "/runner/ask": 1024 * 1024,
             "/runner/checkpoint": 8 * MAX_CHECKPOINT_BYTES,  # JSON escapes may grow it
             # A whole batch's characters, each escaped as `\u0000` (6 bytes), fit; what is
@@ -114,6 +116,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         max_bytes=settings.max_artifact_bytes,
     )
     manifests = discover()
+    signer = TokenSigner(secret_keys(settings))
     broker = Broker(
         nc=runtime.nc,
         js=js,
@@ -123,7 +126,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         registry=registry,
         operations=SupportOperations(manifests),
         metrics=Metrics.of(manifests),
-        gate=Gate(TokenSigner(secret_keys(settings)), registry, runtime.store),
+        gate=Gate(signer, registry, runtime.store),
         waiter=waiter,
         artifacts=artifacts,
         credentials=credential_desk(settings),
@@ -145,4 +148,4 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
     app = create_app(broker)
     for route in runtime.readiness.routes():
         app.router.routes.append(route)
-    return app
+    return SignedFirst(app, signer)
