@@ -167,6 +167,21 @@ async def test_a_refused_approval_lets_nothing_through(platform: Stack) -> None:
     assert "session.checkpoint_saved" not in [e.envelope.type for e in stream.events]
 
 
+async def test_an_approved_checkpoint_near_its_bound_is_saved(platform: Stack) -> None:
+    """The bound is the stored checkpoint's: the approval the call brings along (the model's
+    arguments, the data again) counted too, a 150 KB checkpoint under `ask` was too large."""
+    a = await with_policies(platform, "askb", {"checkpoint": ASK})
+    data = {"plan": "x" * 150_000}
+    written = json.dumps({"data": data})
+    async with broker(platform, a.token) as c:
+        await decided(platform, c, a, "checkpoint", written, approved=True)
+        put = {"checkpoint_id": new_id(), "data": data, "approved_call": written}
+        saved = await c.put("/runner/checkpoint", json=put)
+        assert saved.status_code == 200, saved.text
+    stream = await platform.store.load("session", a.world.session_id)
+    assert "session.checkpoint_saved" in [e.envelope.type for e in stream.events]
+
+
 async def test_an_approved_call_the_model_gave_no_arguments_runs(platform: Stack) -> None:
     """A provider may send `""` for a call without arguments: the runner reads it as `{}`
     and asks its approval under the digest of `""` — the broker reads it so too."""

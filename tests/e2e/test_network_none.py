@@ -327,6 +327,8 @@ async def test_the_relay_answers_an_activation_for_its_agents_models_only(
         other = "/runner/models/providers/main/chat/completions"
         assert (await b.post(other, json=chat("demo"))).status_code == 404
         assert (await b.post(default, content=b"not json")).status_code == 400
+        # Nested past the parser's depth (a RecursionError, not a ValueError): no 500.
+        assert (await b.post(default, content=b"[" * 100_000)).status_code == 400
         assert len(default_model.completion_requests) == before
 
         default_model.script([Reply.text("relayed")])

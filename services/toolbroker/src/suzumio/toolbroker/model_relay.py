@@ -405,7 +405,7 @@ async def _asked_model(request: Request) -> tuple[bytes, str]:
     body = await request.body()
     try:
         asked = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: no request either
         raise BrokerError(400, "invalid", "the body is not JSON") from None
     model = asked.get("model") if isinstance(asked, dict) else None
     if not isinstance(model, str):
