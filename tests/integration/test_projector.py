@@ -19,6 +19,7 @@ from suzumio.platform.bus.eventstore import HDR_MSG_ID, HDR_TYPE, HDR_VERSION, E
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection, Pool
 from suzumio.platform.projections import load_projections
+from suzumio.platform.projections import projector as projector_module
 from suzumio.platform.projections.base import Events, Projection, live_schema
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.decoding import decode_entry
@@ -26,6 +27,7 @@ from suzumio.platform.projections.projector import Projector, _ResetError
 from suzumio.platform.projections.reader import LogReader
 from suzumio.platform.projections.rebuild import RebuildGapError, rebuild
 from suzumio.platform.projections.verify import verify
+from suzumio.platform.service.health import Readiness
 from suzumio.session.projections.projects import ProjectsProjection
 from tests.integration.projector_support import (
     caught_up,
@@ -489,3 +491,43 @@ async def test_the_projector_takes_a_batch_only_in_the_logs_order(
                 await projector._handle(conn, batch)
     finally:
         await conn.close()
+
+
+async def test_read_models_past_the_logs_end_stop_the_projector_and_readiness_says_so(
+    nc: NATS,
+    store: EventStore,
+    pool: Pool,
+    database_url: str,
+    topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log's storage lost (or replaced) while Postgres kept the read models: the new
+    events' sequences are at or below the checkpoints, and the projector skipped them all,
+    its lag read 0 and every service ready. It stops instead, readiness says why, and it goes
+    on once the log holds the checkpoints again."""
+    monkeypatch.setattr(projector_module, "LOG_BEHIND_RETRY_SECONDS", 0.2)
+    async with running_projector(nc, database_url, topology, store, ALL):
+        await write(store, Scenario(seed=9).appends(20))
+        last = await caught_up(nc, pool, topology, ALL)
+    await pool.execute("UPDATE suzumio.projection_checkpoints SET position = position + 1000")
+    readiness = Readiness("test", nc, pool, topology)
+    with capture_logs() as logs:
+        async with running_projector(nc, database_url, topology, store, ALL) as projector:
+            await eventually(
+                lambda: asyncio.sleep(0, logs),
+                lambda seen: any(e["event"] == "projector.log_behind_checkpoints" for e in seen),
+                what="the projector saying the log is behind",
+            )
+            ready, report = await readiness.check()
+            assert not ready
+            assert report["checks"]["log_holds_checkpoints"] is False
+            assert set(report["checkpoints_past_the_log"]) >= {p.name for p in ALL}
+            assert not projector.leading
+            # The log restored (here: the checkpoints brought back to where it ends).
+            await pool.execute(
+                "UPDATE suzumio.projection_checkpoints SET position = position - 1000"
+            )
+            await write(store, Scenario(seed=10).appends(5))
+            assert await caught_up(nc, pool, topology, ALL) > last
+    ready, report = await readiness.check()
+    assert report["checks"]["log_holds_checkpoints"] is True

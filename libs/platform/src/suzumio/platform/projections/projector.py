@@ -49,6 +49,8 @@ from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
 
 log = get_logger(__name__)
 
+LOG_BEHIND_RETRY_SECONDS = 30.0  # how often a log behind the read models is looked at again
+
 _applied = telemetry.meter.create_counter(
     "suzumio_projector_events", description="log entries the projector went through"
 )
@@ -58,6 +60,22 @@ _batch_seconds = telemetry.meter.create_histogram(
     description="one batch transaction",
     explicit_bucket_boundaries_advisory=telemetry.LATENCY_BUCKETS,
 )
+
+
+class LogBehindError(Exception):
+    """The read models stand past the log's end: the log is not the one they were built
+    from (its storage lost or replaced while Postgres kept its data), or it lost its tail.
+    Projecting on would skip every new event up to the checkpoints, silently; the projector
+    waits instead, for the log to be restored or the projections rebuilt from it
+    (`suzumio projections rebuild`)."""
+
+    def __init__(self, last_seq: int, ahead: dict[str, int]) -> None:
+        listed = ", ".join(f"{name} at {position}" for name, position in sorted(ahead.items()))
+        super().__init__(
+            f"the event log ends at {last_seq}; the read models stand past it: {listed}"
+        )
+        self.last_seq = last_seq
+        self.ahead = ahead
 
 
 class _ResetError(Exception):
@@ -119,6 +137,12 @@ class Projector:
             try:
                 await self._lead(stop)
                 delay = 0.5
+            except LogBehindError as exc:  # looked at again now and then; readiness says it
+                log.error("projector.log_behind_checkpoints", error=str(exc))  # noqa: TRY400
+                self.leading = False
+                if await _wait(stop, LOG_BEHIND_RETRY_SECONDS):
+                    return
+                continue
             except Exception as exc:
                 if not _recoverable(exc):
                     raise
@@ -229,6 +253,7 @@ class Projector:
         self._newer.clear()
         await self._start_builds(conn)
         await self._ensure_consumer()
+        await self._check_log_holds_checkpoints(conn)
         self._next = await self._start_position(conn)
         psub = await self._bind(self._next)
         size = FetchSize(self._batch)
@@ -261,6 +286,20 @@ class Projector:
             max_deliver=-1,
         )
         await self._js.add_consumer(self._topology.events_stream, config)
+
+    async def _check_log_holds_checkpoints(self, conn: Connection) -> None:
+        """Raises LogBehindError if a projection of this code's version stands past the log's
+        last sequence. The checkpoints are read first: only this leader moves them, and the
+        log only grows, so a checkpoint read first is never past a log end read after."""
+        rows = await checkpoints.read_rows(conn, self._names)
+        last = await stream_last_seq(self._nc, self._topology.events_stream)
+        ahead = {
+            p.name: rows[p.name].position
+            for p in self._projections
+            if rows[p.name].version == p.version and rows[p.name].position > last
+        }
+        if ahead:
+            raise LogBehindError(last, ahead)
 
     async def _start_position(self, conn: Connection) -> int:
         rows = await checkpoints.read_rows(conn, self._names)

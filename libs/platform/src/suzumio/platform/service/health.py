@@ -43,6 +43,9 @@ class Readiness:
         checks["draining"] = not self.draining
         checks["nats"] = self.nc.is_connected
         checks["postgres"] = await _ok(self.pool.fetchval("SELECT 1"))
+        # Read before the log's end: a checkpoint read first is never past a log end read
+        # after (the log only grows), so one that is past it says the log lost events.
+        rows = await self._rows() if checks["postgres"] else None
         last_seq: int | None = None
         streams_ok = True
         for spec in self.topology.streams():
@@ -55,8 +58,15 @@ class Readiness:
                 last_seq = int(state["last_seq"])
         checks["streams"] = streams_ok
         checks["projection_lag_known"] = False
-        if last_seq is not None and checks["postgres"]:
-            self.lag = await self._lag(last_seq)
+        if last_seq is not None and rows:
+            self.lag = _lag_of(rows, last_seq)
+            # The read models past the log's end: the log is not the one they were built
+            # from, or it lost its tail. Their lag reads 0, and the projector skipped every
+            # new event up to them; it stops instead, and this says why.
+            ahead = {name: cp.position for name, cp in rows.items() if cp.position > last_seq}
+            checks["log_holds_checkpoints"] = not ahead
+            if ahead:
+                report["checkpoints_past_the_log"] = ahead
         else:
             self.lag = {}
         if self.lag:
@@ -90,11 +100,14 @@ class Readiness:
         self.lag = await self._lag(int(state["last_seq"]))
 
     async def _lag(self, last_seq: int) -> dict[str, int]:
+        rows = await self._rows()
+        return _lag_of(rows, last_seq) if rows is not None else {}
+
+    async def _rows(self) -> dict[str, checkpoints.Checkpoint] | None:
         try:
-            rows = await asyncio.wait_for(checkpoints.read_all(self.pool), 3)
+            return await asyncio.wait_for(checkpoints.read_all(self.pool), 3)
         except Exception:
-            return {}
-        return {name: max(last_seq - cp.position, 0) for name, cp in rows.items()}
+            return None
 
     def observe_lag(self, _: CallbackOptions) -> list[Observation]:
         return [Observation(lag, {"projection": name}) for name, lag in self.lag.items()]
@@ -117,6 +130,10 @@ class Readiness:
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ]
+
+
+def _lag_of(rows: dict[str, checkpoints.Checkpoint], last_seq: int) -> dict[str, int]:
+    return {name: max(last_seq - cp.position, 0) for name, cp in rows.items()}
 
 
 async def _ok(awaitable: Any, timeout: float = 2.0) -> bool:
