@@ -81,12 +81,14 @@ async def run_loop(
     activation: RunnerActivationInput,
     replies: list[Reply],
     broker: Broker | None = None,
+    *,
+    retries: int = 5,
 ) -> LoopRun:
     """One activation's loop (`_run_loop`, as `run_activation` drives it) against the scripted
-    model's `replies` and `broker` (a plain one by default)."""
+    model's `replies` and `broker` (a plain one by default); `retries`: of each broker call."""
     transport = httpx.MockTransport((broker or Broker()).answer)
     http = httpx.AsyncClient(base_url="http://broker", transport=transport)
-    client = BrokerClient("http://broker", TOKEN, http=http)
+    client = BrokerClient("http://broker", TOKEN, http=http, retries=retries)
     toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
     async with ScriptedModelServer() as server:
         server.script(replies)

@@ -102,9 +102,11 @@ GRACE_PROMPT = (
 
 
 class ModelFailedError(Exception):
-    def __init__(self, failure_class: str, message: str) -> None:
+    def __init__(self, failure_class: str, message: str, earlier: tuple[str, ...] = ()) -> None:
+        """`earlier`: how each model the chain fell back from failed, in order."""
         super().__init__(f"{failure_class}: {message}")
         self.failure_class = failure_class
+        self.earlier = earlier
 
 
 @dataclass
@@ -145,6 +147,7 @@ class AgentLoop:
         self._broker = broker
         self._models = list(models)
         self._model_index = 0  # sticky: a fallback never hands state back to the primary
+        self._fell_back_from: list[str] = []  # how each model given up on failed
         self._toolbox = toolbox
         self._live = live
         self._config = spec.runner
@@ -280,7 +283,7 @@ class AgentLoop:
         match failure.action:
             case Action.COMPACT:
                 if not await self._compact(failure.cls.value):
-                    raise ModelFailedError(failure.cls, failure.message) from exc
+                    raise self._gave_up(failure.cls, failure.message) from exc
                 return retries  # a restart after compaction is not a new call
             case Action.FALLBACK:
                 if failure.cls is FailureClass.AUTH and await self._refreshed(model):
@@ -293,7 +296,7 @@ class AgentLoop:
                 if failure.cls is FailureClass.CONTENT_POLICY and self._has_fallback():
                     self._fall_back(failure.cls, failure.message, exc)
                     return 0
-                raise ModelFailedError(failure.cls, failure.message) from exc
+                raise self._gave_up(failure.cls, failure.message) from exc
         retries += 1  # retry or back off, a bounded number of times
         if retries > self._config.max_retries:
             self._fall_back(failure.cls, failure.message, exc)  # raises without a fallback
@@ -338,13 +341,17 @@ class AgentLoop:
 
     def _fall_back(self, cls: str, message: str, exc: BaseException) -> None:
         if not self._has_fallback():
-            raise ModelFailedError(cls, message) from exc
+            raise self._gave_up(cls, message) from exc
+        self._fell_back_from.append(cls)
         self._model_index += 1
         spec = self._models[self._model_index].spec
         # Its own output cap from the start: the primary's (perhaps raised after a cut-off
         # reply) may be more than this model can write.
         self._max_tokens, self._max_tokens_cap = figures.output_tokens(spec, self._config)
         log("model.fallback", to=spec.name, cls=cls)
+
+    def _gave_up(self, cls: str, message: str) -> ModelFailedError:
+        return ModelFailedError(cls, message, tuple(self._fell_back_from))
 
     async def _fit_fallback(self) -> None:
         """Before the first call to a model the chain fell back to: a prompt over its own
@@ -526,8 +533,14 @@ class AgentLoop:
                 )
             )
         await self._broker.append_history(entries)
+        # The round's results are recorded; then a refused start, a fence or a broker out of
+        # reach ends the activation as it does anywhere else. Told to the model as a failed
+        # call instead, a broker that had applied the call (its answers lost) and came back
+        # saw the model make it again, under a new call id: a message sent twice.
         for result in results:
-            if isinstance(result, CallFailure) and isinstance(result.error, StartRefusedError):
+            if isinstance(result, CallFailure) and isinstance(
+                result.error, StartRefusedError | FencedError | BrokerUnavailableError
+            ):
                 raise result.error
         return outcomes
 
