@@ -157,3 +157,22 @@ async def test_a_fault_of_the_runners_own_still_ends_with_an_output(
     assert (ending.reason, code) == ("failed", exits.CRASHED)
     assert ending.text == "the runner failed: ValueError: a bound nobody foresaw"
     assert ending.usage["model_calls"] == 0
+
+
+async def test_a_chain_refused_only_after_a_model_that_was_down_may_be_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The primary answered 503 past its retries, the backup's key was refused: exited as
+    refused for good, the attempt was not retried, though the primary would answer minutes
+    later. Refused for good only when every model of the chain was."""
+    monkeypatch.setattr("suzumio.runner.agent.backoff_seconds", lambda *_: 0.0)
+    down = Reply.error(503, '{"error": {"message": "overloaded"}}')
+    refused = Reply.error(401, '{"error": {"message": "key revoked"}}')
+    ending, code = await run_chain(
+        tmp_path, [down, down, refused], ("primary", "backup"), max_retries=1
+    )
+    assert (ending.reason, code) == ("failed", exits.MODEL_FAILED), ending.text
+
+    not_found = Reply.error(404, '{"error": {"message": "model not found"}}')
+    ending, code = await run_chain(tmp_path, [not_found, refused], ("primary", "backup"))
+    assert (ending.reason, code) == ("failed", exits.MODEL_REFUSED)  # both refused for good

@@ -211,8 +211,12 @@ async def _run_loop(
     except ModelFailedError as exc:
         why = f"the model failed: {exc}"
         # Refused for good, the whole chain through: the same activation again would be too
-        # (DESIGN: content policy → no retry, report), so the exit says not to retry it.
-        code = exits.MODEL_REFUSED if exc.failure_class in REFUSED_FOR_GOOD else exits.MODEL_FAILED
+        # (DESIGN: content policy → no retry, report), so the exit says not to retry it. A
+        # model of the chain that failed for a while (a 503 past its retries) may answer the
+        # retry: one refused for good after it does not make the whole chain so.
+        every = (*exc.earlier, exc.failure_class)
+        refused = all(cls in REFUSED_FOR_GOOD for cls in every)
+        code = exits.MODEL_REFUSED if refused else exits.MODEL_FAILED
         return Ending("failed", why, loop.usage(), exc.failure_class), code
     except TimeoutError:
         why = "the activation ran out of time"
