@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.runner import AgentHistoryMessage, RunnerConfig
@@ -167,3 +168,22 @@ def test_redaction_keeps_long_runs_of_chinese_and_still_finds_keys_beside_them()
     assert key not in compaction.redact(f"密钥{key}已经泄露")
     request = compaction.summary_request([{"role": "user", "content": CJK}])
     assert CJK in str(request[1]["content"])
+
+
+async def test_a_compaction_of_more_entries_than_a_marker_names_archives_what_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A marker names 10,000 archived entries at most (here 6): a longer middle failed to
+    become one, and the activation crashed — every one of the session's, the history never
+    changing. It archives what a marker can name, the rest left for the next compaction."""
+    monkeypatch.setattr("suzumio.runner.agent.MAX_ARCHIVED", 6)
+    replies = [
+        Reply.tool_calls([read_a("r1")], usage=Usage(prompt_tokens=9_000, completion_tokens=20)),
+        Reply.text("## Goal\nrefactor\n## Remaining work\nnone"),  # the summary
+        Reply.text("done", usage=Usage(prompt_tokens=3_000, completion_tokens=5)),
+    ]
+    ending, broker, _ = await run_loop(tmp_path, replies, cjk_history())
+    assert ending.reason == "completed", ending
+    assert ending.usage["compactions"] == 1
+    [marker] = broker.bodies["/runner/history/compaction"]
+    assert 0 < len(marker["archived_ids"]) <= 6

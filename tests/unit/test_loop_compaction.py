@@ -19,6 +19,7 @@ from suzumio.runner.loop.compaction import (
     Message,
     Split,
     apply,
+    at_most,
     digest,
     estimate_tokens,
     find_previous_summary,
@@ -204,6 +205,23 @@ def test_a_cut_never_separates_a_call_from_its_results():
     messages = [*FIRST_EXCHANGE, *rounds(5), *group, say("done")]
     parts = split(messages, threshold=0, min_tail_messages=2)  # would start at result "c"
     assert list(parts.tail) == [*group, say("done")]
+
+
+def test_a_middle_too_long_for_one_marker_is_cut_where_no_call_is_parted_from_its_result():
+    """A marker archives 10,000 entries at most: a longer middle failed to become one, and
+    every activation of the session crashed at its first compaction. The rest of the middle
+    waits in the tail, for the next."""
+    messages = [*FIRST_EXCHANGE, *rounds(40), user("and now?"), say("done")]
+    parts = split(messages, threshold=0, min_tail_messages=2)
+    assert len(parts.middle) > 41
+
+    capped = at_most(messages, parts, 41)  # 41 would part call c20 from its result
+    assert len(capped.middle) == 40
+    assert [*capped.head, *capped.middle, *capped.tail] == messages
+    assert capped.middle[-1]["role"] == "tool"  # a whole round last
+    assert capped.tail[0]["role"] == "assistant"
+    assert capped.request is None  # the request is in the tail now: not quoted
+    assert at_most(messages, parts, len(parts.middle)) == parts
 
 
 def test_a_short_conversation_has_nothing_to_compact():

@@ -72,6 +72,7 @@ MAX_OUTPUT_CHARS = 900_000
 MAX_ENTRY_CHARS = 1_000_000  # of text, in a history entry (`HistoryEntryIn`)
 MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
 MAX_ARGUMENT_DEPTH = 64
+MAX_ARCHIVED = 10_000  # entries one compaction marker archives (`CompactionMarker`)
 
 
 class StartRefusedError(BrokerError):
@@ -403,6 +404,9 @@ class AgentLoop:
             min_tail_messages=cfg.min_tail_messages,
         )
         parts = compaction.split(pruned, local_target, cfg.tail_ratio, cfg.min_tail_messages)
+        # A marker names each entry it archives, 10,000 at most: a middle of more failed to
+        # be built, every activation of the session ending crashed at its first compaction.
+        parts = compaction.at_most(pruned, parts, MAX_ARCHIVED)
         if not parts.middle:
             if (pruned_tokens := compaction.estimate_tokens(pruned)) < estimated:
                 self._messages = pruned  # pruning alone helped

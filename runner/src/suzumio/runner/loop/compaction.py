@@ -175,6 +175,24 @@ def split(
     min_tail_messages: int = 8,
 ) -> Split:
     head_end, tail_start = _bounds(messages, threshold, tail_ratio, min_tail_messages)
+    return _split_at(messages, head_end, tail_start)
+
+
+def at_most(messages: Sequence[Message], parts: Split, most: int) -> Split:
+    """`parts` (of `messages`) with a middle of at most `most` messages, cut where no tool
+    call is parted from its result: the rest of the middle joins the tail, for a later
+    compaction. A marker names every entry it archives, and the log takes so many at most."""
+    head_end = len(parts.head)
+    if len(parts.middle) <= most:
+        return parts
+    cuts = _valid_cuts(messages)
+    end = head_end + most
+    while end > head_end and not cuts[end]:
+        end -= 1
+    return _split_at(messages, head_end, end)
+
+
+def _split_at(messages: Sequence[Message], head_end: int, tail_start: int) -> Split:
     if all(is_summary(m) for m in messages[head_end:tail_start]):
         head_end = tail_start
     last_user = _last_index(messages, "user")
