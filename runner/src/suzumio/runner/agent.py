@@ -730,6 +730,10 @@ class AgentLoop:
                     self._push({"role": "user", "content": text}, signal.message_id)
                 continue  # the message is in the session's log already
             entry_id = derived_id("signal.entry", signal.id)
+            if entry_id in self._entry_ids:
+                # An earlier attempt of this activation recorded it: in the history in its
+                # place already, and pushed again it read as a second reminder of the work.
+                continue
             self._push({"role": "user", "content": text}, entry_id)
             entries.append(HistoryEntryIn(message_id=entry_id, role="user", text=text))
         if entries:
