@@ -8,6 +8,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.commands import CommandAccepted, CreateProject, RenameProject
+from suzumio.contracts.envelope import NewerSchemaError, UnknownEventTypeError
 from suzumio.contracts.errors import (
     CommandTimeoutError,
     ConflictError,
@@ -67,6 +68,9 @@ async def test_reply_carries_the_handlers_result_and_context(
         (ConflictError("renamed meanwhile", actual_version=3), ConflictError),
         (InvalidError("bad name"), InvalidError),
         (RuntimeError("bug"), InternalError),
+        # Mid-upgrade, a newer release's event on the aggregate: try again, not a fault.
+        (UnknownEventTypeError("session.from_the_future"), UnavailableError),
+        (NewerSchemaError("session.opened schema 9 is newer than this code's 1"), UnavailableError),
     ],
 )
 async def test_handler_errors_come_back_typed(

@@ -24,7 +24,7 @@ from suzumio.contracts.commands import (
     CommandRequest,
 )
 from suzumio.contracts.commands.base import REPLY_ADAPTER
-from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.envelope import EventMeta, NewerSchemaError, UnknownEventTypeError
 from suzumio.contracts.errors import (
     CommandError,
     CommandTimeoutError,
@@ -182,6 +182,14 @@ class CommandRouter:
             return await handler(CommandContext(command, request))
         except CommandError as exc:
             return _rejected(exc)
+        except (UnknownEventTypeError, NewerSchemaError) as exc:
+            # Mid-upgrade: a newer release wrote an event this one cannot read. Not a fault
+            # to give up on (a 500 says so): once this service is upgraded too it reads it.
+            log.warning(
+                "command.newer_events", verb=request.verb, error=f"{type(exc).__name__}: {exc}"
+            )
+            why = "a newer release wrote events this service cannot read yet: try again later"
+            return _rejected(UnavailableError(why))
         except Exception:
             log.exception(
                 "command.crashed", verb=request.verb, correlation_id=request.correlation_id
