@@ -22,6 +22,7 @@ error event mid-stream too), the SSE parsing and the connection handling are the
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,15 +154,26 @@ class ModelClient:
             options={"security": {"bearer_auth": True}},  # as `create` asks: the API key only
         )
         turn = _Assembly(self.spec.name, on_text)
-        async for chunk in stream:
-            if not isinstance(chunk, dict):
-                raise openai.APIResponseValidationError(
-                    response=stream.response, body=chunk, message="a chunk is not an object"
-                )
-            turn.add(chunk)
-            if turn.full:
-                await stream.close()  # the rest is not read: the connection goes
-                break
+        # The read timeout is per read: a gateway's keep-alive comments (`: PROCESSING`) reset
+        # it, and an upstream that hung held the call for the activation's whole wall clock,
+        # no retry, no fallback. As long again with no chunk at all ends the call (a
+        # TimeoutError: a transport failure, retried).
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._timeout) as idle:
+                async for chunk in stream:
+                    idle.reschedule(loop.time() + self._timeout)
+                    if not isinstance(chunk, dict):
+                        raise openai.APIResponseValidationError(
+                            response=stream.response, body=chunk, message="a chunk is not an object"
+                        )
+                    turn.add(chunk)
+                    if turn.full:
+                        await stream.close()  # the rest is not read: the connection goes
+                        break
+        except TimeoutError:
+            await stream.close()
+            raise
         return turn.done()
 
 
