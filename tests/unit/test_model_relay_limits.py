@@ -28,6 +28,7 @@ from suzumio.testing.model_server import NoopModelServer, Reply, ScriptedModelSe
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.model_relay import (
     FENCE_CHECK_SECONDS,
+    LOOKUPS_PER_PROJECT,
     MAX_CALLS_PER_ACTIVATION,
     STALLED_GRACE_SECONDS,
     ModelRelay,
@@ -133,6 +134,47 @@ async def test_a_name_is_checked_by_what_it_resolves_to() -> None:
         await relay.check_provider("https://meta.test/v1", "p")
     assert (refused.value.status, "link-local" in refused.value.detail) == (403, True)
     assert asked == ["api.test", "meta.test"]
+
+
+async def test_a_projects_unanswered_lookups_hold_no_other_projects_calls() -> None:
+    """A project's provider on a name server that never answers: its lookups hold their
+    threads until the resolver gives up, and they took all of the pool's, every project's
+    calls waiting behind them. A project has two running at most; past them it is told to
+    come back (503), and the others' names resolve meanwhile."""
+    answer = asyncio.Event()
+    asked: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[IPAddress]:
+        asked.append(host)
+        if host == "silent.test":
+            await answer.wait()  # a thread in getaddrinfo, for as long as it takes
+        return [ipaddress.ip_address("93.184.216.34")]
+
+    relay = ModelRelay(None, 10, resolver=resolve)
+    hanging = [
+        asyncio.create_task(relay.check_provider("https://silent.test/v1", "p", "slow"))
+        for _ in range(LOOKUPS_PER_PROJECT)
+    ]
+    while len(asked) < LOOKUPS_PER_PROJECT:  # both lookups under way
+        await asyncio.sleep(0)
+    with pytest.raises(BrokerError) as refused:
+        await relay.check_provider("https://silent.test/v1", "p", "slow")
+    assert (refused.value.status, refused.value.headers) == (503, {"Retry-After": "5"})
+    assert asked == ["silent.test"] * LOOKUPS_PER_PROJECT  # no third lookup was started
+    assert await relay.check_provider("https://api.test/v1", "p", "other")  # not held up
+
+    # A call that gave up waiting leaves its lookup running: its share stays taken until
+    # the lookup ends.
+    hanging[0].cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    with pytest.raises(BrokerError):
+        await relay.check_provider("https://silent.test/v1", "p", "slow")
+    answer.set()
+    await asyncio.gather(hanging[1])
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert await relay.check_provider("https://silent.test/v1", "p", "slow")
 
 
 async def test_the_call_goes_to_the_address_checked_not_a_later_answer() -> None:

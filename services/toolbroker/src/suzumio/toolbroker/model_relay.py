@@ -94,7 +94,11 @@ class Upstream:
 # Lookups of providers' names run in threads of their own: a project's name server that never
 # answers holds a thread past the call's deadline (a thread cannot be stopped), and must not
 # hold the ones the rest of the broker works in.
-_LOOKUPS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="relay-lookup")
+_LOOKUPS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="relay-lookup")
+# Lookups one project may have running: one whose name server never answers holds its
+# threads until the resolver gives up, and took every one of the pool's — every other
+# project's relayed calls waiting behind them to their deadlines.
+LOOKUPS_PER_PROJECT = 2
 
 
 async def _resolve(host: str, port: int) -> list[IPAddress]:
@@ -132,6 +136,7 @@ class ModelRelay:
         self._resolve = resolver
         self._open = Shares()  # activation → its relayed calls still open
         self._open_in_project = Shares()  # project → its relayed calls still open
+        self._looking_up = Shares()  # project → its lookups still running (in their threads)
         self._closing: set[asyncio.Task[None]] = set()
         self._http = pinning_client(
             httpx.Timeout(10.0, read=read_timeout, write=60.0),
@@ -139,7 +144,9 @@ class ModelRelay:
             verify,
         )
 
-    async def check_provider(self, base_url: str, via: str) -> tuple[IPAddress, ...]:
+    async def check_provider(
+        self, base_url: str, via: str, project: str | None = None
+    ) -> tuple[IPAddress, ...]:
         """A project's provider endpoint, called from the broker's place in the network (not
         the sandbox's): refused (403) when its host resolves to a loopback, private,
         link-local or other non-global address — the platform's own servers, a cloud's
@@ -158,7 +165,7 @@ class ModelRelay:
             try:
                 addresses = [ipaddress.ip_address(host)]
             except ValueError:
-                addresses = await self._resolve(host, port)
+                addresses = await self._looked_up(host, port, via, project)
         except (OSError, ValueError, UnicodeError):
             addresses = []
         if not addresses:
@@ -183,6 +190,33 @@ class ModelRelay:
                     "calls only where SUZUMIO_RELAY_ALLOW_PRIVATE_PROVIDERS is set",
                 )
         return tuple(addresses)
+
+    async def _looked_up(
+        self, host: str, port: int, via: str, project: str | None
+    ) -> list[IPAddress]:
+        """`host`'s addresses, within the project's share of lookups. A lookup runs on in its
+        thread after its call gave up (a thread cannot be stopped), and holds the share until
+        it ends."""
+        if project is None:
+            return await self._resolve(host, port)
+        if self._looking_up.held(project) >= LOOKUPS_PER_PROJECT:
+            raise BrokerError(
+                503,
+                "unavailable",
+                f"provider {via!r}: earlier lookups of this project's providers' names are "
+                "still unanswered",
+                {"Retry-After": "5"},
+            )
+        end = self._looking_up.take(project)
+        lookup = asyncio.ensure_future(self._resolve(host, port))
+
+        def ended(task: asyncio.Future[list[IPAddress]]) -> None:
+            end()
+            if not task.cancelled():
+                task.exception()  # seen, when the call that asked gave up before it came
+
+        lookup.add_done_callback(ended)
+        return await asyncio.shield(lookup)
 
     def _lease(self, activation_id: str, project_id: str) -> Callable[[], None]:
         """One more open call of the activation's and of its project's (429 past either's
@@ -249,7 +283,9 @@ class ModelRelay:
         try:
             async with asyncio.timeout_at(deadline):
                 addresses = (
-                    await self.check_provider(upstream.base_url, via) if upstream.checked else ()
+                    await self.check_provider(upstream.base_url, via, caller.claims.project_id)
+                    if upstream.checked
+                    else ()
                 )
                 answer = await self._send(url, body, headers, addresses)
         except TimeoutError:
