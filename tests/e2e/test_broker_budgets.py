@@ -86,6 +86,23 @@ async def test_live_output_stops_at_the_activations_budget_and_says_so_once(
     await sub.unsubscribe()
 
 
+async def test_a_batch_sent_again_after_a_lost_answer_is_counted_once(budgeted: Stack) -> None:
+    """Published once (its message ids), it was counted at every send: three sends of one
+    2 KB batch after lost answers passed the 6,000-byte budget, and the live output was cut
+    though it had published a third of it."""
+    a = await live(budgeted, "again")
+    sub = await budgeted.nc.jetstream().subscribe(
+        budgeted.topology.live_subject(a.world.session_id), ordered_consumer=True
+    )
+    async with broker(budgeted, a.token) as c:
+        sends = [await c.post("/runner/stream", json=batch(0, "x" * 2_000)) for _ in range(3)]
+        sends.append(await c.post("/runner/stream", json=batch(1, "y" * 2_000)))
+    assert [r.json() for r in sends] == [{"recorded": True}] * 4
+    chunks = await published(sub)
+    await sub.unsubscribe()
+    assert [(ch["kind"], ch["text"][0]) for ch in chunks] == [("text", "x"), ("text", "y")]
+
+
 async def test_a_start_past_the_activations_tool_calls_is_refused(budgeted: Stack) -> None:
     a = await live(budgeted, "busy")
     async with broker(budgeted, a.token) as c:

@@ -352,7 +352,10 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> bo
     if max(len(p) for p in payloads) > room:
         raise BrokerError(413, "too_large", "a chunk is larger than the bus carries")
     subject = broker.topology.live_subject(c.session_id)
-    if not _within_live_budget(caller.activation, sum(map(len, payloads)), broker.live_budget):
+    size = sum(map(len, payloads))
+    a = caller.activation
+    counted = _counted(a, size, broker.live_budget, body.batch)
+    if counted is None:
         await _live_cut(broker, caller, subject, now)
         return False
     acks = [
@@ -361,16 +364,37 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> bo
         )
         for payload, msg_id in zip(payloads, ids, strict=True)
     ]
-    await asyncio.gather(*acks)  # in order: one publisher, one connection
+    try:
+        await asyncio.gather(*acks)  # in order: one publisher, one connection
+    except BaseException:
+        # Not published (or not known to be): not spent. Else a few refused or lost
+        # publishes used the budget up, and viewers were told it was passed.
+        if counted:
+            a.live_bytes -= size
+            if body.batch is not None:
+                a.live_counted.pop(body.batch, None)
+        raise
     return True
 
 
-def _within_live_budget(a: LiveActivation, size: int, budget: int) -> bool:
+LIVE_BATCHES_KEPT = 64  # batch numbers remembered per activation, to count a resent one once
+
+
+def _counted(a: LiveActivation, size: int, budget: int, batch: int | None) -> bool | None:
     """Counts the batch when it fits (before any await: two batches of one activation on
-    their way at once are both counted)."""
-    if a.live_cut or a.live_bytes + size > budget:
+    their way at once are both counted): True if counted now, False if it was counted before
+    (sent again after its answer was lost), None if it does not fit."""
+    if a.live_cut:
+        return None
+    if batch is not None and batch in a.live_counted:
         return False
+    if a.live_bytes + size > budget:
+        return None
     a.live_bytes += size
+    if batch is not None:
+        a.live_counted[batch] = None
+        if len(a.live_counted) > LIVE_BATCHES_KEPT:
+            del a.live_counted[next(iter(a.live_counted))]
     return True
 
 
