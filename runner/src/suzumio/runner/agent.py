@@ -569,15 +569,19 @@ class AgentLoop:
             arguments_size=len(call.wire.arguments.encode()),
             read_only=call.tool is not None and self._toolbox.read_only(call.tool),
         )
+        # Open from before its start is asked for: a start whose answer is lost (or that the
+        # wall clock cuts) may be recorded all the same, and without an end it would show as
+        # running for ever.
+        self._open_calls[call.wire.id] = time.monotonic()
         try:
             await self._broker.start_call(start)
         except BrokerError as exc:
             if isinstance(exc, FencedError):
                 raise
+            self._open_calls.pop(call.wire.id, None)  # refused: nothing to end
             # No call runs unaudited; and a start refused (the activation's tool calls spent)
             # is refused for every call after it: the activation ends, saying why.
             raise StartRefusedError(exc.status, exc.detail) from exc
-        self._open_calls[call.wire.id] = time.monotonic()
         self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
         outcome = await self._execute(call, digest)
         duration_ms = await self._audit_end(call, outcome)
@@ -591,11 +595,12 @@ class AgentLoop:
         )
         return outcome
 
-    async def end_open_calls(self, why: str) -> None:
-        """The audit's end (`timeout`) of the calls the activation's wall-clock limit stopped
-        mid-round: the round was cancelled before it could record them, and a call without an
-        end shows as running for ever. Bounded: the output is the one call that must go."""
-        stopped = CoreOutcome(ToolResult(why, "timeout"))
+    async def end_open_calls(self, why: str, status: Status = "timeout") -> None:
+        """The audit's end of the calls the activation's wall-clock limit (or a stop, or a
+        fault) stopped mid-round: the round was cancelled before it could record them, and a
+        call without an end shows as running for ever. Bounded: the output is the one call
+        that must go."""
+        stopped = CoreOutcome(ToolResult(why, status))
         try:
             async with asyncio.timeout(END_OPEN_CALLS_SECONDS):
                 for call_id in list(self._open_calls):

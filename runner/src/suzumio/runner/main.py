@@ -229,6 +229,11 @@ async def _run_loop(
         return Ending("failed", why, loop.usage()), exits.CRASHED
     except BrokerUnavailableError:
         raise
+    except asyncio.CancelledError:
+        # Stopped (SIGTERM: a cancel, a drain): the calls it was running end in the audit
+        # too, as they do at the wall clock, before the stop takes effect.
+        await loop.end_open_calls("tool call stopped: the runner was stopped", "cancelled")
+        raise
     except Exception as exc:
         # A fault of the runner's own (a body it cannot read, a bound it did not expect): the
         # activation still ends with an output that says so and what it spent — else only
