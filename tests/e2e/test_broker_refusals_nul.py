@@ -11,6 +11,7 @@ import nats.errors
 import pytest
 
 from suzumio.contracts.ids import new_id
+from suzumio.contracts.policies import approval_id, arguments_digest
 from tests.e2e.stack import Stack
 from tests.e2e.test_broker_access import activation_types, broker, live, start_body
 from tests.e2e.test_broker_limits import appended
@@ -20,6 +21,17 @@ NUL = "a\u0000b"
 
 def entry(**fields: Any) -> dict[str, Any]:
     return {"message_id": new_id(), "role": "tool", "text": "ok", **fields}
+
+
+def approval(session_id: str, tool: str, written: str) -> dict[str, Any]:
+    pending = approval_id(session_id, tool, arguments_digest(written), 0)
+    return {
+        "pending_action_id": pending,
+        "kind": "approval",
+        "prompt": "run it?",
+        "tool": tool,
+        "approved_call": written,
+    }
 
 
 def calls(session_id: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -42,6 +54,10 @@ def calls(session_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("PUT", "/runner/checkpoint", {"checkpoint_id": new_id(), "data": {NUL: [1, {"k": 2}]}}),
         ("POST", "/runner/ask", {"pending_action_id": new_id(), "prompt": NUL}),
         ("POST", "/runner/ask", {"pending_action_id": new_id(), "prompt": "?", "options": [NUL]}),
+        # An approval's tool and call go into its prompt: a NUL there failed the command (a
+        # 500) — its id is the sandbox's to compute.
+        ("POST", "/runner/ask", approval(session_id, NUL, "{}")),
+        ("POST", "/runner/ask", approval(session_id, "shell.exec", NUL)),
         (
             "POST",
             support,

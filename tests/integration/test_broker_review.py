@@ -91,6 +91,22 @@ DEEP = "[" * 300 + "]" * 300  # past what the encoder writes out at all
         ("POST", "/runner/stream", '{"chunks":[{"kind":"text","data":{@:1}}]}'.replace("@", LONE)),
         ("POST", "/activation-output", '{"text":"x","usage":{"a":@}}'.replace("@", LONE)),
         ("POST", "/activation-output", '{"text":"x","usage":{"a":@}}'.replace("@", DEEP)),
+        # In text that becomes an event: refused before any effect, not a 500 after the
+        # history was appended and the live batch published.
+        ("POST", "/activation-output", '{"text":@}'.replace("@", LONE)),
+        (
+            "POST",
+            "/activation-output",
+            '{"text":"done","history":[{"message_id":"m1","role":"assistant","text":@}],'
+            '"live":{"batch":0,"chunks":[{"kind":"text","text":"d"}]}}'.replace("@", LONE),
+        ),
+        (
+            "POST",
+            "/runner/tool-calls/start",
+            (
+                '{"call_id":@,"tool":"t","arguments_digest":"' + "a" * 64 + '","arguments_size":1}'
+            ).replace("@", LONE),
+        ),
         (
             "POST",
             "/toolpacks/core/support",

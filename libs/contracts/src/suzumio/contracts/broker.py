@@ -4,8 +4,9 @@ Every request carries the activation's token (`Authorization: Bearer …`). Requ
 idempotent where a runner may retry them: a tool call is keyed by its call id, a history entry
 by its message id, a pending action and a checkpoint by theirs.
 
-Text that ends up in the log refuses NUL characters here, as the commands and events it becomes
-do (`Clean`): a call carrying one is a 422 before it has any effect, not a failure halfway.
+Text that ends up in the log refuses NUL characters and lone surrogates here, as the commands
+and events it becomes do (`Clean`): a call carrying one is a 422 before it has any effect, not
+a failure halfway.
 Live chunks are never stored, so they take any text.
 """
 
@@ -21,7 +22,7 @@ from suzumio.contracts.values import Clean, CleanJson, Name, Payload, PendingKin
 
 Digest = str  # lowercase hex SHA-256
 ApprovedCall = Annotated[
-    str | None,
+    Clean | None,
     Field(
         max_length=1_000_000,
         description="the tool call's arguments as the model wrote them (JSON text), when the "
@@ -171,7 +172,7 @@ class AskRequest(_Body):
         "activation can checkpoint and end (the answer then arrives as a signal)",
     )
     approved_call: ApprovedCall = None
-    tool: str | None = Field(
+    tool: Clean | None = Field(
         default=None,
         max_length=200,
         description="kind approval: the tool whose call (`approved_call`, required with it) a "
