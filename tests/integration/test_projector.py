@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import ClassVar
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -25,7 +26,7 @@ from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.decoding import decode_entry
 from suzumio.platform.projections.projector import Projector, _ResetError
 from suzumio.platform.projections.reader import LogReader
-from suzumio.platform.projections.rebuild import RebuildGapError, rebuild
+from suzumio.platform.projections.rebuild import RebuildGapError, _Replay, rebuild
 from suzumio.platform.projections.verify import verify
 from suzumio.platform.service.health import Readiness
 from suzumio.session.projections.projects import ProjectsProjection
@@ -531,3 +532,45 @@ async def test_read_models_past_the_logs_end_stop_the_projector_and_readiness_sa
             assert await caught_up(nc, pool, topology, ALL) > last
     ready, report = await readiness.check()
     assert report["checks"]["log_holds_checkpoints"] is True
+
+
+class StaleThenFresh:
+    """A log reader whose first messages were delivered before the log grew (left over from
+    an earlier fetch): they say nothing was pending then."""
+
+    def __init__(self, target: int, stale: int) -> None:
+        self.batches = [
+            [self._msg(s, pending=0) for s in range(1, stale + 1)],
+            [self._msg(s, pending=target - s) for s in range(stale + 1, target + 1)],
+        ]
+        self.delivered: list[int] = []
+
+    @staticmethod
+    def _msg(seq: int, pending: int) -> Any:
+        metadata = SimpleNamespace(sequence=SimpleNamespace(stream=seq), num_pending=pending)
+        headers = {HDR_TYPE: "session.opened"}  # a type nothing here reads: not decoded
+        subject = "ev.session.s1"
+        return SimpleNamespace(metadata=metadata, subject=subject, headers=headers, data=b"")
+
+    async def fetch(self, timeout: float = 1.0) -> list[Any]:  # noqa: ARG002
+        batch = self.batches.pop(0) if self.batches else []
+        self.delivered += [m.metadata.sequence.stream for m in batch]
+        return batch
+
+
+async def test_a_rebuild_replays_up_to_the_log_end_though_a_stale_message_said_none_pending(
+    database_url: str,
+) -> None:
+    """Messages delivered before the log grew came to the rebuild after it read the log's
+    end: their `num_pending` of 0 made it take the end as reached and swap in without the
+    events between — a projection missing them for good (a fresh stack's admin key, its
+    gateway answering 401 for ever)."""
+    conn = await db.connect(database_url, "test")
+    try:
+        replay = _Replay(conn, [], {})
+        reader = StaleThenFresh(target=10, stale=4)
+        await asyncio.wait_for(replay.until(reader, 10), 30)  # type: ignore[arg-type]
+    finally:
+        await conn.close()
+    assert reader.delivered == list(range(1, 11))
+    assert replay.position == 10

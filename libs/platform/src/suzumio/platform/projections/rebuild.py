@@ -211,8 +211,7 @@ class _Replay:
 
     async def until(self, reader: LogReader, target: int) -> None:
         """Apply everything up to (at least) `target`, the log's last sequence when called.
-        An empty fetch is not the end (the server may just be slow): stop on `target`, or
-        when the consumer reports nothing pending after a message."""
+        An empty fetch is not the end (the server may just be slow): stop on `target`."""
         quiet_since = time.monotonic()
         while self.position < target:
             msgs = await reader.fetch(timeout=1.0)
@@ -249,8 +248,8 @@ class _Replay:
                         self._conn, p, f'"{self._schemas[p.name]}"', mine, self._tracker
                     )
             self.events += sum(len(e.types) for e in entries)
+            # Only as far as delivered: the log holds every sequence up to `target` (nothing
+            # is deleted from it), and a message's `num_pending` of 0 is no end — it may
+            # have been delivered before the log grew (left over from an earlier fetch), and
+            # taken for the end it swapped the projection in without the events between.
             self.position = entries[-1].seq
-            if msgs[-1].metadata.num_pending == 0:
-                # Nothing more was in the log when this was delivered: `target` (or a
-                # message up to it that was deleted) is behind us.
-                self.position = max(self.position, target)
