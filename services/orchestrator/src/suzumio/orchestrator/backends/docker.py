@@ -192,7 +192,6 @@ class DockerBackend:
 
     # -- launch -----------------------------------------------------------------------------
     async def launch(self, plan: LaunchPlan) -> Handle:
-        check_mounts(plan)
         image = plan.profile.image or self._settings.image
         # Set when this launch is given up (its leader stepped down and cancelled it): its
         # thread goes on, and must then not remove a container of the same name that a new
@@ -242,6 +241,9 @@ class DockerBackend:
     ) -> str:
         if abandoned.is_set():
             raise _AbandonedError
+        # In the call's thread, as close to the bind as it gets: a source on a stalled network
+        # filesystem held the orchestrator's event loop while its path was resolved.
+        check_mounts(plan)
         self._prepare(plan, network)
         if abandoned.is_set():  # given up while it prepared: the name is not to be taken
             raise _AbandonedError
