@@ -704,7 +704,7 @@ class AgentLoop:
                 HistoryToolCallIn(
                     id=c.id,
                     name=(self._toolbox.canonical(c.name) or c.name)[:200],
-                    arguments=c.arguments[:1_000_000],
+                    arguments=_kept_arguments(c.arguments),
                 )
                 for c in turn.tool_calls
             ),
@@ -808,6 +808,16 @@ def _trim(piece: str, secrets: Sequence[str], *, at_end: bool) -> str:
 
 
 INVALID_ARGUMENTS_KEPT_CHARS = 2_000
+
+
+def _kept_arguments(arguments: str) -> str:
+    """A call's arguments as its history entry keeps them (1 M characters at most): longer
+    ones stand in as a JSON object holding their start and size — cut, they were no JSON at
+    all, and the session's next activations sent them back to providers that refuse that."""
+    if len(arguments) <= MAX_ENTRY_CHARS:
+        return arguments
+    kept = arguments[:INVALID_ARGUMENTS_KEPT_CHARS]
+    return json.dumps({"truncated_arguments": kept, "characters": len(arguments)})
 
 
 def _as_sent_back(call: _Call) -> WireCall:
