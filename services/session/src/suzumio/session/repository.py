@@ -44,10 +44,18 @@ Outcome = AppendResult | Unchanged
 
 
 class Repository:
-    def __init__(self, store: EventStore, *, cache_size: int = 20_000) -> None:
+    def __init__(
+        self, store: EventStore, *, cache_size: int = 20_000, cache_weight: int = 1_000_000
+    ) -> None:
+        """`cache_size`: aggregates kept at most; `cache_weight`: the ids they hold, in all
+        (`AggregateState.weight`) — a long session holds one per message, signal and
+        checkpoint, and 20,000 of them could hold hundreds of millions."""
         self.store = store
         self._cache: OrderedDict[tuple[str, str], AggregateState] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_weight = cache_weight
+        self._weights: dict[tuple[str, str], int] = {}
+        self._weight = 0
         self._turns: Turns[tuple[str, str]] = Turns()
 
     async def get(self, cls: type[S], aggregate_id: str, *, fresh: bool = True) -> S:
@@ -72,8 +80,18 @@ class Repository:
     def _keep(self, key: tuple[str, str], state: AggregateState) -> None:
         self._cache[key] = state
         self._cache.move_to_end(key)
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        weight = state.weight
+        self._weight += weight - self._weights.get(key, 0)
+        self._weights[key] = weight
+        # The least recently used go first; the one just kept stays, however heavy.
+        while len(self._cache) > 1 and (
+            len(self._cache) > self._cache_size or self._weight > self._cache_weight
+        ):
+            self._forget(next(iter(self._cache)))
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self._cache.pop(key, None)
+        self._weight -= self._weights.pop(key, 0)
 
     async def execute(
         self,
@@ -129,6 +147,6 @@ class Repository:
                     state.fold(data, ref.version, ref.seq)
                 self._keep((cls.aggregate, aggregate_id), state)
             else:
-                self._cache.pop((cls.aggregate, aggregate_id), None)
+                self._forget((cls.aggregate, aggregate_id))
             return state, result
         raise AssertionError("unreachable")

@@ -59,6 +59,22 @@ class SessionState(AggregateState):
         self.work_cancelled: set[str] = set()  # cancelled by a person: their work goes too
         self.latest: str | None = None  # the last activation requested: the only one to write
 
+    @property
+    def weight(self) -> int:
+        return 1 + sum(
+            map(
+                len,
+                (
+                    self.signals,
+                    self.resumed,
+                    self.entries,
+                    self.checkpoints,
+                    self.fenced,
+                    self.work_cancelled,
+                ),
+            )
+        )
+
     def apply(self, data: DomainEvent) -> None:  # noqa: C901 - one branch per event type
         match data:
             case SessionOpened():

@@ -22,6 +22,11 @@ class AggregateState(ABC):
     def exists(self) -> bool:
         return self.version > 0
 
+    @property
+    def weight(self) -> int:
+        """What it holds, in ids (a cache bounds the sum): 1 unless it keeps ids by the event."""
+        return 1
+
     def fold(self, data: DomainEvent, version: int, seq: int) -> None:
         if version <= self.version:  # seen already (two readers brought the state up to date)
             return
