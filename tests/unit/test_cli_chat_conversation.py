@@ -79,11 +79,26 @@ def test_live_text_that_comes_before_the_handover_is_printed_once_it_comes(
     talk.take("live", live("a1", "text", "The first words"))
     talk.take("live", live("other", "text", "not ours"))
     assert capsys.readouterr().out == ""
+    talk.take("session.activation_requested", delivered(["s1"], "a1"))  # started for it
     talk.take("session.signals_delivered", delivered(["s1"], "a1"))
     talk.take("live", live("a1", "text", ", then the rest."))
     talk.take("session.signals_delivered", delivered(["s1"], "a1"))  # again: nothing twice
     assert capsys.readouterr().out == "The first words, then the rest."
     assert "a1" not in talk.early
+
+
+def test_what_a_running_activation_said_before_it_took_the_message_is_not_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The message was handed to an activation already at work on an earlier one: the words
+    it wrote before it took this one are about that work, and printed they read as the start
+    of this message's answer."""
+    talk = Conversation("session", "s1")
+    talk.take("live", live("a0", "text", "About the earlier question: "))
+    talk.take("session.signals_delivered", delivered(["s1"], "a0"))  # mid-run: no request
+    talk.take("live", live("a0", "text", "and about yours."))
+    assert capsys.readouterr().out == "and about yours."
+    assert talk.activations == {"a0": "handed"}
 
 
 def test_the_chunks_kept_before_a_handover_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

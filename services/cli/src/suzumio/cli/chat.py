@@ -91,6 +91,10 @@ class Conversation:
     # stream comes before the log's events on the timeline, so an activation's first words
     # may come before the event that hands it the message.
     early: OrderedDict[str, list[dict[str, Any]]] = field(default_factory=OrderedDict)
+    # Activations requested to start with a followed signal: their early chunks are theirs.
+    # One handed the message while it ran (a handover) said what it said before about
+    # earlier work — printed, it read as the start of this message's answer.
+    started_for: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.signals.add(self.signal_id)
@@ -123,6 +127,8 @@ class Conversation:
             for signal_id in self.signals.intersection(handed or ()):
                 self.delivered[signal_id] = activation_id
             self._handed(activation_id)
+        elif event == "session.activation_requested" and self.signals.intersection(handed or ()):
+            self.started_for.add(str(body.get("activation_id")))
         elif event == "session.signal_closed" and body.get("signal_id") in self.signals:
             self.closed = (str(body.get("outcome")), str(body.get("reason") or ""))
         elif event == "session.signal_recorded":
@@ -147,8 +153,10 @@ class Conversation:
         if activation_id in self.activations:
             return
         self.activations[activation_id] = "handed"
-        for chunk in self.early.pop(activation_id, ()):
-            self._live(chunk)
+        early = self.early.pop(activation_id, ())
+        if activation_id in self.started_for:
+            for chunk in early:
+                self._live(chunk)
 
     def _live(self, chunk: dict[str, Any]) -> None:
         activation_id = chunk.get("activation_id")
