@@ -14,11 +14,9 @@ twice.
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from suzumio.platform.service.bodylimit import DRAIN_BYTES
+from suzumio.platform.service.bodylimit import DRAIN_BYTES, content_length, send_problem
 from suzumio.platform.tokens import ActivationClaims, TokenError, TokenSigner
 
 CLAIMS_KEY = "suzumio.claims"
@@ -58,33 +56,12 @@ class SignedFirst:
 
 def _drainable(scope: Scope) -> bool:
     """Whether the request declares a body short enough to be read and thrown away."""
-    declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-    try:
-        return declared is not None and 0 <= int(declared) <= DRAIN_BYTES
-    except ValueError:
-        return False
+    declared = content_length(scope)
+    return declared is not None and declared <= DRAIN_BYTES
 
 
 async def _unauthenticated(send: Send, detail: str, *, close: bool) -> None:
-    body = json.dumps(
-        {
-            "type": "about:blank",
-            "title": "unauthenticated",
-            "status": 401,
-            "code": "unauthenticated",
-            "detail": detail,
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/problem+json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b"Bearer"),
-                *([(b"connection", b"close")] if close else []),
-            ],
-        }
+    challenge = ((b"www-authenticate", b"Bearer"),)
+    await send_problem(
+        send, 401, "unauthenticated", "unauthenticated", detail, close=close, headers=challenge
     )
-    await send({"type": "http.response.body", "body": body})

@@ -60,7 +60,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limits.for_path(scope["path"])
-        declared = _content_length(scope)
+        declared = content_length(scope)
         if declared is not None and declared > limit:
             await _too_large(send, limit, close=declared - limit > DRAIN_BYTES)
             return
@@ -105,7 +105,8 @@ class _Guard:
         await self._send(message)
 
 
-def _content_length(scope: Scope) -> int | None:
+def content_length(scope: Scope) -> int | None:
+    """The request's declared body length (None: not declared, or not a number)."""
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
             # A malformed value is the HTTP server's to refuse; it never reaches here as a body.
@@ -113,18 +114,29 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _too_large(send: Send, limit: int, *, close: bool) -> None:
+async def send_problem(
+    send: Send,
+    status: int,
+    title: str,
+    code: str,
+    detail: str,
+    *,
+    close: bool,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """An RFC 9457 problem answered at the ASGI level, before any application ran; `close`:
+    with the rest of the body never read, the connection cannot carry another request."""
     body = json.dumps(
-        {
-            "type": "about:blank",
-            "title": "Content Too Large",
-            "status": 413,
-            "code": "too_large",
-            "detail": f"the request body is larger than {limit} bytes",
-        }
+        {"type": "about:blank", "title": title, "status": status, "code": code, "detail": detail}
     ).encode()
-    headers = [(b"content-type", PROBLEM_JSON), (b"content-length", str(len(body)).encode())]
-    if close:  # the rest of the body is never read: the connection cannot carry another request
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    sent = [(b"content-type", PROBLEM_JSON), (b"content-length", str(len(body)).encode())]
+    sent += headers
+    if close:
+        sent.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": sent})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _too_large(send: Send, limit: int, *, close: bool) -> None:
+    detail = f"the request body is larger than {limit} bytes"
+    await send_problem(send, 413, "Content Too Large", "too_large", detail, close=close)
