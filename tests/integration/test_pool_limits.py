@@ -26,7 +26,7 @@ from suzumio.contracts.ids import new_id
 from suzumio.contracts.runner import FileRef
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.contracts.values import Backend, ResourceLimits, RuntimeProfileSpec, Timeouts
-from suzumio.orchestrator.backends.base import LaunchPlan
+from suzumio.orchestrator.backends.base import Handle, LaunchPlan
 from suzumio.orchestrator.backends.pool import PoolBackend
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.runner import exchange
@@ -470,6 +470,21 @@ def with_input(plan: LaunchPlan) -> LaunchPlan:
     return replace(plan, inputs=(FileRef(path="big.bin", sha256="ab" * 32, size=1 << 30),))
 
 
+@contextlib.asynccontextmanager
+async def copying(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str, workdir: Path, worker_id: str, broker_url: str,
+    stuck: StuckCopy,
+) -> AsyncIterator[tuple[Worker, Handle]]:  # fmt: skip
+    """A worker in this process, and a dispatch launched on it whose files are coming in."""
+    namespace = backend.topology.namespace
+    async with in_process_worker(nats_url, namespace, workdir, worker_id=worker_id) as worker:
+        await wait_workers(backend, worker_id)
+        handle = await backend.launch(with_input(make_plan(broker_url, workdir.parent / "plans")))
+        await asyncio.wait_for(stuck.copying.wait(), 30)
+        yield worker, handle
+
+
 async def test_a_cancel_ends_a_run_whose_files_are_still_coming_in(
     backend: PoolBackend,  # noqa: F811
     nats_url: str,
@@ -481,13 +496,9 @@ async def test_a_cancel_ends_a_run_whose_files_are_still_coming_in(
     """The copy is given up at the cancel, the dispatch never claimed nor its runner started:
     it went on copying, and the activation stayed `running` until the copy was done."""
     url, broker = hanging
-    async with in_process_worker(
-        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="copier"
-    ) as worker:
-        await wait_workers(backend, worker.cfg.worker_id)
-        handle = await backend.launch(with_input(make_plan(url, tmp_path / "plans")))
+    work = tmp_path / "work"
+    async with copying(backend, nats_url, work, "copier", url, stuck_copy) as (worker, handle):
         watching = asyncio.create_task(watch(backend, handle, timeout=30))
-        await asyncio.wait_for(stuck_copy.copying.wait(), 30)
         await backend.cancel(handle)
         end = await watching
         await eventually(lambda: asyncio.sleep(0, not worker._runs), bool, what="run over")
@@ -511,12 +522,9 @@ async def test_a_worker_stopping_while_a_runs_files_come_in_hands_the_dispatch_b
     copy, which went on after the worker stopped, the dispatch held by nobody until its ack
     wait ran out."""
     url, _ = hanging
-    async with in_process_worker(
-        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="leaver"
-    ) as worker:
-        await wait_workers(backend, worker.cfg.worker_id)
-        handle = await backend.launch(with_input(make_plan(url, tmp_path / "plans")))
-        await asyncio.wait_for(stuck_copy.copying.wait(), 30)
+    work = tmp_path / "work"
+    async with copying(backend, nats_url, work, "leaver", url, stuck_copy) as (worker, handle):
+        pass  # stopped while its run's files come in
     assert not worker._runs  # nothing left behind it
     assert stuck_copy.claims == 0
     assert not statuses.of(handle.sandbox_id), statuses.of(handle.sandbox_id)
