@@ -346,3 +346,36 @@ async def test_a_kept_fold_lets_go_of_signals_done_with_and_a_retry_still_finds_
     snapshot = await reader.snapshot(session, retry)
     assert [s.text for s in snapshot.signals] == ["message 0: " + "x" * 10_000, "not requested yet"]
     assert snapshot == await load_session(store, session, retry)
+
+
+async def test_a_retrys_snapshot_names_its_earlier_attempts_and_who_wrote_what(
+    store: EventStore,
+) -> None:
+    """A retry tells its earlier attempts' work on its message (after the message in the
+    history) from an earlier activation's answer to something else (`runner.agent`)."""
+    session, add = await opened(store)
+    first = await posted(add, "look into it")
+    await add(first)
+    work = SessionMessageAppended(
+        message_id=new_id(),
+        author=Author(kind="agent", id="a" * 26),
+        role="assistant",
+        text="looking",
+        activation_id=first.activation_id,
+    )
+    await add(work)
+    retry = first.model_copy(update={"activation_id": new_id(), "attempt": 2})
+    await add(retry)
+    other = await posted(add, "something else")
+    await add(other)
+
+    reader = SessionReader(store)
+    snapshot = await reader.snapshot(session, retry)
+    assert [(m.content, m.activation_id) for m in snapshot.history] == [
+        ("look into it", None),
+        ("looking", first.activation_id),
+    ]
+    assert snapshot.earlier_attempts == (first.activation_id,)
+    assert snapshot == await load_session(store, session, retry)
+    assert (await reader.snapshot(session, first)).earlier_attempts == ()
+    assert (await reader.snapshot(session, other)).earlier_attempts == ()

@@ -58,12 +58,18 @@ def test_a_round_cut_short_gets_stand_ins_and_then_what_was_posted() -> None:
 
 
 async def first_request(
-    tmp_path: Path, history: tuple[AgentHistoryMessage, ...], signal: SignalSpec, answer: str
+    tmp_path: Path,
+    history: tuple[AgentHistoryMessage, ...],
+    signal: SignalSpec,
+    answer: str,
+    retry: dict[str, object] | None = None,
 ) -> tuple[str, list[dict[str, object]]]:
-    """The activation given `signal` on `history`: how it ended, and what its model was sent."""
+    """The activation given `signal` on `history` (`retry`: its attempt and earlier ones):
+    how it ended, and what its model was sent."""
     activation = spec(tmp_path, history=history)
+    update = {"signals": (signal,), **(retry or {})}
     activation = activation.model_copy(
-        update={"activation": activation.activation.model_copy(update={"signals": (signal,)})}
+        update={"activation": activation.activation.model_copy(update=update)}
     )
     run = await run_loop(tmp_path, activation, [Reply.text(answer)])
     return run.ending.reason, list(run.model_requests[0].messages)
@@ -103,3 +109,29 @@ async def test_a_message_logged_before_the_last_answer_comes_again_at_the_end(
     _, sent = await first_request(tmp_path, tail, message_signal("sig2", "m2", "thanks"), "ok")
     assert [m["content"] for m in sent if m["role"] == "user"].count("thanks") == 1
     assert sent[-1] == {"role": "user", "content": "thanks"}
+
+
+async def test_a_retry_does_not_get_its_message_again(tmp_path: Path) -> None:
+    """Attempt 1 took the message, called a tool and died; attempt 2 (an activation of its
+    own) is given the same signal on a history that has attempt 1's call and result after
+    the message. That work is on the message, not an answer to it: the message was pushed
+    again at the end as one received meanwhile, and the model read it twice (a request it
+    might carry out twice)."""
+    history = (
+        entry("u0", "user", "hello"),
+        entry("a0", "assistant", "Hi.", activation_id="an-earlier-activation"),
+        entry("m1", "user", "delete the old branch"),
+        entry("a1", "assistant", tool_calls=(CALLS[0],), activation_id="attempt-1"),
+        entry("r1", "tool", "done", tool_call_id="c1", activation_id="attempt-1"),
+    )
+    signal = message_signal("sig1", "m1", "delete the old branch")
+    retry = {"attempt": 2, "earlier_attempts": ("attempt-1",)}
+    reason, sent = await first_request(tmp_path, history, signal, "The branch is gone.", retry)
+    assert reason == "completed"
+    users = [m["content"] for m in sent if m["role"] == "user"]
+    assert users == ["hello", "delete the old branch"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "c1", "content": "done"}
+
+    # Another activation's answer after the message still sends it again at the end.
+    _, sent = await first_request(tmp_path, history, signal, "ok")
+    assert sent[-1] == {"role": "user", "content": f"{SENT_WHILE_ANSWERING} delete the old branch"}

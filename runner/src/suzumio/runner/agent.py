@@ -876,10 +876,16 @@ def workspace_path(spec: RunnerActivationInput) -> Path:
 
 def _after_the_agent(spec: RunnerActivationInput) -> set[str]:
     """The ids of the history's entries after the last the agent wrote (its answer or a tool
-    result): messages it has not seen yet, in their place already."""
+    result): messages it has not answered, in their place already. What an earlier attempt
+    of this retry wrote (started with the same signals) does not end them: the message they
+    were started with stands before that work, unanswered still, and pushed again at the end
+    it read as a second message."""
     tail: set[str] = set()
+    attempts = set(spec.activation.earlier_attempts)
     for entry in reversed(spec.history):
         if entry.role in {"assistant", "tool"}:
+            if entry.activation_id is not None and entry.activation_id in attempts:
+                continue
             break
         if entry.id:
             tail.add(entry.id)

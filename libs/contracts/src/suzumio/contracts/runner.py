@@ -66,6 +66,13 @@ class ActivationSpec(_Frozen):
     prompt: str = Field(default="", description="extra instructions for this activation")
     signals: tuple[SignalSpec, ...] = ()
     attempt: int = 1
+    earlier_attempts: tuple[str, ...] = Field(
+        default=(),
+        max_length=1_000,
+        description="the activations requested before with any of these signals (a retry's"
+        " earlier attempts): their entries in the history are work on these signals, not an"
+        " answer to them",
+    )
 
 
 class CompactionSettings(_Frozen):
@@ -131,6 +138,11 @@ class AgentHistoryMessage(_Frozen):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     created_at: datetime | None = None
+    activation_id: str | None = Field(
+        default=None,
+        description="the activation that wrote it (agent entries): a retry tells its earlier"
+        " attempts' work from an earlier activation's answer",
+    )
 
 
 class MountSpec(_Frozen):

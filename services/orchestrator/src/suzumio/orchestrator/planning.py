@@ -176,7 +176,10 @@ class Planner:
             ),
             session=SessionRef(id=session_id),
             activation=ActivationSpec(
-                id=request.activation_id, signals=snapshot.signals, attempt=request.attempt
+                id=request.activation_id,
+                signals=snapshot.signals,
+                attempt=request.attempt,
+                earlier_attempts=snapshot.earlier_attempts[-1_000:],
             ),
             workspace=WORKSPACE,
             controller_url=self.settings.broker_url,

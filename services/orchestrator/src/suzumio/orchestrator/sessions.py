@@ -47,6 +47,9 @@ class SessionSnapshot:
     # Where the batch's signals were stored (stream sequences, in the batch's order): whoever
     # asked for the work, whose trace the launch continues (`tracing`).
     origins: tuple[int, ...] = ()
+    # The activations requested before with any of the batch's signals (a retry's earlier
+    # attempts), in the order they were requested.
+    earlier_attempts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -64,6 +67,8 @@ class _SessionFold:
     texts: dict[str, str] = field(default_factory=dict)
     signals: dict[str, SignalSpec] = field(default_factory=dict)
     origins: dict[str, int] = field(default_factory=dict)  # signal id -> its message's seq
+    # Signal id -> the activations requested with it so far (let go with the signal).
+    attempts: dict[str, list[str]] = field(default_factory=dict)
     checkpoint: CheckpointRef | None = None
     # The signal ids of the session's last requests: a signal requested before and in none
     # of them is let go (its text may be a megabyte, and a long session posts thousands), as
@@ -78,6 +83,7 @@ class _SessionFold:
             texts=dict(self.texts),
             signals=dict(self.signals),
             origins=dict(self.origins),
+            attempts={k: list(v) for k, v in self.attempts.items()},
             requested=deque(self.requested, maxlen=REQUESTS_KEPT),
         )
 
@@ -109,12 +115,20 @@ class _SessionFold:
                 self.checkpoint = CheckpointRef(
                     id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
                 )
-            case ActivationRequested() if self.prune:
-                self._let_go(self.requested[0] if len(self.requested) == REQUESTS_KEPT else ())
-                self.requested.append(data.signal_ids)
+            case ActivationRequested():
+                self._requested(data)
             case SignalClosed() if self.prune:
                 self.signals.pop(data.signal_id, None)
                 self.origins.pop(data.signal_id, None)
+                self.attempts.pop(data.signal_id, None)
+
+    def _requested(self, data: ActivationRequested) -> None:
+        for signal_id in data.signal_ids:
+            if signal_id in self.signals:
+                self.attempts.setdefault(signal_id, []).append(data.activation_id)
+        if self.prune:
+            self._let_go(self.requested[0] if len(self.requested) == REQUESTS_KEPT else ())
+            self.requested.append(data.signal_ids)
 
     def _let_go(self, leaving: tuple[str, ...]) -> None:
         """The signals of the request leaving the kept ones, unless a later one names them."""
@@ -123,6 +137,7 @@ class _SessionFold:
             if signal_id not in still:
                 self.signals.pop(signal_id, None)
                 self.origins.pop(signal_id, None)
+                self.attempts.pop(signal_id, None)
 
     def complete(self, request: ActivationRequested) -> bool:
         """Whether it still has every signal of `request` (else one was let go)."""
@@ -135,6 +150,14 @@ class _SessionFold:
             signals=tuple(self.signals[i] for i in request.signal_ids if i in self.signals),
             checkpoint=self.checkpoint,
             origins=tuple(self.origins[i] for i in request.signal_ids if i in self.origins),
+            earlier_attempts=tuple(
+                dict.fromkeys(
+                    a
+                    for i in request.signal_ids
+                    for a in self.attempts.get(i, ())
+                    if a != request.activation_id
+                )
+            ),
         )
 
 
@@ -250,6 +273,7 @@ def _entry(data: SessionMessageAppended) -> AgentHistoryMessage:
         ),
         tool_call_id=data.tool_call_id,
         name=data.name,
+        activation_id=data.activation_id,
     )
 
 
