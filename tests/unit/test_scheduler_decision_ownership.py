@@ -23,12 +23,21 @@ from suzumio.contracts.events import (
     ActivationRequested,
     AgentCreated,
     ProjectCreated,
+    RuntimeProfileSet,
     SessionMessageAppended,
     SessionOpened,
     SignalRecorded,
 )
 from suzumio.contracts.subjects import DEFAULT_TOPOLOGY
-from suzumio.contracts.values import Author, ModelSpec, Priority, ProjectLimits, SignalKind
+from suzumio.contracts.values import (
+    Author,
+    Backend,
+    ModelSpec,
+    Priority,
+    ProjectLimits,
+    RuntimeProfileSpec,
+    SignalKind,
+)
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, Head
 from suzumio.platform.bus.follower import LogMessage
@@ -464,6 +473,46 @@ async def test_sessions_waiting_behind_a_full_projects_limit_cost_nothing_per_de
     for i in range(20):
         await waiting(leader, f"q{i}", "q", "c")
     assert sum(1 for a in leader.store.appends if a.starts and a.session_id.startswith("q")) == 20
+    assert asked <= 100, asked
+    assert leader.scheduler._admission.waiting() == 1_000
+
+
+async def test_sessions_waiting_behind_a_full_pool_cost_nothing_per_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same behind a pool's limit: a thousand sessions of a project with room wait for
+    pool `process` (full); the project's sessions on another pool start one by one, and no
+    decision asks the thousand whether they fit."""
+    leader = Leader(limit=10_000)
+    monkeypatch.setattr(leader.scheduler._settings, "pool_limits", {"process": 1})
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    await leader.land(start)  # pool `process` is full
+    for i in range(1_000):
+        await waiting(leader, f"w{i}", "p", "a")
+    gpu = RuntimeProfileSpec(backend=Backend.POOL, pool="gpu")
+    await leader.commit("project", "p", RuntimeProfileSet(name="gpu", spec=gpu))
+    model = ModelSpec(name="m")
+    await leader.commit(
+        "agent",
+        "c",
+        AgentCreated(
+            project_id="p", name="c", role="c", prompt="", model=model, runtime_profile="gpu"
+        ),
+    )
+    asked = 0
+    fits = leader.scheduler._fits
+
+    def counting(project_id: str, session_id: str) -> bool:
+        nonlocal asked
+        asked += 1
+        return fits(project_id, session_id)
+
+    monkeypatch.setattr(leader.scheduler, "_fits", counting)
+    for i in range(20):
+        await waiting(leader, f"g{i}", "p", "c")
+    assert sum(1 for a in leader.store.appends if a.starts and a.session_id.startswith("g")) == 20
     assert asked <= 100, asked
     assert leader.scheduler._admission.waiting() == 1_000
 

@@ -313,6 +313,45 @@ def test_admission_passes_over_a_project_without_room_without_asking_its_session
     assert admission.waiting() == 5_000
 
 
+def test_admission_passes_over_a_full_pool_without_asking_its_sessions() -> None:
+    """The same for a pool's limit: a project with room and thousands of its sessions waiting
+    on a full pool asked each of them, after each start anywhere — while its sessions on
+    another pool still start, in the order the project's sessions asked."""
+    admission = Admission()
+    admission.want("p", "g0", "gpu")
+    for i in range(5_000):
+        admission.want("p", f"full{i}", "docker")
+    for i in range(1, 4):
+        admission.want("p", f"g{i}", "gpu")
+    asked: defaultdict[str, int] = defaultdict(int)
+
+    def fits(_: str, session_id: str) -> bool:
+        asked[session_id[0]] += 1
+        return session_id.startswith("g")
+
+    def pool_room(pool: str) -> bool:
+        return pool == "gpu"
+
+    started = list(admission.admit(fits, lambda _: True, pool_room))
+    assert started == ["g0", "g1", "g2", "g3"]
+    assert asked == {"g": 4}
+    assert admission.waiting() == 5_000
+    # Room again: the earliest asking goes first whichever pool it waits on.
+    admission.want("p", "late", "gpu")
+    assert list(admission.admit(lambda p, s: True, lambda p: True))[:2] == ["full0", "full1"]
+
+
+def test_admission_keeps_a_sessions_turn_when_it_asks_again_or_moves_pool() -> None:
+    admission = Admission()
+    for session_id in ("s1", "s2", "s3"):
+        admission.want("p", session_id, "a")
+    admission.want("p", "s1", "a")  # asked again: still first
+    admission.want("p", "s2", "b")  # its agent moved to another pool: still before s3
+    assert admission.waiting() == 3
+    assert list(admission.admit(lambda p, s: True, lambda p: True)) == ["s1", "s2", "s3"]
+    assert admission.waiting() == 0
+
+
 def test_timers_wake_at_the_earliest_deadline_per_session() -> None:
     timers = Timers()
     assert timers.add(T0 + timedelta(seconds=10), "s1")

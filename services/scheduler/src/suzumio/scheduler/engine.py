@@ -270,7 +270,7 @@ class Scheduler:
         dirty, self._dirty = self._dirty, set()
         for session_id in dirty:
             self._evaluate(session_id, now)
-        for session_id in self._admission.admit(self._fits, self._has_room):
+        for session_id in self._admission.admit(self._fits, self._has_room, self._pool_has_room):
             self._start(session_id, now)
 
     def _plan(self, s: SessionSchedule, now: datetime) -> Plan:
@@ -290,7 +290,7 @@ class Scheduler:
         elif plan.start is not None:
             if plan.close_failed:
                 self._execute(s, Plan(plan.close_failed))
-            self._admission.want(s.project_id, s.id)
+            self._admission.want(s.project_id, s.id, self.world.pool_of(s.agent_id))
         elif plan.close_failed:
             self._execute(s, plan)
 
@@ -298,16 +298,17 @@ class Scheduler:
         in_project = self.world.running_by_project[project_id] + self._holds.taken_in(project_id)
         return in_project < self.world.limit_of(project_id)
 
+    def _pool_has_room(self, pool: str) -> bool:
+        pool_limit = self._settings.pool_limits.get(pool)
+        if pool_limit is None:
+            return True
+        return self.world.running_by_pool[pool] + self._holds.taken_in_pool(pool) < pool_limit
+
     def _fits(self, project_id: str, session_id: str) -> bool:
         s = self.world.sessions[session_id]
         if session_id in self._holds:
             return False
-        if not self._has_room(project_id):
-            return False
-        pool = self.world.pool_of(s.agent_id)
-        pool_limit = self._settings.pool_limits.get(pool)
-        in_pool = self.world.running_by_pool[pool] + self._holds.taken_in_pool(pool)
-        return pool_limit is None or in_pool < pool_limit
+        return self._has_room(project_id) and self._pool_has_room(self.world.pool_of(s.agent_id))
 
     def _start(self, session_id: str, now: datetime) -> None:
         s = self.world.sessions[session_id]
