@@ -442,6 +442,28 @@ async def waiting(leader: Leader, session_id: str, project_id: str, agent_id: st
     await leader.commit("session", session_id, signal)
 
 
+async def starts_asking_few(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch, prefix: str, project_id: str
+) -> None:
+    """Twenty sessions of agent c (in `project_id`) each start, beside the thousand waiting,
+    and the decisions ask few sessions in all whether they fit."""
+    asked = 0
+    fits = leader.scheduler._fits
+
+    def counting(project_id: str, session_id: str) -> bool:
+        nonlocal asked
+        asked += 1
+        return fits(project_id, session_id)
+
+    monkeypatch.setattr(leader.scheduler, "_fits", counting)
+    for i in range(20):
+        await waiting(leader, f"{prefix}{i}", project_id, "c")
+    started = [a for a in leader.store.appends if a.starts and a.session_id.startswith(prefix)]
+    assert len(started) == 20
+    assert asked <= 100, asked
+    assert leader.scheduler._admission.waiting() == 1_000
+
+
 async def test_sessions_waiting_behind_a_full_projects_limit_cost_nothing_per_decision(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -461,20 +483,7 @@ async def test_sessions_waiting_behind_a_full_projects_limit_cost_nothing_per_de
     await leader.commit(
         "agent", "c", AgentCreated(project_id="q", name="c", role="c", prompt="", model=model)
     )
-    asked = 0
-    fits = leader.scheduler._fits
-
-    def counting(project_id: str, session_id: str) -> bool:
-        nonlocal asked
-        asked += 1
-        return fits(project_id, session_id)
-
-    monkeypatch.setattr(leader.scheduler, "_fits", counting)
-    for i in range(20):
-        await waiting(leader, f"q{i}", "q", "c")
-    assert sum(1 for a in leader.store.appends if a.starts and a.session_id.startswith("q")) == 20
-    assert asked <= 100, asked
-    assert leader.scheduler._admission.waiting() == 1_000
+    await starts_asking_few(leader, monkeypatch, "q", "q")
 
 
 async def test_sessions_waiting_behind_a_full_pool_cost_nothing_per_decision(
@@ -501,20 +510,7 @@ async def test_sessions_waiting_behind_a_full_pool_cost_nothing_per_decision(
             project_id="p", name="c", role="c", prompt="", model=model, runtime_profile="gpu"
         ),
     )
-    asked = 0
-    fits = leader.scheduler._fits
-
-    def counting(project_id: str, session_id: str) -> bool:
-        nonlocal asked
-        asked += 1
-        return fits(project_id, session_id)
-
-    monkeypatch.setattr(leader.scheduler, "_fits", counting)
-    for i in range(20):
-        await waiting(leader, f"g{i}", "p", "c")
-    assert sum(1 for a in leader.store.appends if a.starts and a.session_id.startswith("g")) == 20
-    assert asked <= 100, asked
-    assert leader.scheduler._admission.waiting() == 1_000
+    await starts_asking_few(leader, monkeypatch, "g", "p")
 
 
 async def test_a_start_refused_by_a_conflict_gives_its_capacity_back() -> None:
