@@ -76,6 +76,7 @@ from nats.js.errors import Error as JetStreamError
 from nats.js.object_store import ObjectStore
 from pydantic import ValidationError
 
+from suzumio.contracts.nats_servers import nats_servers
 from suzumio.contracts.runner import (
     MAX_WARM_KEYS,
     ActivationDispatch,
@@ -482,15 +483,17 @@ class Worker:
         async def on_reconnected() -> None:
             log("worker.nats_reconnected")
 
+        servers, credentials = nats_servers(self.cfg.nats_url)
         connecting = asyncio.ensure_future(
             nats.connect(
-                servers=[self.cfg.nats_url],
+                servers=servers,
                 name=f"suzumio-worker-{self.cfg.worker_id}",
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
+                **credentials,
             )
         )
         stopping = asyncio.ensure_future(stop.wait())

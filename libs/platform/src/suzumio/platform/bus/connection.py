@@ -9,6 +9,7 @@ from typing import Any
 from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
+from suzumio.contracts.nats_servers import nats_servers
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -58,7 +59,9 @@ async def connect(
         "reconnected_cb": on_reconnected,
         "pending_size": 64 * 1024 * 1024,
     }
-    attempt = nc.connect(servers=[url], name=name, **options)
+    servers, credentials = nats_servers(url)
+    options.update(credentials)
+    attempt = nc.connect(servers=servers, name=name, **options)
     if first_connect_within is None:
         await attempt
         return nc

@@ -19,6 +19,11 @@ log = get_logger(__name__)
 
 ERR_STREAM_NOT_FOUND = 10059
 ERR_STREAM_NAME_IN_USE = 10058
+# A cluster still forming (or electing its meta leader) answers so: "no suitable peers for
+# placement" while its peers are not all known yet, "JetStream system temporarily
+# unavailable" (503) while it has no meta leader.
+ERR_NO_PEERS_YET = 10005
+ERR_TEMPORARILY_UNAVAILABLE = 10008
 API_PREFIX = "$JS.API"
 _NANOS = 1_000_000_000
 
@@ -91,14 +96,21 @@ async def ensure_stream(nc: NATS, spec: StreamSpec, *, timeout: float = 10.0) ->
     raise PlatformError(f"could not ensure stream {spec.name}")
 
 
+def _starting(exc: JetStreamApiError) -> bool:
+    return exc.code == 503 or exc.err_code in {ERR_NO_PEERS_YET, ERR_TEMPORARILY_UNAVAILABLE}
+
+
 async def ensure_streams(nc: NATS, specs: tuple[StreamSpec, ...], *, attempts: int = 30) -> None:
-    """Ensure every stream, waiting out a JetStream that is still starting."""
+    """Ensure every stream, waiting out a JetStream that is still starting (a cluster still
+    forming answers with errors of its own: services started with it stopped at once)."""
     for attempt in range(attempts):
         try:
             for spec in specs:
                 await ensure_stream(nc, spec)
-        except (TimeoutError, NoRespondersError, NatsTimeoutError):
-            if attempt == attempts - 1:
+        except (TimeoutError, NoRespondersError, NatsTimeoutError, JetStreamApiError) as exc:
+            if attempt == attempts - 1 or (
+                isinstance(exc, JetStreamApiError) and not _starting(exc)
+            ):
                 raise
             await asyncio.sleep(min(0.1 * (attempt + 1), 1.0))
         else:

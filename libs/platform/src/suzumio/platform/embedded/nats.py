@@ -12,6 +12,7 @@ import json
 import shutil
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,11 +48,38 @@ def with_token(url: str, secret: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{secret}@{host}"))
 
 
+@dataclass(frozen=True)
+class ClusterRoutes:
+    """This server's place in a cluster on `host`: the port it takes routes on and its
+    peers' route ports (clients learn the peers from it, and move to one when it goes)."""
+
+    port: int
+    peers: tuple[int, ...]
+    name: str = "suzumio"
+
+
 def _config(
-    store_dir: Path, host: str, port: int, ports_dir: Path, name: str, *, monitoring: bool
+    store_dir: Path,
+    host: str,
+    port: int,
+    ports_dir: Path,
+    name: str,
+    *,
+    monitoring: bool,
+    cluster: ClusterRoutes | None = None,
 ) -> str:
     # JSON strings are valid NATS config strings, so paths with odd characters stay quoted.
     monitor = [f"http: {json.dumps(f'{host}:-1')}"] if monitoring else []
+    routes = []
+    if cluster is not None:
+        peers = ", ".join(json.dumps(f"nats-route://{host}:{p}") for p in cluster.peers)
+        routes = [
+            "cluster {",
+            f"  name: {json.dumps(cluster.name)}",
+            f"  listen: {json.dumps(f'{host}:{cluster.port}')}",
+            f"  routes: [{peers}]",
+            "}",
+        ]
     return "\n".join(
         [
             f"server_name: {json.dumps(name)}",
@@ -63,6 +91,7 @@ def _config(
             "jetstream {",
             f"  store_dir: {json.dumps(str(store_dir / 'jetstream'))}",
             "}",
+            *routes,
             "",
         ]
     )
@@ -76,11 +105,14 @@ def start_nats(
     name: str = "suzumio-embedded",
     monitoring: bool = True,
     timeout: float = 20.0,
+    cluster: ClusterRoutes | None = None,
 ) -> RunningServer:
     """Start nats-server with JetStream storing under `store_dir`; port -1 picks a free one.
 
     Returns once the server accepts clients; its URL carries the token. Its log is
     `store_dir/nats-server.log`; `extra["monitoring"]` is the monitoring URL, if `monitoring`.
+    With `cluster`, it joins its peers (each needs the same token: the `TOKEN_FILE` of one store
+    copied to the others' before their first start).
     """
     store_dir = store_dir.resolve()
     ports_dir = store_dir / "ports"
@@ -88,7 +120,8 @@ def start_nats(
     for stale in ports_dir.glob("*.ports"):
         stale.unlink()
     conf = store_dir / CONFIG_FILE
-    write_private(conf, _config(store_dir, host, port, ports_dir, name, monitoring=monitoring))
+    config = _config(store_dir, host, port, ports_dir, name, monitoring=monitoring, cluster=cluster)
+    write_private(conf, config)
     with (store_dir / "nats-server.log").open("ab") as log:
         process = spawn(
             [str(nats_server_binary()), "-c", str(conf)], log=log, stop_signal=signal.SIGTERM
