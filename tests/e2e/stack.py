@@ -58,7 +58,10 @@ async def running_stack(
     extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     """The services named (the gateway always last in `processes`' order given)."""
-    topology = servers.fresh_topology()
+    # On a NATS cluster (`SUZUMIO_REPLICAS` in `extra_env`), the streams made here are
+    # replicated as the services would make them.
+    replicas = int((extra_env or {}).get("SUZUMIO_REPLICAS", "1"))
+    topology = servers.fresh_topology().model_copy(update={"replicas": replicas})
     database_url = await servers.create_database(postgres_url)
     mount_root = tmp / "mounts"
     mount_root.mkdir(parents=True)

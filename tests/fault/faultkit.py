@@ -28,7 +28,7 @@ from suzumio.platform.projections.reader import LogReader
 from suzumio.platform.projections.verify import verify
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from suzumio.testing.processes import ServiceProcess
-from tests.e2e.api import World
+from tests.e2e.api import World, new_world
 from tests.e2e.stack import Stack, running_stack
 from tests.scheduling import Audit, audit
 from tests.support import eventually
@@ -360,3 +360,46 @@ async def projections_equal_a_rebuild(stack: Stack, timeout: float = 90) -> None
         )
     finally:
         await pool.close()
+
+
+async def under_way(platform: Stack, prefix: str, count: int) -> tuple[list[World], Posted]:
+    """`count` worlds, each with a message acknowledged, two of their runs started at least."""
+    worlds = [await new_world(platform, f"{prefix}{i}") for i in range(count)]
+    posted = Posted()
+    for i, world in enumerate(worlds):
+        await post_until_acknowledged(platform, world, f"before {i}", posted)
+    await eventually(
+        lambda: started(platform, worlds), lambda n: n >= 2, timeout=90, what="runs under way"
+    )
+    return worlds, posted
+
+
+async def done_once(
+    platform: Stack, worlds: list[World], posted: Posted
+) -> tuple[Audit, list[EventEnvelope]]:
+    """Every message acknowledged is done once (or closed as failed), every activation ended
+    once, no output twice, and the projections equal a rebuild; the signals' audit and the
+    log, for the caller's own checks."""
+    signal_ids = [signal_id for _, signal_id in posted.acknowledged.values()]
+    result = await signals_settled(platform, signal_ids, timeout=150)
+    ids = [a for world in worlds for a in await requested(platform, world)]
+    one_end_each(await all_ended(platform, ids, timeout=60))
+    envelopes = await whole_log(platform)
+    messages_kept(envelopes, posted)
+    no_output_twice(envelopes)
+    await projections_equal_a_rebuild(platform)
+    return result, envelopes
+
+
+async def new_work_and_done_once(
+    platform: Stack, worlds: list[World], posted: Posted
+) -> list[EventEnvelope]:
+    """After a fault: every world but the first takes a new message and does it (the
+    services take work again), and `done_once` holds. The log, for the caller's checks."""
+    for i, world in enumerate(worlds[1:], 1):
+        await post_until_acknowledged(platform, world, f"after {i}", posted)
+    assert not posted.unknown, posted
+    result, envelopes = await done_once(platform, worlds, posted)
+    after = [posted.acknowledged[f"after {i}"][1] for i in range(1, len(worlds))]
+    assert all(result.completed_deliveries(s) for s in after), "new work failed after the fault"
+    return envelopes

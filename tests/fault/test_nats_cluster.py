@@ -1,5 +1,6 @@
-"""The event log on a three-node NATS cluster (R3 streams, as `deploy/k8s` runs it): the node
-leading the EVENTS stream is killed (SIGKILL) while a writer appends. The platform's client,
+"""The event log and the platform on a three-node NATS cluster (R3 streams, as `deploy/k8s`
+runs it): the node leading the EVENTS stream is killed (SIGKILL) while a writer appends, and
+while the whole platform works. The platform's client,
 given one node's URL, moves to a surviving node by itself; every acknowledged append is in
 the log once and in order, a conditional append still refuses a stale version, and once the
 node is back, a read through any node with `min_last_seq` sees the whole log. The streams
@@ -34,12 +35,21 @@ from suzumio.platform.embedded.credentials import secret_in, write_private
 from suzumio.platform.embedded.nats import TOKEN_FILE, ClusterRoutes, start_nats
 from suzumio.platform.embedded.process import RunningServer
 from suzumio.platform.errors import JetStreamApiError
+from suzumio.testing.model_server import ScriptedModelServer
+from tests.fault.faultkit import (
+    new_work_and_done_once,
+    post_until_acknowledged,
+    under_way,
+    whole_platform,
+    work_then_answer,
+)
 from tests.support import eventually
 
 NODES = 3
 AGGREGATES = 8
 ROUNDS = 12  # appends per aggregate: half before the kill, half after
 META = EventMeta(actor="system:test")
+WORLDS = 3
 
 
 def _free_ports(count: int) -> list[int]:
@@ -219,3 +229,32 @@ async def write_through_the_loss_of(
         return found[0] if found else {}
 
     await eventually(replica_state, lambda r: r.get("current") is True, timeout=30)
+
+
+@pytest.mark.timeout(300)
+async def test_the_platform_at_work_loses_a_node_of_its_cluster(
+    cluster: Cluster, client: NATS, postgres_url: str, tmp_path: Path
+) -> None:
+    """Every service as its own process on the cluster (given all three nodes' URLs, each on
+    one of them; R3 streams, KV buckets and consumers), runs under way: the node leading the
+    event log is killed, a client posts meanwhile, the node comes back. As after a NATS
+    restart (test_nats_restart.py): every acknowledged message is done once, every
+    activation ends once, no event or output twice, the projections equal a rebuild."""
+    cluster.start(NODES - 1)
+    await jetstream_answers(client)
+    urls = ",".join(cluster.url(i) for i in range(NODES))
+    replicated = {"SUZUMIO_REPLICAS": str(NODES)}
+    async with (
+        ScriptedModelServer(default=work_then_answer(delay=3.0)) as model,
+        whole_platform(urls, postgres_url, tmp_path / "stack", model.url, replicated) as platform,
+    ):
+        worlds, posted = await under_way(platform, "c", WORLDS)
+        leader = await leader_of(platform.nc, platform.topology.events_stream)
+        cluster.kill(leader)
+        during = asyncio.create_task(post_until_acknowledged(platform, worlds[0], "during", posted))
+        await asyncio.sleep(2.0)
+        cluster.start(leader)
+        await during
+
+        assert "during" in posted.acknowledged, "the post was not taken after the loss"
+        await new_work_and_done_once(platform, worlds, posted)

@@ -22,23 +22,16 @@ import pytest_asyncio
 from suzumio.contracts.subjects import Storage
 from suzumio.platform.embedded import RunningServer, start_nats
 from suzumio.testing.model_server import ScriptedModelServer
-from tests.e2e.api import World, new_world
+from tests.e2e.api import World
 from tests.e2e.stack import Stack
 from tests.e2e.test_broker_access import broker, live
 from tests.fault.faultkit import (
     Posted,
     TimelineWatcher,
-    all_ended,
-    messages_kept,
-    no_output_twice,
-    one_end_each,
+    new_work_and_done_once,
     platform_at_work,
     post_until_acknowledged,
-    projections_equal_a_rebuild,
-    requested,
-    signals_settled,
-    started,
-    whole_log,
+    under_way,
 )
 from tests.support import eventually
 
@@ -92,13 +85,7 @@ async def test_a_nats_server_killed_mid_run_and_started_again_loses_nothing(
     nats: RestartableNats, stack: tuple[Stack, ScriptedModelServer]
 ) -> None:
     platform, _ = stack
-    worlds = [await new_world(platform, f"n{i}") for i in range(WORLDS)]
-    posted = Posted()
-    for i, world in enumerate(worlds):
-        await post_until_acknowledged(platform, world, f"before {i}", posted)
-    await eventually(
-        lambda: started(platform, worlds), lambda n: n >= 2, timeout=90, what="runs under way"
-    )
+    worlds, posted = await under_way(platform, "n", WORLDS)
 
     await live_output_lost_is_trouble_not_a_failure(platform)
     async with TimelineWatcher(platform, worlds[0]) as watcher:  # an API client following along
@@ -121,20 +108,7 @@ async def finish_checks(
     platform: Stack, worlds: list[World], posted: Posted, watcher: TimelineWatcher
 ) -> None:
     assert "during" in posted.acknowledged, "the post was not taken after the restart"
-    for i, world in enumerate(worlds[1:], 1):  # the services take new work again
-        await post_until_acknowledged(platform, world, f"after {i}", posted)
-    assert not posted.unknown, posted
-
-    signal_ids = [signal_id for _, signal_id in posted.acknowledged.values()]
-    result = await signals_settled(platform, signal_ids, timeout=150)
-    after = [posted.acknowledged[f"after {i}"][1] for i in range(1, WORLDS)]
-    assert all(result.completed_deliveries(s) for s in after), "new work failed after the restart"
-    ids = [a for world in worlds for a in await requested(platform, world)]
-    one_end_each(await all_ended(platform, ids, timeout=60))
-    envelopes = await whole_log(platform)
-    messages_kept(envelopes, posted)
-    no_output_twice(envelopes)
-    await projections_equal_a_rebuild(platform)
+    envelopes = await new_work_and_done_once(platform, worlds, posted)
     # The client following the timeline across the restart saw every event of the session.
     logged = [e.id for e in envelopes if e.aggregate_id == worlds[0].session_id]
     await eventually(

@@ -21,19 +21,12 @@ from tests.e2e.api import World, new_world
 from tests.e2e.stack import Stack
 from tests.fault.faultkit import (
     Posted,
-    all_ended,
-    messages_kept,
-    no_output_twice,
-    one_end_each,
+    done_once,
     platform_at_work,
     post_until_acknowledged,
-    projections_equal_a_rebuild,
-    requested,
     restart,
     service,
-    signals_settled,
     started,
-    whole_log,
 )
 from tests.support import eventually
 
@@ -83,11 +76,4 @@ async def test_a_session_service_killed_mid_run_loses_nothing_and_repeats_nothin
     assert posted.unknown == [], posted
     assert len(posted.acknowledged) + len(posted.made_unseen) == WORLDS * PER_WORLD
 
-    signal_ids = [signal_id for _, signal_id in posted.acknowledged.values()]
-    await signals_settled(platform, signal_ids, timeout=150)
-    ids = [a for world in worlds for a in await requested(platform, world)]
-    one_end_each(await all_ended(platform, ids, timeout=60))
-    envelopes = await whole_log(platform)
-    messages_kept(envelopes, posted)
-    no_output_twice(envelopes)
-    await projections_equal_a_rebuild(platform)
+    await done_once(platform, worlds, posted)
