@@ -364,7 +364,15 @@ async def test_a_retrys_snapshot_names_its_earlier_attempts_and_who_wrote_what(
         activation_id=first.activation_id,
     )
     await add(work)
-    retry = first.model_copy(update={"activation_id": new_id(), "attempt": 2})
+    # A message handed to the running activation at a tool boundary (a P1): its retry
+    # carries it too, and that activation worked on it.
+    handed = message("and the logs too")
+    handed_signal = signal_for(handed)
+    await add(handed, handed_signal)
+    await add(
+        SignalsDelivered(activation_id=first.activation_id, signal_ids=(handed_signal.signal_id,))
+    )
+    retry = request(*first.signal_ids, handed_signal.signal_id).model_copy(update={"attempt": 2})
     await add(retry)
     other = await posted(add, "something else")
     await add(other)
@@ -374,8 +382,15 @@ async def test_a_retrys_snapshot_names_its_earlier_attempts_and_who_wrote_what(
     assert [(m.content, m.activation_id) for m in snapshot.history] == [
         ("look into it", None),
         ("looking", first.activation_id),
+        ("and the logs too", None),
     ]
     assert snapshot.earlier_attempts == (first.activation_id,)
     assert snapshot == await load_session(store, session, retry)
     assert (await reader.snapshot(session, first)).earlier_attempts == ()
     assert (await reader.snapshot(session, other)).earlier_attempts == ()
+    handed_only = request(handed_signal.signal_id)  # a retry of the handed message alone
+    await add(handed_only)
+    assert (await reader.snapshot(session, handed_only)).earlier_attempts == (
+        first.activation_id,
+        retry.activation_id,
+    )

@@ -69,9 +69,9 @@ class ActivationSpec(_Frozen):
     earlier_attempts: tuple[str, ...] = Field(
         default=(),
         max_length=1_000,
-        description="the activations requested before with any of these signals (a retry's"
-        " earlier attempts): their entries in the history are work on these signals, not an"
-        " answer to them",
+        description="the activations requested before with any of these signals, or handed"
+        " one while they ran (a retry's earlier attempts): their entries in the history are"
+        " work on these signals, not an answer to them",
     )
 
 

@@ -21,6 +21,7 @@ from suzumio.contracts.events import (
     SessionOpened,
     SignalClosed,
     SignalRecorded,
+    SignalsDelivered,
 )
 from suzumio.contracts.runner import AgentHistoryMessage, CheckpointRef, SignalSpec, ToolCall
 from suzumio.platform.bus.eventstore import EventStore, Head
@@ -47,8 +48,8 @@ class SessionSnapshot:
     # Where the batch's signals were stored (stream sequences, in the batch's order): whoever
     # asked for the work, whose trace the launch continues (`tracing`).
     origins: tuple[int, ...] = ()
-    # The activations requested before with any of the batch's signals (a retry's earlier
-    # attempts), in the order they were requested.
+    # The activations requested before with any of the batch's signals, or handed one while
+    # they ran (a retry's earlier attempts), in the order they took them.
     earlier_attempts: tuple[str, ...] = ()
 
 
@@ -67,7 +68,7 @@ class _SessionFold:
     texts: dict[str, str] = field(default_factory=dict)
     signals: dict[str, SignalSpec] = field(default_factory=dict)
     origins: dict[str, int] = field(default_factory=dict)  # signal id -> its message's seq
-    # Signal id -> the activations requested with it so far (let go with the signal).
+    # Signal id -> the activations requested with it or handed it so far (let go with it).
     attempts: dict[str, list[str]] = field(default_factory=dict)
     checkpoint: CheckpointRef | None = None
     # The signal ids of the session's last requests: a signal requested before and in none
@@ -115,18 +116,25 @@ class _SessionFold:
                 self.checkpoint = CheckpointRef(
                     id=data.checkpoint_id, created_at=event.envelope.occurred_at, data=data.data
                 )
-            case ActivationRequested():
-                self._requested(data)
+            case ActivationRequested() | SignalsDelivered():
+                self._took(data)
             case SignalClosed() if self.prune:
                 self.signals.pop(data.signal_id, None)
                 self.origins.pop(data.signal_id, None)
                 self.attempts.pop(data.signal_id, None)
 
-    def _requested(self, data: ActivationRequested) -> None:
-        for signal_id in data.signal_ids:
+    def _worked_on(self, activation_id: str, signal_ids: Sequence[str]) -> None:
+        for signal_id in signal_ids:
             if signal_id in self.signals:
-                self.attempts.setdefault(signal_id, []).append(data.activation_id)
-        if self.prune:
+                attempts = self.attempts.setdefault(signal_id, [])
+                if activation_id not in attempts:
+                    attempts.append(activation_id)
+
+    def _took(self, data: ActivationRequested | SignalsDelivered) -> None:
+        """An activation requested with signals, or handed them while it ran (a P1 at a
+        tool boundary)."""
+        self._worked_on(data.activation_id, data.signal_ids)
+        if isinstance(data, ActivationRequested) and self.prune:
             self._let_go(self.requested[0] if len(self.requested) == REQUESTS_KEPT else ())
             self.requested.append(data.signal_ids)
 
