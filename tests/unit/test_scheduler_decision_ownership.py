@@ -22,6 +22,7 @@ from suzumio.contracts.events import (
     ActivationCompleted,
     ActivationRequested,
     AgentCreated,
+    AgentUpdated,
     ProjectCreated,
     RuntimeProfileSet,
     SessionMessageAppended,
@@ -486,22 +487,34 @@ async def test_sessions_waiting_behind_a_full_projects_limit_cost_nothing_per_de
     await starts_asking_few(leader, monkeypatch, "q", "q")
 
 
+async def process_pool_full(monkeypatch: pytest.MonkeyPatch, limit: int) -> Leader:
+    """A leader whose pool `process` (agents a and b: no runtime profile) holds one live
+    activation at most, and holds it (x's)."""
+    leader = Leader(limit=limit)
+    monkeypatch.setattr(leader.scheduler._settings, "pool_limits", {"process": 1})
+    await leader.open()
+    await leader.signal("x")
+    [start] = leader.store.of("x")
+    await leader.land(start)
+    return leader
+
+
+async def gpu_profile(leader: Leader) -> None:
+    """Project p's runtime profile `gpu`: the worker pool `gpu`, without a limit."""
+    gpu = RuntimeProfileSpec(backend=Backend.POOL, pool="gpu")
+    await leader.commit("project", "p", RuntimeProfileSet(name="gpu", spec=gpu))
+
+
 async def test_sessions_waiting_behind_a_full_pool_cost_nothing_per_decision(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same behind a pool's limit: a thousand sessions of a project with room wait for
     pool `process` (full); the project's sessions on another pool start one by one, and no
     decision asks the thousand whether they fit."""
-    leader = Leader(limit=10_000)
-    monkeypatch.setattr(leader.scheduler._settings, "pool_limits", {"process": 1})
-    await leader.open()
-    await leader.signal("x")
-    [start] = leader.store.of("x")
-    await leader.land(start)  # pool `process` is full
+    leader = await process_pool_full(monkeypatch, limit=10_000)
     for i in range(1_000):
         await waiting(leader, f"w{i}", "p", "a")
-    gpu = RuntimeProfileSpec(backend=Backend.POOL, pool="gpu")
-    await leader.commit("project", "p", RuntimeProfileSet(name="gpu", spec=gpu))
+    await gpu_profile(leader)
     model = ModelSpec(name="m")
     await leader.commit(
         "agent",
@@ -511,6 +524,20 @@ async def test_sessions_waiting_behind_a_full_pool_cost_nothing_per_decision(
         ),
     )
     await starts_asking_few(leader, monkeypatch, "g", "p")
+
+
+async def test_a_session_waiting_on_a_full_pool_starts_when_its_agent_moves_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its agent given a runtime profile on another pool (with room) while the session waited
+    behind the full one: it starts now, not when the old pool frees a slot."""
+    leader = await process_pool_full(monkeypatch, limit=10)
+    await waiting(leader, "w", "p", "a")
+    assert leader.store.of("w") == []
+    await gpu_profile(leader)
+    await leader.commit("agent", "a", AgentUpdated(runtime_profile="gpu"))
+    assert len(leader.store.of("w")) == 1
+    assert leader.scheduler._admission.waiting() == 0
 
 
 async def test_a_start_refused_by_a_conflict_gives_its_capacity_back() -> None:

@@ -345,11 +345,26 @@ def test_admission_keeps_a_sessions_turn_when_it_asks_again_or_moves_pool() -> N
     admission = Admission()
     for session_id in ("s1", "s2", "s3"):
         admission.want("p", session_id, "a")
+    admission.want("p", "s4", "b")
     admission.want("p", "s1", "a")  # asked again: still first
-    admission.want("p", "s2", "b")  # its agent moved to another pool: still before s3
-    assert admission.waiting() == 3
-    assert list(admission.admit(lambda p, s: True, lambda p: True)) == ["s1", "s2", "s3"]
+    admission.want("p", "s2", "b")  # its agent moved to another pool: still before s3, s4
+    assert admission.waiting() == 4
+    everything = list(admission.admit(lambda p, s: True, lambda p: True))
+    assert everything == ["s1", "s2", "s3", "s4"]
     assert admission.waiting() == 0
+
+
+def test_admission_refiles_sessions_whose_pool_changed() -> None:
+    """An agent's runtime profile (or a profile's pool) changed while its sessions waited
+    behind the old pool's limit: they start on the new pool, which has room."""
+    admission = Admission()
+    for session_id in ("s1", "s2"):
+        admission.want("p", session_id, "full")
+    admission.want("p", "s3", "free")
+    admission.refile(lambda session_id: "full" if session_id == "s1" else "free")
+    started = list(admission.admit(lambda p, s: True, lambda p: True, lambda pool: pool == "free"))
+    assert started == ["s2", "s3"]
+    assert admission.waiting() == 1
 
 
 def test_timers_wake_at_the_earliest_deadline_per_session() -> None:

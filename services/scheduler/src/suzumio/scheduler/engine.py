@@ -250,6 +250,7 @@ class Scheduler:
                     except Exception:  # a newer release's schema: not ours to guess
                         log.warning("scheduler.undecodable", seq=msg.seq, type=envelope.type)
             self.world.apply(msg.seq, pairs, changes)
+            self._refile(changes)
         else:
             self.world.position = msg.seq
         if msg.subject.startswith(self._session_prefix):
@@ -297,6 +298,16 @@ class Scheduler:
     def _has_room(self, project_id: str) -> bool:
         in_project = self.world.running_by_project[project_id] + self._holds.taken_in(project_id)
         return in_project < self.world.limit_of(project_id)
+
+    def _refile(self, changes: Changes) -> None:
+        """Waiting sessions onto the pools they would start on now, if any moved."""
+        if changes.pools_moved:
+            changes.pools_moved = False
+            if self.leading:  # (a standby waits on nothing: `_lead` looks afresh)
+                self._admission.refile(self._pool_of_session)
+
+    def _pool_of_session(self, session_id: str) -> str:
+        return self.world.pool_of(self.world.sessions[session_id].agent_id)
 
     def _pool_has_room(self, pool: str) -> bool:
         pool_limit = self._settings.pool_limits.get(pool)

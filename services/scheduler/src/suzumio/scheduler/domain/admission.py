@@ -21,17 +21,23 @@ class Admission:
 
     def want(self, project_id: str, session_id: str, pool: str = "") -> None:
         """The session would start an activation on `pool`; it waits its turn (the one it
-        has, if it waits already on the same pool)."""
+        has if it waits already, on that pool or another)."""
         where = (project_id, pool)
         was = self._where.get(session_id)
         if was == where:
             return
-        turn = next(self._turns)
-        if was is not None:  # its agent moved to another pool (or project) meanwhile
-            turn = self._drop(session_id, *was)
-        self._where[session_id] = where
-        pools = self._waiting.setdefault(project_id, {})
-        pools.setdefault(pool, OrderedDict())[session_id] = turn
+        if was is None:
+            self._file(session_id, where, next(self._turns))
+        else:  # its agent moved to another pool (or project) meanwhile
+            self._file(session_id, where, self._drop(session_id, *was))
+
+    def refile(self, pool_of: Callable[[str], str]) -> None:
+        """Every waiting session on the pool it would start on now (agents and runtime
+        profiles changed): filed under a full pool it left, it waited for that one."""
+        for session_id, (project_id, pool) in list(self._where.items()):
+            now = pool_of(session_id)
+            if now != pool:
+                self.want(project_id, session_id, now)
 
     def waiting(self) -> int:
         return len(self._where)
@@ -74,6 +80,17 @@ class Admission:
                     best = (turn, session_id)
                     break
         return best[1] if best is not None else None
+
+    def _file(self, session_id: str, where: tuple[str, str], turn: int) -> None:
+        self._where[session_id] = where
+        project_id, pool = where
+        sessions = self._waiting.setdefault(project_id, {}).setdefault(pool, OrderedDict())
+        last = next(reversed(sessions.values()), -1)
+        sessions[session_id] = turn
+        if turn < last:  # an earlier turn, moved here: the pool's order is by turn
+            ordered = sorted(sessions.items(), key=lambda item: item[1])
+            sessions.clear()
+            sessions.update(ordered)
 
     def _drop(self, session_id: str, project_id: str, pool: str) -> int:
         pools = self._waiting[project_id]

@@ -107,6 +107,9 @@ class Changes:
 
     sessions: set[str] = field(default_factory=set)
     freed: bool = False
+    # An agent's runtime profile, or a profile, changed: sessions may count against another
+    # pool than the one they wait on.
+    pools_moved: bool = False
 
 
 class World:
@@ -425,8 +428,10 @@ class World:
                 agent = self.agents[agent_id]
                 if data.runtime_profile is not None:
                     agent.runtime_profile = data.runtime_profile
+                    changes.pools_moved = True
                 elif data.runtime_profile_cleared:
                     agent.runtime_profile = None
+                    changes.pools_moved = True
                 if data.toolpacks is not None:
                     agent.toolpacks = data.toolpacks
             case AgentDisabled() if agent_id in self.agents:
@@ -453,8 +458,10 @@ class World:
                 changes.freed = True
             case RuntimeProfileSet():
                 project.profiles[data.name] = data.spec
+                changes.pools_moved = True
             case RuntimeProfileRemoved():
                 project.profiles.pop(data.name, None)
+                changes.pools_moved = True
             case _:
                 pass
 
