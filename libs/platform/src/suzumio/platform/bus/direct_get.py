@@ -86,8 +86,8 @@ async def iter_subject(
     `min_last_seq`: asks for a replica that holds the stream up to there at least — NATS's
     read-after-write design has a follower behind it hand the request to the leader, or
     answer 412 (raised here as PlatformError) — so that with a replicated stream a lagging
-    follower does not end the reading early, as if nothing more were stored. One server, as
-    in the tests here, answers as without it: the clustered behaviour is not checked here."""
+    follower does not end the reading early, as if nothing more were stored. One server
+    answers as without it (tests/fault/test_nats_cluster.py reads a cluster's log with it)."""
     replies = Replies.of(nc)
     start = after_seq + 1
     pending = 1

@@ -20,8 +20,9 @@ log = get_logger(__name__)
 ERR_STREAM_NOT_FOUND = 10059
 ERR_STREAM_NAME_IN_USE = 10058
 # A cluster still forming (or electing its meta leader) answers so: "no suitable peers for
-# placement" while its peers are not all known yet, "JetStream system temporarily
-# unavailable" (503) while it has no meta leader.
+# placement" while its peers are not all known yet (for good, where a stream asks for more
+# replicas than the cluster has nodes: it fails after the retries), "JetStream system
+# temporarily unavailable" (503) while it has no meta leader.
 ERR_NO_PEERS_YET = 10005
 ERR_TEMPORARILY_UNAVAILABLE = 10008
 API_PREFIX = "$JS.API"
@@ -97,7 +98,8 @@ async def ensure_stream(nc: NATS, spec: StreamSpec, *, timeout: float = 10.0) ->
 
 
 def _starting(exc: JetStreamApiError) -> bool:
-    return exc.code == 503 or exc.err_code in {ERR_NO_PEERS_YET, ERR_TEMPORARILY_UNAVAILABLE}
+    # Not any 503: "JetStream not enabled" and "insufficient resources" do not pass.
+    return exc.err_code in {ERR_NO_PEERS_YET, ERR_TEMPORARILY_UNAVAILABLE}
 
 
 async def ensure_streams(nc: NATS, specs: tuple[StreamSpec, ...], *, attempts: int = 30) -> None:

@@ -42,7 +42,10 @@ def secret_in(path: Path) -> str:
 
 
 def redact(url: str) -> str:
-    """`url` fit to print: a password, or a token standing alone as the user, becomes ***."""
+    """`url` fit to print: a password, or a token standing alone as the user, becomes ***
+    (in each URL of a comma-separated list: a NATS cluster's nodes)."""
+    if "," in url:
+        return ",".join(redact(one) for one in url.split(","))
     parts = urlsplit(url)
     if "@" not in parts.netloc:
         return url
