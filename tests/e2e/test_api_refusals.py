@@ -171,8 +171,8 @@ async def test_a_cursor_no_timestamp_column_can_hold_is_422(stack: Stack) -> Non
 
 async def test_a_request_head_over_16_kb_is_refused_before_the_app(stack: Stack) -> None:
     """Headers are read whole before any limit of the app applies: the server bounds them
-    (uvicorn on h11, whatever other parser is installed), so a stranger cannot make a service
-    hold (and parse) headers of any size."""
+    (`BoundedHttpToolsProtocol`), so a stranger cannot make a service hold (and parse)
+    headers of any size."""
     host, port = stack.api.removeprefix("http://").split(":")
     for head in (b"X-Big: " + b"a" * 1_000_000, b"\r\n".join([b"X-Many: b"] * 20_000)):
         reader, writer = await asyncio.open_connection(host, int(port))

@@ -1,4 +1,4 @@
-"""The body limit behind a real HTTP server (uvicorn on h11, as every service runs): a client
+"""The body limit behind a real HTTP server (uvicorn with the services' protocol): a client
 that writes its whole body before it reads the answer, as httpx does, gets the 413 when the
 body is megabytes over the limit (closing with the body unread would reset the connection and
 lose the answer)."""
@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from suzumio.platform.service import BodyLimit, BodyLimits
+from suzumio.platform.service.http_protocol import BoundedHttpToolsProtocol
 
 LIMIT = 64 * 1024
 OVER = 8 << 20  # far more than the sockets' buffers hold: the client is still writing
@@ -30,7 +31,8 @@ async def test_a_client_writing_a_body_over_the_limit_reads_the_413() -> None:
     app = BodyLimit(Starlette(routes=[Route("/up", size, methods=["PUT"])]), BodyLimits(LIMIT))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, http="h11", log_config=None, lifespan="off"))
+    config = uvicorn.Config(app, http=BoundedHttpToolsProtocol, log_config=None, lifespan="off")
+    server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/up"
 

@@ -45,6 +45,7 @@ from suzumio.platform.logging import configure_logging, get_logger
 from suzumio.platform.service import cpu, heap, heartbeat
 from suzumio.platform.service.bodylimit import BodyLimit, BodyLimits
 from suzumio.platform.service.health import Readiness
+from suzumio.platform.service.http_protocol import BoundedHttpToolsProtocol
 from suzumio.platform.service.stream_cut import quiet_uvicorn_cuts
 from suzumio.platform.service.unix_socket import UnixListener, bind_unix
 from suzumio.platform.settings import PlatformSettings, ServiceSettings
@@ -229,9 +230,8 @@ class ServiceRuntime:
         server = _Server(
             uvicorn.Config(
                 http_app,
-                # h11, whatever else is installed: uvicorn bounds a request's head (16 KB)
-                # only with it; on httptools a stranger's headers may be any size.
-                http="h11",
+                # httptools (parsing in C), with the head's bound that uvicorn gives only h11.
+                http=BoundedHttpToolsProtocol,
                 # The platform's WebSockets only send (the gateway's stream): a client's
                 # message is never read, and uvicorn holds one, of up to 16 MiB by default,
                 # for the socket's life.
