@@ -1,6 +1,7 @@
-"""Crash windows of the pool (review): a worker killed after it reported a run's end but before
-its ack reached the queue. The orchestrator has the end and ends the activation; the dispatch
-is still in the work queue, unacked, and the queue hands it out again once the ack wait passed.
+"""Crash windows of the pool (review): a worker killed after it reported a run's end (its ack
+not confirmed) before the ack reached the queue. The orchestrator has the end and ends the
+activation; the dispatch is still in the work queue, unacked, and the queue hands it out again
+once the ack wait passed.
 No worker may start that attempt again (its runner would call the model, paid, before the
 broker fences it)."""
 
@@ -51,8 +52,8 @@ async def test_a_dispatch_whose_worker_died_before_its_ack_is_not_run_again_afte
     handle = await backend.launch(make_plan(fenced_url, tmp_path))
     did = handle.sandbox_id
     # The worker that takes it: this test, which runs nothing — it reports the run's start
-    # and end as a worker does (`Worker._report_end`: the status, then the ack) and is killed
-    # right after the status went out, so the ack never comes.
+    # and end as a worker whose ack was not confirmed does (`Worker._report_end`: `acked`
+    # false), and is killed right after the status went out, so the ack never comes.
     js = nc.jetstream()
     psub = await js.pull_subscribe_bind(
         topology.pool_consumer("default"), stream=topology.activations_stream

@@ -342,6 +342,38 @@ async def test_an_unreachable_broker_exits_7_and_the_dispatch_is_acked(
     assert SECRET not in (tmp_path / "wa.log").read_text()
 
 
+async def test_an_end_whose_ack_was_confirmed_is_not_taken_out_of_the_queue_again(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
+    topology: Topology, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A worker acks a run's dispatch before it reports the end, and says the server confirmed
+    the ack: the dispatch has left the queue, so the cleanup asks the server for nothing more
+    (a delete was a JetStream request, and its advisory, for every activation). The end of a
+    worker that died before its ack is in `test_crash_windows_review`."""
+    deletes: list[str] = []
+
+    async def on_delete(msg: Msg) -> None:
+        deletes.append(msg.subject)
+
+    sub = await nc.subscribe(
+        f"$JS.API.STREAM.MSG.DELETE.{topology.activations_stream}", cb=on_delete
+    )
+    workers("wa")
+    await wait_workers(backend, "wa")
+    handle = await backend.launch(make_plan(closed_port_url(), tmp_path))
+
+    result = await watch(backend, handle)
+    await backend.cleanup(handle, succeeded=False)
+    await nc.flush()
+
+    assert result.code == 7
+    [end] = statuses.of(handle.sandbox_id, "exited")
+    assert end.acked
+    assert await queue_is_empty(nc, topology)
+    assert deletes == []
+    await sub.unsubscribe()
+
+
 async def test_cancel_kills_the_running_runner(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, nc: NATS,
     topology: Topology, tmp_path: Path, hanging: tuple[str, Hanging],

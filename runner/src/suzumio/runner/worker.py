@@ -12,12 +12,13 @@ run: SIGTERM to its process group, SIGKILL after a grace.
 
 Acks: `in_progress` keeps the message while the runner runs; it is acked only after the runner
 exited, whatever the code (a runner posts its output before it exits 0; the orchestrator decides
-about retries). A dispatch past its deadline, or cancelled, is refused (`term`) unstarted. A
-worker killed mid-run never acks: its runner dies with it (parent-death signal), and the
-orchestrator, seeing the heartbeats stop, declares the attempt lost, deletes the dispatch and
-broadcasts its cancel, so no worker starts that attempt again. A dispatch redelivered before
-that — its worker died before starting it — runs if it is still within its deadline. The
-broker refuses the token of an attempt the orchestrator has ended, whatever a worker does.
+about retries), and `exited` goes out after the ack, saying whether the server confirmed it. A
+dispatch past its deadline, or cancelled, is refused (`term`) unstarted. A worker killed mid-run
+never acks: its runner dies with it (parent-death signal), and the orchestrator, seeing the
+heartbeats stop, declares the attempt lost, deletes the dispatch and broadcasts its cancel, so no
+worker starts that attempt again. A dispatch redelivered before that — its worker died before
+starting it — runs if it is still within its deadline. The broker refuses the token of an attempt
+the orchestrator has ended, whatever a worker does.
 
 Warm sessions (`--idle-ttl`): a dispatch names its session (`affinity_key`); its workspace is
 then `<workdir>/<worker>/sessions/<key>` and stays after the run, for the idle TTL, so the
@@ -1242,20 +1243,28 @@ class Worker:
         await self._report_end(run.msg, status)
 
     async def _report_end(self, msg: Msg, status: PoolStatus) -> None:
-        """Tell the orchestrator, then ack: any end is final for this attempt."""
+        """Ack, then tell the orchestrator: any end is final for this attempt. The end says
+        whether the ack was confirmed — its message then left the work queue, and the
+        orchestrator need not take it out (a JetStream request, and its advisory, saved per
+        activation). Not confirmed, the orchestrator takes it out itself: it is still there,
+        and the queue would hand the ended attempt out again."""
         self._recent[status.dispatch_id] = (time.monotonic(), status)
         while len(self._recent) > RECENT_MAX:  # oldest first: the dict is in order of ends
             del self._recent[next(iter(self._recent))]
-        # No flush of its own: the ack goes after it on the same connection, and the ack's
-        # confirmation means the server took the status first.
-        await self._publish(status)
+        acked = False
         for attempt in range(3):
             try:
                 await msg.ack_sync(timeout=5.0)
-                break
             except Exception as exc:
                 log("worker.ack_failed", dispatch=status.dispatch_id, error=repr(exc))
                 await asyncio.sleep(0.5 * (attempt + 1))
+            else:
+                acked = True
+                break
+        if acked and status.dispatch_id in self._recent:
+            status = status.model_copy(update={"acked": True})
+            self._recent[status.dispatch_id] = (self._recent[status.dispatch_id][0], status)
+        await self._publish(status)
         log("worker.exited", dispatch=status.dispatch_id, reason=status.reason,
             exit_code=status.exit_code, signal=status.signal)  # fmt: skip
 

@@ -349,6 +349,11 @@ class PoolStatus(_Frozen):
     outputs: tuple[FileRef, ...] = Field(
         default=(), description="exited: the files of `/workspace/out` it stored"
     )
+    acked: bool = Field(
+        default=False,
+        description="exited: the server confirmed the worker's ack of the dispatch before this "
+        "was sent, so its message has left the work queue",
+    )
 
 
 class PoolCancel(_Frozen):

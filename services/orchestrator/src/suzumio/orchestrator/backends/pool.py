@@ -374,6 +374,9 @@ class PoolBackend:
         # Cancelled (the caller's own timeout), the tracker stays: a later watch, after a
         # cancel, still sees what the workers said meanwhile.
         result = await self._until_end(handle, tracker)
+        final = tracker.final
+        if isinstance(final, PoolStatus) and final.kind == "exited" and final.acked:
+            handle.data["left_queue"] = True  # for `cleanup`: no need to take it out
         self._untrack(did)
         return result
 
@@ -494,7 +497,7 @@ class PoolBackend:
 
     async def _queued_still(self, handle: Handle) -> bool:
         """Whether its message is still in the work queue (waiting, or held unacked by a
-        worker); a worker acks only after its `exited` went out. Unknown counts as still."""
+        worker); a worker lists a run's end from before it acks. Unknown counts as still."""
         seq = handle.data.get("seq")
         if not isinstance(seq, int):
             return True
@@ -554,12 +557,14 @@ class PoolBackend:
         # for their idle TTL); nothing of it is left on this side but the subscription — and
         # the workers' word on its exit, which list_live no longer shows, as a removed
         # container is gone from the docker backend's list.
-        # A worker acks its dispatch after it reported the end: its message normally left the
-        # queue by now. One still there lost its ack (the worker died in between), and the
-        # queue would hand the ended attempt to another worker once the ack wait passed —
-        # its runner calling the model, paid, before the broker fences it. Taken out, and if
-        # it was there (or nobody knows), cancelled on every worker in case one took it since.
-        if await self._unqueue(handle) is not False:
+        # A worker acks its dispatch before it reports the end, and says whether the server
+        # confirmed the ack: then its message left the queue (`watch` notes it). One whose
+        # ack was not confirmed may still be there (as may one whose end came otherwise, from
+        # a listing), and the queue would hand the ended attempt to another worker once the
+        # ack wait passed — its runner calling the model, paid, before the broker fences it.
+        # Taken out, and if it was there (or nobody knows), cancelled on every worker in case
+        # one took it since.
+        if handle.data.get("left_queue") is not True and await self._unqueue(handle) is not False:
             await self._broadcast_cancel(handle)
         self._untrack(handle.sandbox_id)
         now = time.monotonic()
