@@ -573,18 +573,30 @@ async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorde
             raise BrokerError(403, "fenced", f"the activation is {a.fenced}")
         # Each part idempotent, so a retry repeats nothing. The history first: it is the part
         # that can still be refused (too large for the bus or the log, the session closed), and
-        # a refused call must have published nothing. (Live chunks and log events are not
-        # ordered with each other on the session's timeline anyway.)
+        # a refused call must have published nothing. Then the live batch and the output side
+        # by side, their publishes sent together: live chunks and log events are not ordered
+        # with each other on the session's timeline anyway.
         if body.history:
             await _append_history(broker, caller, body.history)
+        live = None
         if body.live is not None:
-            try:
-                await _publish_live(broker, caller, body.live)
-            except Exception as exc:  # live output is best-effort: the history is the record
-                log.warning("broker.live_unpublished", activation=a.id, error=repr(exc))
-        await append_own(broker, a, [recorded], caller.actor)
+            live = asyncio.ensure_future(_publish_live_last(broker, caller, body.live))
+        try:
+            await append_own(broker, a, [recorded], caller.actor)
+        finally:
+            if live is not None:
+                await live
         a.output = True
     return Recorded(recorded=True)
+
+
+async def _publish_live_last(broker: Broker, caller: Caller, batch: StreamBatch) -> None:
+    """The last live batch, which comes with the output: best-effort, the history is the
+    record."""
+    try:
+        await _publish_live(broker, caller, batch)
+    except Exception as exc:
+        log.warning("broker.live_unpublished", activation=caller.activation.id, error=repr(exc))
 
 
 def _usage_on_span(usage: Mapping[str, Any], reason: str) -> None:
