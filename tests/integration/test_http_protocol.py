@@ -93,6 +93,18 @@ async def test_a_head_past_the_bound_is_answered_431_before_the_app(pieces: list
         assert fine.json() == {"size": 0, "pad": 0}
 
 
+async def test_trailers_that_never_end_are_answered_431() -> None:
+    """A chunked body's trailers are parsed as headers, an unfinished one gathered across
+    reads: bounded as a head is, though the request reached the application already."""
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    async with serving() as (host, port):
+        answer = await _raw(host, port, [head, b"3\r\nabc\r\n0\r\nX-T: "] + [b"a" * 4096] * 64)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+        async with httpx.AsyncClient() as client:
+            fine = await client.get(f"http://{host}:{port}/echo")
+        assert fine.json() == {"size": 0, "pad": 0}
+
+
 async def test_heads_under_the_bound_and_large_bodies_pass_on_one_connection() -> None:
     """The body is not the head: 1 MiB of it in the same reads as a head near the bound is
     read by the app, and so are the next requests on the kept connection."""
@@ -102,6 +114,17 @@ async def test_heads_under_the_bound_and_large_bodies_pass_on_one_connection() -
         for size in (0, 1 << 20, 10, 1 << 20):
             answer = await client.post(url, content=b"x" * size, headers={"x-pad": pad})
             assert answer.json() == {"size": size, "pad": len(pad)}
+        # A chunked body in many small reads, with trailers under the bound.
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(300):  # 300 reads of 100 bytes each: more than the bound, all body
+            writer.write(b"64\r\n" + b"z" * 100 + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        writer.write(b"0\r\nX-T: " + b"t" * 8000 + b"\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        writer.close()
         # Pipelined: two whole requests in one write, each answered.
         reader, writer = await asyncio.open_connection(host, port)
         one = f"GET /echo HTTP/1.1\r\nHost: x\r\nX-Pad: {pad}\r\n\r\n".encode()
