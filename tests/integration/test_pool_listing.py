@@ -28,6 +28,7 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET, blob_name
 from suzumio.contracts.values import Timeouts
 from suzumio.orchestrator.backends.pool import PoolBackend
 from suzumio.platform.bus.kv import ensure_object_store
+from suzumio.runner import worker as worker_module
 from tests.integration.test_pool_backend import (  # noqa: F401 - fixtures
     backend,
     make_plan,
@@ -79,6 +80,54 @@ async def test_a_run_whose_end_was_told_is_listed_as_exited_not_running(
             assert listed[handle.sandbox_id].ended
         finally:
             let_go.set()
+
+
+async def test_an_end_whose_ack_is_not_confirmed_goes_out_before_the_acks_retries(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    nc: NATS,
+    tmp_path: Path,
+    quick_runner: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JetStream confirms no ack (slow, or electing a leader) while core NATS carries the
+    rest: the run's end goes out after the first try, saying the ack was not confirmed — not
+    behind every retry, past the orchestrator's heartbeat timeout, where a worker dying
+    meanwhile would leave its attempt lost rather than ended as it did. The orchestrator then
+    takes the dispatch out of the queue itself."""
+    tries: list[float] = []
+    ends: list[tuple[PoolStatus, int]] = []  # each `exited`, with the tries made when it came
+
+    async def unconfirmed(self: Msg, timeout: float = 1.0) -> None:  # noqa: ARG001
+        tries.append(timeout)
+        await asyncio.sleep(0.01)
+        raise NatsTimeoutError
+
+    async def on_status(msg: Msg) -> None:
+        status = PoolStatus.model_validate_json(msg.data)
+        if status.kind == "exited":
+            ends.append((status, len(tries)))
+
+    monkeypatch.setattr(Msg, "ack_sync", unconfirmed)
+    monkeypatch.setattr(worker_module, "ACK_SECONDS", 0.01)
+    sub = await nc.subscribe(backend.topology.pool_status_subject("*"), cb=on_status)
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="slowacks"
+    ):
+        await wait_workers(backend, "slowacks")
+        handle = await backend.launch(make_plan("http://127.0.0.1:9", tmp_path / "plans"))
+        end = await watch(backend, handle, timeout=60)
+        await backend.cleanup(handle, succeeded=False)
+        retried = 1 + worker_module.ACK_RETRIES
+        await eventually(lambda: asyncio.sleep(0, len(tries)), lambda n: n == retried)
+    await sub.unsubscribe()
+
+    assert end.code == 3, end
+    [(status, tried)] = ends
+    assert (status.acked, tried) == (False, 1)
+    # Never acked: taken out by the orchestrator, so no worker is handed it again.
+    stream = await nc.jetstream().stream_info(backend.topology.activations_stream)
+    assert stream.state.messages == 0
 
 
 async def test_a_warm_sessions_outputs_not_stored_are_not_the_next_activations(

@@ -105,6 +105,12 @@ DEADLINE_BACKSTOP_SECONDS = 30.0
 # worker's ends were held in memory, each listing serialising all of them on the loop; this
 # many still outlast the pool consumer's ack wait at hundreds of ends a second.
 RECENT_MAX = 20_000
+# A run's ack (`_report_end`): the first try, which its end waits for, is short — the end goes
+# out without it rather than wait past the orchestrator's heartbeat timeout — then it is tried
+# again a few times.
+FIRST_ACK_SECONDS = 1.0
+ACK_SECONDS = 5.0
+ACK_RETRIES = 3
 # How long a dispatch from the pool's queue that found its slot taken (by one routed here) waits
 # for another before it goes back to the queue.
 NO_SLOT_HOLD_SECONDS = 2.0
@@ -1246,27 +1252,33 @@ class Worker:
         """Ack, then tell the orchestrator: any end is final for this attempt. The end says
         whether the ack was confirmed — its message then left the work queue, and the
         orchestrator need not take it out (a JetStream request, and its advisory, saved per
-        activation). Not confirmed, the orchestrator takes it out itself: it is still there,
-        and the queue would hand the ended attempt out again."""
+        activation). An ack not confirmed at once does not hold the end back (JetStream slow
+        while core NATS is fine, or this worker about to die): it goes out saying so — the
+        orchestrator then takes the dispatch out itself — and the ack is tried again."""
         self._recent[status.dispatch_id] = (time.monotonic(), status)
         while len(self._recent) > RECENT_MAX:  # oldest first: the dict is in order of ends
             del self._recent[next(iter(self._recent))]
-        acked = False
-        for attempt in range(3):
-            try:
-                await msg.ack_sync(timeout=5.0)
-            except Exception as exc:
-                log("worker.ack_failed", dispatch=status.dispatch_id, error=repr(exc))
-                await asyncio.sleep(0.5 * (attempt + 1))
-            else:
-                acked = True
-                break
+        acked = await self._ack(msg, status.dispatch_id, FIRST_ACK_SECONDS)
         if acked and status.dispatch_id in self._recent:
             status = status.model_copy(update={"acked": True})
             self._recent[status.dispatch_id] = (self._recent[status.dispatch_id][0], status)
         await self._publish(status)
         log("worker.exited", dispatch=status.dispatch_id, reason=status.reason,
             exit_code=status.exit_code, signal=status.signal)  # fmt: skip
+        for attempt in range(ACK_RETRIES if not acked else 0):
+            await asyncio.sleep(0.5 * (attempt + 1))
+            if await self._ack(msg, status.dispatch_id, ACK_SECONDS):
+                break
+
+    @staticmethod
+    async def _ack(msg: Msg, dispatch_id: str, timeout: float) -> bool:
+        """Whether the server confirmed the ack within `timeout`."""
+        try:
+            await msg.ack_sync(timeout=timeout)
+        except Exception as exc:
+            log("worker.ack_failed", dispatch=dispatch_id, error=repr(exc))
+            return False
+        return True
 
     async def _release(self, run: _Run) -> None:
         if not run.spec:  # a resident runner's cgroup goes with the runner
