@@ -1259,9 +1259,10 @@ class Worker:
         while len(self._recent) > RECENT_MAX:  # oldest first: the dict is in order of ends
             del self._recent[next(iter(self._recent))]
         acked = await self._ack(msg, status.dispatch_id, FIRST_ACK_SECONDS)
-        if acked and status.dispatch_id in self._recent:
-            status = status.model_copy(update={"acked": True})
-            self._recent[status.dispatch_id] = (self._recent[status.dispatch_id][0], status)
+        if status.acked != acked:  # this ack's word (an end told again has its own)
+            status = status.model_copy(update={"acked": acked})
+            if status.dispatch_id in self._recent:
+                self._recent[status.dispatch_id] = (self._recent[status.dispatch_id][0], status)
         await self._publish(status)
         log("worker.exited", dispatch=status.dispatch_id, reason=status.reason,
             exit_code=status.exit_code, signal=status.signal)  # fmt: skip
