@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import httpx
+from nats.errors import Error as NatsError
 
 from suzumio.contracts.envelope import EventEnvelope, decode_data
 from suzumio.contracts.events import ActivationRequested, SessionMessageAppended
@@ -315,15 +316,21 @@ async def signals_settled(stack: Stack, signal_ids: list[str], timeout: float = 
     """Each signal done by exactly one completed activation, or closed as failed; never two
     live activations for one session."""
 
-    def settled(result: Audit) -> bool:
-        return all(result.completed_deliveries(s) or s in result.closed_failed for s in signal_ids)
+    def settled(result: Audit | None) -> bool:
+        return result is not None and all(
+            result.completed_deliveries(s) or s in result.closed_failed for s in signal_ids
+        )
 
-    result = await eventually(
-        lambda: audit(stack.nc, stack.topology),
-        settled,
-        timeout=timeout,
-        what="every signal done or failed",
-    )
+    async def read() -> Audit | None:
+        # A cluster that just got a node back may leave a JetStream API request of this
+        # reader's unanswered while it elects: read again, as the platform's clients retry.
+        try:
+            return await audit(stack.nc, stack.topology)
+        except (TimeoutError, NatsError):
+            return None
+
+    result = await eventually(read, settled, timeout=timeout, what="every signal done or failed")
+    assert result is not None
     assert result.violations == []
     for signal_id in signal_ids:
         done = result.completed_deliveries(signal_id)
