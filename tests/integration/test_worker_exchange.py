@@ -19,6 +19,7 @@ from suzumio.contracts.runner import FileRef
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology, blob_name
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.runner.exchange import ExchangeError, bring_in, bring_out
+from suzumio.runner.workfiles import holds_nothing
 
 
 async def objects(nc: NATS, topology: Topology) -> ObjectStore:
@@ -129,6 +130,43 @@ async def test_outputs_are_stored_and_the_outbox_emptied(
     assert list(outbox.iterdir()) == []  # a warm workspace does not hand them in again
     assert secret.read_bytes() == b"the worker's own file"  # links removed, not followed
     assert (tmp_path / "elsewhere" / "more.txt").exists()
+
+
+async def test_an_outbox_with_no_file_is_still_emptied_and_given_back_its_mode(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    """The check that skips an empty outbox (no walk, no thread) must not skip one holding
+    only directories, a link or a locked-up mode: those are put right as before."""
+    store = await objects(nc, topology)
+    outbox = tmp_path / "out"
+    (outbox / "a" / "b").mkdir(parents=True)
+    (outbox / "link").symlink_to(tmp_path)
+    assert await bring_out(store, outbox, max_files=10, max_bytes=1_000) == ()
+    assert list(outbox.iterdir()) == []
+    assert tmp_path.exists()
+
+    outbox.chmod(0o000)  # what `chmod 000 out` leaves: nothing in it, no way in for its owner
+    assert await bring_out(store, outbox, max_files=10, max_bytes=1_000) == ()
+    assert outbox.stat().st_mode & 0o700 == 0o700
+
+    assert await bring_out(store, outbox, max_files=10, max_bytes=1_000) == ()  # empty: as is
+    assert await bring_out(store, tmp_path / "none", max_files=10, max_bytes=1_000) == ()
+
+
+def test_nothing_is_held_by_no_directory_or_an_empty_one_its_owner_can_change(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    for held_nothing in ("empty", "file", "link", "missing"):
+        assert holds_nothing(tmp_path / held_nothing), held_nothing
+    (tmp_path / "with-dir" / "d").mkdir(parents=True)
+    (tmp_path / "with-file").mkdir()
+    (tmp_path / "with-file" / ".hidden").write_bytes(b"")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    for holding in ("with-dir", "with-file", "locked"):
+        assert not holds_nothing(tmp_path / holding), holding
 
 
 async def test_outputs_beyond_the_count_are_left_out(

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from suzumio.contracts.values import ModelSpec
+from suzumio.runner.connections import model_http, sdk_client
 from suzumio.runner.model import Endpoint, ModelClient, ModelTurn
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall, Usage
 
@@ -160,3 +161,65 @@ async def test_parallel_calls_streamed_under_one_index_stay_apart_by_their_ids()
         ("a", "file_read", {"path": "x"}),
         ("b", "file_search", {"pattern": "y"}),
     ]
+
+
+async def test_the_body_reaches_the_model_as_the_json_it_was() -> None:
+    """Encoded by orjson, not the SDK: the same JSON, non-ASCII text and escapes included, as
+    `application/json`; a schema orjson cannot encode (an integer past 64 bits) goes through
+    the SDK's own encoder instead of failing the call."""
+    messages = [
+        {"role": "system", "content": 'Antworte kurz. 短く答えて。 "quoted" \\ \n\t\u2028'},
+        {"role": "user", "content": "emoji 🦊, nul-free, <tags> & more"},
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "file_read",
+                "description": "Read a file",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "n": {"maximum": 1.5e300}},
+                },
+            },
+        }
+    ]
+    huge = [{**tools[0], "function": {"name": "f", "parameters": {"maximum": 2**70}}}]
+    async with ScriptedModelServer() as server:
+        server.script([Reply.text("one"), Reply.text("two")])
+        client = ModelClient(ModelSpec(name="m"), Endpoint(server.url + "/v1", "test"))
+        try:
+            assert (await client.complete(messages, tools, 100)).text == "one"
+            assert (await client.complete(messages, huge, 100)).text == "two"
+        finally:
+            await client.close()
+    first, second = server.completion_requests
+    assert first.headers["content-type"] == "application/json"
+    assert first.body == {
+        "model": "m",
+        "messages": messages,
+        "max_tokens": 100,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "tools": tools,
+    }
+    assert second.body is not None
+    assert second.body["tools"] == huge
+
+
+async def test_a_client_given_another_base_url_calls_it() -> None:
+    """The SDK client makes a path's URL once (`connections._SdkClient`), but never keeps one
+    made with a base URL it no longer has."""
+    async with ScriptedModelServer() as a, ScriptedModelServer() as b:
+        a.script([Reply.text("a")])
+        b.script([Reply.text("b")])
+        http = model_http()
+        sdk = sdk_client(a.url + "/v1", "test", 30, http)
+        try:
+            for server in (a, b):
+                sdk.base_url = server.url + "/v1"
+                await sdk.chat.completions.create(model="m", messages=HELLO)  # type: ignore[arg-type]
+        finally:
+            await http.aclose()
+    assert [r.path for r in a.completion_requests] == ["/v1/chat/completions"]
+    assert [r.path for r in b.completion_requests] == ["/v1/chat/completions"]

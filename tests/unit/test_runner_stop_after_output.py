@@ -14,13 +14,15 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from suzumio.runner import exits
-from suzumio.runner.main import _one
+from suzumio.runner.main import _one, _Stops
 from suzumio.testing.model_server import Reply, ScriptedModelServer
 from tests.unit.loop_support import spec
 
@@ -66,15 +68,18 @@ class HeldBroker:
             server.close()
 
 
+@pytest.mark.parametrize("resident", [False, True], ids=["one-activation", "resident"])
 async def test_a_stop_while_the_output_goes_out_ends_with_the_outputs_code(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resident: bool
 ) -> None:
+    """(A resident runner's handlers stay for all its activations: `_Stops`.)"""
     broker = HeldBroker()
+    stops = _Stops(asyncio.get_running_loop()) if resident else None
     async with broker.running() as url, ScriptedModelServer() as model:
         model.script([Reply.text("the answer")])
         monkeypatch.setenv("SUZUMIO_MODEL_BASE_URL", f"{model.url}/v1")
         activation = spec(tmp_path).model_copy(update={"controller_url": url})
-        running = asyncio.create_task(_one(activation, None))
+        running = asyncio.create_task(_one(activation, None, stops))
         await asyncio.wait_for(broker.output_came.wait(), 30)
         os.kill(os.getpid(), signal.SIGTERM)  # _one's handler takes it while it runs
         await asyncio.sleep(0.2)
@@ -83,6 +88,36 @@ async def test_a_stop_while_the_output_goes_out_ends_with_the_outputs_code(
         assert not running.done()  # the output's answer is still awaited
         broker.let_go.set()
         code = await asyncio.wait_for(running, 30)
+        if stops is not None:
+            assert stops.task is None  # a stop now would end the runner: nothing runs
+            stops.close()
     assert code == exits.COMPLETED
     [output] = broker.outputs
     assert "the answer" in json.dumps(output)
+
+
+def test_a_resident_runner_stopped_between_activations_ends_by_the_signal() -> None:
+    """Between activations there is nothing to cancel: the runner ends as the signal's default
+    action ends a process (its worker sees it killed by SIGTERM), handlers or not."""
+    script = (
+        "import asyncio, sys\n"
+        "from suzumio.runner import eventloop\n"
+        "from suzumio.runner.main import _Stops\n"
+        "async def main():\n"
+        "    _Stops(asyncio.get_running_loop())\n"
+        "    print('ready', flush=True)\n"
+        "    await asyncio.sleep(30)\n"
+        "eventloop.run(main())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -26,6 +26,7 @@ from suzumio.runner.log import log
 from suzumio.runner.workfiles import (
     ExchangeError,
     empty,
+    holds_nothing,
     open_output,
     place,
     regular_files,
@@ -64,7 +65,7 @@ async def bring_out(
     """Store the regular files under `outbox` (never following a symlink) and empty it, so a
     warm workspace does not hand them in again as the next activation's output: what is over
     the limits is logged and left out. With `max_files` 0 nothing is collected or removed."""
-    if max_files <= 0:
+    if max_files <= 0 or holds_nothing(outbox):
         return ()
     stored: list[FileRef] = []
     # Walked and emptied off the event loop: an agent's million files (a `node_modules`)

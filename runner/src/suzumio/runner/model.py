@@ -18,6 +18,12 @@ every call milliseconds of CPU (more with every tool schema). The stream's chunk
 the JSON they are (`AsyncStream[object]`), not built into the SDK's response models: building
 a model per chunk was a quarter of a call's CPU, for the few fields read here. Errors (an
 error event mid-stream too), the SSE parsing and the connection handling are the SDK's.
+
+The body goes as bytes (`content`), which the SDK sends as they are: made by orjson, the
+same compact UTF-8 JSON as the SDK's own `json.dumps` makes (its separators,
+`ensure_ascii=False`) in a twentieth of the time — the tool schemas are most of a body, and
+its encoding was 6% of a resident runner's CPU. What orjson cannot encode (an integer past 64
+bits in a schema) goes to the SDK as before.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 from urllib.parse import quote
 
 import openai
+import orjson
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner.connections import Connections, model_http, sdk_client
@@ -145,9 +152,10 @@ class ModelClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         } | ({"tools": list(tools)} if tools else {})
+        encoded = _encoded(body)
         stream = await self._client.post(
             "/chat/completions",
-            body=body,
+            **({"content": encoded} if isinstance(encoded, bytes) else {"body": body}),
             cast_to=object,
             stream=True,
             stream_cls=openai.AsyncStream[object],
@@ -175,6 +183,14 @@ class ModelClient:
             await stream.close()
             raise
         return turn.done()
+
+
+def _encoded(body: dict[str, Any]) -> bytes | dict[str, Any]:
+    """The body as JSON bytes; itself if orjson refuses it (the SDK encodes it then)."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return body
 
 
 class _Assembly:

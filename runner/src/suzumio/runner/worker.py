@@ -327,6 +327,7 @@ class Worker:
         self._own_bound = False  # dispatches routed to this worker reach it (affinity)
         self._own_error: str | None = None
         self._nc: NATS | None = None
+        self._js: JetStreamContext | None = None  # of `_nc`, made once: each run claims
         self._forks: ForkServer | None = None
         self._lock: IO[bytes] | None = None  # held while the worker lives (`_claim`)
         self._forks_lock = asyncio.Lock()
@@ -341,6 +342,12 @@ class Worker:
     def nc(self) -> NATS:
         assert self._nc is not None
         return self._nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        if self._js is None:
+            self._js = self.nc.jetstream()
+        return self._js
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then drain: let runs end (or stop them) and ack them.
@@ -843,9 +850,8 @@ class Worker:
         Unknown (NATS slow, or a platform from before the stream) runs it, as before."""
         value = f"{self.cfg.worker_id} {self._instance}".encode()
         subject = self.topology.claim_subject(dispatch.dispatch_id)
-        js = self.nc.jetstream()
         try:
-            await js.publish(
+            await self.js.publish(
                 subject,
                 value,
                 timeout=CLAIM_TIMEOUT_SECONDS,

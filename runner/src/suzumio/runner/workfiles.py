@@ -143,6 +143,24 @@ def regular_files(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def holds_nothing(root: Path) -> bool:
+    """Whether there is nothing under `root` for `regular_files` to find or `empty` to do: it
+    is no directory (missing, a file, a link), or one its owner may list and change that holds
+    no entry. One `lstat` and the first entry of a listing: cheap enough for the event loop,
+    where a walk is not — the usual `out/` is empty, and each trip to a thread and back cost
+    a worker two wakeups per activation."""
+    mode = _mode(root)
+    if mode is None or not stat.S_ISDIR(mode):
+        return True
+    if mode & stat.S_IRWXU != stat.S_IRWXU:  # `empty` has its mode to put right
+        return False
+    try:
+        with os.scandir(root) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
+
+
 def _mode(path: Path) -> int | None:
     """The mode of `path` itself (a link is a link), or None if it cannot be looked at."""
     try:

@@ -17,6 +17,8 @@ import ssl
 from types import TracebackType
 from typing import Self, cast
 
+import orjson
+
 from suzumio.testing.model.replies import Reply
 from suzumio.testing.model.wire import Answer, completion_json, sse, stream_json
 
@@ -89,7 +91,7 @@ class NoopModelServer:
 
     def answer(self, body: bytes) -> bytes:
         try:
-            request = json.loads(body)
+            request = orjson.loads(body)  # a third of `json.loads`'s CPU: the body is mostly tools
         except ValueError:
             return BAD_REQUEST
         if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
