@@ -111,6 +111,8 @@ def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | N
     held: list[tuple[str | None, Message]] = []  # posted while calls were open
 
     def close_open() -> None:
+        if not open_calls and not held:  # the usual case, once per entry
+            return
         out.extend(
             (None, {"role": "tool", "tool_call_id": call_id, "content": UNFINISHED})
             for call_id in open_calls

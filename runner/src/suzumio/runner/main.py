@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 from pydantic import ValidationError
 
 from suzumio.contracts.broker import StreamBatch
@@ -371,7 +372,7 @@ async def _serve_resident(requests_fd: int, replies_fd: int, max_runs: int, log_
                 line = await requests.readline()
                 if not line:
                     break
-                request = json.loads(line)
+                request = orjson.loads(line)
                 os.chdir(request["cwd"])
                 _become(request["env"])
                 context.clear()
