@@ -287,6 +287,7 @@ async def _throughput(
     ids: list[str] = []
     live: dict[str, World] = {}
     ended: set[str] = set()
+    ended_at: dict[str, float] = {}
     all_ended = asyncio.Event()
     requesting: set[asyncio.Task[None]] = set()
     issued = 0
@@ -313,6 +314,7 @@ async def _throughput(
         if TERMINAL_SET.intersection(types_of(msg.headers) or ()):
             activation_id = msg.subject.rsplit(".", 1)[1]
             ended.add(activation_id)
+            ended_at.setdefault(activation_id, time.perf_counter())
             if activation_id in live:
                 next_of(live.pop(activation_id))
 
@@ -337,6 +339,7 @@ async def _throughput(
         "activations": THROUGHPUT_ACTIVATIONS,
         "seconds": round(elapsed, 2),
         "activations_per_s": round(THROUGHPUT_ACTIVATIONS / elapsed, 1),
+        "sustained_per_s": _sustained([ended_at[i] for i in ids if i in ended_at]),
         "completed": outcomes.count("activation.completed"),
         "on_resident_runners": len(resident.intersection(ids)),
         "worker_concurrency": WORKER_CONCURRENCY,
@@ -350,6 +353,17 @@ async def _throughput(
             k: round(v / THROUGHPUT_ACTIVATIONS, 1) for k, v in sorted(msgs.items()) if v
         },
     }
+
+
+def _sustained(ended_at: list[float]) -> float | None:
+    """The rate between the tenth and the ninetieth percent of the ends: the batch's start
+    (the worker's slots filling) and its drain (fewer left than slots) left out — the rate a
+    worker kept busy holds, where `activations_per_s` is the whole batch's."""
+    ends = sorted(ended_at)
+    first, last = len(ends) // 10, len(ends) * 9 // 10
+    if last - first < 2 or ends[last] <= ends[first]:
+        return None
+    return round((last - first) / (ends[last] - ends[first]), 1)
 
 
 async def _backend(

@@ -322,6 +322,31 @@ async def test_a_resident_runs_request_of_many_megabytes_does_not_stall_the_fork
     assert took < 5, f"{took:.1f} s"
 
 
+async def test_a_request_json_cannot_hold_fails_as_a_start_and_leaves_nothing_waiting(
+    tmp_path: Path,
+) -> None:
+    """A value orjson cannot encode (a lone surrogate: a worker path that is not UTF-8, read
+    back by Python) fails that start or run as the server being unreachable does — an
+    `OSError` the worker handles — and leaves no run or start waiting for an answer; the
+    server serves on."""
+    server = ForkServer()
+    await server.start()
+    try:
+        env = {"PATH": "/usr/bin:/bin"}
+        bad = {**env, "HOME": "/tmp/\udcff"}
+        with pytest.raises(OSError, match="cannot be encoded"):
+            await server.spawn_resident(tmp_path, tmp_path / "r0.log", bad, 3)
+        resident = await server.spawn_resident(tmp_path, tmp_path / "runner.log", env, 3)
+        with pytest.raises(OSError, match="cannot be encoded"):
+            await server.run_in(resident, "{}", tmp_path, bad)
+        assert server._runs == {}
+        assert server._pending == {}
+        run = await server.run_in(resident, "not an input", tmp_path, env)
+        assert await asyncio.wait_for(run.wait(), 60) == 2  # the runner said so: it serves on
+    finally:
+        await server.close()
+
+
 async def test_a_start_the_fork_server_names_too_late_is_killed_not_left_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator
 
 import openai
@@ -185,15 +186,18 @@ async def test_the_body_reaches_the_model_as_the_json_it_was() -> None:
         }
     ]
     huge = [{**tools[0], "function": {"name": "f", "parameters": {"maximum": 2**70}}}]
+    endless = [{**tools[0], "function": {"name": "f", "parameters": {"maximum": math.inf}}}]
     async with ScriptedModelServer() as server:
-        server.script([Reply.text("one"), Reply.text("two")])
+        server.script([Reply.text("one"), Reply.text("two"), Reply.text("three")])
         client = ModelClient(ModelSpec(name="m"), Endpoint(server.url + "/v1", "test"))
         try:
             assert (await client.complete(messages, tools, 100)).text == "one"
             assert (await client.complete(messages, huge, 100)).text == "two"
+            # Documented (`model`): a non-finite number, which JSON cannot hold, goes as null.
+            assert (await client.complete(messages, endless, 100)).text == "three"
         finally:
             await client.close()
-    first, second = server.completion_requests
+    first, second, third = server.completion_requests
     assert first.headers["content-type"] == "application/json"
     assert first.body == {
         "model": "m",
@@ -205,6 +209,8 @@ async def test_the_body_reaches_the_model_as_the_json_it_was() -> None:
     }
     assert second.body is not None
     assert second.body["tools"] == huge
+    assert third.body is not None
+    assert third.body["tools"][0]["function"]["parameters"] == {"maximum": None}
 
 
 async def test_a_client_given_another_base_url_calls_it() -> None:

@@ -570,7 +570,11 @@ class ForkServer:
         run = ResidentRun(runner.pid)
         self._runs[request_id] = run
         body = {"to": runner.pid, "spec": spec, "cwd": str(cwd)}
-        await self._send({"id": request_id, **body, "env": env})
+        try:
+            await self._send({"id": request_id, **body, "env": env})
+        except OSError:
+            self._runs.pop(request_id, None)
+            raise
         return run
 
     def _next_id(self) -> int:
@@ -581,8 +585,12 @@ class ForkServer:
         proc = self._proc
         if proc is None or proc.returncode is not None or proc.stdin is None:
             raise OSError("the fork server is not running")
+        try:
+            line = orjson.dumps(request) + b"\n"
+        except TypeError as exc:  # a value JSON cannot hold (a path that is not UTF-8)
+            raise OSError(f"the request cannot be encoded: {exc}") from None
         async with self._lock:
-            proc.stdin.write(orjson.dumps(request) + b"\n")
+            proc.stdin.write(line)
             await proc.stdin.drain()
 
     async def _fork(self, body: dict[str, Any], env: dict[str, str]) -> ForkedProcess:

@@ -314,7 +314,9 @@ class _Stops:
     """A resident runner's SIGTERM and SIGINT, handled once for all its activations (adding
     and removing the handlers around each cost ~2% of its CPU): one cancels the activation
     running (`task`); between activations, it ends the runner, as the signal's default action
-    does."""
+    does. The handler runs when the loop next looks at its events: a signal that came while
+    an activation's request was being read in is taken by that activation (it ends
+    terminated, as one stopped a moment later would), not by the runner."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.task: asyncio.Future[int] | None = None

@@ -23,7 +23,9 @@ The body goes as bytes (`content`), which the SDK sends as they are: made by orj
 same compact UTF-8 JSON as the SDK's own `json.dumps` makes (its separators,
 `ensure_ascii=False`) in a twentieth of the time — the tool schemas are most of a body, and
 its encoding was 6% of a resident runner's CPU. What orjson cannot encode (an integer past 64
-bits in a schema) goes to the SDK as before.
+bits, a key that is not a string) goes to the SDK as before. Two differences, both in tool
+schemas a toolpack built in Python: a non-finite number goes as `null` (the SDK refused the
+call), and a UUID, date or enum as its JSON text (the SDK refused those too).
 """
 
 from __future__ import annotations
