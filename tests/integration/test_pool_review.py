@@ -322,6 +322,34 @@ async def test_a_resident_runs_request_of_many_megabytes_does_not_stall_the_fork
     assert took < 5, f"{took:.1f} s"
 
 
+async def test_a_resident_runners_end_of_an_activation_comes_before_its_exit(
+    tmp_path: Path,
+) -> None:
+    """The worker reads a resident runner's replies itself, and hears of its exit from the
+    server: an activation it ended and then left (its last run) ends with the code it
+    reported, never the runner's exit code; one it did not end, with the runner's."""
+    server = ForkServer()
+    await server.start()
+    try:
+        env = {"PATH": "/usr/bin:/bin"}
+        for i in range(5):
+            resident = await server.spawn_resident(tmp_path, tmp_path / f"r{i}.log", env, 1)
+            run = await server.run_in(resident, "not an input", tmp_path, env)
+            assert await asyncio.wait_for(run.wait(), 60) == 2  # what it said, not its exit 0
+            assert await asyncio.wait_for(resident.wait(), 60) == 0
+            with pytest.raises(OSError, match="has ended"):
+                await server.run_in(resident, "not an input", tmp_path, env)
+        resident = await server.spawn_resident(tmp_path, tmp_path / "killed.log", env, 3)
+        os.kill(resident.pid, signal.SIGSTOP)  # it cannot answer before it is killed
+        run = await server.run_in(resident, "not an input", tmp_path, env)
+        os.kill(resident.pid, signal.SIGKILL)
+        assert await asyncio.wait_for(run.wait(), 60) == -int(signal.SIGKILL)
+        assert server._runs == {}
+        assert server._residents == {}
+    finally:
+        await server.close()
+
+
 async def test_a_request_json_cannot_hold_fails_as_a_start_and_leaves_nothing_waiting(
     tmp_path: Path,
 ) -> None:

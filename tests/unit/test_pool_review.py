@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import selectors
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from nats.js.errors import APIError
 
-from suzumio.runner.forkserver import _Residents
+from suzumio.runner.forkserver import ForkServer, ResidentRun, _Replies
 from suzumio.runner.worker import Worker, WorkerConfig
 
 
@@ -81,28 +79,26 @@ async def test_an_error_of_the_queue_on_a_batch_fetch_does_not_end_the_worker(
     assert taken == [first]
 
 
-def test_a_resident_runners_lines_go_on_only_as_an_activations_end() -> None:
-    """Anything else it wrote would read to the worker as some runner's start or end — or,
-    not being an object, stop the worker reading its fork server's answers at all."""
-    relayed: list[dict[str, Any]] = []
-    selector = selectors.DefaultSelector()
-    residents = _Residents(selector, relayed.append)
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
-    os.set_blocking(from_child_r, False)
-    try:
-        residents.add(4242, to_child_w, from_child_r)
-        lines = [
-            "not json", "[1]", '"text"', "7", '{"pid": 77, "code": 0}', '{"id": 3}',
-            '{"id": "3", "done": 0}', '{"id": 3, "done": 0, "tail": 5}',
-            json.dumps({"id": 4, "done": 1, "tail": "the end", "pid": 77}),
-            json.dumps({"id": 5, "done": 0}),
-        ]  # fmt: skip
-        os.write(from_child_w, ("\n".join(lines) + "\n").encode())
-        assert residents.relay(4242)
-        assert relayed == [{"id": 4, "done": 1, "tail": "the end"}, {"id": 5, "done": 0}]
-    finally:
-        for fd in (to_child_r, from_child_w):
-            os.close(fd)
-        residents.ended(4242)  # at its end of file: its pipes are closed
-        selector.close()
+async def test_a_resident_runners_lines_end_only_its_own_activations() -> None:
+    """What a resident runner writes ends an activation only as its end, and only one sent
+    to it: anything else would read to the worker as some runner's end."""
+    server = ForkServer()
+    runs = {i: ResidentRun(4242) for i in (3, 4, 5)} | {6: ResidentRun(77)}
+    server._runs.update(runs)
+    lines = [
+        "not json", "[1]", '"text"', "7", '{"pid": 77, "code": 0}', '{"id": 3}',
+        '{"id": "3", "done": 0}', '{"id": 3, "done": 0, "tail": 5}',
+        json.dumps({"id": 4, "done": 1, "tail": "the end", "pid": 77}),
+        json.dumps({"id": 6, "done": 0}),  # another runner's activation
+    ]  # fmt: skip
+    replies = _Replies(server, 4242)
+    data = ("\n".join(lines) + "\n" + json.dumps({"id": 5, "done": 0})).encode()
+    replies.data_received(data[:50])
+    replies.data_received(data[50:])  # the last line is not whole yet
+    assert [i for i, run in runs.items() if run.returncode is not None] == [4]
+    assert runs[4].tail == "the end"
+    replies.data_received(b"\n")
+    assert (runs[4].returncode, runs[5].returncode) == (1, 0)
+    assert runs[3].returncode is None
+    assert runs[6].returncode is None
+    assert set(server._runs) == {3, 6}

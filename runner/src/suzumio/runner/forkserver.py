@@ -9,24 +9,28 @@ runs `suzumio.runner.main.run` and exits with its code. The server is single-thr
 (forking a threaded process is unsafe) and reports each child's exit.
 
 **Resident runners** (for warm sessions): a child forked with `"resident": true` does not run
-one activation and exit; it serves the activations the worker sends it, one at a time, over a
-pair of pipes the server holds and relays — the same process for a session's next
-activations, so they pay neither the fork nor the exit, and its HTTP connections stay open.
-It leaves after `max_runs` activations, or when the worker retires it (another agent or
-environment, an activation stopped, the session no longer warm).
+one activation and exit; it serves the activations the worker sends it, one at a time — the
+same process for a session's next activations, so they pay neither the fork nor the exit, and
+its HTTP connections stay open. It leaves after `max_runs` activations, or when the worker
+retires it (another agent or environment, an activation stopped, the session no longer warm).
+Its two pipes are the worker's: the worker makes them and hands the runner's ends to the
+server (over a Unix socket, `SCM_RIGHTS`), which passes them on to the child and closes its
+copies. The worker writes each activation's request to the runner and reads its end from it
+directly: the server, single-threaded, is not woken twice per activation to relay them (until
+2026-12-04 it was, and parsed and wrote each request again — its session's history).
 
 Protocol on the server's stdin/stdout, one JSON object per line. Once warm (everything
 imported, a model and a broker call made on loopback) it says `{"ready": true}`, and only then
 reads requests:
 `{"id", "input", "cwd", "log", "env", "sandbox"?}` → `{"id", "pid"}` or `{"id", "error"}`;
-`{"id", "resident": true, "cwd", "log", "env", "max_runs", "sandbox"?}` → `{"id", "pid"}`;
-`{"id", "to": pid, "spec", "cwd", "env"}` (an activation for a resident runner, its input
-inline: no file holds its token) → `{"id", "done": code, "tail"?}` when it ended there (`tail`:
-the end of what it logged, if it failed), or `{"id", "error"}`; and `{"pid", "code"}` when a
-child ends (`code` < 0: killed by signal `-code`), after any `done` it wrote. The lines with
-an activation's input are written and read with orjson: that input (its session's history)
-is most of the bytes, and `json` took several times longer over it, in the worker, here and
-in the runner.
+`{"id", "resident": true, "cwd", "log", "env", "max_runs", "sandbox"?}` (its pipes' ends sent
+first on the socket, with the request's id) → `{"id", "pid"}` or `{"id", "error"}`; and
+`{"pid", "code"}` when a child ends (`code` < 0: killed by signal `-code`).
+On a resident runner's pipes: `{"id", "spec", "cwd", "env"}` in (an activation, its input
+inline: no file holds its token) → `{"id", "done": code, "tail"?}` out when it ended there
+(`tail`: the end of what it logged, if it failed). The lines are written and read with
+orjson: an activation's input (its session's history) is most of their bytes, and `json`
+took several times longer over it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import os
 import random
 import selectors
 import signal
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -221,6 +226,13 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _encoded(request: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(request) + b"\n"
+    except TypeError as exc:  # a value JSON cannot hold (a path that is not UTF-8)
+        raise OSError(f"the request cannot be encoded: {exc}") from None
+
+
 def _is_done(answer: Any) -> bool:
     """Whether a resident runner's line is an activation's end: `{"id", "done", "tail"?}`."""
     return (
@@ -250,72 +262,6 @@ class _Lines:
         lines = self._partial.split(b"\n")
         self._partial = bytearray(chunk[end + 1 :])
         return [bytes(line) for line in lines]
-
-
-class _Residents:
-    """The server's side of its resident runners: the pipe to each, the one from it."""
-
-    def __init__(
-        self, selector: selectors.BaseSelector, reply: Callable[[dict[str, Any]], None]
-    ) -> None:
-        self._selector, self._reply = selector, reply
-        self._pipes: dict[int, tuple[int, int]] = {}  # pid → (requests to it, replies from it)
-        self._partial: dict[int, bytes] = {}
-
-    def fds(self) -> list[int]:
-        return [fd for pair in self._pipes.values() for fd in pair]
-
-    def add(self, pid: int, to_child: int, from_child: int) -> None:
-        self._pipes[pid] = (to_child, from_child)
-        self._partial[pid] = b""
-        self._selector.register(from_child, selectors.EVENT_READ, pid)
-
-    def send(self, request: dict[str, Any]) -> None:
-        pipes = self._pipes.get(int(request["to"]))
-        if pipes is None:
-            self._reply({"id": request["id"], "error": "no such runner"})
-            return
-        body = {k: request[k] for k in ("id", "spec", "cwd", "env")}
-        try:
-            write_all(pipes[0], orjson.dumps(body) + b"\n")
-        except OSError as exc:  # it is ending: its exit is on its way
-            self._reply({"id": request["id"], "error": str(exc)})
-
-    def relay(self, pid: int) -> bool:
-        """Pass on what the runner wrote; whether there was anything (its end closed or
-        nothing to read now: False)."""
-        pipes = self._pipes.get(pid)
-        if pipes is None:
-            return False
-        try:
-            chunk = os.read(pipes[1], 65536)
-        except BlockingIOError:
-            return False
-        if not chunk:
-            self._close(pid)
-            return False
-        *lines, self._partial[pid] = (self._partial[pid] + chunk).split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                answer = json.loads(line)
-                # Only what an activation's end says goes on: anything else (a runner that
-                # wrote garbage) would read to the worker as another runner's start or end.
-                if _is_done(answer):
-                    self._reply({k: answer[k] for k in ("id", "done", "tail") if k in answer})
-        return True
-
-    def ended(self, pid: int) -> None:
-        """Its last replies go out before its exit does."""
-        while self.relay(pid):
-            pass
-
-    def _close(self, pid: int) -> None:
-        to_child, from_child = self._pipes.pop(pid)
-        self._partial.pop(pid, None)
-        self._selector.unregister(from_child)
-        for fd in (to_child, from_child):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 def _outlive_stop_signals() -> None:
@@ -363,73 +309,96 @@ def serve() -> int:
     selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
     lines = _Lines()
+    pipes = _pipes_socket()
     inherited = [sys.stdin.fileno(), sys.stdout.fileno(), wake_r, wake_w]
+    inherited += [pipes.fileno()] if pipes is not None else []
 
     def reply(body: dict[str, Any]) -> None:
         replies.write(json.dumps(body) + "\n")
         replies.flush()
 
-    residents = _Residents(selector, reply)
     forked: set[int] = set()
     reply({"ready": True})
     while True:
         for key, _ in selector.select():
-            if isinstance(key.data, int):
-                residents.relay(key.data)
-                continue
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-                _reap(reply, residents, forked)
+                _reap(reply, forked)
                 continue
             chunk = requests.read(1 << 20)
             if not chunk:
                 return 0  # the worker is gone
             for line in lines.feed(chunk):
-                request = orjson.loads(line)
-                if "to" in request:
-                    residents.send(request)
-                    continue
-                _fork(request, [*inherited, *residents.fds()], residents, reply, selector, forked)
-        _reap(reply, residents, forked)
+                _fork(orjson.loads(line), inherited, pipes, reply, selector, forked)
+        _reap(reply, forked)
+
+
+PIPES_FD_ENV = "FORKSERVER_PIPES_FD"
+"""Names the server's end of the socket a resident runner's pipe ends come over."""
+PIPES_WAIT_SECONDS = 5.0
+
+
+def _pipes_socket() -> socket.socket | None:
+    fd = os.environ.pop(PIPES_FD_ENV, "")
+    if not fd.isdigit():
+        return None
+    sock = socket.socket(fileno=int(fd))
+    sock.settimeout(PIPES_WAIT_SECONDS)  # they are sent before the request: never long
+    return sock
+
+
+def _pipes_for(request: dict[str, Any], sock: socket.socket | None) -> tuple[int, int] | None:
+    """The resident runner's ends of its pipes (requests in, replies out), as the worker sent
+    them with this request's id; None if none came."""
+    if sock is None:
+        return None
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 64, 2)
+    except OSError:
+        return None
+    if data != str(request["id"]).encode() or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return None
+    for fd in fds:  # as the worker's were: no command a runner runs gets them
+        os.set_inheritable(fd, False)  # noqa: FBT003 - the stdlib's signature
+    return fds[0], fds[1]
 
 
 def _fork(
     request: dict[str, Any],
     inherited: list[int],
-    residents: _Residents,
+    pipes: socket.socket | None,
     reply: Callable[[dict[str, Any]], None],
     selector: selectors.BaseSelector,
     forked: set[int],
 ) -> None:
+    control: tuple[int, int] | None = None  # a resident runner's: requests in, replies out
+    if request.get("resident"):
+        control = _pipes_for(request, pipes)
+        if control is None:
+            reply({"id": request["id"], "error": "its pipes did not come with the request"})
+            return
     sys.stdout.flush()
     sys.stderr.flush()
-    pipes: tuple[int, ...] | None = None  # requests r/w, replies r/w (resident runners)
     try:
-        if request.get("resident"):
-            pipes = (*os.pipe(), *os.pipe())
         pid = os.fork()
     except OSError as exc:
-        for fd in pipes or ():
+        for fd in control or ():
             os.close(fd)
         reply({"id": request["id"], "error": str(exc)})
         return
     if pid == 0:
         selector.close()
-        if pipes is None:
-            _child(request, inherited)
-        else:
-            _child(request, [*inherited, pipes[1], pipes[2]], (pipes[0], pipes[3]))
-    if pipes is not None:
-        os.close(pipes[0])
-        os.close(pipes[3])
-        os.set_blocking(pipes[2], False)
-        residents.add(pid, pipes[1], pipes[2])
+        _child(request, inherited, control)
+    for fd in control or ():  # the runner's and the worker's now: a later child never has them
+        os.close(fd)
     forked.add(pid)
     reply({"id": request["id"], "pid": pid})
 
 
-def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents, forked: set[int]) -> None:
+def _reap(reply: Callable[[dict[str, Any]], None], forked: set[int]) -> None:
     """Reap what ended: a runner's end goes to the worker; a runner killed by a signal could
     not end what its commands left, so that ends here (it came to this subreaper); those
     strays are reaped here too, and nobody is told."""
@@ -443,7 +412,6 @@ def _reap(reply: Callable[[dict[str, Any]], None], residents: _Residents, forked
         if pid not in forked:
             continue  # a stray of a runner that is gone
         forked.discard(pid)
-        residents.ended(pid)
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
             strays.kill_children(keep=forked)
@@ -479,6 +447,46 @@ class ResidentRun(ForkedProcess):
     tail = ""
 
 
+REPLIES_GRACE_SECONDS = 2.0
+"""How long after a resident runner's exit its replies may still be read: they are all in
+the pipe by then, up to its end — unless something it started holds the pipe open."""
+
+
+class _Resident:
+    """The worker's ends of a resident runner's pipes: its requests go in at one, its ends
+    come out of the other."""
+
+    def __init__(self, requests: asyncio.WriteTransport) -> None:
+        self.requests = requests
+        self.replies: asyncio.ReadTransport | None = None
+        self.replies_ended = False
+        self.code: int | None = None  # its exit, once the server reported it
+        self.grace: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        if self.grace is not None:
+            self.grace.cancel()
+        self.requests.close()
+        if self.replies is not None:
+            self.replies.close()
+
+
+class _Replies(asyncio.Protocol):
+    """A resident runner's replies, whole lines; its pipe's end once it has ended."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self._server, self._pid = server, pid
+        self._lines = _Lines()
+
+    def data_received(self, data: bytes) -> None:
+        for line in self._lines.feed(data):
+            with contextlib.suppress(ValueError):
+                self._server._on_done(self._pid, orjson.loads(line))
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002
+        self._server._replies_ended(self._pid)
+
+
 class ForkServer:
     """The worker's side: starts the server and asks it for runners."""
 
@@ -493,6 +501,8 @@ class ForkServer:
         self._abandoned: set[int] = set()
         self._killed: set[int] = set()
         self._runs: dict[int, ResidentRun] = {}  # request id → an activation on a resident
+        self._residents: dict[int, _Resident] = {}  # by pid: the worker's ends of its pipes
+        self._pipes: socket.socket | None = None  # a resident runner's pipe ends go over it
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._ready = asyncio.Event()  # the server said it is warm
@@ -517,12 +527,19 @@ class ForkServer:
         still imported would hold its first dispatch for seconds, where another worker of the
         pool could start it at once. Returns early if the server died (`alive` then says so:
         the worker starts another), and after `ready_within` seconds in any case."""
-        self._proc = await asyncio.create_subprocess_exec(
-            *self._command(),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=server_env(os.environ),
-        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.settimeout(0)  # a server that stopped reading fails a start, never blocks the loop
+        self._pipes = ours
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self._command(),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env={**server_env(os.environ), PIPES_FD_ENV: str(theirs.fileno())},
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()
         self._reader = asyncio.create_task(self._read())
         ready = asyncio.create_task(self._ready.wait())
         await asyncio.wait({ready, self._reader}, timeout=ready_within,
@@ -557,48 +574,83 @@ class ForkServer:
         """A resident runner, waiting for activations (`run_in`); it leaves after `max_runs`.
         It is held to `sandbox`'s limits for all of them."""
         body = {"resident": True, "cwd": str(cwd), "log": str(log), "max_runs": max_runs}
-        return await self._fork(_with(body, sandbox), env)
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        try:
+            child = await self._fork(_with(body, sandbox), env, (requests_r, replies_w))
+        except BaseException:
+            os.close(requests_w)
+            os.close(replies_r)
+            raise
+        finally:  # the runner's ends: in the server (and the runner) once sent
+            os.close(requests_r)
+            os.close(replies_w)
+        await self._attach(child, requests_w, replies_r)
+        return child
+
+    async def _attach(self, child: ForkedProcess, requests: int, replies: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            writing, _ = await loop.connect_write_pipe(
+                asyncio.Protocol, os.fdopen(requests, "wb", buffering=0)
+            )
+        except BaseException:
+            os.close(requests)
+            os.close(replies)
+            raise
+        resident = self._residents[child.pid] = _Resident(writing)
+        try:
+            resident.replies, _ = await loop.connect_read_pipe(
+                lambda: _Replies(self, child.pid), os.fdopen(replies, "rb", buffering=0)
+            )
+        except BaseException:
+            os.close(replies)
+            resident.replies_ended = True
+            resident.requests.close()
+            raise
+        if child.returncode is not None:  # it ended before it was attached
+            self._exited_resident(child.pid, child.returncode)
 
     async def run_in(
         self, runner: ForkedProcess, spec: str, cwd: Path, env: dict[str, str]
     ) -> ResidentRun:
         """One activation (`spec`: its input's JSON) on a resident runner, which must be idle
-        and logs it where it logs everything."""
-        if runner.returncode is not None:
+        and logs it where it logs everything: its request goes straight to the runner."""
+        resident = self._residents.get(runner.pid)
+        if runner.returncode is not None or resident is None or resident.requests.is_closing():
             raise OSError("the resident runner has ended")
         request_id = self._next_id()
+        line = _encoded({"id": request_id, "spec": spec, "cwd": str(cwd), "env": env})
         run = ResidentRun(runner.pid)
         self._runs[request_id] = run
-        body = {"to": runner.pid, "spec": spec, "cwd": str(cwd)}
-        try:
-            await self._send({"id": request_id, **body, "env": env})
-        except OSError:
-            self._runs.pop(request_id, None)
-            raise
+        resident.requests.write(line)  # buffered by the transport: never blocks the loop
         return run
 
     def _next_id(self) -> int:
         self._next += 1
         return self._next
 
-    async def _send(self, request: dict[str, Any]) -> None:
+    async def _send(self, request: dict[str, Any], pipes: tuple[int, int] | None = None) -> None:
         proc = self._proc
         if proc is None or proc.returncode is not None or proc.stdin is None:
             raise OSError("the fork server is not running")
-        try:
-            line = orjson.dumps(request) + b"\n"
-        except TypeError as exc:  # a value JSON cannot hold (a path that is not UTF-8)
-            raise OSError(f"the request cannot be encoded: {exc}") from None
+        line = _encoded(request)
         async with self._lock:
+            if pipes is not None:  # first, and in the order of the requests they go with
+                if self._pipes is None:
+                    raise OSError("the fork server takes no pipes")
+                socket.send_fds(self._pipes, [str(request["id"]).encode()], list(pipes))
             proc.stdin.write(line)
             await proc.stdin.drain()
 
-    async def _fork(self, body: dict[str, Any], env: dict[str, str]) -> ForkedProcess:
+    async def _fork(
+        self, body: dict[str, Any], env: dict[str, str], pipes: tuple[int, int] | None = None
+    ) -> ForkedProcess:
         request_id = self._next_id()
         answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = answer
         try:
-            await self._send({"id": request_id, **body, "env": env})
+            await self._send({"id": request_id, **body, "env": env}, pipes)
         except OSError:
             self._pending.pop(request_id, None)
             raise
@@ -636,6 +688,8 @@ class ForkServer:
                 child.ended(-int(signal.SIGKILL))
             for run in self._runs.values():
                 run.ended(-int(signal.SIGKILL))
+            for resident in self._residents.values():
+                resident.close()
 
     def _on_message(self, message: dict[str, Any]) -> None:
         if isinstance(message, dict) and message.get("ready") is True:
@@ -643,11 +697,6 @@ class ForkServer:
             return
         if "code" in message:
             self._exited(int(message["pid"]), int(message["code"]))
-            return
-        run = self._runs.pop(message["id"], None)
-        if run is not None:
-            run.tail = str(message.get("tail", ""))
-            run.ended(int(message["done"]) if "done" in message else -int(signal.SIGKILL))
             return
         if message["id"] in self._abandoned:
             self._abandoned.discard(message["id"])
@@ -677,12 +726,57 @@ class ForkServer:
             self._early[pid] = code
         else:
             child.ended(code)
+        self._exited_resident(pid, code)
+
+    def _exited_resident(self, pid: int, code: int) -> None:
+        """A resident runner's activation that it ended before ends with the runner's code —
+        once what it wrote has been read: an end it reported comes before its exit."""
+        resident = self._residents.get(pid)
+        if resident is None:
+            self._end_runs_of(pid, code)
+            return
+        resident.code = code
+        resident.requests.close()
+        if resident.replies_ended:
+            self._replies_ended(pid)
+        elif resident.grace is None:
+            loop = asyncio.get_running_loop()
+            resident.grace = loop.call_later(REPLIES_GRACE_SECONDS, self._replies_ended, pid)
+
+    def _replies_ended(self, pid: int) -> None:
+        resident = self._residents.get(pid)
+        if resident is None:
+            return
+        resident.replies_ended = True
+        if resident.code is None:
+            return  # its exit comes from the server
+        del self._residents[pid]
+        resident.close()
+        self._end_runs_of(pid, resident.code)
+
+    def _on_done(self, pid: int, answer: Any) -> None:
+        """A resident runner's end of an activation — one of its own: a runner that wrote
+        anything else (or named another's) ends nothing."""
+        if not _is_done(answer):
+            return
+        run = self._runs.get(answer["id"])
+        if run is None or run.pid != pid:
+            return
+        del self._runs[answer["id"]]
+        run.tail = str(answer.get("tail", ""))
+        run.ended(int(answer["done"]))
+
+    def _end_runs_of(self, pid: int, code: int) -> None:
         for request_id, run in list(self._runs.items()):
             if run.pid == pid:  # the resident runner ended before the activation did
                 del self._runs[request_id]
                 run.ended(code)
 
     async def close(self) -> None:
+        for resident in self._residents.values():
+            resident.close()
+        if self._pipes is not None:
+            self._pipes.close()
         if self._proc is not None and self._proc.returncode is None:
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
