@@ -1,4 +1,4 @@
-"""The pool worker's pulling and its fork server's relaying, without NATS: a dispatch handed
+"""The pool worker's pulling and its resident runners' pipes, without NATS: a dispatch handed
 out as the worker is told to stop, a queue that answers a batch fetch with an error, and a
 resident runner that writes lines that are not an activation's end."""
 
@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from nats.js.errors import APIError
 
-from suzumio.runner.forkserver import ForkServer, ResidentRun, _Replies
+from suzumio.runner.forkserver import ForkServer, ResidentRun, _Resident
 from suzumio.runner.worker import Worker, WorkerConfig
 
 
@@ -83,22 +84,40 @@ async def test_a_resident_runners_lines_end_only_its_own_activations() -> None:
     """What a resident runner writes ends an activation only as its end, and only one sent
     to it: anything else would read to the worker as some runner's end."""
     server = ForkServer()
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    other_r, other_w = os.pipe()
+    other_replies_r, other_replies_w = os.pipe()
+    ours = _Resident(server, 4242, requests_w, replies_r)
+    other = _Resident(server, 77, other_w, other_replies_r)
     runs = {i: ResidentRun(4242) for i in (3, 4, 5)} | {6: ResidentRun(77)}
     server._runs.update(runs)
+    ours.runs.update({i: runs[i] for i in (3, 4, 5)})
+    other.runs[6] = runs[6]
     lines = [
         "not json", "[1]", '"text"', "7", '{"pid": 77, "code": 0}', '{"id": 3}',
         '{"id": "3", "done": 0}', '{"id": 3, "done": 0, "tail": 5}',
         json.dumps({"id": 4, "done": 1, "tail": "the end", "pid": 77}),
         json.dumps({"id": 6, "done": 0}),  # another runner's activation
     ]  # fmt: skip
-    replies = _Replies(server, 4242)
     data = ("\n".join(lines) + "\n" + json.dumps({"id": 5, "done": 0})).encode()
-    replies.data_received(data[:50])
-    replies.data_received(data[50:])  # the last line is not whole yet
-    assert [i for i, run in runs.items() if run.returncode is not None] == [4]
-    assert runs[4].tail == "the end"
-    replies.data_received(b"\n")
-    assert (runs[4].returncode, runs[5].returncode) == (1, 0)
-    assert runs[3].returncode is None
-    assert runs[6].returncode is None
-    assert set(server._runs) == {3, 6}
+    try:
+        os.write(replies_w, data[:50])
+        ours.drain()
+        os.write(replies_w, data[50:])  # the last line is not whole yet
+        ours.drain()
+        assert [i for i, run in runs.items() if run.returncode is not None] == [4]
+        assert runs[4].tail == "the end"
+        os.write(replies_w, b"\n")
+        ours.drain()
+        assert (runs[4].returncode, runs[5].returncode) == (1, 0)
+        assert runs[3].returncode is None
+        assert runs[6].returncode is None
+        assert set(server._runs) == {3, 6}
+        ours.send(b"a request\n")
+        assert os.read(requests_r, 100) == b"a request\n"
+    finally:
+        ours.close()
+        other.close()
+        for fd in (requests_r, replies_w, other_r, other_replies_w):
+            os.close(fd)

@@ -350,20 +350,23 @@ def _pipes_socket() -> socket.socket | None:
 
 def _pipes_for(request: dict[str, Any], sock: socket.socket | None) -> tuple[int, int] | None:
     """The resident runner's ends of its pipes (requests in, replies out), as the worker sent
-    them with this request's id; None if none came."""
+    them with this request's id; None if none came. Ends sent with an earlier request (one
+    this server never read a line of) are closed and passed over."""
     if sock is None:
         return None
-    try:
-        data, fds, _, _ = socket.recv_fds(sock, 64, 2)
-    except OSError:
-        return None
-    if data != str(request["id"]).encode() or len(fds) != 2:
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 64, 2)
+        except OSError:
+            return None
+        if data.isdigit() and int(data) == request["id"] and len(fds) == 2:
+            for fd in fds:  # as the worker's were: no command a runner runs gets them
+                os.set_inheritable(fd, False)  # noqa: FBT003 - the stdlib's signature
+            return fds[0], fds[1]
         for fd in fds:
             os.close(fd)
-        return None
-    for fd in fds:  # as the worker's were: no command a runner runs gets them
-        os.set_inheritable(fd, False)  # noqa: FBT003 - the stdlib's signature
-    return fds[0], fds[1]
+        if not (data.isdigit() and int(data) < request["id"]):
+            return None
 
 
 def _fork(
@@ -454,37 +457,100 @@ the pipe by then, up to its end — unless something it started holds the pipe o
 
 class _Resident:
     """The worker's ends of a resident runner's pipes: its requests go in at one, its ends
-    come out of the other."""
+    come out of the other. Plain non-blocking descriptors on the loop's reader and writer
+    callbacks, closed here once — not pipe transports: uvloop's close a pipe's descriptor
+    twice (libuv's close, then the file object's), and the second close can take a number a
+    worker thread was given meanwhile (MagicStack/uvloop#763)."""
 
-    def __init__(self, requests: asyncio.WriteTransport) -> None:
-        self.requests = requests
-        self.replies: asyncio.ReadTransport | None = None
-        self.replies_ended = False
+    def __init__(self, server: ForkServer, pid: int, requests: int, replies: int) -> None:
+        self.pid = pid
+        self.runs: dict[int, ResidentRun] = {}  # by request id: sent, not ended yet
         self.code: int | None = None  # its exit, once the server reported it
         self.grace: asyncio.TimerHandle | None = None
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self._requests: int | None = requests
+        self._replies: int | None = replies
+        self._unsent = bytearray()  # of the last request: what the pipe has not taken yet
+        self._lines = _Lines()
+        for fd in (requests, replies):
+            os.set_blocking(fd, False)
+        self._loop.add_reader(replies, self._read)
+
+    @property
+    def writable(self) -> bool:
+        return self._requests is not None
+
+    @property
+    def replies_ended(self) -> bool:
+        return self._replies is None
+
+    def send(self, line: bytes) -> None:
+        """`line` to the runner, as much as the pipe takes now and the rest as it drains: a
+        session's history makes a request megabytes long, and the loop must not wait."""
+        if self._requests is None:
+            raise OSError("the resident runner has ended")
+        self._unsent += line
+        self._write()
+        if self._unsent and self._requests is not None:
+            self._loop.add_writer(self._requests, self._write)
+
+    def _write(self) -> None:
+        if self._requests is None:
+            return
+        try:
+            sent = os.write(self._requests, self._unsent)
+        except BlockingIOError:
+            return
+        except OSError:  # the runner is gone: its exit ends what it was sent
+            self.close_requests()
+            return
+        del self._unsent[:sent]
+        if not self._unsent:
+            self._loop.remove_writer(self._requests)
+
+    def _read(self) -> bool:
+        """Take what the runner wrote; whether more may come."""
+        if self._replies is None:
+            return False
+        try:
+            chunk = os.read(self._replies, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close_replies()
+            self._server._replies_ended(self)
+            return False
+        for line in self._lines.feed(chunk):
+            with contextlib.suppress(ValueError):
+                self._server._on_done(self, orjson.loads(line))
+        return True
+
+    def drain(self) -> None:
+        """Everything it wrote that is in the pipe now (its exit came, its end may not)."""
+        while self._read():
+            pass
+
+    def close_requests(self) -> None:
+        if self._requests is not None:
+            self._loop.remove_writer(self._requests)
+            os.close(self._requests)
+            self._requests = None
+            self._unsent.clear()
+
+    def _close_replies(self) -> None:
+        if self._replies is not None:
+            self._loop.remove_reader(self._replies)
+            os.close(self._replies)
+            self._replies = None
 
     def close(self) -> None:
         if self.grace is not None:
             self.grace.cancel()
-        self.requests.close()
-        if self.replies is not None:
-            self.replies.close()
-
-
-class _Replies(asyncio.Protocol):
-    """A resident runner's replies, whole lines; its pipe's end once it has ended."""
-
-    def __init__(self, server: ForkServer, pid: int) -> None:
-        self._server, self._pid = server, pid
-        self._lines = _Lines()
-
-    def data_received(self, data: bytes) -> None:
-        for line in self._lines.feed(data):
-            with contextlib.suppress(ValueError):
-                self._server._on_done(self._pid, orjson.loads(line))
-
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002
-        self._server._replies_ended(self._pid)
+        self.close_requests()
+        self._close_replies()
 
 
 class ForkServer:
@@ -575,7 +641,12 @@ class ForkServer:
         It is held to `sandbox`'s limits for all of them."""
         body = {"resident": True, "cwd": str(cwd), "log": str(log), "max_runs": max_runs}
         requests_r, requests_w = os.pipe()
-        replies_r, replies_w = os.pipe()
+        try:
+            replies_r, replies_w = os.pipe()
+        except OSError:
+            os.close(requests_r)
+            os.close(requests_w)
+            raise
         try:
             child = await self._fork(_with(body, sandbox), env, (requests_r, replies_w))
         except BaseException:
@@ -585,29 +656,14 @@ class ForkServer:
         finally:  # the runner's ends: in the server (and the runner) once sent
             os.close(requests_r)
             os.close(replies_w)
-        await self._attach(child, requests_w, replies_r)
+        self._attach(child, requests_w, replies_r)
         return child
 
-    async def _attach(self, child: ForkedProcess, requests: int, replies: int) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            writing, _ = await loop.connect_write_pipe(
-                asyncio.Protocol, os.fdopen(requests, "wb", buffering=0)
-            )
-        except BaseException:
-            os.close(requests)
-            os.close(replies)
-            raise
-        resident = self._residents[child.pid] = _Resident(writing)
-        try:
-            resident.replies, _ = await loop.connect_read_pipe(
-                lambda: _Replies(self, child.pid), os.fdopen(replies, "rb", buffering=0)
-            )
-        except BaseException:
-            os.close(replies)
-            resident.replies_ended = True
-            resident.requests.close()
-            raise
+    def _attach(self, child: ForkedProcess, requests: int, replies: int) -> None:
+        old = self._residents.get(child.pid)
+        if old is not None:  # its pid came round again: that runner is long gone
+            self._finish(old, old.code if old.code is not None else -int(signal.SIGKILL))
+        self._residents[child.pid] = _Resident(self, child.pid, requests, replies)
         if child.returncode is not None:  # it ended before it was attached
             self._exited_resident(child.pid, child.returncode)
 
@@ -617,13 +673,13 @@ class ForkServer:
         """One activation (`spec`: its input's JSON) on a resident runner, which must be idle
         and logs it where it logs everything: its request goes straight to the runner."""
         resident = self._residents.get(runner.pid)
-        if runner.returncode is not None or resident is None or resident.requests.is_closing():
+        if runner.returncode is not None or resident is None or not resident.writable:
             raise OSError("the resident runner has ended")
         request_id = self._next_id()
         line = _encoded({"id": request_id, "spec": spec, "cwd": str(cwd), "env": env})
+        resident.send(line)
         run = ResidentRun(runner.pid)
-        self._runs[request_id] = run
-        resident.requests.write(line)  # buffered by the transport: never blocks the loop
+        self._runs[request_id] = resident.runs[request_id] = run
         return run
 
     def _next_id(self) -> int:
@@ -733,44 +789,46 @@ class ForkServer:
         once what it wrote has been read: an end it reported comes before its exit."""
         resident = self._residents.get(pid)
         if resident is None:
-            self._end_runs_of(pid, code)
             return
         resident.code = code
-        resident.requests.close()
+        resident.close_requests()
         if resident.replies_ended:
-            self._replies_ended(pid)
+            self._finish(resident, code)
         elif resident.grace is None:
             loop = asyncio.get_running_loop()
-            resident.grace = loop.call_later(REPLIES_GRACE_SECONDS, self._replies_ended, pid)
+            resident.grace = loop.call_later(REPLIES_GRACE_SECONDS, self._give_up, resident)
 
-    def _replies_ended(self, pid: int) -> None:
-        resident = self._residents.get(pid)
-        if resident is None:
-            return
-        resident.replies_ended = True
-        if resident.code is None:
-            return  # its exit comes from the server
-        del self._residents[pid]
+    def _give_up(self, resident: _Resident) -> None:
+        """Its pipe has not ended (something it started holds it open): what is in it now is
+        all it wrote."""
+        resident.drain()
+        if resident.code is not None:
+            self._finish(resident, resident.code)
+
+    def _replies_ended(self, resident: _Resident) -> None:
+        if resident.code is not None:  # else its exit comes from the server
+            self._finish(resident, resident.code)
+
+    def _finish(self, resident: _Resident, code: int) -> None:
+        if self._residents.get(resident.pid) is resident:
+            del self._residents[resident.pid]
         resident.close()
-        self._end_runs_of(pid, resident.code)
+        for request_id, run in resident.runs.items():  # it ended before they did
+            self._runs.pop(request_id, None)
+            run.ended(code)
+        resident.runs.clear()
 
-    def _on_done(self, pid: int, answer: Any) -> None:
+    def _on_done(self, resident: _Resident, answer: Any) -> None:
         """A resident runner's end of an activation — one of its own: a runner that wrote
         anything else (or named another's) ends nothing."""
         if not _is_done(answer):
             return
-        run = self._runs.get(answer["id"])
-        if run is None or run.pid != pid:
+        run = resident.runs.pop(answer["id"], None)
+        if run is None:
             return
-        del self._runs[answer["id"]]
+        self._runs.pop(answer["id"], None)
         run.tail = str(answer.get("tail", ""))
         run.ended(int(answer["done"]))
-
-    def _end_runs_of(self, pid: int, code: int) -> None:
-        for request_id, run in list(self._runs.items()):
-            if run.pid == pid:  # the resident runner ended before the activation did
-                del self._runs[request_id]
-                run.ended(code)
 
     async def close(self) -> None:
         for resident in self._residents.values():
