@@ -31,6 +31,7 @@ import functools
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -109,6 +110,31 @@ def _state_exit(state: dict[str, Any], cancelled: bool) -> Exit:
     if signalled:
         return Exit(None, "killed", detail)
     return Exit(code, "exited", detail)
+
+
+OOM_SETTLE_SECONDS = 1.0
+OOM_SETTLE_STEP_SECONDS = 0.1
+
+
+def settled_state(
+    inspect: Callable[[], dict[str, Any]], sleep: Callable[[float], None]
+) -> dict[str, Any]:
+    """The `State` of an exited container, its OOM flag given time to arrive. On cgroup v2 the
+    engine may handle the runtime's exit event before its OOM event (fixed in containerd only
+    in 2025: containerd#12714): a container killed at its memory limit then reads as killed
+    by SIGKILL (137), `OOMKilled` false, for a moment. One that was, and had a memory limit,
+    is inspected again for up to `OOM_SETTLE_SECONDS` (in the watch's thread) before its
+    exit is taken as a kill."""
+    container = inspect()
+    state: dict[str, Any] = container["State"]
+    if not (container.get("HostConfig") or {}).get("Memory"):
+        return state
+    for _ in range(round(OOM_SETTLE_SECONDS / OOM_SETTLE_STEP_SECONDS)):
+        if state.get("OOMKilled") or state.get("ExitCode") != 137:
+            break
+        sleep(OOM_SETTLE_STEP_SECONDS)
+        state = inspect()["State"]
+    return state
 
 
 def _redact(text: str, plan: LaunchPlan) -> str:
@@ -450,8 +476,10 @@ class DockerBackend:
             if "timed out" in str(exc).lower():
                 return None
             raise
-        state: dict[str, Any] = api.inspect_container(container_id)["State"]
-        return state
+        if container_id in self._cancelled:  # stopped by us: its SIGKILL is ours, no OOM's
+            state: dict[str, Any] = api.inspect_container(container_id)["State"]
+            return state
+        return settled_state(lambda: api.inspect_container(container_id), time.sleep)
 
     async def cancel(self, handle: Handle) -> None:
         self._cancelled.add(handle.sandbox_id)
