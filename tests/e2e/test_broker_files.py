@@ -141,6 +141,32 @@ async def test_outputs_are_recorded_once_within_the_limits(platform: Stack) -> N
         assert late.status_code == 403, late.text
 
 
+async def test_a_deleted_output_is_refused_again_before_its_bytes_are_stored(
+    platform: Stack,
+) -> None:
+    """An output a person deleted while its activation still runs keeps its id for good: the
+    sandbox sending other bytes for its index again is refused before they are read, so no
+    blob that nothing references is left of each try (and none fills the object store)."""
+    a = await live(platform, "outdel")
+    url = "/runner/files/out/0"
+    blobs = await platform.nc.jetstream().object_store(platform.topology.bucket(ARTIFACTS_BUCKET))
+    async with broker(platform, a.token) as c:
+        assert ok(await c.put(url, params={"path": "a.txt"}, content=b"first")) == {
+            "recorded": True
+        }
+    [item] = await artifacts(platform, a.world)
+    async with platform.client(a.world.key) as c:
+        ok(await c.delete(f"/v1/artifacts/{item['id']}"), 204)
+    async with broker(platform, a.token) as c:
+        for attempt in range(3):
+            other = os.urandom(64)
+            refused = await c.put(url, params={"path": "a.txt"}, content=other)
+            problem(refused, 409, "conflict")
+            assert "deleted" in refused.json()["detail"], attempt
+            assert not await has_blob(blobs, hashlib.sha256(other).hexdigest())
+    assert await artifacts(platform, a.world) == []
+
+
 async def test_the_runner_brings_inputs_in_and_sends_outputs_without_following_links(
     platform: Stack, tmp_path: Path
 ) -> None:

@@ -88,6 +88,7 @@ def client(
     commands: Recorder,
     token: str,
     operations: SupportOperations | None = None,
+    live_budget: int | None = None,
 ) -> httpx.AsyncClient:
     broker = Broker(
         nc=nc,
@@ -102,6 +103,8 @@ def client(
         waiter=cast("Any", None),
         artifacts=cast("Any", None),
     )
+    if live_budget is not None:
+        broker.live_budget = live_budget
     app = SignedFirst(create_app(broker), TokenSigner([KEY]))  # as the service serves it
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),

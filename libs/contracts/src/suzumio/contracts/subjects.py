@@ -23,6 +23,12 @@ def blob_name(sha256_hex: str) -> str:
     return f"sha256/{sha256_hex}"
 
 
+# How long LIVE remembers a chunk's message id: long enough for a runner's retries of a batch
+# (seconds), short enough that the ids remembered at thousands of chunks a second stay a few
+# megabytes. The tool-broker counts a batch sent again after it as new bytes.
+LIVE_DUPLICATE_WINDOW_SECONDS = 30.0
+
+
 class Storage(StrEnum):
     FILE = "file"
     MEMORY = "memory"
@@ -112,9 +118,7 @@ class Topology(BaseModel):
                 storage=Storage.MEMORY,
                 max_age_seconds=self.live_max_age_seconds,
                 max_bytes=self.live_max_bytes,
-                # Long enough for a runner's retries of a batch (seconds), short enough that the
-                # ids remembered at thousands of chunks a second stay a few megabytes.
-                duplicate_window_seconds=30.0,
+                duplicate_window_seconds=LIVE_DUPLICATE_WINDOW_SECONDS,
                 replicas=self.replicas,
                 description="live output (token chunks, tool progress); short retention",
             ),

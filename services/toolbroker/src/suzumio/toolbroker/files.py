@@ -49,14 +49,22 @@ def output_artifact_id(activation_id: str, index: int) -> str:
 
 async def _recorded(broker: Broker, artifact_id: str) -> ArtifactRecorded | None:
     """The artifact as recorded, or None if it does not exist or was deleted."""
+    recorded, _ = await _artifact(broker, artifact_id)
+    return recorded
+
+
+async def _artifact(broker: Broker, artifact_id: str) -> tuple[ArtifactRecorded | None, bool]:
+    """The artifact as recorded (None if it does not exist or was deleted), and whether it
+    was deleted."""
     stream = await broker.store.load("artifact", artifact_id)
     recorded: ArtifactRecorded | None = None
+    deleted = False
     for event in stream.events:
         if isinstance(event.data, ArtifactRecorded):
-            recorded = event.data
+            recorded, deleted = event.data, False
         elif isinstance(event.data, ArtifactDeleted):
-            recorded = None
-    return recorded
+            recorded, deleted = None, True
+    return recorded, deleted
 
 
 @router.get("/runner/files/{artifact_id}", response_class=StreamingResponse)
@@ -149,9 +157,11 @@ async def _store_output(
     request: Request, index: int, path: str, caller: Caller, broker: Broker, artifact_id: str
 ) -> Recorded:
     limits = broker.artifacts
-    before = await _recorded(broker, artifact_id)
+    before, deleted = await _artifact(broker, artifact_id)
     if before is not None and before.path != path:
         raise BrokerError(409, "conflict", f"output {index} is another file already")
+    if deleted:  # its id is taken for good: the session service would refuse it, bytes stored
+        raise BrokerError(409, "conflict", f"output {index} was recorded, then deleted")
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
         sha256, size = await _receive(request, spool, limits.max_bytes)
         if before is not None:

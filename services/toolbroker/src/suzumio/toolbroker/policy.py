@@ -53,7 +53,7 @@ async def permit(
         )
     try:
         written = json.loads(approved_call or "{}")  # as the runner reads no arguments
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's limit: not JSON to us
         raise BrokerError(422, "invalid", "approved_call: not JSON text") from None
     if not matches(written):
         raise BrokerError(

@@ -67,9 +67,11 @@ class LiveActivation:
     call_tools: dict[str, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
     live_bytes: int = 0  # published to LIVE for it by this replica
-    # The numbers of its latest batches counted in `live_bytes` (at most `LIVE_BATCHES_KEPT`):
-    # a batch sent again after its answer was lost is published once, and counted once.
-    live_counted: dict[int, None] = field(default_factory=dict)
+    # Its latest batches counted in `live_bytes` (at most `LIVE_BATCHES_KEPT`), by number: how
+    # many chunks each had, and when (monotonic) it was counted. A batch sent again after its
+    # answer was lost is counted once: all its chunks' ids are known to LIVE then, which stores
+    # none of them again.
+    live_counted: dict[int, tuple[int, float]] = field(default_factory=dict)
     live_cut: bool = False  # past its live budget: nothing more of it is published
 
 

@@ -54,6 +54,7 @@ from suzumio.contracts.events import (
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
+from suzumio.contracts.subjects import LIVE_DUPLICATE_WINDOW_SECONDS
 from suzumio.contracts.values import MAX_JSON_DEPTH, PendingKind
 from suzumio.platform import telemetry
 from suzumio.platform.logging import get_logger
@@ -354,7 +355,7 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> bo
     subject = broker.topology.live_subject(c.session_id)
     size = sum(map(len, payloads))
     a = caller.activation
-    counted = _counted(a, size, broker.live_budget, body.batch)
+    counted = _counted(a, size, broker.live_budget, body.batch, len(payloads), _ids_kept(broker))
     if counted is None:
         await _live_cut(broker, caller, subject, now)
         return False
@@ -377,22 +378,44 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> bo
     return True
 
 
-LIVE_BATCHES_KEPT = 64  # batch numbers remembered per activation, to count a resent one once
+LIVE_BATCHES_KEPT = 64  # batches remembered per activation, to count a resent one once
+RESEND_MARGIN_SECONDS = 5.0  # a resend this close to LIVE forgetting its ids counts anew
 
 
-def _counted(a: LiveActivation, size: int, budget: int, batch: int | None) -> bool | None:
+def _ids_kept(broker: Broker) -> float:
+    """How long LIVE surely still knows a chunk's message id (its duplicate window, which the
+    stream's max age shortens), less a margin."""
+    window = LIVE_DUPLICATE_WINDOW_SECONDS
+    if broker.topology.live_max_age_seconds:
+        window = min(window, broker.topology.live_max_age_seconds)
+    return window - RESEND_MARGIN_SECONDS
+
+
+def _counted(
+    a: LiveActivation, size: int, budget: int, batch: int | None, chunks: int, ids_kept: float
+) -> bool | None:
     """Counts the batch when it fits (before any await: two batches of one activation on
     their way at once are both counted): True if counted now, False if it was counted before
-    (sent again after its answer was lost), None if it does not fit."""
+    (sent again after its answer was lost), None if it does not fit.
+
+    A batch is taken as sent again — published, and not counted — only when LIVE drops all of
+    it as duplicates: no more chunks than the one counted under its number (their message ids
+    are the batch number and the chunk's index), within the time LIVE keeps their ids. Else a
+    sandbox could send a small batch, then ever larger ones under its number, published
+    uncounted, and the live budget would bound nothing."""
     if a.live_cut:
         return None
-    if batch is not None and batch in a.live_counted:
-        return False
+    now = time.monotonic()
+    if batch is not None and (before := a.live_counted.get(batch)) is not None:
+        counted_chunks, counted_at = before
+        if chunks <= counted_chunks and now - counted_at < ids_kept:
+            return False
     if a.live_bytes + size > budget:
         return None
     a.live_bytes += size
     if batch is not None:
-        a.live_counted[batch] = None
+        a.live_counted.pop(batch, None)  # counted again: the newest, last to be forgotten
+        a.live_counted[batch] = (chunks, now)
         if len(a.live_counted) > LIVE_BATCHES_KEPT:
             del a.live_counted[next(iter(a.live_counted))]
     return True
@@ -582,12 +605,14 @@ async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorde
         if body.live is not None:
             live = asyncio.ensure_future(_publish_live_last(broker, caller, body.live))
         try:
-            await append_own(broker, a, [recorded], caller.actor)
+            # False: the log holds an output already (another replica recorded it, its answer
+            # lost): this call recorded nothing, and says so.
+            wrote = await append_own(broker, a, [recorded], caller.actor)
         finally:
             if live is not None:
                 await live
         a.output = True
-    return Recorded(recorded=True)
+    return Recorded(recorded=wrote)
 
 
 async def _publish_live_last(broker: Broker, caller: Caller, batch: StreamBatch) -> None:
@@ -618,12 +643,13 @@ def _asks(body: AskRequest) -> Callable[[Any], bool]:
     makes its question of them)."""
 
     def matches(written: Any) -> bool:
-        return (
-            body.kind is PendingKind.QUESTION
-            and isinstance(written, dict)
-            and str(written.get("question", "")).strip() == body.prompt
-            and tuple(str(o) for o in written.get("options") or ()) == body.options
-        )
+        if body.kind is not PendingKind.QUESTION or not isinstance(written, dict):
+            return False
+        try:  # what the runner could not make a question of is not this one
+            options = tuple(str(o) for o in written.get("options") or ())
+        except TypeError:
+            return False
+        return str(written.get("question", "")).strip() == body.prompt and options == body.options
 
     return matches
 
