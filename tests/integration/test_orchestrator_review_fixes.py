@@ -546,6 +546,36 @@ async def test_a_sandbox_listed_while_its_activation_is_being_ended_is_cleared_a
     assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", True)]
 
 
+async def test_a_cancel_folded_in_the_turn_a_listing_comes_back_still_clears_the_sandbox(
+    store: EventStore, lead: Lead
+) -> None:
+    """The gone leader launched it and died before appending its start. The new leader's
+    listing comes back, and in the same turn of the loop (before the task that ends it first
+    runs) a cancel is folded: the activation was in `_tasks` and not yet `_ending`, so its
+    sandbox looked like one being launched and was left running, owned by no one, until the
+    next takeover. Now it is stopped and cleaned up after the end."""
+    session_id, activation_id = new_id(), new_id()
+    request = ActivationRequested(activation_id=activation_id, agent_id=new_id(), signal_ids=())
+    await store.append(session_id, [request], 0)
+    sandboxes = SlowToList([Handle(activation_id, "fake", "s1")])
+    async with lead({"fake": sandboxes}) as orchestrator:
+        await asyncio.wait_for(sandboxes.asked.wait(), 30)
+        match = orchestrator._match
+
+        async def cancel_folded_first(live: dict[str, Handle], unlisted: set[str]) -> None:
+            cancel = ActivationCancelRequested(activation_id=activation_id, reason="asked")
+            orchestrator._apply(session_id, cancel)  # as the fold does, in this very turn
+            await match(live, unlisted)
+
+        orchestrator._match = cancel_folded_first  # type: ignore[method-assign]
+        sandboxes.answer.set()
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), cleaned_up, what="cleanup"
+        )
+    assert [type(e) for e in await terminals(store, activation_id)] == [ActivationCancelled]
+    assert sandboxes.calls[activation_id] == [("cancel", None), ("cleanup", False)]
+
+
 # -- 4. the process backend's cleanup policy ---------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,33 @@ async def test_a_sandbox_whose_bubblewrap_leader_is_gone_is_still_stopped(tmp_pa
     end = await asyncio.wait_for(watching, 30)
     assert end.reason == "killed", end
     await backend.cleanup(handle, succeeded=False)
+
+
+async def test_a_stop_looks_at_its_process_group_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each look at whether a stopped sandbox's group lives walks all of /proc: on a host with
+    thousands of processes, one on the loop stalls every other watch of the orchestrator, up
+    to thirty times in a stop's grace. They are made in a worker thread, in the stop's grace
+    and in the cleanup alike."""
+    script = stand_in_runner(tmp_path, FINISHING)
+    settings = ProcessSettings(python=str(script), isolate=False, cgroups=False)
+    backend = ProcessBackend(tmp_path / "sandboxes", settings)
+    plan = plan_in(tmp_path)
+    handle = await backend.launch(plan)
+    ready = plan.host_dir / "workspace" / "ready"
+    await eventually(lambda: asyncio.to_thread(ready.exists), bool, what="the runner", timeout=30)
+    on_loop: list[bool] = []
+    group_alive = process._group_alive
+
+    def noting(group: int) -> bool:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return group_alive(group)
+
+    monkeypatch.setattr(process, "_group_alive", noting)
+    stopping = asyncio.create_task(backend.cancel(handle))
+    await asyncio.wait_for(backend.watch(handle), 30)
+    await stopping
+    await backend.cleanup(handle, succeeded=True)
+    assert on_loop  # the grace looked (the runner takes a second to finish)
+    assert not any(on_loop)

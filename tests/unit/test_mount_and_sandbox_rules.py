@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from suzumio.contracts.errors import ForbiddenError, InvalidError
-from suzumio.contracts.values import NetworkProfile
+from suzumio.contracts.values import NetworkProfile, WorkspaceMode
 from suzumio.orchestrator.backends.base import MountPlan
 from suzumio.orchestrator.backends.docker import DockerBackend
 from suzumio.orchestrator.backends.docker_settings import (
@@ -24,7 +27,8 @@ from suzumio.orchestrator.backends.docker_settings import (
     sandbox_owner,
 )
 from suzumio.orchestrator.directory import Grant
-from suzumio.orchestrator.planning import PlanError, checked_mounts
+from suzumio.orchestrator.planning import PlanError, Planner, checked_mounts
+from suzumio.orchestrator.settings import OrchestratorSettings
 from suzumio.session.mounts import canonical_mount_path
 from suzumio.session.settings import SessionSettings
 from tests.integration.test_docker_backend import make_plan
@@ -54,6 +58,31 @@ def test_a_grant_that_is_still_what_was_granted_is_mounted(tree: Path) -> None:
     inner = tree / "shared" / "inner"
     mounts = checked_mounts([grant(inner, writable=True)], ())
     assert mounts == (MountPlan(inner, "/data", writable=True),)
+
+
+async def test_the_planner_resolves_grants_off_the_event_loop(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grant's host path on a stalled network filesystem would hold the orchestrator's
+    loop — every watch, cancel and its leader lock — for as long as it is resolved: it is
+    resolved in a worker thread."""
+    on_loop: list[bool] = []
+    realpath = os.path.realpath
+
+    def noting(path: Any, **kw: Any) -> str:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return str(realpath(path, **kw))
+
+    settings = OrchestratorSettings(work_dir=tmp_path / "sandboxes", data_dir=tmp_path / "data")
+    planner = Planner(cast("Any", None), cast("Any", None), None, settings)
+    inner = tree / "shared" / "inner"
+    agent = SimpleNamespace(id="a1", workspace_mode=WorkspaceMode.MOUNT)
+    project = SimpleNamespace(grants={"g": grant(inner)})
+    monkeypatch.setattr(os.path, "realpath", noting)  # the module planning resolves with
+    mounts = await planner._mounts(cast("Any", agent), cast("Any", project))
+    assert mounts == (MountPlan(inner, "/data", writable=False),)
+    assert on_loop
+    assert not any(on_loop)
 
 
 @pytest.mark.parametrize("swapped", ["inner", "shared"])

@@ -380,6 +380,8 @@ class Orchestrator:
             await asyncio.gather(*running, return_exceptions=True)
             self._tasks.clear()
             self._cancels.clear()
+            self._ending.clear()  # (an end cancelled before it began never took itself out)
+            self._orphaned.clear()
             self._unlisted = set()
             for backend in self.backends.values():
                 try:
@@ -445,9 +447,7 @@ class Orchestrator:
                         backend=self._backend_of(tracked))  # fmt: skip
             tracked.timed_out, tracked.timeout_seconds = True, limit
             timed_out = ActivationTimedOut(timeout_seconds=limit)
-            self._tasks[activation_id] = asyncio.create_task(
-                self._end_and_forget(tracked, self._unless_finished(tracked, timed_out))
-            )
+            self._spawn_end(tracked, self._unless_finished(tracked, timed_out))
 
     async def _clear_orphan(self, handle: Handle) -> None:
         """A sandbox whose activation is over (or unknown): stopped only if it still runs —
@@ -532,9 +532,7 @@ class Orchestrator:
             # lead: ended now all the same (its token is revoked with the request), not when
             # the backend answers — maybe never; a sandbox it shows then is an orphan, stopped.
             cancelled = ActivationCancelled(reason=tracked.cancel_reason or "")
-            self._tasks[activation_id] = asyncio.create_task(
-                self._end_and_forget(tracked, self._unless_finished(tracked, cancelled))
-            )
+            self._spawn_end(tracked, self._unless_finished(tracked, cancelled))
         elif tracked.handle is not None:
             self._keep_cancelling(tracked, tracked.handle)
 
@@ -968,6 +966,15 @@ class Orchestrator:
                 log.warning("orchestrator.load_failed", activation=activation_id,
                             error=repr(exc)[:500], retry_in=pause.delay)  # fmt: skip
             await pause.wait()
+
+    def _spawn_end(self, tracked: Tracked, event: DomainEvent | Decide) -> None:
+        """`_end_and_forget` as a task of its own. The activation is `_ending` from now, not
+        from when that task first runs: a listing matched in between (`_match`) must hand it
+        the sandbox it found — else, being in `_tasks` yet not `_ending`, the sandbox looked
+        like one being launched, and stayed, owned by no one."""
+        activation_id = tracked.request.activation_id
+        self._ending.add(activation_id)
+        self._tasks[activation_id] = asyncio.create_task(self._end_and_forget(tracked, event))
 
     async def _end_and_forget(self, tracked: Tracked, event: DomainEvent | Decide) -> None:
         """The end of an activation without a known sandbox; then the sandbox a listing found

@@ -14,6 +14,7 @@ anyone who may write to its parent, an agent with a writable grant above it incl
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -163,7 +164,7 @@ class Planner:
             # can call it with this token, past the runner.
             policies=broker_policies(agent.permissions),
         )
-        mounts = self._mounts(agent, project)
+        mounts = await self._mounts(agent, project)
         spec = RunnerActivationInput(
             project=ProjectRef(id=project.id, name=project.name or project.id),
             agent=AgentSpec(
@@ -268,9 +269,16 @@ class Planner:
                 secrets.add(f"SUZUMIO_PROVIDER_{key}_API_KEY")
         return env, secrets
 
-    def _mounts(self, agent: Agent, project: Project) -> tuple[MountPlan, ...]:
+    async def _mounts(self, agent: Agent, project: Project) -> tuple[MountPlan, ...]:
         if agent.workspace_mode is not WorkspaceMode.MOUNT:
             return ()
-        reserved = (self.settings.data_dir, self.settings.sandboxes())
-        grants = (g for g in project.grants.values() if g.agent_id in {None, agent.id})
-        return checked_mounts(grants, reserved)
+        grants = [g for g in project.grants.values() if g.agent_id in {None, agent.id}]
+
+        def checked() -> tuple[MountPlan, ...]:
+            reserved = (self.settings.data_dir, self.settings.sandboxes())
+            return checked_mounts(grants, reserved)
+
+        # Off the loop: a grant's host path on a stalled network filesystem would hold every
+        # watch, cancel and the leader lock while it is resolved (as the docker backend's
+        # sources are checked).
+        return await asyncio.to_thread(checked)

@@ -454,8 +454,10 @@ class ProcessBackend:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
+        # Each look walks all of /proc: off the loop, as everywhere here (on a host with
+        # thousands of processes one takes long enough to stall every other watch).
         for _ in range(int(self._settings.stop_grace_seconds / 0.1)):
-            if not _group_alive(pid):
+            if not await asyncio.to_thread(_group_alive, pid):
                 return
             await asyncio.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
@@ -470,7 +472,7 @@ class ProcessBackend:
         pid = int(handle.sandbox_id)
         # A group's id is not given to another while it has members, so a group left behind
         # by a leader that is gone is still this sandbox's.
-        if _start_time(pid) is None and _group_alive(pid):
+        if _start_time(pid) is None and await asyncio.to_thread(_group_alive, pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         # And what left the group (`setsid`) but not the cgroup; before the directory goes:
