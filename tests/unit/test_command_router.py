@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import nats.errors
 import pytest
 
 from suzumio.contracts.commands import (
@@ -13,6 +14,7 @@ from suzumio.contracts.commands import (
 )
 from suzumio.contracts.errors import CommandError, ErrorCode, ForbiddenError
 from suzumio.platform.bus.commands import CommandContext, CommandRouter
+from suzumio.platform.errors import JetStreamApiError
 
 
 def request(verb: str, data: dict[str, object], service: str = "session") -> CommandRequest:
@@ -77,3 +79,44 @@ async def test_a_router_only_takes_its_own_services_commands() -> None:
         request("create_project", {"project_id": "p1", "name": "x"}, service="gateway")
     )
     assert isinstance(reply, CommandRejected)
+
+
+async def answer_to_a_handler_raising(exc: Exception) -> CommandRejected:
+    async def raising(_: CommandContext[CreateProject]) -> CommandAccepted:
+        raise exc
+
+    router = CommandRouter("session")
+    router.register(CreateProject, raising)
+    reply = await router.dispatch(request("create_project", {"project_id": "p1", "name": "x"}))
+    assert isinstance(reply, CommandRejected)
+    return reply
+
+
+@pytest.mark.parametrize(
+    "trouble",
+    [
+        JetStreamApiError(503, 10008, "JetStream system temporarily unavailable"),
+        nats.errors.NoRespondersError(),
+        nats.errors.ConnectionClosedError(),
+        TimeoutError(),
+    ],
+    ids=["leader_election", "no_responders", "connection_closed", "timeout"],
+)
+async def test_nats_in_trouble_under_a_handler_is_unavailable_not_internal(
+    trouble: Exception,
+) -> None:
+    """A stream electing its leader refused the handler's append (nothing stored), say: the
+    caller is told to try again (`unavailable`, a 503 the API's Idempotency-Key slot does not
+    keep), not that the command failed for good (`internal`, a 500 kept and replayed to
+    every retry with that key for a day)."""
+
+    assert (await answer_to_a_handler_raising(trouble)).error.code == ErrorCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [JetStreamApiError(400, 10052, "bad request"), ValueError("a bug of ours")],
+    ids=["refused_request", "bug"],
+)
+async def test_a_handlers_own_failure_stays_internal(failure: Exception) -> None:
+    assert (await answer_to_a_handler_raising(failure)).error.code == ErrorCode.INTERNAL

@@ -13,6 +13,9 @@ import pytest
 
 from suzumio.gateway.api import deps
 from suzumio.gateway.api.deps import authenticate
+from suzumio.gateway.api.problems import ApiError
+
+WELL_FORMED = "szm_abcdefgh_" + "s" * 32
 
 
 class Keys:
@@ -54,6 +57,37 @@ async def test_a_key_stored_during_its_lookup_is_found_not_refused(
         return 10
 
     monkeypatch.setattr(deps, "_log_end", log_end)
-    principal = await authenticate(gw, "szm_key")  # type: ignore[arg-type]
+    principal = await authenticate(gw, WELL_FORMED)  # type: ignore[arg-type]
     assert principal.user_id == "u"
     assert keys.lookups == 2
+
+
+@pytest.mark.parametrize(
+    "key", ["hello", "szm_key", "szm_UPPER123_" + "s" * 32, "szm_abcdefgh_short"]
+)
+async def test_a_key_no_read_model_could_hold_is_refused_at_once_however_far_it_lags(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """A key that is not even of the form the platform mints is a 401 straight away: not a
+    503 "catching up, try again" while the keys' read model lags — which told a client with
+    a mistyped key to retry — nor a look at the log's end for each such request."""
+    positions = Positions()
+
+    class Lagging:
+        async def principal(self, key: str, *, refresh: bool = False) -> Any:  # noqa: ARG002
+            return None
+
+    async def wait_for(position: int, timeout: float, projection: str) -> bool:  # noqa: ARG001
+        return False  # never catches up
+
+    async def log_end(_: object) -> int:
+        raise AssertionError("a malformed key needs no look at the log")
+
+    monkeypatch.setattr(positions, "wait_for", wait_for)
+    monkeypatch.setattr(deps, "_log_end", log_end)
+    gw = SimpleNamespace(
+        keys=Lagging(), positions=positions, settings=SimpleNamespace(read_your_writes_timeout=1.0)
+    )
+    with pytest.raises(ApiError) as refused:
+        await authenticate(gw, key)  # type: ignore[arg-type]
+    assert refused.value.status == 401

@@ -38,6 +38,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform import telemetry
 from suzumio.platform.bus.replies import Replies
 from suzumio.platform.logging import get_logger
+from suzumio.platform.trouble import is_trouble
 
 log = get_logger(__name__)
 
@@ -180,21 +181,32 @@ class CommandRouter:
             return _rejected(_invalid(exc))
         try:
             return await handler(CommandContext(command, request))
-        except CommandError as exc:
-            return _rejected(exc)
-        except (UnknownEventTypeError, NewerSchemaError) as exc:
-            # Mid-upgrade: a newer release wrote an event this one cannot read. Not a fault
-            # to give up on (a 500 says so): once this service is upgraded too it reads it.
-            log.warning(
-                "command.newer_events", verb=request.verb, error=f"{type(exc).__name__}: {exc}"
-            )
-            why = "a newer release wrote events this service cannot read yet: try again later"
-            return _rejected(UnavailableError(why))
-        except Exception:
-            log.exception(
-                "command.crashed", verb=request.verb, correlation_id=request.correlation_id
-            )
-            return _rejected(InternalError("the command failed unexpectedly"))
+        except Exception as exc:
+            return _rejected(_failure(exc, request))
+
+
+def _failure(exc: Exception, request: CommandRequest) -> CommandError:
+    """What a handler's exception tells its caller."""
+    if isinstance(exc, CommandError):
+        return exc
+    if isinstance(exc, UnknownEventTypeError | NewerSchemaError):
+        # Mid-upgrade: a newer release wrote an event this one cannot read. Not a fault
+        # to give up on (a 500 says so): once this service is upgraded too it reads it.
+        log.warning("command.newer_events", verb=request.verb, error=f"{type(exc).__name__}: {exc}")
+        why = "a newer release wrote events this service cannot read yet: try again later"
+        return UnavailableError(why)
+    if is_trouble(exc):
+        # NATS or Postgres in trouble under the handler (a stream electing its leader refused
+        # the append: nothing stored): `unavailable`, to try again. The API answers 503, which
+        # an Idempotency-Key's slot does not keep, where an `internal` 500 was kept and
+        # replayed to every retry for a day.
+        log.warning("command.trouble", verb=request.verb, correlation_id=request.correlation_id,
+                    error=f"{type(exc).__name__}: {exc}"[:500])  # fmt: skip
+        return UnavailableError("the platform's servers are in trouble: try again")
+    log.error(
+        "command.crashed", verb=request.verb, correlation_id=request.correlation_id, exc_info=exc
+    )
+    return InternalError("the command failed unexpectedly")
 
 
 def _invalid(exc: ValidationError) -> InvalidError:

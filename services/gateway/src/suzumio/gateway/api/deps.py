@@ -13,6 +13,7 @@ from suzumio.contracts.values import Role
 from suzumio.gateway.api.auth import KEYS_PROJECTION, Principal
 from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.state import Gateway
+from suzumio.platform import apikeys
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 POSITION_HEADER = "Suzumio-Position"
@@ -34,6 +35,8 @@ GatewayDep = Annotated[Gateway, Depends(gateway)]
 async def authenticate(gw: Gateway, key: str | None) -> Principal:
     if not key:
         raise ApiError(401, "an API key is required", headers={"WWW-Authenticate": "Bearer"})
+    if apikeys.parse(key) is None:  # no read model, however far it got, could hold it
+        raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
     # How far the keys' read model got, taken before it is read: taken after, a key the
     # projector stored meanwhile read as missing from a model then up to date — a 401 for a
     # good key (seen once in CI, a fresh stack's admin key on a NATS cluster).

@@ -36,9 +36,10 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suzumio.gateway.api.deps import presented_key
-from suzumio.gateway.api.problems import FATE_UNKNOWN, is_trouble, problem_response, unavailable
+from suzumio.gateway.api.problems import FATE_UNKNOWN, problem_response, unavailable
 from suzumio.platform.logging import get_logger
 from suzumio.platform.secrets import SecretBox
+from suzumio.platform.trouble import is_trouble
 
 log = get_logger(__name__)
 HEADER = b"idempotency-key"

@@ -12,11 +12,10 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from suzumio.contracts.errors import HTTP_STATUS, CommandError, CommandTimeoutError
-from suzumio.platform.bus.jsapi import ERR_STREAM_NOT_FOUND
-from suzumio.platform.bus.trouble import NATS_TROUBLE
-from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, POSTGRES_TROUBLE, is_postgres_trouble
+from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, is_postgres_trouble
 from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import get_logger
+from suzumio.platform.trouble import TROUBLE, is_trouble
 
 log = get_logger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -157,24 +156,7 @@ async def _model_error(_: Request, exc: Exception) -> JSONResponse:
 # failure) — and, handled here rather than as any exception, no traceback in the error log.
 # Not every OSError (a file the gateway failed to spool is its own failure): Postgres's
 # ConnectionError, and a timeout.
-TROUBLE: tuple[type[Exception], ...] = (*POSTGRES_TROUBLE, TimeoutError, *NATS_TROUBLE)
 RETRY_AFTER_SECONDS = 1
-
-
-def is_trouble(exc: BaseException) -> bool:
-    """The platform's servers in trouble (a 503 to retry), not a failure of ours."""
-    if isinstance(exc, JetStreamApiError):
-        return _jetstream_trouble(exc)
-    return isinstance(exc, TROUBLE) or (
-        isinstance(exc, POSTGRES_SUSPECTS) and is_postgres_trouble(exc)
-    )
-
-
-def _jetstream_trouble(exc: JetStreamApiError) -> bool:
-    """A JetStream API error reply that passes: the server's own (5xx: no leader, short of
-    resources), or a stream not there yet (LIVE is made again within seconds of a NATS
-    restart that lost it). Any other is a request of ours the server refused: a bug."""
-    return exc.code >= 500 or exc.err_code == ERR_STREAM_NOT_FOUND
 
 
 async def _jetstream_error(request: Request, exc: Exception) -> JSONResponse:
