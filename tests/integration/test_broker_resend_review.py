@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ from suzumio.contracts.values import ToolPolicy
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.tokens import TokenSigner
 from suzumio.toolbroker import routes
-from suzumio.toolbroker.registry import ActivationRegistry
+from suzumio.toolbroker.registry import ActivationRegistry, LiveActivation
 from tests.integration.broker_world import KEY, SCHEDULER, Recorder, World, client, world
 
 
@@ -93,7 +94,7 @@ async def test_a_batch_number_sent_after_lives_window_counts_anew(
         retry = await c.post("/runner/stream", json={"batch": 3, "chunks": chunks(2, 10)})
         assert retry.json() == {"recorded": True}, retry.text
         assert live.live_bytes == spent  # within the window: a retry
-        monkeypatch.setattr(routes, "_ids_kept", lambda broker: -1.0)  # all forgotten
+        monkeypatch.setattr(routes, "_live_window", lambda broker: 0.0)  # all forgotten
         late = await c.post("/runner/stream", json={"batch": 3, "chunks": chunks(2, 10)})
         assert late.json() == {"recorded": True}, late.text
         assert live.live_bytes == 2 * spent
@@ -184,3 +185,27 @@ async def test_an_output_another_replica_recorded_is_answered_as_not_recorded_he
     [output] = [e.data for e in stream.events]
     assert isinstance(output, ActivationOutputRecorded)
     assert output.text == "theirs"
+
+
+def test_a_batch_counted_again_keeps_the_time_live_first_stored_its_ids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LIVE forgets an id a window after it stored it, whatever came again since. A batch
+    counted again for a second chunk (20 s in) must not restart its clock: at 31 s LIVE has
+    forgotten its first chunk's id, and two chunks under its number — the first now large —
+    are stored again, so they count (they went uncounted while the clock restarted)."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # the clock routes reads
+    a = LiveActivation("a1", "s1", "ag1", None)
+
+    def send(chunks: int, size: int, at: float) -> bool | None:
+        clock[0] = at
+        return routes._counted(a, size, 1_000_000, 7, chunks, 30.0)
+
+    assert send(1, 10, 0.0) is True
+    assert send(1, 10, 5.0) is False  # a retry: LIVE drops it all
+    assert send(2, 20, 20.0) is True  # a chunk LIVE does not know yet: counted
+    assert send(2, 20, 22.0) is False  # within 25 s of the first chunk's storing
+    assert send(2, 500_000, 31.0) is True  # the first chunk's id is forgotten: counted
+    assert a.live_bytes == 10 + 20 + 500_000
+    assert send(2, 20, 40.0) is False  # all stored anew at 31 s: a retry again

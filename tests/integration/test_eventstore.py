@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.errors import InvalidError
+from suzumio.contracts.errors import CommandTimeoutError, InvalidError
 from suzumio.contracts.events import (
     ProjectCreated,
     ProjectRenamed,
@@ -219,6 +219,46 @@ async def test_an_earlier_attempt_still_in_process_is_waited_for_not_failed(
     assert len(answers) == 2  # asked again, the server answered for the first attempt
     stream = await store.load("project", pid)
     assert [(e.version, e.seq) for e in stream.events] == [(1, result.events[0].seq)]
+
+
+@pytest.mark.parametrize("stored_first", [True, False], ids=["stored", "not_stored"])
+async def test_a_leader_election_after_a_lost_answer_leaves_the_appends_fate_unknown(
+    nc: NATS, store: EventStore, monkeypatch: pytest.MonkeyPatch, stored_first: bool
+) -> None:
+    """The first attempt's answer never comes (stored or not, the writer cannot tell) and
+    its log cannot be read then; the retry meets a stream electing its leader (503). That
+    refusal says nothing of the first attempt: the append's fate is unknown — a typed
+    `CommandTimeoutError` — unless the log then shows it stored. Raised as the 503 itself,
+    it read as "nothing stored" (a 503 the API's clients retry under new ids: twice
+    posted). (The answers are made here: one server alone never elects a leader.)"""
+    send, find_own = store._send, store._find_own
+    sends: list[int] = []
+    readable = asyncio.Event()
+
+    async def lost_then_electing(p: Any) -> dict[str, Any]:
+        sends.append(1)
+        if len(sends) == 1:
+            if stored_first:
+                await send(p)  # stored, its answer lost
+            raise nats.errors.TimeoutError
+        readable.set()
+        return {"error": {"code": 503, "err_code": 10008, "description": "no leader"}}
+
+    async def unreadable_at_first(p: Any, *, tolerate_errors: bool = False) -> int | None:
+        if not readable.is_set():
+            return None  # as after a read that failed, tolerated
+        return await find_own(p, tolerate_errors=tolerate_errors)
+
+    monkeypatch.setattr(store, "_send", lost_then_electing)
+    monkeypatch.setattr(store, "_find_own", unreadable_at_first)
+    pid = new_id()
+    if stored_first:
+        result = await store.append(pid, [created()], 0)
+        assert [e.version for e in result.events] == [1]
+    else:
+        with pytest.raises(CommandTimeoutError):
+            await store.append(pid, [created()], 0)
+    assert len(sends) == 2
 
 
 async def test_publish_retried_after_a_lost_ack_stores_one_event(

@@ -5,6 +5,8 @@ and what mode its files get; which network it joins (DESIGN.md §8, §10)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import threading
@@ -16,6 +18,7 @@ import pytest
 
 from suzumio.contracts.errors import ForbiddenError, InvalidError
 from suzumio.contracts.values import NetworkProfile, WorkspaceMode
+from suzumio.orchestrator import planning
 from suzumio.orchestrator.backends.base import MountPlan
 from suzumio.orchestrator.backends.docker import DockerBackend
 from suzumio.orchestrator.backends.docker_settings import (
@@ -83,6 +86,43 @@ async def test_the_planner_resolves_grants_off_the_event_loop(
     assert mounts == (MountPlan(inner, "/data", writable=False),)
     assert on_loop
     assert not any(on_loop)
+
+
+async def test_a_grant_whose_file_system_stalls_fails_the_plan_and_holds_no_more_threads(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grant on a stalled network filesystem: its plan fails after the check's time,
+    saying why, rather than waiting for ever; while checks are stuck, further plans with
+    grants are refused at once instead of piling up threads; once the file system answers,
+    plans go through again."""
+    stalled = threading.Event()
+    realpath = os.path.realpath
+
+    def stalling(path: Any, **kw: Any) -> str:
+        if "shared" in str(path):
+            stalled.wait(30)
+        return str(realpath(path, **kw))
+
+    settings = OrchestratorSettings(work_dir=tmp_path / "sandboxes", data_dir=tmp_path / "data")
+    planner = Planner(cast("Any", None), cast("Any", None), None, settings)
+    agent = cast("Any", SimpleNamespace(id="a1", workspace_mode=WorkspaceMode.MOUNT))
+    project = cast("Any", SimpleNamespace(grants={"g": grant(tree / "shared" / "inner")}))
+    monkeypatch.setattr(planning, "MOUNT_CHECK_SECONDS", 0.2)
+    monkeypatch.setattr(planning, "_mount_checks", threading.BoundedSemaphore(1))
+    monkeypatch.setattr(os.path, "realpath", stalling)  # the module planning resolves with
+    try:
+        with pytest.raises(PlanError, match="did not answer"):
+            await planner._mounts(agent, project)
+        with pytest.raises(PlanError, match="not answering"):
+            await planner._mounts(agent, project)
+    finally:
+        stalled.set()
+    for _ in range(200):  # the stuck check ends, and gives its place back
+        with contextlib.suppress(PlanError):
+            assert await planner._mounts(agent, project)
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the grant was never mounted once its file system answered")
 
 
 @pytest.mark.parametrize("swapped", ["inner", "shared"])

@@ -15,9 +15,11 @@ anyone who may write to its parent, an agent with a writable grant above it incl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -98,6 +100,51 @@ def checked_mounts(grants: Iterable[Grant], reserved: Sequence[Path]) -> tuple[M
             )
         mounts.append(MountPlan(Path(real), grant.target, grant.writable))
     return tuple(mounts)
+
+
+MOUNT_CHECK_SECONDS = 10.0  # a grant's host path that takes longer is refused
+MOUNT_CHECKS_AT_ONCE = 8  # threads left resolving grants (stuck ones count) before refusing
+_mount_checks = threading.BoundedSemaphore(MOUNT_CHECKS_AT_ONCE)
+
+
+async def _resolved_off_loop(check: Callable[[], tuple[MountPlan, ...]]) -> tuple[MountPlan, ...]:
+    """`check()` in a thread of its own, given `MOUNT_CHECK_SECONDS`. A grant's host path on a
+    stalled network filesystem would hold the orchestrator's loop — every watch, cancel and
+    its leader lock — for as long as it is resolved; in the loop's own executor it would hold
+    a thread the process backend's work needs, for good, and keep the process from exiting.
+    So: a daemon thread, at most `MOUNT_CHECKS_AT_ONCE` of them (a thread stuck in the kernel
+    keeps its place), and a plan that waits longer fails, saying why."""
+    if not _mount_checks.acquire(blocking=False):
+        raise PlanError("mount grants are not answering (their file systems stall): refused")
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[tuple[MountPlan, ...]] = loop.create_future()
+
+    def settle(result: tuple[MountPlan, ...] | None, error: BaseException | None) -> None:
+        if answer.done():
+            return
+        if error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result(result or ())
+
+    def run() -> None:
+        try:
+            result, error = check(), None
+        except BaseException as exc:  # handed to the awaiting plan, whatever it is
+            result, error = None, exc
+        finally:
+            _mount_checks.release()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="mount-check", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.shield(answer), MOUNT_CHECK_SECONDS)
+    except TimeoutError:
+        answer.add_done_callback(lambda done: done.exception())  # its end, when it comes
+        raise PlanError(
+            f"a mount grant's file system did not answer within {MOUNT_CHECK_SECONDS:g} s"
+        ) from None
 
 
 @dataclass
@@ -278,7 +325,4 @@ class Planner:
             reserved = (self.settings.data_dir, self.settings.sandboxes())
             return checked_mounts(grants, reserved)
 
-        # Off the loop: a grant's host path on a stalled network filesystem would hold every
-        # watch, cancel and the leader lock while it is resolved (as the docker backend's
-        # sources are checked).
-        return await asyncio.to_thread(checked)
+        return await _resolved_off_loop(checked)

@@ -68,9 +68,8 @@ class LiveActivation:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # its own appends, in order
     live_bytes: int = 0  # published to LIVE for it by this replica
     # Its latest batches counted in `live_bytes` (at most `LIVE_BATCHES_KEPT`), by number: how
-    # many chunks each had, and when (monotonic) it was counted. A batch sent again after its
-    # answer was lost is counted once: all its chunks' ids are known to LIVE then, which stores
-    # none of them again.
+    # many of its chunks LIVE knows the ids of, and when (monotonic) it stored the oldest. A
+    # batch sent again after its answer was lost is counted once: LIVE stores none of it again.
     live_counted: dict[int, tuple[int, float]] = field(default_factory=dict)
     live_cut: bool = False  # past its live budget: nothing more of it is published
 

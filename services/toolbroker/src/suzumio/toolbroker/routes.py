@@ -355,7 +355,7 @@ async def _publish_live(broker: Broker, caller: Caller, body: StreamBatch) -> bo
     subject = broker.topology.live_subject(c.session_id)
     size = sum(map(len, payloads))
     a = caller.activation
-    counted = _counted(a, size, broker.live_budget, body.batch, len(payloads), _ids_kept(broker))
+    counted = _counted(a, size, broker.live_budget, body.batch, len(payloads), _live_window(broker))
     if counted is None:
         await _live_cut(broker, caller, subject, now)
         return False
@@ -382,40 +382,47 @@ LIVE_BATCHES_KEPT = 64  # batches remembered per activation, to count a resent o
 RESEND_MARGIN_SECONDS = 5.0  # a resend this close to LIVE forgetting its ids counts anew
 
 
-def _ids_kept(broker: Broker) -> float:
-    """How long LIVE surely still knows a chunk's message id (its duplicate window, which the
-    stream's max age shortens), less a margin."""
+def _live_window(broker: Broker) -> float:
+    """How long LIVE remembers a chunk's message id: its duplicate window, which the
+    stream's max age shortens."""
     window = LIVE_DUPLICATE_WINDOW_SECONDS
     if broker.topology.live_max_age_seconds:
         window = min(window, broker.topology.live_max_age_seconds)
-    return window - RESEND_MARGIN_SECONDS
+    return window
 
 
 def _counted(
-    a: LiveActivation, size: int, budget: int, batch: int | None, chunks: int, ids_kept: float
+    a: LiveActivation, size: int, budget: int, batch: int | None, chunks: int, window: float
 ) -> bool | None:
     """Counts the batch when it fits (before any await: two batches of one activation on
     their way at once are both counted): True if counted now, False if it was counted before
     (sent again after its answer was lost), None if it does not fit.
 
     A batch is taken as sent again — published, and not counted — only when LIVE drops all of
-    it as duplicates: no more chunks than the one counted under its number (their message ids
-    are the batch number and the chunk's index), within the time LIVE keeps their ids. Else a
-    sandbox could send a small batch, then ever larger ones under its number, published
-    uncounted, and the live budget would bound nothing."""
+    it as duplicates: no more chunks than it knows the ids of under the batch's number (the
+    number and the chunk's index), well within `window` of when it stored the oldest of them.
+    Else a sandbox could send a small batch, then ever larger ones under its number,
+    published uncounted, and the live budget would bound nothing. LIVE forgets an id a
+    window after it stored it, whatever came again since: a batch counted again (more
+    chunks) keeps the time of its first count until a whole window has passed."""
     if a.live_cut:
         return None
     now = time.monotonic()
-    if batch is not None and (before := a.live_counted.get(batch)) is not None:
-        counted_chunks, counted_at = before
-        if chunks <= counted_chunks and now - counted_at < ids_kept:
+    before = a.live_counted.get(batch) if batch is not None else None
+    if before is not None:
+        known_chunks, first_at = before
+        if chunks <= known_chunks and now - first_at < window - RESEND_MARGIN_SECONDS:
             return False
     if a.live_bytes + size > budget:
         return None
     a.live_bytes += size
     if batch is not None:
-        a.live_counted.pop(batch, None)  # counted again: the newest, last to be forgotten
-        a.live_counted[batch] = (chunks, now)
+        if before is not None and now - before[1] < window:  # its old ids may still be known
+            entry = (max(chunks, before[0]), before[1])
+        else:  # all forgotten: stored anew now
+            entry = (chunks, now)
+        a.live_counted.pop(batch, None)  # the newest, the last to be forgotten
+        a.live_counted[batch] = entry
         if len(a.live_counted) > LIVE_BATCHES_KEPT:
             del a.live_counted[next(iter(a.live_counted))]
     return True

@@ -47,6 +47,7 @@ from suzumio.platform.bus.direct_get import last_for_subject as _last_for_subjec
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.replies import Replies, header_bytes
 from suzumio.platform.errors import JetStreamApiError, PlatformError
+from suzumio.platform.trouble import jetstream_trouble
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -294,6 +295,7 @@ class EventStore:
         )
 
     async def _publish(self, p: _Prepared) -> int:
+        unsure = False  # an earlier attempt may have been stored (its answer never came)
         for attempt in range(self._attempts):
             try:
                 reply = await self._send(p)
@@ -302,38 +304,55 @@ class EventStore:
                 stored = await self._find_own(p, tolerate_errors=True)
                 if stored is not None:
                     return stored
+                unsure = True
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             error = reply.get("error")
             if not error:
                 return int(reply["seq"])  # also for `"duplicate": true`: the first copy's seq
-            err_code = int(error.get("err_code", 0))
-            if err_code == ERR_DUPLICATE_IN_PROCESS:
+            if int(error.get("err_code", 0)) == ERR_DUPLICATE_IN_PROCESS:
                 # Asked again after a pause, the server answers for the earlier attempt:
                 # stored (`duplicate`, with its sequence) or refused.
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
-            if err_code in ERR_WRONG_LAST_SEQUENCE:
-                try:
-                    stored = await self._find_own(p)
-                except (TimeoutError, NatsTimeoutError, NoRespondersError, PlatformError):
-                    # Refused, perhaps because an earlier attempt of this very append was
-                    # stored (its ack lost): unknown, not failed, until the log can be read.
-                    raise CommandTimeoutError(
-                        f"event store refused the append to {p.subject} and could not tell"
-                        " whether an earlier attempt of it was stored",
-                        subject=p.subject,
-                    ) from None
-                if stored is not None:
-                    return stored
-                raise await self._conflict(p)
-            raise JetStreamApiError(int(error.get("code", 0)), err_code, error["description"])
+            return await self._refused(p, error, unsure=unsure)
         stored = await self._find_own(p, tolerate_errors=True)
         if stored is not None:
             return stored
         raise CommandTimeoutError(
             f"event store did not confirm the append to {p.subject}", subject=p.subject
         )
+
+    async def _refused(self, p: _Prepared, error: dict[str, Any], *, unsure: bool) -> int:
+        """The server refused the append: its sequence if an attempt of it was stored after
+        all, else the refusal raised as what it means."""
+        err_code = int(error.get("err_code", 0))
+        if err_code in ERR_WRONG_LAST_SEQUENCE:
+            try:
+                stored = await self._find_own(p)
+            except (TimeoutError, NatsTimeoutError, NoRespondersError, PlatformError):
+                # Refused, perhaps because an earlier attempt of this very append was
+                # stored (its ack lost): unknown, not failed, until the log can be read.
+                raise CommandTimeoutError(
+                    f"event store refused the append to {p.subject} and could not tell"
+                    " whether an earlier attempt of it was stored",
+                    subject=p.subject,
+                ) from None
+            if stored is not None:
+                return stored
+            raise await self._conflict(p)
+        refused = JetStreamApiError(int(error.get("code", 0)), err_code, error["description"])
+        if unsure and jetstream_trouble(refused):
+            # The server in trouble now (a leader being elected) says nothing of the earlier
+            # attempt, which may have been stored: unknown — not a refusal its caller would
+            # take as "nothing stored" and make again under new ids.
+            if (stored := await self._find_own(p, tolerate_errors=True)) is not None:
+                return stored
+            raise CommandTimeoutError(
+                f"event store could not tell whether the append to {p.subject} was stored",
+                subject=p.subject,
+            )
+        raise refused
 
     @staticmethod
     def _headers(p: _Prepared) -> dict[str, str]:

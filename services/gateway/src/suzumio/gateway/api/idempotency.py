@@ -8,9 +8,10 @@ running gets 409 (a running request says so again every 20 s; one silent for 60 
 for dead and its retry runs, and only the request holding the slot keeps its answer). Every
 answer is kept, errors too (a 504 of the read models' lag follows a command that did run, and
 a retry must not run it twice), except 401 (nothing ran for an unknown caller), 404 (nothing
-ran; it may be the read models' lag), 503 (no service took the request) and a command's own
-timeout (it may or may not have run: a retry sends it again under the same ids, which runs or
-is refused as a duplicate). As ASGI middleware, no POST route can forget it.
+ran; it may be the read models' lag), 503 (no service took the request, or NATS or Postgres
+were in trouble under it: nothing was stored, or an append's fate was unknown — either way a
+retry sends it again under the same ids, which runs or is refused as a duplicate) and a
+command's own timeout (the same). As ASGI middleware, no POST route can forget it.
 
 An upload (multipart) streams through unbuffered: its digest is taken as it passes and kept
 with the answer; a retry's is taken (its body read) before that answer is replayed. An upload
