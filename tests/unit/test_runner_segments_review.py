@@ -6,16 +6,18 @@ allowed fake); the broker an `httpx.MockTransport` recording what the runner sen
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from suzumio.contracts.runner import RunnerToolpackSpec
+from suzumio.contracts.runner import RunnerActivationInput, RunnerConfig, RunnerToolpackSpec
 from suzumio.contracts.values import ModelSpec
-from suzumio.runner.agent import AgentLoop
+from suzumio.runner.agent import AgentLoop, Ending
 from suzumio.runner.broker import BrokerClient
 from suzumio.runner.live import LiveStream
 from suzumio.runner.loop.segments import PlannedCall, segment
@@ -104,6 +106,28 @@ def test_a_read_through_a_link_overlaps_the_linked_file(tmp_path: Path) -> None:
     assert plan(toolbox_for(tmp_path), calls) == [[0], [1]]
 
 
+async def run_against(
+    activation: RunnerActivationInput,
+    answer: Callable[[httpx.Request], Any],
+    workspace: Path,
+    calls: list[ToolCall],
+) -> Ending:
+    """The loop of `activation`: the scripted model asks for `calls`, then answers "done";
+    the broker is `answer`."""
+    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(answer))
+    client = BrokerClient("http://broker", TOKEN, http=http)
+    toolbox = Toolbox(activation, client, ToolContext(workspace=workspace))
+    async with ScriptedModelServer() as server:
+        server.script([Reply.tool_calls(calls), Reply.text("done")])
+        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
+        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
+        try:
+            return await loop.run()
+        finally:
+            await model.close()
+            await http.aclose()
+
+
 async def test_the_read_after_a_write_sees_the_new_content(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,33 +145,45 @@ async def test_the_read_after_a_write_sees_the_new_content(
             order.append((request.url.path.rsplit("/", 1)[-1], body["call_id"]))
         return broker.answer(request)
 
-    http = httpx.AsyncClient(base_url="http://broker", transport=httpx.MockTransport(answer))
-    client = BrokerClient("http://broker", TOKEN, http=http)
-    activation = spec(tmp_path)
     (tmp_path / "a.txt").write_text("old")
-    toolbox = Toolbox(activation, client, ToolContext(workspace=tmp_path))
     content = "new\n" * 200_000  # a write that takes a while: the read must still wait
-    async with ScriptedModelServer() as server:
-        server.script(
-            [
-                Reply.tool_calls(
-                    [
-                        ToolCall("file_write", {"path": "a.txt", "content": content}, id="w"),
-                        ToolCall("file_read", {"path": "a.txt", "limit": 1}, id="r"),
-                    ]
-                ),
-                Reply.text("done"),
-            ]
-        )
-        model = ModelClient(ModelSpec(name="primary"), Endpoint(f"{server.url}/v1", "k"))
-        loop = AgentLoop(activation, client, [model], toolbox, LiveStream(client), [])
-        try:
-            ending = await loop.run()
-        finally:
-            await model.close()
-            await http.aclose()
+    calls = [
+        ToolCall("file_write", {"path": "a.txt", "content": content}, id="w"),
+        ToolCall("file_read", {"path": "a.txt", "limit": 1}, id="r"),
+    ]
+    ending = await run_against(spec(tmp_path), answer, tmp_path, calls)
     assert ending.reason == "completed"
     assert order == [("start", "w"), ("finish", "w"), ("start", "r"), ("finish", "r")]
     results = {r["tool_call_id"]: r["text"] for r in broker.tool_results()}
     assert "new" in results["r"]
     assert "old" not in results["r"]
+
+
+async def test_a_call_that_ran_keeps_its_outcome_and_its_audit_end_when_the_round_ends_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write ran; its audit's end was still on its way (a slow broker) when the round's
+    time limit came. Before, the end went with the cut wait — never recorded, the call shown
+    running for ever — and the model heard the call timed out, though it had done its work
+    (for a message sent, an invitation to send it again). Now the end is recorded as it was,
+    and the model hears what the call did."""
+    broker = Broker()
+    finishes: list[dict[str, Any]] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tool-calls/finish"):
+            await asyncio.sleep(1.0)  # longer than the round may take
+            finishes.append(json.loads(request.content))
+        return broker.answer(request)
+
+    monkeypatch.setattr(AgentLoop, "_allowed_seconds", lambda self, call: 0.0)
+    activation = spec(tmp_path).model_copy(
+        update={"runner": RunnerConfig(tool_timeout_seconds=0.2)}
+    )
+    calls = [ToolCall("file_write", {"path": "a.txt", "content": "x"}, id="w")]
+    ending = await run_against(activation, answer, tmp_path, calls)
+    assert ending.reason == "completed"
+    assert (tmp_path / "a.txt").read_text() == "x"
+    assert [(f["call_id"], f["status"]) for f in finishes] == [("w", "ok")]
+    [result] = broker.tool_results()
+    assert "time limit" not in result["text"]

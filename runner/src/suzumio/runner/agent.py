@@ -167,6 +167,8 @@ class AgentLoop:
         # Ids of calls in the history count too: the provider and compaction pair a result
         # with its call by id across the whole conversation, not one activation.
         self._open_calls: dict[str, float] = {}  # started in the audit, not finished: since
+        # Calls that ran, their audit's end on its way: what each did, and that end.
+        self._ran: dict[str, tuple[CoreOutcome, asyncio.Future[int]]] = {}
         self._call_ids: set[str] = {c.id for e in spec.history for c in e.tool_calls} | {
             e.tool_call_id for e in spec.history if e.tool_call_id
         }
@@ -511,11 +513,10 @@ class AgentLoop:
         )
         outcomes: list[CoreOutcome] = []
         entries: list[HistoryEntryIn] = []
+        fences: list[FencedError] = []
         for call, result in zip(calls, results, strict=True):
             if isinstance(result, CallFailure):
-                outcome = CoreOutcome(ToolResult(result.describe(), _FAILED[result.reason]))
-                if call.wire.id in self._open_calls:  # started, never finished: say how
-                    await self._audit_end(call, outcome)
+                outcome = await self._cut_short(call, result, fences)
             else:
                 outcome = result
             outcomes.append(outcome)
@@ -546,7 +547,29 @@ class AgentLoop:
                 result.error, StartRefusedError | FencedError | BrokerUnavailableError
             ):
                 raise result.error
+        if fences:
+            raise fences[0]
         return outcomes
+
+    async def _cut_short(
+        self, call: _Call, failure: CallFailure, fences: list[FencedError]
+    ) -> CoreOutcome:
+        """The outcome of a call its round did not see end (a fence its audit met goes to
+        `fences`, raised once the round is recorded)."""
+        if (ran := self._ran.pop(call.wire.id, None)) is not None:
+            # It ran, and only the wait for its audit's end was cut: what it did is what the
+            # model hears (told "timed out", it sent again a message it had sent), and that
+            # end is recorded.
+            outcome, ending = ran
+            try:
+                await asyncio.shield(ending)
+            except FencedError as exc:
+                fences.append(exc)
+            return outcome
+        outcome = CoreOutcome(ToolResult(failure.describe(), _FAILED[failure.reason]))
+        if call.wire.id in self._open_calls:  # started, never finished: say how
+            await self._audit_end(call, outcome)
+        return outcome
 
     def _allowed_seconds(self, call: _Call) -> float:
         """The time `call` may take by limits of its own: the tool's (a command's timeout),
@@ -584,7 +607,14 @@ class AgentLoop:
             raise StartRefusedError(exc.status, exc.detail) from exc
         self._live.event("tool_progress", tool, call_id=call.wire.id, phase="started")
         outcome = await self._execute(call, digest)
-        duration_ms = await self._audit_end(call, outcome)
+        # It ran: its audit's end goes on being sent whatever cuts the wait for it (the
+        # round's time limit, a stop), and the round reads what it did (`_ran`). Cut with
+        # the wait, no end was recorded (the call showed running for ever) and the model
+        # heard that a call which had done its work timed out.
+        ending = asyncio.ensure_future(self._audit_end(call, outcome))
+        self._ran[call.wire.id] = (outcome, ending)
+        duration_ms = await asyncio.shield(ending)
+        del self._ran[call.wire.id]
         self._live.event(
             "tool_progress",
             tool,
@@ -603,6 +633,8 @@ class AgentLoop:
         stopped = CoreOutcome(ToolResult(why, status))
         try:
             async with asyncio.timeout(END_OPEN_CALLS_SECONDS):
+                for _, ending in list(self._ran.values()):  # ran, their ends on their way
+                    await asyncio.shield(ending)
                 for call_id in list(self._open_calls):
                     await self._audit_end(
                         _Call(-1, WireCall(call_id, "", ""), None, None, None), stopped
