@@ -42,6 +42,7 @@ from suzumio.contracts.values import (
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.eventstore import ConcurrencyConflictError, EventStore, Head
 from suzumio.platform.bus.follower import LogMessage
+from suzumio.platform.errors import JetStreamApiError
 from suzumio.scheduler import engine
 from suzumio.scheduler.domain.world import Changes
 from suzumio.scheduler.engine import Scheduler
@@ -405,6 +406,35 @@ async def test_a_start_whose_append_did_not_land_is_decided_again(
     again = leader.store.of("x")[1]
     assert again.starts
     assert again.version == start.version
+
+
+async def test_a_session_whose_appends_keep_being_refused_waits_longer_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server refusing every append (a stream out of space, say; no conflict): each time
+    the head shows nothing stored, the session is decided again — after a pause that doubles,
+    up to `APPEND_RETRY_MAX_SECONDS`, not every 0.5 s for ever (two doomed appends a second
+    per session against a server in trouble). One append stored starts the count again."""
+    pauses: list[float] = []
+
+    async def noted(seconds: float) -> None:
+        pauses.append(seconds)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(engine, "_wait", noted)
+    monkeypatch.setattr(engine, "APPEND_RETRY_MAX_SECONDS", 4.0)
+    leader = Leader(limit=1)
+    await leader.open()
+    await leader.signal("x")
+    for tries in range(1, 6):
+        await wait_for(lambda: len(leader.store.of("x")) == tries)  # noqa: B023 - awaited here
+        attempt = leader.store.of("x")[-1]
+        leader.store.stored["x"] = attempt.version  # not stored
+        attempt.answer.set_exception(JetStreamApiError(503, 10077, "insufficient resources"))
+    await wait_for(lambda: len(leader.store.of("x")) == 6)
+    assert pauses == [0.5, 1.0, 2.0, 4.0, 4.0]
+    leader.store.of("x")[-1].answer.set_result(None)  # stored at last
+    await wait_for(lambda: "x" not in leader.scheduler._refused)
 
 
 async def test_a_message_that_is_no_commit_of_events_does_not_stop_the_fold() -> None:

@@ -77,6 +77,10 @@ LEAD_TURN_SESSIONS = 5_000  # sessions a new leader looks at before it lets the 
 REVIEW_BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... refused review
 FORGET_EVERY_SECONDS = 300.0  # how often ended activations past the review window are dropped
 APPEND_RETRY_SECONDS = 0.5  # after a failed append, before looking at what the log holds
+# ... doubled for each append of the session refused in a row (a stream out of space, say),
+# up to this: not two doomed appends a second per session against a server in trouble.
+APPEND_RETRY_MAX_SECONDS = 30.0
+_wait = asyncio.sleep  # (a test's seam: the pauses between a session's failed appends)
 HANDOVER_WAIT_SECONDS = 5.0  # a handover waits this long for a decision of ours to land
 
 _decisions = meter.create_counter(
@@ -149,6 +153,7 @@ class Scheduler:
         self._timer_changed = asyncio.Event()
         self._dirty: set[str] = set()
         self._holds = Holds()  # decisions of ours in flight, one per session at most
+        self._refused: dict[str, int] = {}  # session -> its appends not stored, in a row
         self._reviewing: set[str] = set()
         self._review_retry: dict[str, _ReviewRetry] = {}  # session -> a review to do again
         self._next_forget = 0.0  # loop time of the next `_forget_old_ends`
@@ -377,6 +382,7 @@ class Scheduler:
                 await self._store.append(session_id, d.events, d.version, EventMeta(actor=ACTOR))
         except ConcurrencyConflictError as exc:
             _decisions.add(1, {"kind": kind, "outcome": "conflict"})
+            self._refused.pop(session_id, None)
             self._after_conflict(session_id, hold, exc.actual_version)
         except Exception as exc:
             _decisions.add(1, {"kind": kind, "outcome": "error"})
@@ -384,6 +390,7 @@ class Scheduler:
             await self._after_error(session_id, hold)
         else:
             _decisions.add(1, {"kind": kind, "outcome": "ok"})
+            self._refused.pop(session_id, None)
             if d.youngest is not None:
                 _latency.record(max((self._clock() - d.youngest).total_seconds(), 0.0))
 
@@ -424,21 +431,25 @@ class Scheduler:
         unable to tell): until the session's head says which, it keeps its hold, and a start
         its capacity. Released at once, another session could take that capacity while the
         fold has not yet shown the landed start — one over the project's limit."""
-        pause = APPEND_RETRY_SECONDS
+        refused = self._refused.get(session_id, 0)
+        pause = min(APPEND_RETRY_SECONDS * 2**refused, APPEND_RETRY_MAX_SECONDS)
         while True:
-            await asyncio.sleep(pause)
+            await _wait(pause)
             if not self._holds.owns(session_id, hold):
                 return  # the fold reached it (landed, or a newer fact) and looked again
             try:
                 head = await self._store.head("session", session_id)
             except Exception as exc:
                 log.warning("scheduler.head_unknown", session=session_id, error=repr(exc))
-                pause = min(pause * 2, 10.0)
+                pause = min(pause * 2, APPEND_RETRY_MAX_SECONDS)
                 continue
             if head.version < hold.target:
+                self._refused[session_id] = refused + 1  # the next try waits longer
                 self._again(session_id, hold)  # not stored: decide again
-            # Else it is in the log (or a newer write is): the fold releases the hold when
-            # it gets there, as for any append of ours.
+            else:
+                # In the log (or a newer write is): the fold releases the hold when it gets
+                # there, as for any append of ours.
+                self._refused.pop(session_id, None)
             return
 
     def _after_conflict(self, session_id: str, hold: Hold, actual: int) -> None:
