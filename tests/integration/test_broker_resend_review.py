@@ -15,6 +15,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -30,6 +31,13 @@ from tests.integration.broker_world import KEY, SCHEDULER, Recorder, World, clie
 
 def chunks(count: int, size: int) -> list[dict[str, Any]]:
     return [{"kind": "text", "text": "x" * size} for _ in range(count)]
+
+
+async def recorded(c: httpx.AsyncClient, batch: int, count: int, size: int) -> bool:
+    """Whether a live batch of `count` chunks of `size` characters was published."""
+    answer = await c.post("/runner/stream", json={"batch": batch, "chunks": chunks(count, size)})
+    assert answer.status_code == 200, answer.text
+    return bool(answer.json()["recorded"])
 
 
 async def live_messages(nc: NATS, topology: Topology) -> int:
@@ -58,16 +66,13 @@ async def test_more_chunks_under_a_counted_batch_number_are_counted(
     w = await world(store)
     before = await live_messages(nc, topology)
     async with client(nc, topology, store, registry, Recorder(), w.token, live_budget=10_000) as c:
-        small = await c.post("/runner/stream", json={"batch": 0, "chunks": chunks(1, 10)})
-        assert small.json() == {"recorded": True}, small.text
+        assert await recorded(c, 0, 1, 10)
         # A true retry (its answer lost): the same chunks again, published, not counted.
-        again = await c.post("/runner/stream", json={"batch": 0, "chunks": chunks(1, 10)})
-        assert again.json() == {"recorded": True}, again.text
+        assert await recorded(c, 0, 1, 10)
         live = registry.get(w.activation_id)
         assert live is not None
         spent = live.live_bytes
-        big = await c.post("/runner/stream", json={"batch": 0, "chunks": chunks(1_000, 100)})
-        assert big.json() == {"recorded": False}, big.text
+        assert not await recorded(c, 0, 1_000, 100)
         assert live.live_bytes == spent
         assert live.live_cut
     # The first chunk, and the one chunk that says the live output stopped: nothing of the
@@ -86,17 +91,14 @@ async def test_a_batch_number_sent_after_lives_window_counts_anew(
     sent again: they are counted again too."""
     w = await world(store)
     async with client(nc, topology, store, registry, Recorder(), w.token, live_budget=10_000) as c:
-        first = await c.post("/runner/stream", json={"batch": 3, "chunks": chunks(2, 10)})
-        assert first.json() == {"recorded": True}, first.text
+        assert await recorded(c, 3, 2, 10)
         live = registry.get(w.activation_id)
         assert live is not None
         spent = live.live_bytes
-        retry = await c.post("/runner/stream", json={"batch": 3, "chunks": chunks(2, 10)})
-        assert retry.json() == {"recorded": True}, retry.text
+        assert await recorded(c, 3, 2, 10)
         assert live.live_bytes == spent  # within the window: a retry
         monkeypatch.setattr(routes, "_live_window", lambda broker: 0.0)  # all forgotten
-        late = await c.post("/runner/stream", json={"batch": 3, "chunks": chunks(2, 10)})
-        assert late.json() == {"recorded": True}, late.text
+        assert await recorded(c, 3, 2, 10)
         assert live.live_bytes == 2 * spent
 
 
