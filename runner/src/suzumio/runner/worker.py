@@ -65,7 +65,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, get_args
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -91,7 +90,7 @@ from suzumio.contracts.runner import (
 )
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, Topology
 from suzumio.contracts.values import ResourceLimits
-from suzumio.runner import cpu, eventloop, exchange, health, heap
+from suzumio.runner import cpu, eventloop, exchange, health, heap, nats_client
 from suzumio.runner import limits as sandbox_limits
 from suzumio.runner.cpu import CpuPolicy
 from suzumio.runner.forkserver import ForkedProcess, ForkServer, ResidentRun
@@ -499,7 +498,7 @@ class Worker:
 
         servers, credentials = nats_servers(self.cfg.nats_url)
         connecting = asyncio.ensure_future(
-            nats.connect(
+            nats_client.connect(
                 servers=servers,
                 name=f"suzumio-worker-{self.cfg.worker_id}",
                 max_reconnect_attempts=-1,

@@ -15,6 +15,26 @@ from suzumio.platform.logging import get_logger
 log = get_logger(__name__)
 
 
+class Client(NATS):
+    """nats-py's client, except that the PONG of a flush no longer waited for is dropped.
+
+    nats-py (2.16) resolves each PONG's future without looking. A flush that timed out, or
+    whose task was cancelled (a cancel's broadcast cut short by its caller's cancel), left
+    its future cancelled in the queue; the PONG for it raised `InvalidStateError` in the read
+    loop, which stopped for good. The connection then looked connected and read nothing — no
+    message, no reply, no heartbeat — until the pings found it stale, minutes later.
+    The runner's pool worker connects with the same fix (`suzumio.runner.nats_client`).
+    """
+
+    async def _process_pong(self) -> None:
+        if self._pongs and self._pongs[0].done():  # its flush gave up: this PONG is its own
+            self._pongs.pop(0)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+            return
+        await super()._process_pong()
+
+
 class NatsUnreachableError(ConnectionError):
     """The first connect did not succeed within the time a short-lived command allows."""
 
@@ -31,7 +51,7 @@ async def connect(
     A service waits for NATS at start as long as it takes (None); a command a person runs
     gives `first_connect_within` seconds and gets `NatsUnreachableError`, not a silent hang.
     """
-    nc = NATS()
+    nc = Client()
     connected = False
 
     def quiet() -> bool:
