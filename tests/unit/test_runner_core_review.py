@@ -34,7 +34,7 @@ from suzumio.runner.broker import BrokerClient, OutputChangedError
 from suzumio.runner.connections import Connections
 from suzumio.runner.handover import send_outputs
 from suzumio.runner.live import LiveStream
-from suzumio.runner.main import run_activation
+from suzumio.runner.main import Reported, run_activation
 from suzumio.runner.model import Endpoint, ModelClient
 from suzumio.runner.toolbox import Toolbox
 from suzumio.runner.tools.base import ToolContext
@@ -89,15 +89,16 @@ async def test_an_output_named_in_other_bytes_than_utf8_is_skipped_and_the_rest_
 
 
 class _KeptBroker(Connections):
-    """A resident runner's clients, with the broker's on the mock transport."""
+    """A resident runner's clients, with the broker's on the mock transport (`answer`: in
+    place of the broker's own)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, answer: Any = None) -> None:
         super().__init__()
-        self._mock = broker
+        self._answer = answer or broker.answer
 
     def broker(self, base_url: str, timeout: float) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, transport=httpx.MockTransport(self._mock.answer)
+            base_url=base_url, timeout=timeout, transport=httpx.MockTransport(self._answer)
         )
 
 
@@ -130,6 +131,50 @@ async def test_a_kubernetes_runner_with_such_an_output_still_makes_its_final_cal
     assert broker.uploads == ["good.txt"]
     [output] = broker.bodies["/activation-output"]
     assert (output["text"], output["reason"]) == ("done", "completed")
+
+
+class _HeldUploads(Broker):
+    """Holds every output file's upload, for good: a large file going up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uploading = asyncio.Event()
+
+    async def held(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/runner/files/out/"):
+            self.uploading.set()
+            await asyncio.Event().wait()
+        return self.answer(request)
+
+
+async def test_a_stop_while_the_files_go_up_still_reports_the_answer(tmp_path: Path) -> None:
+    """A stop (SIGTERM: a cancel, a drain) that came while `out/` went up lost the answer of
+    an activation whose work was done: no final call, and the orchestrator took it for
+    unfinished work. The files not sent yet are dropped; the output is recorded, then the
+    stop takes effect — the runner exits with the code the output was recorded with."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "large.txt").write_text("x" * 100)
+    broker = _HeldUploads()
+    kept = _KeptBroker(broker, broker.held)
+    activation = spec(tmp_path).model_copy(
+        update={"files": FileExchange(max_output_files=10, max_output_bytes=1_000)}
+    )
+    reported = Reported()
+    async with ScriptedModelServer() as server:
+        server.script([Reply.text("done")])
+        env = {"SUZUMIO_MODEL_BASE_URL": f"{server.url}/v1", "SUZUMIO_MODEL_API_KEY": "k"}
+        running = asyncio.ensure_future(run_activation(activation, env, kept, reported))
+        try:
+            await asyncio.wait_for(broker.uploading.wait(), 30)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        finally:
+            running.cancel()
+            await kept.aclose()
+    [output] = broker.bodies["/activation-output"]
+    assert (output["text"], output["reason"]) == ("done", "completed")
+    assert reported.code == exits.COMPLETED
 
 
 # --- an output file that changes while it is sent ------------------------------------------

@@ -17,7 +17,7 @@ import orjson
 from pydantic import ValidationError
 
 from suzumio.contracts.broker import StreamBatch
-from suzumio.contracts.runner import RunnerActivationInput, RunnerActivationOutput
+from suzumio.contracts.runner import FileExchange, RunnerActivationInput, RunnerActivationOutput
 from suzumio.runner import eventloop, exits, forkserver, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
 from suzumio.runner.assets import bring_assets
@@ -117,17 +117,13 @@ async def run_activation(
     code = exits.CRASHED
     try:
         ending, code = await _run_loop(spec, broker, loop, workspace)
+        stopped = False
         if spec.files is not None and code != exits.INPUTS_UNAVAILABLE:
-            await live.close()  # the files may take a while: the live output goes first
-            # What the commands left running ends first, as it has where the platform
-            # collects `out/` after the runner exited: else a file it still writes would be
-            # sent half-written, or change while it is sent.
-            if ended := await strays.end_children():
-                log("activation.strays_ended", count=ended)
-            sent = await send_outputs(broker, workspace, spec.files)
-            log("activation.outputs_sent", files=sent)
+            stopped = not await _files_out(broker, live, workspace, spec.files)
         code = await _report(final_call(broker, ending, await live.finish(), code), reported)
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
+        if stopped:
+            raise asyncio.CancelledError  # the stop takes effect, its output reported
     except FencedError as exc:
         log("activation.fenced", detail=exc.detail)
         code = exits.FENCED
@@ -140,6 +136,29 @@ async def run_activation(
             await model.close()
         await broker.aclose()
     return code
+
+
+async def _files_out(
+    broker: BrokerClient, live: LiveStream, workspace: Path, files: FileExchange
+) -> bool:
+    """What the activation left in `out/`, sent; False when a stop came meanwhile. The work
+    is done then: the files not sent yet are dropped, and the output is still reported (as
+    a stop during its report waits for it) — else a cancel or a drain that came while a large
+    file went up lost the activation's answer, and the orchestrator took it for unfinished
+    work, to be done again."""
+    try:
+        await live.close()  # the files may take a while: the live output goes first
+        # What the commands left running ends first, as it has where the platform collects
+        # `out/` after the runner exited: else a file it still writes would be sent
+        # half-written, or change while it is sent.
+        if ended := await strays.end_children():
+            log("activation.strays_ended", count=ended)
+        sent = await send_outputs(broker, workspace, files)
+    except asyncio.CancelledError:
+        log("activation.outputs_cut_short")
+        return False
+    log("activation.outputs_sent", files=sent)
+    return True
 
 
 async def _report(sending: Awaitable[int], reported: Reported) -> int:
