@@ -141,6 +141,29 @@ async def test_tool_call_deltas_without_an_index_go_on_with_the_call_they_follow
     ]
 
 
+async def test_deltas_without_an_index_that_repeat_their_calls_id_stay_that_call() -> None:
+    """Each delta of a call taken for a new call by its id: the call came apart into its
+    named start and nameless fragments of its arguments (which could not even be audited)."""
+
+    def delta(**call: object) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}).encode()
+
+    events = (
+        delta(id="a", function={"name": "file_read", "arguments": '{"pa'}),
+        delta(id="a", function={"arguments": 'th": "x"}'}),
+        delta(id="b", function={"name": "file_search", "arguments": '{"pattern":'}),
+        delta(id="a", function={"arguments": ""}),  # an earlier call's id: that call
+        delta(id="b", function={"arguments": ' "y"}'}),
+        delta(id="b3", function={"arguments": ""}),  # a fresh id, no name: the call it follows
+    )
+    async with _raw(_sse(*events, b"[DONE]")) as url:
+        turn, _ = await _complete(url)
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
+        ("a", "file_read", {"path": "x"}),
+        ("b", "file_search", {"pattern": "y"}),
+    ]
+
+
 async def test_parallel_calls_streamed_under_one_index_stay_apart_by_their_ids() -> None:
     """Ollama and some vLLM builds stream every parallel call at index 0, each with its own
     id: joined, they made one call nobody made (`file_readfile_search`, `{..}{..}`)."""

@@ -188,6 +188,21 @@ async def test_a_call_id_from_an_earlier_activation_is_not_reused(tmp_path: Path
     assert len(ids) == len(set(ids)) == 2
 
 
+async def test_a_call_with_no_tool_name_is_audited_and_told_to_the_model(tmp_path: Path) -> None:
+    """Its audit start was refused by the runner's own check (a tool's name may not be
+    empty): the call was never recorded, and the model heard only of a failure."""
+    broker = Broker()
+    replies = [Reply.tool_calls([ToolCall("", {"path": "a.txt"}, id="c1")]), Reply.text("done")]
+    ending, _ = await run_loop(spec(tmp_path), replies, broker)
+    assert ending.reason == "completed"
+    [started] = broker.bodies["/runner/tool-calls/start"]
+    assert (started["call_id"], started["tool"]) == ("c1", "(no name)")
+    [finished] = broker.bodies["/runner/tool-calls/finish"]
+    assert (finished["call_id"], finished["status"]) == ("c1", "error")
+    [result] = broker.tool_results()
+    assert result["text"] == "a tool call without a name"
+
+
 # --- secrets cut in half ---------------------------------------------------------------------
 
 SECRET = "sk-secret-0123456789abcdef"

@@ -83,6 +83,7 @@ class StartRefusedError(BrokerError):
 SENT_WHILE_ANSWERING = "[received while you were working]"
 MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
 END_OPEN_CALLS_SECONDS = 10.0
+UNNAMED_TOOL = "(no name)"  # the audit's name of a call the model gave none
 # How a call that gave no result of its own ends, in its audit record.
 _FAILED: dict[FailureReason, Status] = {
     "error": "error",
@@ -483,7 +484,9 @@ class AgentLoop:
             tool = self._toolbox.canonical(wire.name)
             args, problem = decode_arguments(wire.arguments)
             if not tool:
-                problem = f"unknown tool {wire.name!r}"
+                problem = (
+                    f"unknown tool {wire.name!r}" if wire.name else "a tool call without a name"
+                )
             calls.append(_Call(i, wire, tool, args, problem))
         return calls
 
@@ -584,7 +587,9 @@ class AgentLoop:
 
     async def _run_call(self, call: _Call) -> CoreOutcome:
         digest = arguments_digest(call.wire.arguments)  # printable: UTF-8
-        tool = call.tool or call.wire.name
+        # A call the model gave no name is audited too (the start takes no empty name): no
+        # call the model made goes unrecorded, even one that cannot run.
+        tool = call.tool or call.wire.name or UNNAMED_TOOL
         start = ToolCallStart(
             call_id=call.wire.id,
             tool=tool[:200],

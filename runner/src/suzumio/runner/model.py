@@ -204,6 +204,7 @@ class _Assembly:
         self._text: list[str] = []
         self._calls: dict[int, dict[str, str]] = {}  # by the order calls first appeared
         self._by_index: dict[int, int] = {}  # the provider's index -> the slot it fills now
+        self._by_id: dict[str, int] = {}  # a call's id -> its slot (streams without an index)
         # Each call's argument pieces, joined once at the end: added to a string piece by
         # piece, an 800 KB argument streamed in small deltas took seconds of CPU.
         self._arguments: dict[int, list[str]] = {}
@@ -250,15 +251,14 @@ class _Assembly:
     def _add_call(self, tc: dict[str, Any]) -> None:
         call_id = _text(tc.get("id"))
         index = tc.get("index")
+        function = tc.get("function")
+        named = isinstance(function, dict) and bool(_text(function.get("name")))
         key: int | None
-        if not isinstance(index, int):  # a provider that leaves it out: a named delta opens a
-            # call, the others go on with the last one
-            key = self._open() if call_id or not self._calls else max(self._calls)
+        if not isinstance(index, int):  # a provider that leaves it out
+            key = self._unindexed(call_id, named=named)
         else:
             key = self._by_index.get(index)
             known = self._calls[key]["id"] if key is not None else ""
-            function = tc.get("function")
-            named = isinstance(function, dict) and bool(_text(function.get("name")))
             if call_id and known and call_id != known and named:
                 # Another call under an index already used: Ollama and some vLLM builds stream
                 # every parallel call at index 0, each with its own id (and name). Joined,
@@ -275,10 +275,22 @@ class _Assembly:
         slot, pieces = self._calls[key], self._arguments[key]
         if call_id and not slot["id"]:  # the first: later chunks may bring fresh ones
             slot["id"] = self._take_call(call_id)
-        function = tc.get("function")
+            self._by_id.setdefault(call_id, key)
         if isinstance(function, dict):
             slot["name"] += self._take_call(_text(function.get("name")))
             pieces.append(self._take_call(_text(function.get("arguments"))))
+
+    def _unindexed(self, call_id: str, *, named: bool) -> int | None:
+        """The slot of a delta without an index: the call whose id it repeats; else a new
+        call when it is the first, or brings a new id and a name; else the call it follows
+        (a fresh id with each chunk, as some servers send). A delta with an id was taken for
+        a new call before: a stream repeating its call's id with every chunk was split into
+        a call and nameless fragments of its arguments."""
+        if call_id and (known := self._by_id.get(call_id)) is not None:
+            return known
+        if not self._calls or (call_id and named):
+            return self._open()
+        return max(self._calls)
 
     def _open(self) -> int | None:
         """A new call's slot (in the order calls first appear), or None once the bound is
