@@ -48,7 +48,14 @@ class Log:
         self.seq = 0
         self.versions: defaultdict[str, int] = defaultdict(int)
 
-    def append(self, aggregate_id: str, *events: DomainEvent, at: datetime = T0) -> Changes:
+    def append(
+        self,
+        aggregate_id: str,
+        *events: DomainEvent,
+        at: datetime = T0,
+        now: datetime | None = None,
+    ) -> Changes:
+        """`now`: the folding scheduler's clock (None: the events' own times stand)."""
         self.seq += 1
         pairs = []
         for event in events:
@@ -62,7 +69,7 @@ class Log:
             )
             pairs.append((envelope, event))
         changes = Changes()
-        self.world.apply(self.seq, pairs, changes)
+        self.world.apply(self.seq, pairs, changes, now)
         return changes
 
 
@@ -148,6 +155,34 @@ def test_failed_activations_retry_within_the_budget_then_close_the_signals() -> 
     assert s.backoff_until == T0 + timedelta(seconds=35)
     log.append("s", SignalClosed(signal_id="m1", outcome=SignalOutcome.FAILED, reason="x"))
     assert s.failing == {}
+
+
+def test_an_end_dated_ahead_of_the_schedulers_clock_counts_as_now() -> None:
+    """An event's time is its writer's clock: an orchestrator an hour ahead put off the
+    failed activation's retry by that hour, and its end, first in the fold's queue of ends,
+    held every later one from being forgotten until that hour had passed."""
+    world, log = opened(budget=2)
+    s = world.sessions["s"]
+    log.append("s", signal("m1"))
+    start(log, "x1", "m1")
+    log.append("x1", ActivationFailed(reason="model down"), at=T0 + timedelta(hours=1), now=T0)
+    assert s.backoff_until == T0 + timedelta(seconds=2)
+    assert s.last_ended is not None
+    assert s.last_ended.at == T0
+    log.append("s2", SessionOpened(project_id="p", agent_id="a"))
+    log.append("s2", signal("m2"))
+    log.append(
+        "s2",
+        ActivationRequested(activation_id="x2", agent_id="a", signal_ids=("m2",), project_id="p"),
+        SignalsDelivered(activation_id="x2", signal_ids=("m2",)),
+    )
+    log.append("x2", ActivationCompleted(text="done"), at=T0, now=T0)
+    assert world.forget_ended(T0 + timedelta(minutes=5)) == 2
+    # The events' own times stand when they are not ahead of the clock.
+    log.append("s", signal("m3"))
+    start(log, "x3", "m3")
+    log.append("x3", ActivationFailed(reason="model down"), at=T0, now=T0 + timedelta(hours=1))
+    assert s.backoff_until == T0 + timedelta(seconds=30)  # its second failure in a row
 
 
 def test_a_failure_that_cannot_be_retried_fails_its_signals_at_once() -> None:

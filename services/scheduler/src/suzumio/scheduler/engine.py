@@ -254,7 +254,7 @@ class Scheduler:
                         pairs.append((envelope, decode_data(envelope)))
                     except Exception:  # a newer release's schema: not ours to guess
                         log.warning("scheduler.undecodable", seq=msg.seq, type=envelope.type)
-            self.world.apply(msg.seq, pairs, changes)
+            self.world.apply(msg.seq, pairs, changes, self._clock())
             self._refile(changes)
         else:
             self.world.position = msg.seq
