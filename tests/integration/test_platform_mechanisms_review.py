@@ -239,6 +239,39 @@ async def test_a_put_whose_stored_answer_was_lost_keeps_its_bytes(
     assert await _read(nc, store, bucket, _digest(DATA)) == DATA
 
 
+async def test_a_put_whose_record_lands_after_its_timeout_keeps_its_bytes(
+    nc: NATS, blobs: tuple[ObjectStore, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record's publish times out and the record lands afterwards (held in the client
+    across a reconnect, or still being agreed on in a cluster): the put found no record
+    when it looked, purged its chunks, and the record that then landed named nothing — the
+    blob broken for good, every later put of those bytes taking it for stored."""
+    store, bucket = blobs
+    js: Any = store._js  # noqa: SLF001 - the connection nats-py stores through
+    real = js.publish
+    late: list[asyncio.Task[Any]] = []
+
+    async def slow_record(subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        if f"$O.{bucket}.M." not in subject:
+            return await real(subject, payload, **kwargs)
+
+        async def land() -> Any:
+            await asyncio.sleep(0.5)
+            return await real(subject, payload, **kwargs)
+
+        late.append(asyncio.create_task(land()))
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(js, "publish", slow_record)
+    with pytest.raises(TimeoutError):
+        await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    monkeypatch.undo()
+    await asyncio.gather(*late)  # the record landed
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))  # the caller's retry: stored
+    assert await _stored_messages(nc, bucket) == 4 + 1  # the chunks of one copy, one record
+
+
 class _Slow(io.RawIOBase):
     """`data`, whose first read waits on `gate` and whose later reads take `pause` each."""
 

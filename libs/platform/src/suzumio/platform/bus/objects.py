@@ -13,7 +13,8 @@ purges its own chunks when the record's acknowledgement is lost although the rec
 stored, leaving a record that names nothing (and every later put of those bytes skips it as
 stored); (d) leaves its chunks behind when it is cancelled. Here the record is appended only
 if no record is there yet (`Nats-Expected-Last-Subject-Sequence`), and whatever did not become
-a blob is purged, unless the record stored names it.
+a blob is purged, unless the record stored names it — or may yet name it (its publish
+went out and its fate is unknown: it may land later), when the sweep below takes them.
 
 What a put cannot clean up after itself — a process killed between its chunks and its record
 — `sweep_stray_chunks` does: chunks that no live record names, untouched for long enough that
@@ -66,8 +67,10 @@ async def put_blob(store: ObjectStore, sha256_hex: str, source: BufferedIOBase) 
     name = blob_name(sha256_hex)
     nuid = _nuids.next().decode()
     chunks = CHUNKS_SUBJECT.format(bucket=bucket, nuid=nuid)
+    recording = False
     try:
         info = await _send_chunks(js, chunks, source, name, bucket, nuid)
+        recording = True
         if await _send_record(js, store, bucket, name, info):
             return
         failure: BaseException | None = None
@@ -76,7 +79,8 @@ async def put_blob(store: ObjectStore, sha256_hex: str, source: BufferedIOBase) 
     # Not a blob of ours (another put's record came first, or this one failed or was cancelled
     # on the way): its chunks go, unless the record stored names them after all (an answer
     # lost on the way back). Shielded: a cancelled put must still clean up after itself.
-    stored = await asyncio.shield(_settle(store, name, nuid, chunks))
+    unsure = recording and failure is not None  # its record may be on the way still
+    stored = await asyncio.shield(_settle(store, name, nuid, chunks, unsure=unsure))
     if failure is None or (stored and not isinstance(failure, asyncio.CancelledError)):
         return
     raise failure
@@ -139,16 +143,24 @@ async def _send_record(
     raise OSError(f"{name}: its record kept changing while it was stored")
 
 
-async def _settle(store: ObjectStore, name: str, nuid: str, chunks: str) -> bool:
+async def _settle(store: ObjectStore, name: str, nuid: str, chunks: str, *, unsure: bool) -> bool:
     """True if the record stored names `nuid`; else its chunks are purged (if NATS answers:
-    a few chunks left behind beat a record whose chunks are gone)."""
+    a few chunks left behind beat a record whose chunks are gone).
+
+    `unsure`: its record was sent and its fate is unknown (a timeout, a lost connection, a
+    cancel on the way). With no record there yet, it may still land — buffered in the client
+    across a reconnect, or being agreed on in a cluster — and purged chunks then left a
+    record naming nothing, which every later put of those bytes took for stored. Its chunks
+    stay then: `sweep_stray_chunks` takes them an hour on if no record names them by then.
+    Another record there refuses it for good (it expects none), and its chunks go."""
     try:
         async with asyncio.timeout(SETTLE_SECONDS):
             try:
                 if (await store.get_info(name)).nuid == nuid:
                     return True
             except ObjectNotFoundError:
-                pass
+                if unsure:
+                    return False
             await store._js.purge_stream(store._stream, subject=chunks)
     except Exception:  # noqa: S110 - NATS away: nothing can be done about it now
         pass
