@@ -133,6 +133,33 @@ async def test_a_follower_holds_a_bounded_number_of_bytes_for_a_slow_reader(
     assert seen == list(range(seen[0], seen[0] + 8))  # every one, in order
 
 
+async def test_a_quiet_follower_whose_consumer_is_lost_goes_on_from_where_it_started(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    """nats-py recreates an ordered consumer (a NATS restart, lost heartbeats) from the last
+    sequence it delivered, counted from 0: a follower that had not had a message yet (a quiet
+    log) was sent the whole log again from 1, and the new events waited behind it."""
+    for _ in range(5):
+        await store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
+    start = await stream_last_seq(nc, topology.events_stream) + 1
+    follower = LogFollower(nc, topology, start_seq=start)
+    await follower.start()
+    try:
+        sub: Any = follower._sub
+        lost = sub._consumer
+        js = nc.jetstream()
+        await js.delete_consumer(topology.events_stream, lost)  # as a NATS restart loses it
+        await eventually(lambda: asyncio.sleep(0, sub._consumer), lambda c: c != lost, timeout=40)
+        info = await js.consumer_info(topology.events_stream, sub._consumer)
+        assert info.config.opt_start_seq == start
+        await store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
+        msg = await follower.next(timeout=10)
+        assert msg is not None
+        assert msg.seq == start
+    finally:
+        await follower.close()
+
+
 async def test_a_message_with_a_malformed_version_header_does_not_stop_a_follower(
     nc: NATS, store: EventStore, topology: Topology
 ) -> None:

@@ -89,7 +89,6 @@ class LogFollower:
         async def on_message(msg: Msg) -> None:
             meta = msg.metadata
             seq = meta.sequence.stream
-            self._arrived = loop.time()
             async with self._order:
                 if seq <= self._last:
                     return  # read already, by a gap read
@@ -117,6 +116,9 @@ class LogFollower:
                     )
                 )
                 self._last = seq
+                # Only when the follower moves on: messages it had (an ordered consumer's
+                # replay after a reset) must not keep the tail check from reading the new.
+                self._arrived = loop.time()
 
         start = self._start
         if self._start_time is not None:
@@ -135,6 +137,13 @@ class LogFollower:
             config=config,
             cb=on_message,
         )
+        # nats-py's ordered consumer recreates itself (a NATS restart, lost heartbeats) from
+        # the stream sequence after the last it delivered — counted from 0 until one came: a
+        # reset before the first message replayed the whole log from 1, every old event
+        # ahead of the new ones.
+        jsi = getattr(getattr(self._sub, "_sub", None), "_jsi", None)
+        if jsi is not None:
+            jsi._sseq = max(jsi._sseq, start - 1)
         self._watch = asyncio.create_task(self._watch_tail())
         return self.replay_end
 
