@@ -121,9 +121,21 @@ class _Tracker:
     # hand it back (`busy`), and it then goes to the pool's queue.
     body: bytes | None = None
 
-    def update(self, status: PoolStatus) -> None:
+    def update(self, status: PoolStatus) -> bool:
+        """Take a worker's word; False when it is not taken: a last word from another worker
+        than the one known to run it."""
+        final = status.kind in {"exited", "refused"}
+        if final and self.started and self.worker_id not in {None, status.worker_id}:
+            # A worker that held the dispatch before (cut off past the ack wait while it
+            # brought the files in) and came back to find it claimed, or its files failed:
+            # taken for the end of the run, it had the healthy run on the other worker
+            # cancelled. That run's own worker says how it ends — or, gone, its silence.
+            log.warning("pool.stale_word", dispatch=self.dispatch_id, kind=status.kind,
+                        reason=status.reason, worker=status.worker_id,
+                        running_on=self.worker_id)  # fmt: skip
+            return False
         self.last_seen = time.monotonic()
-        if status.kind in {"exited", "refused"}:
+        if final:
             self.final = status
         else:
             self.started = True
@@ -131,6 +143,7 @@ class _Tracker:
         if self.started:
             self.body = None
         self.changed.set()
+        return True
 
 
 _REFUSALS: dict[str, tuple[Literal["timeout", "cancelled"], str]] = {
@@ -486,8 +499,7 @@ class PoolBackend:
         may have been missed across a reconnect)."""
         for info in await self._ask_workers(tracker.dispatch_id):
             for status in info.exited:
-                if status.dispatch_id == tracker.dispatch_id:
-                    tracker.update(status)
+                if status.dispatch_id == tracker.dispatch_id and tracker.update(status):
                     return True
             for status in info.running:
                 if status.dispatch_id == tracker.dispatch_id:
@@ -767,13 +779,13 @@ class PoolBackend:
             return
         # By dispatch: an earlier attempt's worker may still speak on the same subject.
         tracker = self._trackers.get(status.dispatch_id)
-        if tracker is not None:
-            tracker.update(status)
-            if status.kind == "exited" and tracker.affinity_key is not None:
-                if status.warm:
-                    self._keep_warm(tracker.affinity_key, status.worker_id, time.monotonic())
-                else:
-                    self._warm.pop(tracker.affinity_key, None)
+        if tracker is None or not tracker.update(status):
+            return
+        if status.kind == "exited" and tracker.affinity_key is not None:
+            if status.warm:
+                self._keep_warm(tracker.affinity_key, status.worker_id, time.monotonic())
+            else:
+                self._warm.pop(tracker.affinity_key, None)
 
     async def _ensure_presence(self) -> None:
         if self._presence is not None:
