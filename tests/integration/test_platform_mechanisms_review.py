@@ -22,6 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology, blob_name
+from suzumio.platform.bus import connection
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.bus.objects import put_blob, read_chunks, sweep_stray_chunks
 from suzumio.platform.db import pool as db
@@ -270,6 +271,29 @@ async def test_a_put_whose_record_lands_after_its_timeout_keeps_its_bytes(
     assert await _read(nc, store, bucket, _digest(DATA)) == DATA
     await put_blob(store, _digest(DATA), io.BytesIO(DATA))  # the caller's retry: stored
     assert await _stored_messages(nc, bucket) == 4 + 1  # the chunks of one copy, one record
+
+
+async def test_a_slow_download_holds_a_few_chunks_not_the_blob(
+    nc: NATS, nats_url: str, blobs: tuple[ObjectStore, str]
+) -> None:
+    """The chunks came on an ordered push consumer: the server sent them all while a slow
+    client read (nats-py answers flow control as they arrive, not as they are taken), so each
+    slow download held its whole blob in the process — 100 MB each, at the default limit."""
+    store, bucket = blobs
+    data = bytes(range(256)) * (100 * CHUNK // 256)  # 100 chunks, 12.5 MiB
+    await put_blob(store, _digest(data), io.BytesIO(data))
+    reader = await connection.connect(nats_url, "suzumio-test-download")
+    try:
+        before = reader.stats["in_bytes"]
+        chunks = read_chunks(reader.jetstream(), store, bucket, _digest(data), timeout=5)
+        first = await anext(chunks)
+        await asyncio.sleep(1.0)  # a client that reads slowly: what arrives meanwhile
+        arrived = reader.stats["in_bytes"] - before
+        assert arrived <= 9 * CHUNK, f"{arrived} bytes came while one chunk was read"
+        rest = b"".join([c async for c in chunks])
+        assert first + rest == data
+    finally:
+        await reader.close()
 
 
 class _Slow(io.RawIOBase):

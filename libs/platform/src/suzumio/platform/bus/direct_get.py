@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -80,7 +80,7 @@ async def iter_subject(
     batch: int = 256,
     timeout: float = 5.0,
     min_last_seq: int = 0,
-) -> AsyncIterator[StoredMessage]:
+) -> AsyncGenerator[StoredMessage, None]:
     """Every message on `subject` after `after_seq`, in order, up to `batch` per round trip.
 
     `min_last_seq`: asks for a replica that holds the stream up to there at least — NATS's

@@ -1,8 +1,9 @@
 """Content-addressed blobs in a JetStream object store: `sha256/<hex>` holds those bytes.
 
 nats-py can put from a file object but only gets into memory or a file; `read_chunks` streams
-an object's chunks as they arrive (the object store's own protocol: an ordered consumer on the
-object's chunk subject), so a download never holds a whole file in memory.
+an object's chunks as its reader takes them (Direct Gets of the object's chunk subject, a few
+chunks a round trip), so a download never holds more than those in memory, however slowly
+its client reads.
 
 `put_blob` writes the object store's own layout (chunks on `$O.<bucket>.C.<nuid>`, then the
 object's record on `$O.<bucket>.M.<name>`) rather than calling nats-py's `put`, which replaces
@@ -32,7 +33,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from io import BufferedIOBase
 
-from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NotFoundError, ObjectNotFoundError
@@ -40,11 +40,15 @@ from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
 from suzumio.contracts.subjects import blob_name
+from suzumio.platform.bus.direct_get import iter_subject
 from suzumio.platform.bus.eventstore import ERR_WRONG_LAST_SEQUENCE
+from suzumio.platform.bus.jsapi import stream_last_seq
 
 CHUNKS_SUBJECT = "$O.{bucket}.C.{nuid}"
 RECORD_SUBJECT = "$O.{bucket}.M.{name}"
 CHUNK_BYTES = 128 * 1024  # what nats-py and the other clients cut objects into
+CHUNKS_PER_READ = 8  # a download holds at most this many chunks (1 MiB) in memory
+OBJECTS_STREAM = "OBJ_{bucket}"
 SETTLE_SECONDS = 5.0
 _nuids = NUID()
 
@@ -250,20 +254,32 @@ async def _chunks(
     if not info.size:
         _check(digest, sha256_hex)
         return
-    queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=64)
-    sub = await js.subscribe(
+    # Read a few chunks a round trip, as the reader takes them: an ordered push consumer had
+    # the server send them all while a slow client read (nats-py answers flow control as they
+    # arrive, not as they are taken), so a slow download held the whole blob in memory, and
+    # past the subscription's pending limit chunks were dropped, never sent again.
+    stream = OBJECTS_STREAM.format(bucket=bucket)
+    # From a replica that holds every chunk (they were stored before the record, before now):
+    # a lagging one in a cluster would end the read short.
+    stored_up_to = await stream_last_seq(js._nc, stream, timeout=timeout)
+    wanted, read = info.chunks or 0, 0
+    chunks = iter_subject(
+        js._nc,
+        stream,
         CHUNKS_SUBJECT.format(bucket=bucket, nuid=info.nuid),
-        ordered_consumer=True,
-        cb=queue.put,
+        batch=CHUNKS_PER_READ,
+        timeout=timeout,
+        min_last_seq=stored_up_to,
     )
-    try:
-        for _ in range(info.chunks or 0):
-            msg = await asyncio.wait_for(queue.get(), timeout)
-            digest.update(msg.data)
-            yield msg.data
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            digest.update(chunk.data)
+            read += 1
+            yield chunk.data
+            if read >= wanted:
+                break
+    if read < wanted:
+        raise OSError(f"blob {sha256_hex} is missing {wanted - read} of its {wanted} chunks")
     _check(digest, sha256_hex)
 
 
