@@ -261,6 +261,42 @@ async def test_a_leader_election_after_a_lost_answer_leaves_the_appends_fate_unk
     assert len(sends) == 2
 
 
+@pytest.mark.parametrize("stored_first", [True, False], ids=["stored", "not_stored"])
+async def test_a_connection_lost_after_a_lost_answer_leaves_the_appends_fate_unknown(
+    nc: NATS, store: EventStore, monkeypatch: pytest.MonkeyPatch, stored_first: bool
+) -> None:
+    """As above, with the retry failing on the client's side: the connection closed, or its
+    buffer full while it reconnects. Raised as it was, it read as "nothing stored" (a 503)."""
+    send, find_own = store._send, store._find_own
+    sends: list[int] = []
+    readable = asyncio.Event()
+
+    async def lost_then_gone(p: Any) -> dict[str, Any]:
+        sends.append(1)
+        if len(sends) == 1:
+            if stored_first:
+                await send(p)  # stored, its answer lost
+            raise nats.errors.TimeoutError
+        readable.set()
+        raise nats.errors.OutboundBufferLimitError
+
+    async def unreadable_at_first(p: Any, *, tolerate_errors: bool = False) -> int | None:
+        if not readable.is_set():
+            return None  # as after a read that failed, tolerated
+        return await find_own(p, tolerate_errors=tolerate_errors)
+
+    monkeypatch.setattr(store, "_send", lost_then_gone)
+    monkeypatch.setattr(store, "_find_own", unreadable_at_first)
+    pid = new_id()
+    if stored_first:
+        result = await store.append(pid, [created()], 0)
+        assert [e.version for e in result.events] == [1]
+    else:
+        with pytest.raises(CommandTimeoutError):
+            await store.append(pid, [created()], 0)
+    assert len(sends) == 2
+
+
 async def test_publish_retried_after_a_lost_ack_stores_one_event(
     nc: NATS, store: EventStore, topology: Topology
 ) -> None:

@@ -46,8 +46,17 @@ from suzumio.platform.bus.direct_get import StoredMessage, first_after, iter_sub
 from suzumio.platform.bus.direct_get import last_for_subject as _last_for_subject
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.replies import Replies, header_bytes
+from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.errors import JetStreamApiError, PlatformError
 from suzumio.platform.trouble import jetstream_trouble
+
+# The log could not be read now (it says nothing of what is stored).
+_UNREADABLE: tuple[type[Exception], ...] = (
+    TimeoutError,
+    NatsTimeoutError,
+    PlatformError,
+    *NATS_TROUBLE,
+)
 
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -307,6 +316,17 @@ class EventStore:
                 unsure = True
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
+            except NATS_TROUBLE:
+                if not unsure:
+                    raise  # nothing sent that may have been stored: unavailable, as it is
+                # The connection gone now (closed, its buffer full while it reconnects) says
+                # nothing of the earlier attempt, which may have been stored: unknown.
+                if (stored := await self._find_own(p, tolerate_errors=True)) is not None:
+                    return stored
+                raise CommandTimeoutError(
+                    f"event store could not tell whether the append to {p.subject} was stored",
+                    subject=p.subject,
+                ) from None
             error = reply.get("error")
             if not error:
                 return int(reply["seq"])  # also for `"duplicate": true`: the first copy's seq
@@ -330,7 +350,7 @@ class EventStore:
         if err_code in ERR_WRONG_LAST_SEQUENCE:
             try:
                 stored = await self._find_own(p)
-            except (TimeoutError, NatsTimeoutError, NoRespondersError, PlatformError):
+            except _UNREADABLE:
                 # Refused, perhaps because an earlier attempt of this very append was
                 # stored (its ack lost): unknown, not failed, until the log can be read.
                 raise CommandTimeoutError(
@@ -376,7 +396,7 @@ class EventStore:
         """
         try:
             stored = await first_after(self._nc, self._stream, p.subject, p.expected_seq)
-        except (TimeoutError, NatsTimeoutError, NoRespondersError, PlatformError):
+        except _UNREADABLE:
             if tolerate_errors:
                 return None
             raise
