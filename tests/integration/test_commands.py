@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from structlog.testing import capture_logs
 
 from suzumio.contracts.commands import CommandAccepted, CreateProject, RenameProject
 from suzumio.contracts.envelope import NewerSchemaError, UnknownEventTypeError
@@ -142,6 +145,34 @@ async def test_slow_service_times_out(nc: NATS, topology: Topology) -> None:
             CreateProject(project_id="p1", name="a"), actor="user:u1", idempotency_key="slow-1"
         )
     release.set()
+    await server.drain(2.0)
+
+
+async def test_a_reply_that_cannot_go_out_is_logged(
+    nc: NATS, topology: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reply's send failed (the connection closed, or reconnecting with its buffer full):
+    the client waits out its timeout, and the service said nothing of why — only asyncio's
+    "exception was never retrieved", outside the service's log."""
+
+    async def create(_: CommandContext[CreateProject]) -> CommandAccepted:
+        return CommandAccepted()
+
+    async def buffer_full(self: Msg, data: bytes) -> None:
+        raise nats.errors.OutboundBufferLimitError
+
+    router = CommandRouter("session")
+    router.register(CreateProject, create)
+    server = await serve(nc, topology, router)
+    client = CommandClient(nc, topology, timeout=0.5)
+    monkeypatch.setattr(Msg, "respond", buffer_full)
+    with capture_logs() as logs, pytest.raises(CommandTimeoutError):
+        await client.send(
+            CreateProject(project_id="p1", name="a"), actor="user:u1", idempotency_key="lost-1"
+        )
+    monkeypatch.undo()
+    [failed] = [r for r in logs if r["event"] == "command.reply_failed"]
+    assert "OutboundBufferLimitError" in failed["error"]
     await server.drain(2.0)
 
 

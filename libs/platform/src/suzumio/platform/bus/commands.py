@@ -252,6 +252,11 @@ class CommandServer:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
         self._slots.release()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # The reply could not go out (the connection closed or reconnecting with its
+            # buffer full): the client waits out its timeout, and this says why.
+            log.warning("command.reply_failed", service=self._router.service,
+                        error=repr(exc))  # fmt: skip
 
     async def _handle(self, msg: Msg) -> None:
         verb = msg.subject.rsplit(".", 1)[-1]
