@@ -141,6 +141,38 @@ async def test_a_dispatch_sent_to_a_worker_that_died_is_lost_and_the_next_goes_e
     assert ran_on(statuses, after) == ["wb"]
 
 
+async def test_a_dispatch_sent_to_a_worker_as_it_stops_is_handed_back_and_runs_elsewhere(
+    backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
+    fenced_url: str, hanging: tuple[str, Hanging], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A stopping worker left its own consumer at once, but said so only at its next beat:
+    what an orchestrator routed to it meanwhile waited there, pulled by nobody, until the
+    worker was gone (its drain, then `worker_alive_seconds`), and was lost — on every
+    rolling restart. It now says so at once and, while it drains, hands back what still
+    comes, which the orchestrator queues for any worker."""
+    wa = workers("wa", "--take-routed", "--drain", "8", concurrency=2, idle_ttl=30)
+    await wait_workers(backend, "wa")
+    first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert (await watch(backend, first)).code == 6
+    url, broker = hanging
+    busy = await backend.launch(make_plan(url, tmp_path, session_id="s2"))  # the drain waits
+    await eventually(lambda: broker.open > 0)
+
+    wa.send_signal(signal.SIGTERM)
+    await eventually(lambda: not backend._workers["wa"][1].takes_routed, timeout=5)
+    await asyncio.sleep(1.5)  # past the fetch its own consumer had open when it was told
+    # An orchestrator that had not heard yet (its view as it was before the stop).
+    monkeypatch.setattr(backend, "_warm_worker", lambda key, pool: "wa")
+    late = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+    assert late.data["routed_to"] == "wa"
+    monkeypatch.undo()
+    workers("wb", "--take-routed", idle_ttl=30)
+    result = await watch(backend, late, timeout=30)
+    assert (result.code, ran_on(statuses, late)) == (6, ["wb"])
+    await backend.cancel(busy)
+    await watch(backend, busy, timeout=15)
+
+
 async def test_a_worker_runs_no_more_than_its_concurrency_with_dispatches_on_both_queues(
     backend: PoolBackend, workers: StartWorker, statuses: Statuses, tmp_path: Path,
     fenced_url: str, hanging: tuple[str, Hanging],

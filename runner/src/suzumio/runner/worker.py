@@ -404,8 +404,9 @@ class Worker:
             # taken here (else nothing is routed here until the next beat).
             takes_routed = self.cfg.take_routed and self.cfg.idle_ttl_seconds > 0
             routed = await self._bind_own_or_note() if takes_routed else None
+            drained = asyncio.Event()
             own = asyncio.create_task(
-                self._pull_own(stop, routed) if takes_routed else asyncio.sleep(0)
+                self._pull_own(stop, drained, routed) if takes_routed else asyncio.sleep(0)
             )
             presence = asyncio.create_task(self._presence())
             log("worker.ready", worker=self.cfg.worker_id, pool=self.cfg.pool)
@@ -415,11 +416,16 @@ class Worker:
                     await self._pull_once(psub, stop, self._freed)
             finally:
                 self._pulling = False
-                if not stop.is_set():  # else it ends by itself, within a fetch's timeout
+                # Said at once, not at the next beat: till an orchestrator hears it, it sends
+                # the warm sessions' next dispatches here, which the drain hands back.
+                self._own_bound = False
+                await self._announce()
+                if not stop.is_set():  # else it hands back what still comes, to the end
                     own.cancel()
+                await self._drain()
+                drained.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await own
-                await self._drain()
                 presence.cancel()
                 with contextlib.suppress(Exception):
                     await psub.unsubscribe()
@@ -539,15 +545,22 @@ class Worker:
         return await js.pull_subscribe_bind(durable, stream=stream)
 
     async def _pull_own(
-        self, stop: asyncio.Event, psub: JetStreamContext.PullSubscription | None
+        self,
+        stop: asyncio.Event,
+        drained: asyncio.Event,
+        psub: JetStreamContext.PullSubscription | None,
     ) -> None:
         """Pull the dispatches routed to this worker (its warm sessions' next activations) from
         its own consumer (`psub`, if bound already), beside the pool's loop; the same slots.
         Made again after an error (its consumer may have gone, idle past its inactivity
         threshold while NATS was away). Until it is bound, beats name no warm session, so
-        nothing is routed here."""
-        while not stop.is_set():
+        nothing is routed here. Stopping, it goes on until the drain is over, handing back
+        (`busy`) what an orchestrator sent before it heard: left in this worker's consumer,
+        which nobody pulls any more, each waited for the worker to be gone, then was lost."""
+        while not drained.is_set():
             if psub is None:
+                if stop.is_set():
+                    break  # nothing is routed to a worker not bound
                 psub = await self._bind_own_or_note()
                 if psub is None:
                     with contextlib.suppress(TimeoutError):
@@ -1359,13 +1372,17 @@ class Worker:
         with contextlib.suppress(Exception):
             await msg.respond(_fitting(info, self.nc.max_payload))
 
+    async def _announce(self) -> None:
+        """This worker's beat: that it is there, and what it runs and keeps warm."""
+        with contextlib.suppress(Exception):
+            await self.nc.publish(
+                self.topology.pool_worker_subject(self.cfg.worker_id),
+                self._info(with_exited=False).model_dump_json().encode(),
+            )
+
     async def _presence(self) -> None:
-        subject = self.topology.pool_worker_subject(self.cfg.worker_id)
         while True:
-            with contextlib.suppress(Exception):
-                await self.nc.publish(
-                    subject, self._info(with_exited=False).model_dump_json().encode()
-                )
+            await self._announce()
             self._expire_warm()  # presence goes on whatever a key does
             if self._forks is not None and not self._forks.alive:
                 # Now, not at the next activation: until then /readyz would say it is down.
