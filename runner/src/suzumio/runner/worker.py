@@ -126,6 +126,14 @@ OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
 CLAIM_TIMEOUT_SECONDS = 5.0
 CLAIM_MARGIN_SECONDS = 60.0
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's, and the cluster's
+# Runs that could not start here for a fault of this worker's own (a full disk, cgroups
+# refused, its runner not starting), in a row, before it pauses its pulls from the pool's
+# queue; the pause, doubled with each further fault, up to the most. A worker failing every
+# run in milliseconds was always the first free: it took most of the pool's work and failed
+# it, the retries too, while healthy workers sat idle.
+FAULTS_BEFORE_PAUSE = 3
+FAULT_PAUSE_SECONDS = 5.0
+FAULT_PAUSE_MAX_SECONDS = 60.0
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
 _POOL = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")  # the contracts' Slug
 _PR_SET_PDEATHSIG = 1
@@ -336,6 +344,8 @@ class Worker:
         self._stop: asyncio.Event | None = None  # for the health endpoint: set once stopping
         self._pulling = False  # the pool's consumer is bound and its pull loop runs
         self._fetch_error: str | None = None  # the last pull failed (not merely timed out)
+        self._faults = 0  # runs in a row that could not start for a fault of this worker's
+        self._last_fault = ""
 
     @property
     def nc(self) -> NATS:
@@ -375,15 +385,35 @@ class Worker:
         """Why /readyz fails (None: this worker can take the pool's work now)."""
         if why_not := self.liveness():
             return why_not
-        if self._nc is None or not self._nc.is_connected:
-            return "not connected to NATS"
-        if not self._pulling:
-            return "the pool's consumer is not bound"
-        if self._fetch_error is not None:
-            return f"pulling from the pool's consumer fails: {self._fetch_error}"
-        if self._forks is not None and not self._forks.alive:
-            return "the fork server is down"
-        return None
+        reasons = (
+            "not connected to NATS" if self._nc is None or not self._nc.is_connected else "",
+            "" if self._pulling else "the pool's consumer is not bound",
+            f"pulling from the pool's consumer fails: {self._fetch_error}"
+            if self._fetch_error is not None
+            else "",
+            "the fork server is down" if self._forks is not None and not self._forks.alive else "",
+            f"{self._faults} runs in a row could not start here: {self._last_fault}"
+            if self._faulty()
+            else "",
+        )
+        return next((why for why in reasons if why), None)
+
+    def _faulty(self) -> bool:
+        return self._faults >= FAULTS_BEFORE_PAUSE
+
+    def _fault(self, exc: BaseException) -> None:
+        """A run could not start for a fault of this worker's own."""
+        self._faults += 1
+        self._last_fault = f"{type(exc).__name__}: {exc}"[:300]
+        if self._faults == FAULTS_BEFORE_PAUSE:
+            log("worker.faulty", runs=self._faults, error=self._last_fault)
+
+    def _fault_pause(self) -> float:
+        """How long to leave the pool's queue to other workers before taking one more."""
+        if not self._faulty():
+            return 0.0
+        doubled = FAULT_PAUSE_SECONDS * 2.0 ** (self._faults - FAULTS_BEFORE_PAUSE)
+        return min(doubled, FAULT_PAUSE_MAX_SECONDS)
 
     async def _run(self, stop: asyncio.Event) -> None:
         self._nc = await self._connect(stop)
@@ -653,6 +683,14 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(freed.wait(), 1.0)
             return
+        if not own and (pause := self._fault_pause()) > 0:
+            # Its runs keep failing here: the pool's queue is left to other workers for a
+            # while, then one dispatch is taken — the try that tells whether it healed.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)
+            if not stop.is_set():
+                await self._take(await self._fetch(psub, 1, 1.0, own=own), stop, own=own)
+            return
         # One at a time while waiting: nats-py's fetch of a batch waits for the whole batch
         # (or the timeout) once its first message came, which would hold that message back.
         msgs = await self._fetch(psub, 1, 1.0, own=own)
@@ -831,6 +869,7 @@ class Worker:
         try:
             run = self._prepare(dispatch, msg)
         except OSError as exc:  # a full disk, say: this attempt failed, the worker goes on
+            self._fault(exc)
             status = self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             await self._report_end(msg, status)
             return
@@ -972,6 +1011,7 @@ class Worker:
                 await self._finish(run, ended)
                 return
             run.proc = await self._spawn(run)
+            self._faults = 0
         # Any NATS failure too (closed, draining, a full buffer: no JetStream API errors),
         # or the run's task would die with neither an end reported nor an ack; and a child
         # that could not take its limits before exec (`SubprocessError`, no `OSError`).
@@ -982,6 +1022,10 @@ class Worker:
             NatsError,
             TimeoutError,
         ) as exc:
+            if isinstance(exc, OSError | subprocess.SubprocessError) and not isinstance(
+                exc, TimeoutError
+            ):
+                self._fault(exc)  # the worker's own (NATS, the store: not this worker's)
             await self._finish(
                 run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             )
@@ -1434,9 +1478,12 @@ class Worker:
             ),
             exited=tuple(s for _, s in self._recent.values()) if with_exited else (),
             warm_sessions=len(self.warm),
-            # Only while routed dispatches reach this worker: else none must be sent here.
-            takes_routed=self._own_bound,
-            warm_keys=tuple(self.warm.keys()[:MAX_WARM_KEYS]) if self._own_bound else (),
+            # Only while routed dispatches reach this worker and start here: else none must
+            # be sent here.
+            takes_routed=self._own_bound and not self._faulty(),
+            warm_keys=tuple(self.warm.keys()[:MAX_WARM_KEYS])
+            if self._own_bound and not self._faulty()
+            else (),
         )
 
     async def _publish(self, status: PoolStatus, *, flush: bool = False) -> None:

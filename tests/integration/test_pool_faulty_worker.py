@@ -1,0 +1,59 @@
+"""A worker whose runs cannot start for a fault of its own (a full disk, cgroups refused, its
+runner not starting) failed each in milliseconds and was at once the first free again: it took
+most of the pool's queue and failed it, the retries too, while healthy workers sat idle. After
+a few such runs in a row it leaves the pool's queue to the others for a while, says why on
+/readyz, and has no warm session's dispatch routed to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from suzumio.orchestrator.backends.pool import PoolBackend
+from suzumio.runner import worker as worker_module
+from tests.integration.test_pool_backend import (  # noqa: F401 - fixtures
+    StartWorker,
+    Statuses,
+    backend,
+    fenced_url,
+    make_plan,
+    statuses,
+    wait_workers,
+    watch,
+    workers,
+)
+from tests.integration.test_pool_limits import in_process_worker
+
+
+async def test_a_worker_whose_runs_cannot_start_leaves_the_queue_to_the_others(
+    backend: PoolBackend,  # noqa: F811
+    workers: StartWorker,  # noqa: F811
+    statuses: Statuses,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    fenced_url: str,  # noqa: F811
+) -> None:
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="broken",
+        idle_ttl_seconds=30,
+    ) as broken:  # fmt: skip
+        await wait_workers(backend, "broken")
+        assert broken._info(with_exited=False).takes_routed is True
+
+        async def no_space(run: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        broken._spawn = no_space  # type: ignore[method-assign]
+        for _ in range(worker_module.FAULTS_BEFORE_PAUSE):
+            handle = await backend.launch(make_plan(fenced_url, tmp_path))
+            ended = await watch(backend, handle)
+            assert (ended.reason, "No space left" in ended.detail) == ("lost", True)
+        assert "3 runs in a row could not start here" in (broken.readiness() or "")
+        assert broken._info(with_exited=False).takes_routed is False
+
+        workers("healthy")
+        await wait_workers(backend, "healthy")
+        handles = [await backend.launch(make_plan(fenced_url, tmp_path)) for _ in range(3)]
+        for handle in handles:  # all taken by the healthy worker while the broken one pauses
+            assert (await watch(backend, handle)).code == 6
+            assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["healthy"]
