@@ -1328,10 +1328,17 @@ class Worker:
         await self._publish(status)
         log("worker.exited", dispatch=status.dispatch_id, reason=status.reason,
             exit_code=status.exit_code, signal=status.signal)  # fmt: skip
-        for attempt in range(ACK_RETRIES if not acked else 0):
+        if not acked:
+            # Apart from the run: its slot, which the orchestrator counts free once it heard
+            # the end, is let go now — tried in the run's task, the retries held it up to
+            # 18 s, and the session's next dispatch, routed here, was handed back (cold).
+            self._background(self._ack_again(msg, status.dispatch_id))
+
+    async def _ack_again(self, msg: Msg, dispatch_id: str) -> None:
+        for attempt in range(ACK_RETRIES):
             await asyncio.sleep(0.5 * (attempt + 1))
-            if await self._ack(msg, status.dispatch_id, ACK_SECONDS):
-                break
+            if await self._ack(msg, dispatch_id, ACK_SECONDS):
+                return
 
     @staticmethod
     async def _ack(msg: Msg, dispatch_id: str, timeout: float) -> bool:

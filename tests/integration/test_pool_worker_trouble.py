@@ -1,11 +1,14 @@
-"""A worker whose runs cannot start for a fault of its own (a full disk, cgroups refused, its
+"""A pool worker in trouble of its own must not take the pool's work down with it.
+
+A worker whose runs cannot start for a fault of its own (a full disk, cgroups refused, its
 runner not starting) failed each in milliseconds and was at once the first free again: it took
 most of the pool's queue and failed it, the retries too, while healthy workers sat idle. After
 a few such runs in a row it leaves the pool's queue to the others for a while, says why on
-/readyz, and has no warm session's dispatch routed to it."""
+/readyz, and has no warm session's dispatch routed to it. And a slow ack keeps no slot."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +60,41 @@ async def test_a_worker_whose_runs_cannot_start_leaves_the_queue_to_the_others(
         for handle in handles:  # all taken by the healthy worker while the broken one pauses
             assert (await watch(backend, handle)).code == 6
             assert [s.worker_id for s in statuses.of(handle.sandbox_id, "started")] == ["healthy"]
+
+
+async def test_an_ack_tried_again_holds_no_slot(
+    backend: PoolBackend,  # noqa: F811
+    statuses: Statuses,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    fenced_url: str,  # noqa: F811
+) -> None:
+    """JetStream slow: a run's ack not confirmed at once is tried again. Tried in the run's
+    task, the retries held its slot for up to 18 s after its end was told — the orchestrator,
+    counting the slot free, routed the session's next dispatch there, to be handed back."""
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="w", concurrency=1
+    ) as worker:
+        await wait_workers(backend, "w")
+        acks: list[str] = []
+        retried = asyncio.Event()
+        real = worker._ack
+
+        async def slow(msg: Any, dispatch_id: str, timeout: float) -> bool:
+            acks.append(dispatch_id)
+            if len(acks) == 1:
+                return False  # the first: not confirmed in time
+            if len(acks) == 2:
+                await asyncio.sleep(3)  # its retry, slow too, then confirmed
+                done = await real(msg, dispatch_id, timeout)
+                retried.set()
+                return done
+            return await real(msg, dispatch_id, timeout)
+
+        worker._ack = slow  # type: ignore[method-assign]
+        first = await backend.launch(make_plan(fenced_url, tmp_path))
+        assert (await watch(backend, first)).code == 6
+        second = await backend.launch(make_plan(fenced_url, tmp_path))
+        assert (await watch(backend, second)).code == 6
+        assert not retried.is_set()  # it ran while the first one's ack was still tried
+        await asyncio.wait_for(retried.wait(), 10)
