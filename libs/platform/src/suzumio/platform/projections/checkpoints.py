@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,11 +34,23 @@ async def mark_serving(conn: Connection, projections: Iterable[Projection]) -> N
     """Rows of the given projections serve when their tables are of the code's version; every
     other row (outdated, or of a projection no longer registered) stands still."""
     versions = {p.name: p.version for p in projections}
-    await conn.execute(
-        "UPDATE suzumio.projection_checkpoints SET serving ="
-        " coalesce(version = ($1::jsonb ->> name)::int, false)",
-        json.dumps(versions),
-    )
+    async with conn.transaction():
+        # Locked first in name order, as every locker of these rows does (`lock_rows`): an
+        # UPDATE alone locks them in the order it finds them, and met a rebuild's swap
+        # holding the first by name — a deadlock, which could abort the swap after its
+        # whole replay.
+        await conn.execute("SELECT 1 FROM suzumio.projection_checkpoints ORDER BY name FOR UPDATE")
+        # Arrays, not a JSON object: the connections' jsonb codec encodes what it is given,
+        # and a JSON text passed in was encoded again — a string, whose fields were all
+        # NULL, so every projection stopped serving whenever a projector began to lead (each
+        # restart), and every write's read-your-writes wait ran out (504).
+        await conn.execute(
+            "UPDATE suzumio.projection_checkpoints SET serving = coalesce(version = ("
+            "SELECT w.version FROM unnest($1::text[], $2::int[]) AS w(name, version)"
+            " WHERE w.name = projection_checkpoints.name), false)",
+            list(versions),
+            list(versions.values()),
+        )
 
 
 _SELECT = (
