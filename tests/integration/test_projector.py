@@ -466,6 +466,32 @@ async def test_a_rebuild_that_misses_an_event_in_delivery_swaps_nothing_in(
     assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 50
 
 
+async def test_a_rebuild_whose_first_fetch_is_lost_swaps_nothing_in(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The first messages lost on the way: the replay took whatever came first for the log's
+    start, and swapped in tables without the earliest events — the first projects, users."""
+    for i in range(50):
+        await store.append(new_id(), [ProjectCreated(name=f"p{i}", owner_id="u")], 0)
+    fetch = LogReader.fetch
+    dropped: list[int] = []
+
+    async def losing_the_first(self: LogReader, timeout: float = 1.0) -> list[Msg]:
+        msgs = await fetch(self, timeout)
+        if not dropped and len(msgs) > 2:
+            dropped.append(msgs[0].metadata.sequence.stream)
+            del msgs[0]
+        return msgs
+
+    monkeypatch.setattr(LogReader, "fetch", losing_the_first)
+    with pytest.raises(RebuildGapError):
+        await rebuild(nc, database_url, topology, [ProjectsProjection()])
+    assert dropped
+    swapped = await pool.fetchval("SELECT to_regclass('proj_projects.projects')")
+    assert swapped is None or not await pool.fetchval("SELECT count(*) FROM proj_projects.projects")
+
+
 async def test_the_projector_takes_a_batch_only_in_the_logs_order(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.jsapi import stream_last_seq, stream_state
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection
 from suzumio.platform.logging import get_logger
@@ -92,7 +92,8 @@ async def rebuild(
             await conn.execute(f'DROP SCHEMA IF EXISTS "{targets[p.name]}" CASCADE')
             await conn.execute(f'CREATE SCHEMA "{targets[p.name]}"')
             await conn.execute(p.ddl(f'"{targets[p.name]}"'))
-        replay = _Replay(conn, projections, targets)
+        first = int((await stream_state(nc, topology.events_stream)).get("first_seq") or 1)
+        replay = _Replay(conn, projections, targets, first)
         async with LogReader(nc, topology, start_seq=1, batch=batch) as reader:
             await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
             if swap:
@@ -178,9 +179,16 @@ class _Replay:
     """Applies the log to the projections' target schemas, remembering how far it got."""
 
     def __init__(
-        self, conn: Connection, projections: Sequence[Projection], schemas: Mapping[str, str]
+        self,
+        conn: Connection,
+        projections: Sequence[Projection],
+        schemas: Mapping[str, str],
+        first_seq: int = 1,
     ) -> None:
+        """`first_seq`: the log's first message when the rebuild began (past 1 only if the
+        stream's limits let earlier ones go)."""
         self._conn = conn
+        self._first_seq = first_seq
         self._projections = projections
         self._schemas = schemas
         self._handles = frozenset().union(*(p.handles for p in projections))
@@ -199,10 +207,11 @@ class _Replay:
     def _follows_on(self, msgs: list[Msg]) -> None:
         """The log holds every sequence (nothing is deleted from it), so each message must
         be the one after the last: a hole is an event lost in delivery — a reconnect, or the
-        client's pending limit overflowing while a batch was written. (The first may start
-        past 1: what the stream's limits let go before it.)"""
+        client's pending limit overflowing while a batch was written. The first must be the
+        log's first: taken as delivered, a first fetch lost on the way moved the start on,
+        and the rebuilt tables lacked the earliest events (the first users, the projects)."""
         seqs = [m.metadata.sequence.stream for m in msgs]
-        first = self.position + 1 if self.position else seqs[0]
+        first = self.position + 1 if self.position else self._first_seq
         if seqs != list(range(first, first + len(seqs))):
             raise RebuildGapError(
                 f"the log delivered {seqs[0]}..{seqs[-1]} ({len(seqs)}) after {self.position}: "
