@@ -149,13 +149,14 @@ async def test_a_quiet_follower_whose_consumer_is_lost_goes_on_from_where_it_sta
         lost = sub._consumer
         js = nc.jetstream()
         await js.delete_consumer(topology.events_stream, lost)  # as a NATS restart loses it
-        await eventually(lambda: asyncio.sleep(0, sub._consumer), lambda c: c != lost, timeout=40)
-        info = await js.consumer_info(topology.events_stream, sub._consumer)
-        assert info.config.opt_start_seq == start
+        # Made again once its heartbeats are missed (two of 5 s, checked every 10 s).
+        await eventually(lambda: asyncio.sleep(0, sub._consumer), lambda c: c != lost, timeout=60)
+        jsi = sub._sub._jsi
+        assert jsi._ccreq.opt_start_seq == start, (jsi._ccreq.opt_start_seq, start)
         await store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
-        msg = await follower.next(timeout=10)
+        msg = await follower.next(timeout=20)
         assert msg is not None
-        assert msg.seq == start
+        assert msg.seq == start, (msg.seq, start)
     finally:
         await follower.close()
 
