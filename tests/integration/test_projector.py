@@ -19,6 +19,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.eventstore import HDR_MSG_ID, HDR_TYPE, HDR_VERSION, EventStore
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection, Pool
+from suzumio.platform.projections import checkpoints as checkpoints_module
 from suzumio.platform.projections import load_projections
 from suzumio.platform.projections import projector as projector_module
 from suzumio.platform.projections.base import Events, Projection, live_schema
@@ -467,6 +468,45 @@ async def test_a_rebuild_that_misses_an_event_in_delivery_swaps_nothing_in(
 
     await rebuild(nc, database_url, topology, [ProjectsProjection()])
     assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 50
+
+
+async def test_a_rebuilds_swap_applies_at_most_a_batch_under_its_locks(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """What came while the log was replayed was applied inside the swap, which holds every
+    checkpoint row: the live projector waited at those locks for all of it (an hour's worth
+    of a busy platform), and every write's read-your-writes wait ran out meanwhile."""
+    for i in range(20):
+        await store.append(new_id(), [ProjectCreated(name=f"p{i}", owner_id="u")], 0)
+    fetch, lock_rows, until = LogReader.fetch, checkpoints_module.lock_rows, _Replay.until
+    meanwhile: list[int] = []
+    in_swap: list[int] = []  # events the swap applied, under its locks
+
+    async def busy(self: LogReader, timeout: float = 1.0) -> list[Msg]:
+        if not meanwhile:  # while the replay reads, the platform writes on
+            meanwhile.append(1)
+            for i in range(120):
+                await store.append(new_id(), [ProjectCreated(name=f"q{i}", owner_id="u")], 0)
+        return await fetch(self, timeout)
+
+    async def locking(conn: Connection, names: list[str]) -> Any:
+        in_swap.append(-1)
+        return await lock_rows(conn, names)
+
+    async def counted(self: _Replay, reader: LogReader, target: int) -> None:
+        before = self.position
+        await until(self, reader, target)
+        if in_swap:
+            in_swap.append(self.position - before)
+
+    monkeypatch.setattr(LogReader, "fetch", busy)
+    monkeypatch.setattr(checkpoints_module, "lock_rows", locking)
+    monkeypatch.setattr(_Replay, "until", counted)
+    await rebuild(nc, database_url, topology, [ProjectsProjection()], batch=25)
+    assert in_swap[0] == -1
+    assert sum(in_swap[1:]) <= 25, in_swap
+    assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 140
 
 
 async def test_the_projector_takes_a_batch_only_in_the_logs_order(

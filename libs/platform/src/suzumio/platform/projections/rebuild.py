@@ -35,6 +35,7 @@ log = get_logger(__name__)
 
 
 STALL_SECONDS = 60.0
+CATCH_UP_ROUNDS = 5  # replays of what came meanwhile before the swap takes the rest
 
 
 class RebuildInProgressError(RuntimeError):
@@ -60,6 +61,21 @@ class RebuildResult:
     swapped: bool
     parked: list[Parked] = field(default_factory=list)
     held_at: int | None = None  # the event of a newer schema it stopped before
+
+
+async def _close_to_the_end(
+    nc: NATS, topology: Topology, replay: _Replay, reader: LogReader, batch: int
+) -> None:
+    """Replay on until at most a batch of the log is left, before the swap locks every
+    checkpoint row: what came while the whole log was replayed (an hour's worth of a busy
+    platform) was applied inside the swap, the live projector held at those locks meanwhile
+    and every write's read-your-writes wait running out. A log that never slows down gets a
+    few rounds; the swap takes the rest."""
+    for _ in range(CATCH_UP_ROUNDS):
+        last = await stream_last_seq(nc, topology.events_stream)
+        if last - replay.position <= batch:
+            return
+        await replay.until(reader, last)
 
 
 def staging_schema(name: str) -> str:
@@ -97,6 +113,7 @@ async def rebuild(
         async with LogReader(nc, topology, start_seq=1, batch=batch) as reader:
             await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
             if swap:
+                await _close_to_the_end(nc, topology, replay, reader, batch)
                 swapping = conn.transaction()
                 await swapping.start()
                 try:
