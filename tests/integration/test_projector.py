@@ -22,6 +22,7 @@ from suzumio.platform.db.pool import Connection, Pool
 from suzumio.platform.projections import checkpoints as checkpoints_module
 from suzumio.platform.projections import load_projections
 from suzumio.platform.projections import projector as projector_module
+from suzumio.platform.projections import rebuild as rebuild_module
 from suzumio.platform.projections.base import Events, Projection, live_schema
 from suzumio.platform.projections.checkpoints import read_all
 from suzumio.platform.projections.decoding import decode_entry
@@ -507,6 +508,33 @@ async def test_a_rebuilds_swap_applies_at_most_a_batch_under_its_locks(
     assert in_swap[0] == -1
     assert sum(in_swap[1:]) <= 25, in_swap
     assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 140
+
+
+async def test_a_reader_of_the_live_tables_does_not_hold_a_rebuilds_swap(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The swap dropped the tables it swapped out inside its transaction: the drop waited for
+    every reader still in a transaction over them, holding the checkpoints (the live
+    projector) and queueing every new read behind it. The old tables now go after the commit,
+    and stay for the next rebuild if a reader keeps them too long."""
+    monkeypatch.setattr(rebuild_module, "DROP_OLD_WAIT_SECONDS", 0.3)
+    await store.append(new_id(), [ProjectCreated(name="p0", owner_id="u")], 0)
+    await rebuild(nc, database_url, topology, [ProjectsProjection()])
+    await store.append(new_id(), [ProjectCreated(name="p1", owner_id="u")], 0)
+    reader = await db.connect(database_url, "suzumio-test-reader")
+    try:
+        reading = reader.transaction()
+        await reading.start()
+        assert await reader.fetchval("SELECT count(*) FROM proj_projects.projects") == 1
+        await asyncio.wait_for(rebuild(nc, database_url, topology, [ProjectsProjection()]), 20)
+        assert await pool.fetchval("SELECT count(*) FROM proj_projects.projects") == 2
+        assert await pool.fetchval("SELECT to_regnamespace('proj_projects__old')") is not None
+        await reading.rollback()
+    finally:
+        await reader.close()
+    await rebuild(nc, database_url, topology, [ProjectsProjection()])
+    assert await pool.fetchval("SELECT to_regnamespace('proj_projects__old')") is None
 
 
 async def test_the_projector_takes_a_batch_only_in_the_logs_order(

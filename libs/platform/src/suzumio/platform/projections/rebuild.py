@@ -3,9 +3,10 @@
 The replay reads the log once for all the projections being rebuilt (only the aggregates they
 read) and writes into one staging schema each, while the live tables keep serving. The swap
 takes the projections' checkpoint row locks (so the live projector cannot commit meanwhile),
-applies the events that arrived during the replay, renames each staging schema over its live
-one and sets the checkpoints, all in one transaction: readers see the old tables or the new,
-never a mix. A projection that meets an event of a schema newer than this code (written by a
+applies the events that arrived since the replay caught up (within a batch of the end),
+renames each staging schema over its live one and sets the checkpoints, all in one
+transaction: readers see the old tables or the new, never a mix. The old tables are dropped
+after the commit, once their last readers let go. A projection that meets an event of a schema newer than this code (written by a
 newer release, mid-upgrade) stops just before it and is swapped in there, as the live
 projector would hold it; the others go on to the end.
 """
@@ -16,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import asyncpg
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -36,6 +38,7 @@ log = get_logger(__name__)
 
 STALL_SECONDS = 60.0
 CATCH_UP_ROUNDS = 5  # replays of what came meanwhile before the swap takes the rest
+DROP_OLD_WAIT_SECONDS = 5.0  # for the readers of the tables swapped out, before they stay
 
 
 class RebuildInProgressError(RuntimeError):
@@ -120,11 +123,13 @@ async def rebuild(
                     await checkpoints.ensure_rows(conn, projections)
                     await checkpoints.lock_rows(conn, sorted(targets))
                     await replay.until(reader, await stream_last_seq(nc, topology.events_stream))
+                    # Before the renames, whose locks readers of the live tables queue behind:
+                    # the parking's round trips to NATS held every read of them meanwhile.
+                    if record_parked is not None and replay.parked:
+                        await record_parked(replay.parked)
                     for p in projections:
                         await _swap_in(conn, p, targets[p.name], replay.position_of(p.name))
                     await notify(conn, replay.position)
-                    if record_parked is not None and replay.parked:
-                        await record_parked(replay.parked)
                 except BaseException:
                     # Dropped, not rolled back: the server rolls back what a lost connection
                     # began, and a ROLLBACK after a cancel (Ctrl-C while the swap waits for a
@@ -132,6 +137,7 @@ async def rebuild(
                     conn.terminate()
                     raise
                 await swapping.commit()
+                await _drop_old(conn, projections)
         seconds = time.perf_counter() - started
         log.info(
             "projections.rebuilt",
@@ -179,8 +185,6 @@ async def _swap_in(conn: Connection, projection: Projection, staging: str, posit
     if exists:
         await conn.execute(f'ALTER SCHEMA "{live}" RENAME TO "{old}"')
     await conn.execute(f'ALTER SCHEMA "{staging}" RENAME TO "{live}"')
-    if exists:
-        await conn.execute(f'DROP SCHEMA "{old}" CASCADE')
     await conn.execute(
         "UPDATE suzumio.projection_checkpoints SET position = $2, version = $3,"
         " schema_name = $4, serving = true, rebuilt_at = now(), updated_at = now()"
@@ -190,6 +194,23 @@ async def _swap_in(conn: Connection, projection: Projection, staging: str, posit
         projection.version,
         live,
     )
+
+
+async def _drop_old(conn: Connection, projections: Sequence[Projection]) -> None:
+    """The tables swapped out, dropped once the swap committed — not inside it: the drop
+    waits for every reader still in a transaction over them, and within the swap it held the
+    checkpoints (the live projector) and every new read of the tables behind it. A reader
+    that keeps them past `DROP_OLD_WAIT_SECONDS` leaves them to the next rebuild's swap."""
+    await conn.execute(f"SET lock_timeout = {int(DROP_OLD_WAIT_SECONDS * 1000)}")
+    try:
+        for p in projections:
+            old = f"{live_schema(p.name)}__old"
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{old}" CASCADE')
+            except asyncpg.LockNotAvailableError:
+                log.warning("projections.old_tables_kept", schema=old)
+    finally:
+        await conn.execute("RESET lock_timeout")
 
 
 class _Replay:
