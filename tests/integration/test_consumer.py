@@ -169,3 +169,38 @@ async def test_a_consumer_made_with_a_server_side_limit_loses_it(
     await worker.ensure_consumer()
     info = await nc.jetstream().consumer_info(topology.events_stream, "worker")
     assert info.config.max_deliver == -1
+
+
+async def test_a_batchs_messages_waiting_their_turn_are_kept_alive(
+    nc: NATS, store: EventStore, topology: Topology
+) -> None:
+    """Two replicas; one slot each, batches of four handled in 0.8 s each against an ack wait
+    of 1 s: the messages waiting their turn had no `in_progress` until their handling began,
+    so the server handed them to the other replica too, counting deliveries never tried."""
+    deliveries: dict[str, list[int]] = {}
+
+    async def handle(msg: Msg) -> None:
+        deliveries.setdefault(msg.subject, []).append(msg.metadata.num_delivered)
+        await asyncio.sleep(0.8)
+
+    ids = [new_id() for _ in range(4)]
+    for i in ids:
+        await store.append(i, [ProjectCreated(name=i, owner_id="u")], 0)
+    replicas = [
+        PullWorker(
+            nc,
+            spec(topology, ack_wait=1.0, batch=4, concurrency=1),
+            handle,
+            event_parker(store, "w"),
+        )
+        for _ in range(2)
+    ]
+    running = [await run_worker(worker) for worker in replicas]
+    await eventually(
+        lambda: asyncio.sleep(0, len(deliveries)), lambda n: n == 4, timeout=20, what="all handled"
+    )
+    await asyncio.sleep(4.0)  # the batch handled, and any redelivery with it
+    for stop, task in running:
+        stop.set()
+        await task
+    assert all(counts == [1] for counts in deliveries.values()), deliveries

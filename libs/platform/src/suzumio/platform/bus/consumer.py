@@ -159,12 +159,20 @@ class PullWorker:
         return min(delay * 2, _RETRY_MAX_SECONDS)
 
     async def _guarded(self, msg: Msg) -> None:
-        async with self._slots:
-            await self.handle(msg)
-
-    async def handle(self, msg: Msg) -> None:
-        """Handle one message: ack on success, retry later on failure, park when spent."""
+        # Kept alive from the fetch on, not from its slot: the batch's others wait their turn
+        # meanwhile, and past `ack_wait` (slow handlers, in an outage) the server handed them
+        # to another replica too, counting deliveries never tried — parked after one try.
         beat = asyncio.create_task(self._heartbeat(msg))
+        try:
+            async with self._slots:
+                await self.handle(msg, beating=True)
+        finally:
+            beat.cancel()
+
+    async def handle(self, msg: Msg, *, beating: bool = False) -> None:
+        """Handle one message: ack on success, retry later on failure, park when spent.
+        `beating`: its caller keeps it alive (`in_progress`) already."""
+        beat = asyncio.create_task(self._heartbeat(msg)) if not beating else None
         try:
             with telemetry.tracer.start_as_current_span(
                 f"consume {self.spec.durable}",
@@ -178,7 +186,8 @@ class PullWorker:
             if await self._settle(msg, "ack", msg.ack()):
                 _handled.add(1, {"consumer": self.spec.durable, "outcome": "ok"})
         finally:
-            beat.cancel()
+            if beat is not None:
+                beat.cancel()
 
     async def _settle(self, msg: Msg, what: str, call: Awaitable[None]) -> bool:
         """Send an ack/nak/term; one NATS could not take is logged, not raised: the message
