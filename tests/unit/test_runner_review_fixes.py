@@ -190,11 +190,20 @@ async def test_a_call_id_from_an_earlier_activation_is_not_reused(tmp_path: Path
 
 async def test_a_call_with_no_tool_name_is_audited_and_told_to_the_model(tmp_path: Path) -> None:
     """Its audit start was refused by the runner's own check (a tool's name may not be
-    empty): the call was never recorded, and the model heard only of a failure."""
+    empty): the call was never recorded, and the model heard only of a failure. And it goes
+    back to the model under a name providers take."""
     broker = Broker()
     replies = [Reply.tool_calls([ToolCall("", {"path": "a.txt"}, id="c1")]), Reply.text("done")]
-    ending, _ = await run_loop(spec(tmp_path), replies, broker)
+    ending, server = await run_loop(spec(tmp_path), replies, broker)
     assert ending.reason == "completed"
+    # Sent back (and kept in the history) under a name providers take: OpenAI and Gemini
+    # refused every later request of the session over a call named "".
+    last = [r for r in server.requests if r.path.endswith("/chat/completions")][-1].json
+    sent = [c["function"]["name"] for m in last["messages"] for c in m.get("tool_calls") or ()]
+    assert sent == ["unnamed_tool"]
+    [assistant] = [e for b in broker.bodies["/runner/history"] for e in b["entries"]
+                   if e["role"] == "assistant"]  # fmt: skip
+    assert [c["name"] for c in assistant["tool_calls"]] == ["unnamed_tool"]
     [started] = broker.bodies["/runner/tool-calls/start"]
     assert (started["call_id"], started["tool"]) == ("c1", "(no name)")
     [finished] = broker.bodies["/runner/tool-calls/finish"]

@@ -84,6 +84,7 @@ SENT_WHILE_ANSWERING = "[received while you were working]"
 MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
 END_OPEN_CALLS_SECONDS = 10.0
 UNNAMED_TOOL = "(no name)"  # the audit's name of a call the model gave none
+UNNAMED_TOOL_SENT_BACK = "unnamed_tool"  # its name in the conversation (a provider's pattern)
 # How a call that gave no result of its own ends, in its audit record.
 _FAILED: dict[FailureReason, Status] = {
     "error": "error",
@@ -861,11 +862,18 @@ def _as_sent_back(call: _Call) -> WireCall:
     """The call as the conversation (and the history) keeps it. Arguments that are no JSON
     object stand in as one holding their start: providers and gateways that parse a
     conversation's arguments (vLLM's chat templates, adapters to other APIs) refused every
-    later request of the activation, and of the session's next ones, for one bad reply."""
+    later request of the activation, and of the session's next ones, for one bad reply. An
+    empty name stands in as `unnamed_tool`, for the same reason: OpenAI and Gemini refuse a
+    conversation holding a call named `""` (400)."""
+    name = call.wire.name or UNNAMED_TOOL_SENT_BACK
     if call.args is not None:
-        return call.wire
+        return (
+            call.wire
+            if name == call.wire.name
+            else WireCall(call.wire.id, name, call.wire.arguments)
+        )
     kept = call.wire.arguments[:INVALID_ARGUMENTS_KEPT_CHARS]
-    return WireCall(call.wire.id, call.wire.name, json.dumps({"invalid_arguments": kept}))
+    return WireCall(call.wire.id, name, json.dumps({"invalid_arguments": kept}))
 
 
 def decode_arguments(text: str) -> tuple[dict[str, Any] | None, str | None]:
