@@ -98,3 +98,28 @@ async def test_an_ack_tried_again_holds_no_slot(
         assert (await watch(backend, second)).code == 6
         assert not retried.is_set()  # it ran while the first one's ack was still tried
         await asyncio.wait_for(retried.wait(), 10)
+
+
+async def test_a_sessions_locked_workspace_is_no_fault_of_the_worker(
+    backend: PoolBackend,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    fenced_url: str,  # noqa: F811
+) -> None:
+    """A run laid out in a warm workspace an agent made read-only (`go build` does) fails
+    for that session alone: counted as the worker's fault, three of them paused a healthy
+    worker's pulls and failed its /readyz."""
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="w"
+    ) as worker:
+        await wait_workers(backend, "w")
+
+        def locked(dispatch: Any, msg: Any) -> Any:
+            raise PermissionError(13, "Permission denied", "/workspace/out")
+
+        worker._prepare = locked  # type: ignore[method-assign]
+        for _ in range(worker_module.FAULTS_BEFORE_PAUSE + 1):
+            handle = await backend.launch(make_plan(fenced_url, tmp_path))
+            assert (await watch(backend, handle)).reason == "lost"
+        assert worker.readiness() is None
+        assert worker._fault_pause() == 0

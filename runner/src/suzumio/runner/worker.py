@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -132,6 +133,10 @@ WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's, and the cluster
 # run in milliseconds was always the first free: it took most of the pool's work and failed
 # it, the retries too, while healthy workers sat idle.
 FAULTS_BEFORE_PAUSE = 3
+# Laying a run out fails for the machine (counted) with these; with others (a warm workspace an
+# agent made read-only) for the session alone.
+MACHINE_FAULTS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EMFILE,
+                            errno.ENFILE, errno.ENOMEM})  # fmt: skip
 FAULT_PAUSE_SECONDS = 5.0
 FAULT_PAUSE_MAX_SECONDS = 60.0
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")  # worker ids are subject tokens
@@ -615,7 +620,9 @@ class Worker:
             self._own_error = repr(exc)
             log("worker.own_consumer_failed", error=repr(exc))
             return None
-        self._own_bound, self._own_error = True, None
+        # Not once stopping: the stop said at once it takes no routed dispatches (a bind
+        # that was under way then must not say otherwise in the drain's beats).
+        self._own_bound, self._own_error = not self._stopping(), None
         return psub
 
     async def _bind_own(self) -> JetStreamContext.PullSubscription:
@@ -869,7 +876,8 @@ class Worker:
         try:
             run = self._prepare(dispatch, msg)
         except OSError as exc:  # a full disk, say: this attempt failed, the worker goes on
-            self._fault(exc)
+            if exc.errno in MACHINE_FAULTS:  # not a session's warm workspace an agent locked
+                self._fault(exc)
             status = self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             await self._report_end(msg, status)
             return
@@ -1010,8 +1018,7 @@ class Worker:
                 ended = self._status(dispatch, "exited", reason=stopped, detail=detail)
                 await self._finish(run, ended)
                 return
-            run.proc = await self._spawn(run)
-            self._faults = 0
+            run.proc = await self._spawn_counted(run)
         # Any NATS failure too (closed, draining, a full buffer: no JetStream API errors),
         # or the run's task would die with neither an end reported nor an ack; and a child
         # that could not take its limits before exec (`SubprocessError`, no `OSError`).
@@ -1022,10 +1029,6 @@ class Worker:
             NatsError,
             TimeoutError,
         ) as exc:
-            if isinstance(exc, OSError | subprocess.SubprocessError) and not isinstance(
-                exc, TimeoutError
-            ):
-                self._fault(exc)  # the worker's own (NATS, the store: not this worker's)
             await self._finish(
                 run, self._status(dispatch, "exited", reason="spawn_failed", detail=str(exc))
             )
@@ -1129,6 +1132,18 @@ class Worker:
             bucket = self.topology.bucket(ARTIFACTS_BUCKET)
             self._store = await self.nc.jetstream().object_store(bucket)
         return self._store
+
+    async def _spawn_counted(self, run: _Run) -> asyncio.subprocess.Process | ForkedProcess:
+        """`_spawn`, a failure counted as this worker's own fault (its sandbox or its runner
+        would not start), a start ending the count."""
+        try:
+            proc = await self._spawn(run)
+        except (OSError, subprocess.SubprocessError) as exc:
+            if not isinstance(exc, TimeoutError):
+                self._fault(exc)
+            raise
+        self._faults = 0
+        return proc
 
     async def _spawn(self, run: _Run) -> asyncio.subprocess.Process | ForkedProcess:
         env = {
