@@ -18,6 +18,7 @@ from suzumio.contracts.subjects import Topology
 from suzumio.orchestrator.backends.base import Handle
 from suzumio.orchestrator.backends.pool import PoolBackend
 from tests.integration.test_pool_backend import (  # noqa: F401 - fixtures
+    SETTINGS,
     backend,
     closed_port_url,
     make_plan,
@@ -63,4 +64,36 @@ async def test_a_stale_workers_last_word_does_not_end_a_run_on_another_worker(
         ended = await asyncio.wait_for(watching, 10)
     finally:
         watching.cancel()
+    assert (ended.code, ended.reason) == (0, "exited")
+
+
+async def test_after_a_takeover_a_stale_workers_last_word_does_not_end_the_run(
+    backend: PoolBackend,  # noqa: F811
+    nc: NATS,
+    topology: Topology,
+    tmp_path: Path,
+) -> None:
+    """An orchestrator that took over watches what the workers listed as running, on the
+    worker that listed it: before that worker's next word, another's stale one was taken."""
+    launched = await backend.launch(make_plan(closed_port_url(), tmp_path))
+    successor = PoolBackend(nc, topology, SETTINGS)
+    try:
+        listed = Handle(  # as `list_live` finds it, running on b
+            launched.activation_id,
+            "pool",
+            launched.sandbox_id,
+            {"pool": "default", "attempt": 1, "state": "running", "worker_id": "b"},
+        )
+        watching = asyncio.create_task(successor.watch(listed))
+        try:
+            await asyncio.sleep(0.1)  # it listens
+            await _say(nc, topology, listed, "a", "refused", reason="claimed")
+            await asyncio.sleep(0.5)  # within the heartbeat timeout: b's run goes on
+            assert not watching.done(), watching.result()
+            await _say(nc, topology, listed, "b", "exited", reason="exited", exit_code=0)
+            ended = await asyncio.wait_for(watching, 10)
+        finally:
+            watching.cancel()
+    finally:
+        await successor.close()
     assert (ended.code, ended.reason) == (0, "exited")

@@ -381,6 +381,11 @@ class PoolBackend:
         )
         if isinstance(seq := handle.data.get("seq"), int):
             tracker.seq = seq
+        running_on = handle.data.get("worker_id")
+        if tracker.worker_id is None and handle.data.get("state") == "running":
+            # Found running there (a takeover's listing): another worker's last word about it
+            # is a stale one, as it is for a dispatch heard started.
+            tracker.worker_id = running_on if isinstance(running_on, str) else None
         if tracker.final is None and isinstance(ended := handle.data.get("exit"), dict):
             with contextlib.suppress(ValidationError):  # it ended while no one watched
                 tracker.update(PoolStatus.model_validate(ended))
