@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology, blob_name
-from suzumio.platform.bus import connection
+from suzumio.platform.bus import connection, direct_get
+from suzumio.platform.bus import objects as objects_module
 from suzumio.platform.bus.kv import ensure_object_store
 from suzumio.platform.bus.objects import put_blob, read_chunks, sweep_stray_chunks
 from suzumio.platform.db import pool as db
@@ -294,6 +296,51 @@ async def test_a_slow_download_holds_a_few_chunks_not_the_blob(
         assert first + rest == data
     finally:
         await reader.close()
+
+
+async def test_a_put_whose_record_is_refused_takes_its_chunks_away(
+    nc: NATS, blobs: tuple[ObjectStore, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal stored nothing: its chunks go at once, not left an hour for the sweep as
+    those of a record whose fate is unknown are."""
+    store, bucket = blobs
+    js: Any = store._js  # noqa: SLF001 - the connection nats-py stores through
+    real = js.publish
+
+    async def refusing(subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
+        if f"$O.{bucket}.M." in subject:
+            raise nats.js.errors.APIError(code=400, err_code=10999, description="refused")
+        return await real(subject, payload, **kwargs)
+
+    monkeypatch.setattr(js, "publish", refusing)
+    with pytest.raises(nats.js.errors.APIError):
+        await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    assert await _stored_messages(nc, bucket) == 0
+
+
+async def test_a_download_read_short_by_a_lagging_replica_reads_on(
+    nc: NATS, blobs: tuple[ObjectStore, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica behind the rest ends the read short (a cluster's may): read on from one that
+    holds the stream to its end, asked only then."""
+    store, bucket = blobs
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    real = direct_get.iter_subject
+    asked: list[int] = []
+
+    async def lagging(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        asked.append(kwargs["min_last_seq"])
+        served = 0
+        async for stored in real(*args, **kwargs):
+            if not kwargs["min_last_seq"] and served == 2:
+                return  # the replica has no more
+            served += 1
+            yield stored
+
+    monkeypatch.setattr(objects_module, "iter_subject", lagging)
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
+    assert asked[0] == 0
+    assert asked[1] > 0
 
 
 class _Slow(io.RawIOBase):

@@ -43,11 +43,17 @@ from suzumio.contracts.subjects import blob_name
 from suzumio.platform.bus.direct_get import iter_subject
 from suzumio.platform.bus.eventstore import ERR_WRONG_LAST_SEQUENCE
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.trouble import NATS_TROUBLE
 
 CHUNKS_SUBJECT = "$O.{bucket}.C.{nuid}"
 RECORD_SUBJECT = "$O.{bucket}.M.{name}"
 CHUNK_BYTES = 128 * 1024  # what nats-py and the other clients cut objects into
 CHUNKS_PER_READ = 8  # a download holds at most this many chunks (1 MiB) in memory
+_FATE_UNKNOWN: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    asyncio.CancelledError,
+    *NATS_TROUBLE,
+)
 OBJECTS_STREAM = "OBJ_{bucket}"
 SETTLE_SECONDS = 5.0
 _nuids = NUID()
@@ -83,7 +89,9 @@ async def put_blob(store: ObjectStore, sha256_hex: str, source: BufferedIOBase) 
     # Not a blob of ours (another put's record came first, or this one failed or was cancelled
     # on the way): its chunks go, unless the record stored names them after all (an answer
     # lost on the way back). Shielded: a cancelled put must still clean up after itself.
-    unsure = recording and failure is not None  # its record may be on the way still
+    # Its record may be on the way still: sent, and its answer lost (a timeout, the connection
+    # in trouble, a cancel while it waited) — not a refusal, which stored nothing.
+    unsure = recording and isinstance(failure, _FATE_UNKNOWN)
     stored = await asyncio.shield(_settle(store, name, nuid, chunks, unsure=unsure))
     if failure is None or (stored and not isinstance(failure, asyncio.CancelledError)):
         return
@@ -259,25 +267,31 @@ async def _chunks(
     # arrive, not as they are taken), so a slow download held the whole blob in memory, and
     # past the subscription's pending limit chunks were dropped, never sent again.
     stream = OBJECTS_STREAM.format(bucket=bucket)
-    # From a replica that holds every chunk (they were stored before the record, before now):
-    # a lagging one in a cluster would end the read short.
-    stored_up_to = await stream_last_seq(js._nc, stream, timeout=timeout)
-    wanted, read = info.chunks or 0, 0
-    chunks = iter_subject(
-        js._nc,
-        stream,
-        CHUNKS_SUBJECT.format(bucket=bucket, nuid=info.nuid),
-        batch=CHUNKS_PER_READ,
-        timeout=timeout,
-        min_last_seq=stored_up_to,
-    )
-    async with contextlib.aclosing(chunks):
-        async for chunk in chunks:
-            digest.update(chunk.data)
-            read += 1
-            yield chunk.data
-            if read >= wanted:
-                break
+    subject = CHUNKS_SUBJECT.format(bucket=bucket, nuid=info.nuid)
+    wanted, read, after, stored_up_to = info.chunks or 0, 0, 0, 0
+    for _ in range(2):
+        chunks = iter_subject(
+            js._nc,
+            stream,
+            subject,
+            after_seq=after,
+            batch=CHUNKS_PER_READ,
+            timeout=timeout,
+            min_last_seq=stored_up_to,
+        )
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                digest.update(chunk.data)
+                read, after = read + 1, chunk.seq
+                yield chunk.data
+                if read >= wanted:
+                    break
+        if read >= wanted or stored_up_to:
+            break
+        # Ended short: a replica behind the rest (in a cluster) may have answered. Once more,
+        # from one that holds the stream up to its end now — the chunks were stored before
+        # their record, so before now (asked only then: the stream's leader answers it).
+        stored_up_to = await stream_last_seq(js._nc, stream, timeout=timeout)
     if read < wanted:
         raise OSError(f"blob {sha256_hex} is missing {wanted - read} of its {wanted} chunks")
     _check(digest, sha256_hex)
