@@ -164,6 +164,26 @@ async def test_deltas_without_an_index_that_repeat_their_calls_id_stay_that_call
     ]
 
 
+async def test_deltas_without_an_index_that_repeat_their_calls_name_name_it_once() -> None:
+    """A server that sends the name again with every chunk, and one that gives two calls the
+    same id: the name was doubled (`file_readfile_read`), the two calls made one."""
+
+    def delta(**call: object) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}).encode()
+
+    events = (
+        delta(id="a", function={"name": "file_read", "arguments": '{"pa'}),
+        delta(id="a", function={"name": "file_read", "arguments": 'th": "x"}'}),
+        delta(id="a", function={"name": "file_search", "arguments": "{}"}),  # same id, another
+    )
+    async with _raw(_sse(*events, b"[DONE]")) as url:
+        turn, _ = await _complete(url)
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [
+        ("a", "file_read", {"path": "x"}),
+        ("a", "file_search", {}),
+    ]
+
+
 async def test_parallel_calls_streamed_under_one_index_stay_apart_by_their_ids() -> None:
     """Ollama and some vLLM builds stream every parallel call at index 0, each with its own
     id: joined, they made one call nobody made (`file_readfile_search`, `{..}{..}`)."""

@@ -252,10 +252,11 @@ class _Assembly:
         call_id = _text(tc.get("id"))
         index = tc.get("index")
         function = tc.get("function")
-        named = isinstance(function, dict) and bool(_text(function.get("name")))
+        name = _text(function.get("name")) if isinstance(function, dict) else ""
+        named = bool(name)
         key: int | None
         if not isinstance(index, int):  # a provider that leaves it out
-            key = self._unindexed(call_id, named=named)
+            key = self._unindexed(call_id, name)
         else:
             key = self._by_index.get(index)
             known = self._calls[key]["id"] if key is not None else ""
@@ -277,18 +278,21 @@ class _Assembly:
             slot["id"] = self._take_call(call_id)
             self._by_id.setdefault(call_id, key)
         if isinstance(function, dict):
-            slot["name"] += self._take_call(_text(function.get("name")))
+            if name != slot["name"]:  # a server that repeats the name with every chunk
+                slot["name"] += self._take_call(name)
             pieces.append(self._take_call(_text(function.get("arguments"))))
 
-    def _unindexed(self, call_id: str, *, named: bool) -> int | None:
-        """The slot of a delta without an index: the call whose id it repeats; else a new
-        call when it is the first, or brings a new id and a name; else the call it follows
-        (a fresh id with each chunk, as some servers send). A delta with an id was taken for
-        a new call before: a stream repeating its call's id with every chunk was split into
-        a call and nameless fragments of its arguments."""
-        if call_id and (known := self._by_id.get(call_id)) is not None:
+    def _unindexed(self, call_id: str, name: str) -> int | None:
+        """The slot of a delta without an index: the call whose id it repeats (unless it
+        names another tool: another call under the same id); else a new call when it is the
+        first, or brings a new id and a name; else the call it follows (a fresh id with each
+        chunk, as some servers send). A delta with an id was taken for a new call before: a
+        stream repeating its call's id with every chunk was split into a call and nameless
+        fragments of its arguments."""
+        known = self._by_id.get(call_id) if call_id else None
+        if known is not None and not (name and self._calls[known]["name"] not in {"", name}):
             return known
-        if not self._calls or (call_id and named):
+        if not self._calls or (call_id and name):
             return self._open()
         return max(self._calls)
 
