@@ -177,6 +177,40 @@ async def test_a_stop_while_the_files_go_up_still_reports_the_answer(tmp_path: P
     assert reported.code == exits.COMPLETED
 
 
+async def test_a_stop_while_the_last_live_batch_goes_still_reports_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live stream's last batch is let finish before the final call; a stop that came
+    meanwhile cancelled the run there, and the done work's answer was never sent."""
+    finishing = asyncio.Event()
+    real = LiveStream.finish
+
+    async def slow(self: LiveStream) -> Any:
+        finishing.set()
+        await asyncio.sleep(0.3)  # a batch on its way
+        return await real(self)
+
+    monkeypatch.setattr(LiveStream, "finish", slow)
+    broker = Broker()
+    kept = _KeptBroker(broker)
+    reported = Reported()
+    async with ScriptedModelServer() as server:
+        server.script([Reply.text("done")])
+        env = {"SUZUMIO_MODEL_BASE_URL": f"{server.url}/v1", "SUZUMIO_MODEL_API_KEY": "k"}
+        running = asyncio.ensure_future(run_activation(spec(tmp_path), env, kept, reported))
+        try:
+            await asyncio.wait_for(finishing.wait(), 30)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        finally:
+            running.cancel()
+            await kept.aclose()
+    [output] = broker.bodies["/activation-output"]
+    assert (output["text"], output["reason"]) == ("done", "completed")
+    assert reported.code == exits.COMPLETED
+
+
 # --- an output file that changes while it is sent ------------------------------------------
 
 

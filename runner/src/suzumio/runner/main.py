@@ -120,7 +120,7 @@ async def run_activation(
         stopped = False
         if spec.files is not None and code != exits.INPUTS_UNAVAILABLE:
             stopped = not await _files_out(broker, live, workspace, spec.files)
-        code = await _report(final_call(broker, ending, await live.finish(), code), reported)
+        code = await _report(_final(broker, ending, live, code), reported)
         log("activation.ended", reason=ending.reason, exit_code=code, calls=loop.model_calls)
         if stopped:
             raise asyncio.CancelledError  # the stop takes effect, its output reported
@@ -159,6 +159,12 @@ async def _files_out(
         return False
     log("activation.outputs_sent", files=sent)
     return True
+
+
+async def _final(broker: BrokerClient, ending: Ending, live: LiveStream, code: int) -> int:
+    """The live stream's last batch (a batch on its way let finish first), then the final
+    call — both under `_report`: a stop that came while the batch went lost the output."""
+    return await final_call(broker, ending, await live.finish(), code)
 
 
 async def _report(sending: Awaitable[int], reported: Reported) -> int:
