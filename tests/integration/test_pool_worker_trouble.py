@@ -123,3 +123,35 @@ async def test_a_sessions_locked_workspace_is_no_fault_of_the_worker(
             assert (await watch(backend, handle)).reason == "lost"
         assert worker.readiness() is None
         assert worker._fault_pause() == 0
+
+
+async def test_a_warm_workspace_that_cannot_take_the_run_starts_afresh(
+    backend: PoolBackend,  # noqa: F811
+    statuses: Statuses,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+    fenced_url: str,  # noqa: F811
+) -> None:
+    """A session's warm workspace the run could not be laid out in (an agent made it
+    read-only) was given back as it was: the session's next activations came back to it,
+    and failed the same way, for as long as they kept coming."""
+    async with in_process_worker(
+        nats_url, backend.topology.namespace, tmp_path / "work", worker_id="w",
+        idle_ttl_seconds=30,
+    ) as worker:  # fmt: skip
+        await wait_workers(backend, "w")
+        first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert (await watch(backend, first)).code == 6
+        lay_out = worker._lay_out
+
+        def locked_when_warm(*args: Any, warm_start: bool, **kwargs: Any) -> Any:
+            if warm_start:
+                raise PermissionError(13, "Permission denied", "out")
+            return lay_out(*args, warm_start=warm_start, **kwargs)
+
+        worker._lay_out = locked_when_warm  # type: ignore[method-assign]
+        second = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
+        assert second.data["routed_to"] == "w"
+        assert (await watch(backend, second)).code == 6
+        [started] = statuses.of(second.sandbox_id, "started")
+        assert started.warm is False  # in a fresh workspace

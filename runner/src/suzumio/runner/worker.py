@@ -957,7 +957,21 @@ class Worker:
         else:
             (workspace, warm_start), key = taken, dispatch.affinity_key
         try:
-            return self._lay_out(dispatch, msg, root, workspace, key, warm_start)
+            try:
+                return self._lay_out(dispatch, msg, root, workspace, key, warm_start=warm_start)
+            except OSError as exc:
+                if key is None or not warm_start or exc.errno in MACHINE_FAULTS:
+                    raise
+                # The session's warm workspace cannot take the run (an agent made it
+                # read-only): it starts afresh, its runner too, as when its inputs cannot be
+                # laid in it. Given back as it was, every next activation of the session
+                # came back to it here, and failed the same way.
+                log("worker.warm_workspace_reset", dispatch=dispatch.dispatch_id,
+                    error=str(exc)[:300])  # fmt: skip
+                self._retire(key)
+                self._discard(workspace)
+                workspace.mkdir(parents=True)
+                return self._lay_out(dispatch, msg, root, workspace, key, warm_start=False)
         except OSError:
             if key is not None:  # else the session's workspace would stay taken for good
                 for gone in self.warm.give_back(key, dispatch.idle_seconds):
