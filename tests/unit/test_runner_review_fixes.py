@@ -212,6 +212,25 @@ async def test_a_call_with_no_tool_name_is_audited_and_told_to_the_model(tmp_pat
     assert result["text"] == "a tool call without a name"
 
 
+async def test_a_call_named_what_providers_refuse_goes_back_named_as_they_take(
+    tmp_path: Path,
+) -> None:
+    """A name outside `^[A-Za-z0-9_-]{1,64}$` (OpenAI's own `multi_tool_use.parallel`, a name
+    with spaces) went back to the model as it came, which refuses such a conversation."""
+    broker = Broker()
+    replies = [
+        Reply.tool_calls([ToolCall("multi_tool_use.parallel", {}, id="c1")]),
+        Reply.text("done"),
+    ]
+    ending, server = await run_loop(spec(tmp_path), replies, broker)
+    assert ending.reason == "completed"
+    last = [r for r in server.requests if r.path.endswith("/chat/completions")][-1].json
+    sent = [c["function"]["name"] for m in last["messages"] for c in m.get("tool_calls") or ()]
+    assert sent == ["multi_tool_use_parallel"]
+    [started] = broker.bodies["/runner/tool-calls/start"]
+    assert started["tool"] == "multi_tool_use.parallel"  # the audit keeps what the model said
+
+
 # --- secrets cut in half ---------------------------------------------------------------------
 
 SECRET = "sk-secret-0123456789abcdef"

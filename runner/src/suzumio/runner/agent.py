@@ -85,6 +85,8 @@ MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_c
 END_OPEN_CALLS_SECONDS = 10.0
 UNNAMED_TOOL = "(no name)"  # the audit's name of a call the model gave none
 UNNAMED_TOOL_SENT_BACK = "unnamed_tool"  # its name in the conversation (a provider's pattern)
+_SENDABLE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NOT_SENDABLE = re.compile(r"[^A-Za-z0-9_-]")
 # How a call that gave no result of its own ends, in its audit record.
 _FAILED: dict[FailureReason, Status] = {
     "error": "error",
@@ -865,7 +867,7 @@ def _as_sent_back(call: _Call) -> WireCall:
     later request of the activation, and of the session's next ones, for one bad reply. An
     empty name stands in as `unnamed_tool`, for the same reason: OpenAI and Gemini refuse a
     conversation holding a call named `""` (400)."""
-    name = call.wire.name or UNNAMED_TOOL_SENT_BACK
+    name = _sendable_name(call.wire.name)
     if call.args is not None:
         return (
             call.wire
@@ -874,6 +876,15 @@ def _as_sent_back(call: _Call) -> WireCall:
         )
     kept = call.wire.arguments[:INVALID_ARGUMENTS_KEPT_CHARS]
     return WireCall(call.wire.id, name, json.dumps({"invalid_arguments": kept}))
+
+
+def _sendable_name(name: str) -> str:
+    """A call's name as providers take it back (`^[A-Za-z0-9_-]{1,64}$`, OpenAI's and
+    Gemini's rule for tool names): other characters as `_`, cut to 64; none at all as
+    `unnamed_tool`."""
+    if _SENDABLE_NAME.fullmatch(name):
+        return name
+    return _NOT_SENDABLE.sub("_", name.strip())[:64] or UNNAMED_TOOL_SENT_BACK
 
 
 def decode_arguments(text: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -276,21 +276,20 @@ class _Assembly:
         slot, pieces = self._calls[key], self._arguments[key]
         if call_id and not slot["id"]:  # the first: later chunks may bring fresh ones
             slot["id"] = self._take_call(call_id)
-            self._by_id.setdefault(call_id, key)
+            self._by_id[call_id] = key  # the newest call under it: its later chunks follow
         if isinstance(function, dict):
             if name != slot["name"]:  # a server that repeats the name with every chunk
                 slot["name"] += self._take_call(name)
             pieces.append(self._take_call(_text(function.get("arguments"))))
 
     def _unindexed(self, call_id: str, name: str) -> int | None:
-        """The slot of a delta without an index: the call whose id it repeats (unless it
-        names another tool: another call under the same id); else a new call when it is the
-        first, or brings a new id and a name; else the call it follows (a fresh id with each
-        chunk, as some servers send). A delta with an id was taken for a new call before: a
-        stream repeating its call's id with every chunk was split into a call and nameless
-        fragments of its arguments."""
+        """The slot of a delta without an index: the call whose id it repeats; else a new
+        call when it is the first, or brings a new id and a name; else the call it follows
+        (a fresh id with each chunk, as some servers send). A delta with an id was taken for
+        a new call before: a stream repeating its call's id with every chunk was split into
+        a call and nameless fragments of its arguments."""
         known = self._by_id.get(call_id) if call_id else None
-        if known is not None and not (name and self._calls[known]["name"] not in {"", name}):
+        if known is not None:
             return known
         if not self._calls or (call_id and name):
             return self._open()
