@@ -134,7 +134,12 @@ class PullWorker:
                     if lost:  # the server may have come back without it: made again, same config
                         await self.ensure_consumer()
                         lost = False
-                    msgs = await psub.fetch(self.spec.batch, timeout=1.0)
+                    # No more than it handles at once: one handler stuck (a call with no
+                    # timeout) kept the rest of a larger batch alive, held from every other
+                    # replica for as long as it hung.
+                    msgs = await psub.fetch(
+                        max(1, min(self.spec.batch, self.spec.concurrency)), timeout=1.0
+                    )
                 except (TimeoutError, NatsTimeoutError):
                     continue
                 except BadRequestError:  # the consumer's config refused: not an outage

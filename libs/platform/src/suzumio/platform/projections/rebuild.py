@@ -6,9 +6,9 @@ takes the projections' checkpoint row locks (so the live projector cannot commit
 applies the events that arrived since the replay caught up (within a batch of the end),
 renames each staging schema over its live one and sets the checkpoints, all in one
 transaction: readers see the old tables or the new, never a mix. The old tables are dropped
-after the commit, once their last readers let go. A projection that meets an event of a schema newer than this code (written by a
-newer release, mid-upgrade) stops just before it and is swapped in there, as the live
-projector would hold it; the others go on to the end.
+after the commit, once their last readers let go. A projection that meets an event of a
+schema newer than this code (written by a newer release, mid-upgrade) stops just before it
+and is swapped in there, as the live projector would hold it; the others go on to the end.
 """
 
 from __future__ import annotations
@@ -201,16 +201,19 @@ async def _drop_old(conn: Connection, projections: Sequence[Projection]) -> None
     waits for every reader still in a transaction over them, and within the swap it held the
     checkpoints (the live projector) and every new read of the tables behind it. A reader
     that keeps them past `DROP_OLD_WAIT_SECONDS` leaves them to the next rebuild's swap."""
-    await conn.execute(f"SET lock_timeout = {int(DROP_OLD_WAIT_SECONDS * 1000)}")
+    # The swap is done whatever happens here: a failure leaves the old tables to the next
+    # rebuild's swap, never makes the rebuild look failed (its caller would replay it all).
     try:
+        await conn.execute(f"SET lock_timeout = {int(DROP_OLD_WAIT_SECONDS * 1000)}")
         for p in projections:
             old = f"{live_schema(p.name)}__old"
             try:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{old}" CASCADE')
             except asyncpg.LockNotAvailableError:
                 log.warning("projections.old_tables_kept", schema=old)
-    finally:
         await conn.execute("RESET lock_timeout")
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        log.warning("projections.old_tables_drop_failed", error=repr(exc))
 
 
 class _Replay:
