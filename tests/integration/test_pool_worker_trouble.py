@@ -142,14 +142,14 @@ async def test_a_warm_workspace_that_cannot_take_the_run_starts_afresh(
         await wait_workers(backend, "w")
         first = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
         assert (await watch(backend, first)).code == 6
-        lay_out = worker._lay_out
+        lay_out: Any = worker._lay_out
 
-        def locked_when_warm(*args: Any, warm_start: bool, **kwargs: Any) -> Any:
+        def locked_when_warm(*args: Any, warm_start: bool) -> Any:
             if warm_start:
                 raise PermissionError(13, "Permission denied", "out")
-            return lay_out(*args, warm_start=warm_start, **kwargs)
+            return lay_out(*args, warm_start=warm_start)
 
-        worker._lay_out = locked_when_warm  # type: ignore[method-assign]
+        worker._lay_out = locked_when_warm  # type: ignore[method-assign,assignment]
         second = await backend.launch(make_plan(fenced_url, tmp_path, session_id="s1"))
         assert second.data["routed_to"] == "w"
         assert (await watch(backend, second)).code == 6
