@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -221,71 +222,50 @@ async def test_an_earlier_attempt_still_in_process_is_waited_for_not_failed(
     assert [(e.version, e.seq) for e in stream.events] == [(1, result.events[0].seq)]
 
 
+def _electing() -> dict[str, Any]:
+    return {"error": {"code": 503, "err_code": 10008, "description": "no leader"}}
+
+
+def _connection_gone() -> dict[str, Any]:
+    raise nats.errors.OutboundBufferLimitError
+
+
+@pytest.mark.parametrize("retried", [_electing, _connection_gone], ids=["electing", "gone"])
 @pytest.mark.parametrize("stored_first", [True, False], ids=["stored", "not_stored"])
-async def test_a_leader_election_after_a_lost_answer_leaves_the_appends_fate_unknown(
-    nc: NATS, store: EventStore, monkeypatch: pytest.MonkeyPatch, stored_first: bool
+async def test_trouble_after_a_lost_answer_leaves_the_appends_fate_unknown(
+    nc: NATS,
+    store: EventStore,
+    monkeypatch: pytest.MonkeyPatch,
+    stored_first: bool,
+    retried: Callable[[], dict[str, Any]],
 ) -> None:
     """The first attempt's answer never comes (stored or not, the writer cannot tell) and
-    its log cannot be read then; the retry meets a stream electing its leader (503). That
-    refusal says nothing of the first attempt: the append's fate is unknown — a typed
-    `CommandTimeoutError` — unless the log then shows it stored. Raised as the 503 itself,
-    it read as "nothing stored" (a 503 the API's clients retry under new ids: twice
-    posted). (The answers are made here: one server alone never elects a leader.)"""
+    its log cannot be read then; the retry meets a stream electing its leader (503), or
+    fails on the client's side (the connection closed, its buffer full while it
+    reconnects). That says nothing of the first attempt: the append's fate is unknown — a
+    typed `CommandTimeoutError` — unless the log then shows it stored. Raised as the 503 or
+    the client's error itself, it read as "nothing stored" (a 503 the API's clients retry
+    under new ids: twice posted). (The answers are made here: one server alone never elects
+    a leader.)"""
     send, find_own = store._send, store._find_own
     sends: list[int] = []
     readable = asyncio.Event()
 
-    async def lost_then_electing(p: Any) -> dict[str, Any]:
+    async def lost_then_trouble(p: Any) -> dict[str, Any]:
         sends.append(1)
         if len(sends) == 1:
             if stored_first:
                 await send(p)  # stored, its answer lost
             raise nats.errors.TimeoutError
         readable.set()
-        return {"error": {"code": 503, "err_code": 10008, "description": "no leader"}}
+        return retried()
 
     async def unreadable_at_first(p: Any, *, tolerate_errors: bool = False) -> int | None:
         if not readable.is_set():
             return None  # as after a read that failed, tolerated
         return await find_own(p, tolerate_errors=tolerate_errors)
 
-    monkeypatch.setattr(store, "_send", lost_then_electing)
-    monkeypatch.setattr(store, "_find_own", unreadable_at_first)
-    pid = new_id()
-    if stored_first:
-        result = await store.append(pid, [created()], 0)
-        assert [e.version for e in result.events] == [1]
-    else:
-        with pytest.raises(CommandTimeoutError):
-            await store.append(pid, [created()], 0)
-    assert len(sends) == 2
-
-
-@pytest.mark.parametrize("stored_first", [True, False], ids=["stored", "not_stored"])
-async def test_a_connection_lost_after_a_lost_answer_leaves_the_appends_fate_unknown(
-    nc: NATS, store: EventStore, monkeypatch: pytest.MonkeyPatch, stored_first: bool
-) -> None:
-    """As above, with the retry failing on the client's side: the connection closed, or its
-    buffer full while it reconnects. Raised as it was, it read as "nothing stored" (a 503)."""
-    send, find_own = store._send, store._find_own
-    sends: list[int] = []
-    readable = asyncio.Event()
-
-    async def lost_then_gone(p: Any) -> dict[str, Any]:
-        sends.append(1)
-        if len(sends) == 1:
-            if stored_first:
-                await send(p)  # stored, its answer lost
-            raise nats.errors.TimeoutError
-        readable.set()
-        raise nats.errors.OutboundBufferLimitError
-
-    async def unreadable_at_first(p: Any, *, tolerate_errors: bool = False) -> int | None:
-        if not readable.is_set():
-            return None  # as after a read that failed, tolerated
-        return await find_own(p, tolerate_errors=tolerate_errors)
-
-    monkeypatch.setattr(store, "_send", lost_then_gone)
+    monkeypatch.setattr(store, "_send", lost_then_trouble)
     monkeypatch.setattr(store, "_find_own", unreadable_at_first)
     pid = new_id()
     if stored_first:
