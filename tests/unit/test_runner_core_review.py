@@ -147,25 +147,18 @@ class _HeldUploads(Broker):
         return self.answer(request)
 
 
-async def test_a_stop_while_the_files_go_up_still_reports_the_answer(tmp_path: Path) -> None:
-    """A stop (SIGTERM: a cancel, a drain) that came while `out/` went up lost the answer of
-    an activation whose work was done: no final call, and the orchestrator took it for
-    unfinished work. The files not sent yet are dropped; the output is recorded, then the
-    stop takes effect — the runner exits with the code the output was recorded with."""
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "large.txt").write_text("x" * 100)
-    broker = _HeldUploads()
-    kept = _KeptBroker(broker, broker.held)
-    activation = spec(tmp_path).model_copy(
-        update={"files": FileExchange(max_output_files=10, max_output_bytes=1_000)}
-    )
+async def _stopped_when(
+    activation: RunnerActivationInput, broker: Broker, kept: Connections, reached: asyncio.Event
+) -> None:
+    """Run `activation` (its model answers "done"), stop it (SIGTERM: its task cancelled) once
+    it `reached` the point under test; the stop takes effect, and the answer was reported."""
     reported = Reported()
     async with ScriptedModelServer() as server:
         server.script([Reply.text("done")])
         env = {"SUZUMIO_MODEL_BASE_URL": f"{server.url}/v1", "SUZUMIO_MODEL_API_KEY": "k"}
         running = asyncio.ensure_future(run_activation(activation, env, kept, reported))
         try:
-            await asyncio.wait_for(broker.uploading.wait(), 30)
+            await asyncio.wait_for(reached.wait(), 30)
             running.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await running
@@ -175,6 +168,20 @@ async def test_a_stop_while_the_files_go_up_still_reports_the_answer(tmp_path: P
     [output] = broker.bodies["/activation-output"]
     assert (output["text"], output["reason"]) == ("done", "completed")
     assert reported.code == exits.COMPLETED
+
+
+async def test_a_stop_while_the_files_go_up_still_reports_the_answer(tmp_path: Path) -> None:
+    """A stop (SIGTERM: a cancel, a drain) that came while `out/` went up lost the answer of
+    an activation whose work was done: no final call, and the orchestrator took it for
+    unfinished work. The files not sent yet are dropped; the output is recorded, then the
+    stop takes effect — the runner exits with the code the output was recorded with."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "large.txt").write_text("x" * 100)
+    broker = _HeldUploads()
+    activation = spec(tmp_path).model_copy(
+        update={"files": FileExchange(max_output_files=10, max_output_bytes=1_000)}
+    )
+    await _stopped_when(activation, broker, _KeptBroker(broker, broker.held), broker.uploading)
 
 
 async def test_a_stop_while_the_last_live_batch_goes_still_reports_the_answer(
@@ -192,23 +199,7 @@ async def test_a_stop_while_the_last_live_batch_goes_still_reports_the_answer(
 
     monkeypatch.setattr(LiveStream, "finish", slow)
     broker = Broker()
-    kept = _KeptBroker(broker)
-    reported = Reported()
-    async with ScriptedModelServer() as server:
-        server.script([Reply.text("done")])
-        env = {"SUZUMIO_MODEL_BASE_URL": f"{server.url}/v1", "SUZUMIO_MODEL_API_KEY": "k"}
-        running = asyncio.ensure_future(run_activation(spec(tmp_path), env, kept, reported))
-        try:
-            await asyncio.wait_for(finishing.wait(), 30)
-            running.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await running
-        finally:
-            running.cancel()
-            await kept.aclose()
-    [output] = broker.bodies["/activation-output"]
-    assert (output["text"], output["reason"]) == ("done", "completed")
-    assert reported.code == exits.COMPLETED
+    await _stopped_when(spec(tmp_path), broker, _KeptBroker(broker), finishing)
 
 
 # --- an output file that changes while it is sent ------------------------------------------
