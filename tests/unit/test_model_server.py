@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import pytest_asyncio
@@ -518,3 +519,18 @@ async def test_the_server_runs_as_a_process_and_prints_its_url(tmp_path: Path) -
     finally:
         process.terminate()
         assert await asyncio.to_thread(process.wait, 10) == 0
+
+
+async def test_a_stream_ended_early_ends_cleanly_with_no_finish_and_no_done(
+    server: ScriptedModelServer,
+) -> None:
+    server.script([Reply.text("one two three four", end_after=3)])
+    request = {"model": "m", "messages": HELLO, "stream": True}
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"{server.url}/v1/chat/completions", json=request)
+    assert response.status_code == 200  # a whole HTTP response: no transport error
+    events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+    assert len(events) == 3
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "one two"

@@ -9,14 +9,16 @@ import contextlib
 import json
 import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import openai
 import pytest
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner.connections import model_http, sdk_client
-from suzumio.runner.model import Endpoint, ModelClient, ModelTurn
+from suzumio.runner.model import Endpoint, ModelClient, ModelTurn, StreamCutShortError
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall, Usage
+from tests.unit.loop_support import run_loop, spec
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -274,3 +276,33 @@ async def test_a_client_given_another_base_url_calls_it() -> None:
             await http.aclose()
     assert [r.path for r in a.completion_requests] == ["/v1/chat/completions"]
     assert [r.path for r in b.completion_requests] == ["/v1/chat/completions"]
+
+
+async def test_a_stream_that_ends_with_no_finish_reason_and_no_done_was_cut_short() -> None:
+    """An upstream that failed mid-reply behind a proxy that closed the response cleanly:
+    what came was taken for the whole answer, half a sentence recorded as the reply."""
+    first = json.dumps({"choices": [{"index": 0, "delta": {"content": "The answer is"}}]})
+    async with _raw(_sse(first.encode())) as url:
+        with pytest.raises(StreamCutShortError):
+            await _complete(url)
+
+
+async def test_a_finish_reason_without_done_is_a_whole_reply() -> None:
+    whole = json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+    )
+    async with _raw(_sse(whole.encode())) as url:
+        turn, _ = await _complete(url)
+    assert (turn.text, turn.finish_reason) == ("ok", "stop")
+
+
+async def test_the_loop_asks_again_for_a_reply_whose_stream_was_cut_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("suzumio.runner.agent.backoff_seconds", lambda *_: 0.0)
+    answer = "one two three four"
+    run = await run_loop(
+        tmp_path, spec(tmp_path), [Reply.text(answer, end_after=2), Reply.text(answer)]
+    )
+    assert (run.ending.reason, run.ending.text) == ("completed", answer)
+    assert len(run.model_requests) == 2

@@ -26,19 +26,26 @@ its encoding was 6% of a resident runner's CPU. What orjson cannot encode (an in
 bits, a key that is not a string) goes to the SDK as before. Two differences, both in tool
 schemas a toolpack built in Python: a non-finite number goes as `null` (the SDK refused the
 call), and a UUID, date or enum as its JSON text (the SDK refused those too).
+
+A stream that ends with neither a `finish_reason` nor `[DONE]` was cut off, not finished (an
+upstream that failed mid-reply behind a proxy that closed the response cleanly): it fails
+the call as a transport failure, which the loop retries, instead of taking the part that came
+for the whole answer. A stream with either one is whole (some servers send `[DONE]` without
+a reason, or a reason without `[DONE]`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import openai
 import orjson
+from openai._streaming import ServerSentEvent
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner.connections import Connections, model_http, sdk_client
@@ -50,6 +57,22 @@ Message = dict[str, Any]
 MAX_TEXT_CHARS = 1_000_000  # what a history entry holds
 MAX_CALL_CHARS = 40_000_000  # ids, names and arguments (file.write: 32 M, JSON-escaped)
 CALL_OVERHEAD_CHARS = 100  # counted per call, so a stream of empty calls is bounded too
+
+
+class StreamCutShortError(ConnectionError):
+    """The model's stream ended before its reply did: a transport failure, retried."""
+
+
+class _Stream(openai.AsyncStream[object]):
+    """The SDK's stream of JSON chunks, noting whether `[DONE]` came (the SDK swallows it)."""
+
+    done = False
+
+    async def _iter_events(self) -> AsyncIterator[ServerSentEvent]:
+        async for sse in super()._iter_events():
+            if sse.data.startswith("[DONE]"):
+                self.done = True
+            yield sse
 
 
 @dataclass(frozen=True)
@@ -160,7 +183,7 @@ class ModelClient:
             **({"content": encoded} if isinstance(encoded, bytes) else {"body": body}),
             cast_to=object,
             stream=True,
-            stream_cls=openai.AsyncStream[object],
+            stream_cls=_Stream,
             options={"security": {"bearer_auth": True}},  # as `create` asks: the API key only
         )
         turn = _Assembly(self.spec.name, on_text)
@@ -184,6 +207,10 @@ class ModelClient:
         except TimeoutError:
             await stream.close()
             raise
+        if not (turn.full or turn.finished or stream.done):
+            raise StreamCutShortError(
+                "the model's stream ended before its reply did (no finish_reason, no [DONE])"
+            )
         return turn.done()
 
 
@@ -212,6 +239,8 @@ class _Assembly:
         self._call_left = MAX_CALL_CHARS
         self.full = False
         """A bound was reached: the reply ends here, as one cut off by the output cap."""
+        self.finished = False
+        """A choice brought its `finish_reason`: the reply is whole."""
 
     def add(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
@@ -233,6 +262,7 @@ class _Assembly:
             reason = _text(choice.get("finish_reason"))
             if reason:
                 self.turn.finish_reason = reason
+                self.finished = True
         if self.full:
             self.turn.finish_reason = "length"
 

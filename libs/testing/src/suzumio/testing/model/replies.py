@@ -67,7 +67,10 @@ class Reply:
 
     `delay` is slept before answering; `chunk_delay` between the chunks of a streamed answer.
     `disconnect_after` (streaming only) drops the connection after that many chunks, with no
-    finish chunk and no `[DONE]`, like a network failure mid-answer.
+    finish chunk and no `[DONE]`, like a network failure mid-answer. `end_after` (streaming
+    only) ends the response cleanly after that many chunks, with no finish chunk and no
+    `[DONE]` either: an upstream that failed mid-answer behind a proxy that closed the response
+    properly.
     """
 
     content: str | None = None
@@ -81,6 +84,7 @@ class Reply:
     delay: float = 0.0
     chunk_delay: float = 0.0
     disconnect_after: int | None = None
+    end_after: int | None = None
 
     @property
     def is_error(self) -> bool:
@@ -97,6 +101,7 @@ class Reply:
         chunk_delay: float = 0.0,
         headers: Mapping[str, str] | None = None,
         disconnect_after: int | None = None,
+        end_after: int | None = None,
     ) -> Reply:
         """A text answer; `finish_reason` may be `"length"` or `"content_filter"` too."""
         return cls(
@@ -107,6 +112,7 @@ class Reply:
             chunk_delay=chunk_delay,
             headers=dict(headers or {}),
             disconnect_after=disconnect_after,
+            end_after=end_after,
         )
 
     @classmethod
@@ -120,6 +126,7 @@ class Reply:
         chunk_delay: float = 0.0,
         headers: Mapping[str, str] | None = None,
         disconnect_after: int | None = None,
+        end_after: int | None = None,
     ) -> Reply:
         """One or more parallel tool calls (`finish_reason: "tool_calls"`), optional text."""
         if not calls:
@@ -133,6 +140,7 @@ class Reply:
             chunk_delay=chunk_delay,
             headers=dict(headers or {}),
             disconnect_after=disconnect_after,
+            end_after=end_after,
         )
 
     @classmethod

@@ -17,7 +17,8 @@ A bare JSON list is the same as `{"steps": [...]}`. A STEP is one of:
     {"demo": true}                                     # the offline demo model answers
 
 and may add `"usage": {"prompt_tokens": 10, "completion_tokens": 3, "cached_tokens": 0}`,
-`"delay"` and `"chunk_delay"` (seconds), `"disconnect_after"` (chunks) and `"headers"`.
+`"delay"` and `"chunk_delay"` (seconds), `"disconnect_after"` and `"end_after"` (chunks) and
+`"headers"`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class StepSpec(_Strict):
     delay: float = Field(default=0.0, ge=0)
     chunk_delay: float = Field(default=0.0, ge=0)
     disconnect_after: int | None = Field(default=None, ge=0)
+    end_after: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _one_kind(self) -> StepSpec:
@@ -105,6 +107,7 @@ class StepSpec(_Strict):
             "chunk_delay": self.chunk_delay,
             "headers": self.headers,
             "disconnect_after": self.disconnect_after,
+            "end_after": self.end_after,
         }
         if self.tool_calls:
             calls = [ToolCall(c.name, c.arguments, c.id) for c in self.tool_calls]

@@ -246,12 +246,15 @@ class ScriptedModelServer:
         for index, chunk in enumerate(chunks):
             if index == reply.disconnect_after:
                 raise DroppedConnectionError
+            if index == reply.end_after:
+                return
             if index and reply.chunk_delay:
                 await self._pause(reply.chunk_delay)
             yield sse(chunk)
         if reply.disconnect_after is not None:
             raise DroppedConnectionError
-        yield sse("[DONE]")
+        if reply.end_after is None:
+            yield sse("[DONE]")
 
     async def _pause(self, seconds: float) -> None:
         if seconds > 0:
