@@ -41,6 +41,8 @@ from tests.scenario import Scenario, write
 from tests.support import eventually
 
 ALL = load_projections()
+SERVING = "SELECT serving FROM suzumio.projection_checkpoints WHERE name = 'projects'"
+AGE_PRESENCE = "UPDATE suzumio.projector_presence SET seen_at = now() - interval '1 hour'"
 
 
 async def assert_equal_to_rebuild(
@@ -423,18 +425,72 @@ async def test_a_rebuild_by_a_later_release_is_left_to_it_not_serving(
     await write(store, Scenario(seed=12).appends(100))
     async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
         await caught_up(nc, pool, topology, [ProjectsProjection()])
+        conn = await db.connect(database_url, "test-later-release")  # its projector stands by
+        try:
+            await checkpoints_module.announce(conn, [ProjectsV2()])
+        finally:
+            await conn.close()
         [elsewhere] = await rebuild(nc, database_url, topology, [ProjectsV2()])
         assert elsewhere.swapped
         await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
         await eventually(
-            lambda: pool.fetchval(
-                "SELECT serving FROM suzumio.projection_checkpoints WHERE name = 'projects'"
-            ),
+            lambda: pool.fetchval(SERVING),
             lambda serving: serving is False,
             what="the later release's projection not serving",
         )
         await asyncio.sleep(1.0)  # batches go by: it is not built back
         assert (await read_all(pool))["projects"].version == ProjectsV2.version
+
+
+async def test_an_earlier_release_leaves_a_later_ones_projection_to_it_until_that_one_is_gone(
+    nc: NATS,
+    store: EventStore,
+    pool: Pool,
+    database_url: str,
+    topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mid-upgrade, the earlier release's projector takes the lead back (the later one
+    restarted): a projection the later release built is left to it, not serving — before,
+    the earlier one built it down to its own version, and each release undid the other's
+    work whenever the lead changed hands. Once no projector of the later release has been
+    seen for a while (it was rolled back), the leader builds the projection down and serves
+    it."""
+    monkeypatch.setattr(projector_module, "LATER_RELEASE_CHECK_SECONDS", 0.2)
+    await write(store, Scenario(seed=13).appends(100))
+    async with running_projector(nc, database_url, topology, store, [ProjectsV2()]):
+        await caught_up(nc, pool, topology, [ProjectsV2()])
+    async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
+        await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
+        await eventually(
+            lambda: pool.fetchval(SERVING),
+            lambda serving: serving is False,
+            what="the later release's projection not serving",
+        )
+        await asyncio.sleep(1.5)  # looked at again several times: still left to it
+        assert (await read_all(pool))["projects"].version == ProjectsV2.version
+
+        await pool.execute(AGE_PRESENCE)  # the later release is gone
+        await caught_up(nc, pool, topology, [ProjectsProjection()])
+        await eventually(lambda: pool.fetchval(SERVING), bool, what="built down, serving")
+        names = await pool.fetch("SELECT name FROM proj_projects.projects")
+    assert "after" in {r["name"] for r in names}
+    await assert_equal_to_rebuild(nc, database_url, topology, [ProjectsProjection()])
+
+
+async def test_a_projection_of_a_later_release_rolled_back_is_built_down_at_the_lead(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """A leader that meets a later release's projection with no projector of that release
+    seen for a while (rolled back) builds it down at once: left to a release that never comes
+    back, it would serve no reads for good."""
+    await write(store, Scenario(seed=14).appends(100))
+    async with running_projector(nc, database_url, topology, store, [ProjectsV2()]):
+        await caught_up(nc, pool, topology, [ProjectsV2()])
+    await pool.execute(AGE_PRESENCE)
+    async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
+        await caught_up(nc, pool, topology, [ProjectsProjection()])
+        await eventually(lambda: pool.fetchval(SERVING), bool, what="built down, serving")
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["an_event", "the_first_event"])

@@ -53,6 +53,31 @@ async def mark_serving(conn: Connection, projections: Iterable[Projection]) -> N
         )
 
 
+async def announce(conn: Connection, projections: Iterable[Projection]) -> None:
+    """Say that a projector that can build these projections' versions is running."""
+    names = [p.name for p in projections]
+    await conn.execute(
+        "INSERT INTO suzumio.projector_presence (name, version)"
+        " SELECT * FROM unnest($1::text[], $2::int[])"
+        " ON CONFLICT (name, version) DO UPDATE SET seen_at = now()",
+        names,
+        [p.version for p in projections],
+    )
+
+
+async def versions_around(conn: Connection, names: list[str], seconds: float) -> dict[str, int]:
+    """The latest version of each projection a projector announced in the last `seconds`
+    (absent: none did)."""
+    rows = await conn.fetch(
+        "SELECT name, max(version) AS version FROM suzumio.projector_presence"
+        " WHERE name = ANY($1::text[]) AND seen_at > now() - make_interval(secs => $2)"
+        " GROUP BY name",
+        names,
+        seconds,
+    )
+    return {r["name"]: r["version"] for r in rows}
+
+
 _SELECT = (
     "SELECT name, position, version, rebuilt_at FROM suzumio.projection_checkpoints"
     " WHERE name = ANY($1::text[]) ORDER BY name"

@@ -50,6 +50,11 @@ from suzumio.platform.projections.rebuild import RebuildInProgressError, rebuild
 log = get_logger(__name__)
 
 LOG_BEHIND_RETRY_SECONDS = 30.0  # how often a log behind the read models is looked at again
+# A projection a later release built is left to it while a projector of that release was seen
+# this recently (each one says so before each try at the lead, every 2 s); after that, the
+# release is taken for rolled back, and the projection is built down to this code's version.
+LATER_RELEASE_SECONDS = 30.0
+LATER_RELEASE_CHECK_SECONDS = 10.0  # how often a leader looks whether that release is gone
 
 _applied = telemetry.meter.create_counter(
     "suzumio_projector_events", description="log entries the projector went through"
@@ -127,7 +132,10 @@ class Projector:
         self._held: set[str] = set()  # projections stopped at an event of a newer schema
         self._build_task: asyncio.Task[None] | None = None
         self._building: set[str] = set()  # the projections `_build_task` builds
-        self._newer: set[str] = set()  # swapped in by a newer release: left to it
+        # Outdated projections not built now: left to a later release while it is around, or
+        # waiting for the build under way; looked at again every LATER_RELEASE_CHECK_SECONDS.
+        self._deferred: set[str] = set()
+        self._looked_at = 0.0
         self.leading = False
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -157,7 +165,10 @@ class Projector:
         conn = await db.connect(self._dsn, f"suzumio-{self._durable}")
         try:
             lock = "SELECT pg_try_advisory_lock(hashtext('suzumio.projector.' || $1))"
-            while not await conn.fetchval(lock, self._durable):
+            while True:
+                await checkpoints.announce(conn, self._projections)
+                if await conn.fetchval(lock, self._durable):
+                    break
                 if await _wait(stop, 2.0):
                     return
             self.leading = True
@@ -174,34 +185,59 @@ class Projector:
 
     # -- building projections whose tables are missing or outdated ---------------------------
     async def _start_builds(self, conn: Connection) -> None:
-        rows = await checkpoints.read_rows(conn, self._names)
-        stale = [p for p in self._projections if rows[p.name].version != p.version]
-        if stale and (self._build_task is None or self._build_task.done()):
-            self._building = {p.name for p in stale}
-            self._build_task = asyncio.create_task(self._build(stale))
+        """Build the projections whose tables are missing or not of this code's version."""
+        self._start_build(await self._outdated(conn, set(self._names)))
 
     async def _rebuilt_elsewhere(self, conn: Connection, names: set[str]) -> None:
         """Projections whose tables another release swapped in while this one leads (`suzumio
         projections rebuild` of another version): this code cannot apply to them, and, left
         serving, they held every read-your-writes wait at their checkpoint for good. They
-        stop serving and are built again, to this code's version."""
+        stop serving and are built again, to this code's version (one of a later release only
+        once that release is gone: `_outdated`)."""
         if not names:
             return
         log.warning("projector.rebuilt_elsewhere", projections=sorted(names))
         await checkpoints.mark_serving(conn, self._projections)
+        self._start_build(await self._outdated(conn, names))
+
+    async def _outdated(self, conn: Connection, names: set[str]) -> list[Projection]:
+        """Of the named projections, those to build to this code's version: missing, of an
+        earlier version, or of a later release no projector of which has been seen for
+        `LATER_RELEASE_SECONDS` (rolled back). One of a later release still around is left to
+        it, not serving (`_deferred`): built down here while that release runs, mid-upgrade, the
+        two undid each other's work whenever the lead changed hands."""
         rows = await checkpoints.read_rows(conn, sorted(names))
-        # Only an older version is built again: one of a newer release is left alone, not
-        # serving, for that release to lead on (built back here, the two would take turns
-        # undoing each other's work while both run, mid-upgrade).
-        older = [
-            p for p in self._projections if p.name in names and rows[p.name].version < p.version
-        ]
-        self._newer |= {p.name for p in self._projections if p.name in names} - {
-            p.name for p in older
-        }
-        if older and (self._build_task is None or self._build_task.done()):
-            self._building = {p.name for p in older}
-            self._build_task = asyncio.create_task(self._build(older))
+        mine = [p for p in self._projections if p.name in rows]
+        later = {p.name for p in mine if rows[p.name].version > p.version}
+        around = await checkpoints.versions_around(conn, sorted(later), LATER_RELEASE_SECONDS)
+        left = {n for n in later if around.get(n, checkpoints.NOT_BUILT) >= rows[n].version}
+        if fresh := left - self._deferred:
+            log.warning("projector.left_to_a_later_release", projections=sorted(fresh))
+        if gone := later - left:
+            log.warning("projector.later_release_gone", projections=sorted(gone))
+        self._deferred = (self._deferred - names) | left
+        return [p for p in mine if rows[p.name].version != p.version and p.name not in left]
+
+    def _start_build(self, projections: list[Projection]) -> None:
+        """Build `projections` aside; while a build runs, they wait (`_deferred`) to be looked
+        at again (`_look_again`)."""
+        if not projections:
+            return
+        if self._build_task is not None and not self._build_task.done():
+            self._deferred |= {p.name for p in projections}
+            return
+        self._building = {p.name for p in projections}
+        self._deferred -= self._building
+        self._build_task = asyncio.create_task(self._build(projections))
+
+    async def _look_again(self, conn: Connection) -> None:
+        """Now and then, while outdated projections wait: build those whose later release is
+        gone (rolled back), or that waited for a build that has ended."""
+        now = time.monotonic()
+        if not self._deferred or now < self._looked_at + LATER_RELEASE_CHECK_SECONDS:
+            return
+        self._looked_at = now
+        self._start_build(await self._outdated(conn, set(self._deferred)))
 
     async def _build(self, projections: list[Projection]) -> None:
         """Build outdated projections from the log, aside, while the others keep going."""
@@ -230,7 +266,8 @@ class Projector:
             except RebuildInProgressError:
                 await asyncio.sleep(2.0)  # someone else rebuilds; their swap enables it
                 rows = await self._read_rows()
-                projections = [p for p in projections if rows[p.name].version != p.version]
+                # A later release's swap is left to it (`_rebuilt_elsewhere` marks it so).
+                projections = [p for p in projections if rows[p.name].version < p.version]
                 if not projections:
                     return
                 continue
@@ -250,7 +287,7 @@ class Projector:
     # -- the consume loop ------------------------------------------------------------------
     async def _consume(self, conn: Connection, stop: asyncio.Event) -> None:
         self._held.clear()  # from the lowest checkpoint, each one meets its event again
-        self._newer.clear()
+        self._deferred.clear()
         await self._start_builds(conn)
         await self._ensure_consumer()
         await self._check_log_holds_checkpoints(conn)
@@ -259,6 +296,7 @@ class Projector:
         size = FetchSize(self._batch)
         try:
             while not stop.is_set():
+                await self._look_again(conn)
                 try:
                     msgs = await psub.fetch(size.next, timeout=1.0)
                 except TimeoutError:
@@ -371,7 +409,7 @@ class Projector:
         async with conn.transaction():
             rows = await checkpoints.lock_rows(conn, self._names)
             outdated = {p.name for p in self._projections if rows[p.name].version != p.version}
-            foreign = outdated - self._building - self._newer  # swapped in elsewhere
+            foreign = outdated - self._building - self._deferred  # swapped in elsewhere
             moves: dict[str, int] = {}
             for p in self._projections:
                 row = rows[p.name]
