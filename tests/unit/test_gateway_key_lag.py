@@ -43,6 +43,9 @@ class Positions:
     async def wait_for(self, position: int, timeout: float, projection: str) -> bool:  # noqa: ARG002
         return self.value >= position
 
+    def serving(self, projection: str) -> bool:  # noqa: ARG002
+        return True
+
 
 async def test_a_key_stored_during_its_lookup_is_found_not_refused(
     monkeypatch: pytest.MonkeyPatch,

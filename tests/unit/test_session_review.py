@@ -23,6 +23,7 @@ from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ApiKeyCreated,
+    ApiKeyRevoked,
     MountGranted,
     MountRevoked,
     ProjectCreated,
@@ -216,3 +217,17 @@ def test_a_revoked_grants_id_cannot_grant_again() -> None:
         project.grant_mount(state, grant, "/srv/data")
     again = grant.model_copy(update={"grant_id": "h" * 26})  # a new grant of the same directory
     assert isinstance(project.grant_mount(state, again, "/srv/data")[0], MountGranted)
+
+
+def test_a_key_is_usable_only_when_the_users_own_and_neither_revoked_nor_expired() -> None:
+    """What the gateway asks the log while the keys' read model is frozen (`check_api_key`)."""
+    now = datetime.now(UTC)
+    state = UserState("u")
+    state.fold(UserCreated(name="u"), 1, 1)
+    state.fold(ApiKeyCreated(key_id="active01", digest="0" * 64), 2, 2)
+    state.fold(ApiKeyCreated(key_id="revoked1", digest="0" * 64), 3, 3)
+    state.fold(ApiKeyRevoked(key_id="revoked1"), 4, 4)
+    past = now - timedelta(seconds=1)
+    state.fold(ApiKeyCreated(key_id="expired1", digest="0" * 64, expires_at=past), 5, 5)
+    usable = {k: user.usable(state, k, now) for k in ("active01", "revoked1", "expired1", "nokey1")}
+    assert usable == {"active01": True, "revoked1": False, "expired1": False, "nokey1": False}

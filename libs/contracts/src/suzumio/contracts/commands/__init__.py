@@ -45,6 +45,7 @@ from suzumio.contracts.commands.sessions import (
 )
 from suzumio.contracts.commands.users import (
     BootstrapAdmin,
+    CheckApiKey,
     CreateApiKey,
     CreateUser,
     RevokeApiKey,
@@ -57,6 +58,7 @@ __all__ = [
     "BootstrapAdmin",
     "CancelActivation",
     "ChangeProjectLimits",
+    "CheckApiKey",
     "CloseSession",
     "Command",
     "CommandAccepted",

@@ -47,3 +47,13 @@ class CreateApiKey(Command):
 class RevokeApiKey(Command):
     user_id: Identifier
     key_id: KeyId
+
+
+@command("session", "check_api_key")
+class CheckApiKey(Command):
+    """Whether a key is usable now, as the log has it (a read; only the platform asks): the
+    gateway asks while the keys' read model is being rebuilt, whose frozen tables still show
+    a key revoked since as usable. Answered with `result = {"usable": bool, "admin": bool}`."""
+
+    user_id: Identifier
+    key_id: KeyId

@@ -30,6 +30,7 @@ class PositionWatcher:
         self._dsn = dsn
         self._position = Position()
         self._named: dict[str, Position] = {}  # each serving projection's own
+        self._serving: frozenset[str] = frozenset()  # the projections serving, last read
         self._conn: Connection | None = None
         self._query = asyncio.Lock()  # one query at a time on the listening connection
         self._dirty = False
@@ -70,6 +71,7 @@ class PositionWatcher:
                 if self._conn is None or self._conn.is_closed():
                     return
                 rows = await self._conn.fetch(POSITIONS)
+                self._serving = frozenset(str(row["name"]) for row in rows)
                 for row in rows:
                     named = self._named.setdefault(str(row["name"]), Position())
                     if int(row["position"]) != named.value:
@@ -87,6 +89,12 @@ class PositionWatcher:
         """The position the read model `projection` reflects (0: not known to be serving)."""
         named = self._named.get(projection)
         return named.value if named is not None else 0
+
+    def serving(self, projection: str) -> bool:
+        """Whether the read model `projection` was maintained when last read. One that is not
+        (rebuilt for a new version, left to another release) has frozen tables: what they
+        show may have changed since in the log."""
+        return projection in self._serving
 
     async def wait_for(self, position: int, timeout: float, projection: str | None = None) -> bool:
         """True once every read model (or `projection` alone) reflects `position`; False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -34,6 +35,10 @@ class _Entry:
 
 
 KEYS_PROJECTION = "users"  # the read model the keys are read from (`proj_users`)
+MAX_CACHED = 50_000
+
+# Whether a key is usable, and its user an admin, as the log has it now.
+Check = Callable[["Principal"], Awaitable[tuple[bool, bool]]]
 
 
 class KeyCache:
@@ -42,6 +47,7 @@ class KeyCache:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._entries: dict[str, _Entry] = {}
+        self._checked: dict[str, tuple[bool, bool, float]] = {}  # key id → `Check`'s, when
 
     async def _fetch(self, key_id: str) -> _Entry | None:
         row = await self._pool.fetchrow(
@@ -61,7 +67,7 @@ class KeyCache:
             time.monotonic(),
         )
         self._entries[key_id] = entry
-        if len(self._entries) > 50_000:
+        if len(self._entries) > MAX_CACHED:
             self._entries.clear()
         return entry
 
@@ -79,5 +85,22 @@ class KeyCache:
             return None
         return Principal(entry.user_id, entry.admin, key_id)
 
+    async def as_the_log_has_it(
+        self, principal: Principal, check: Check, *, refresh: bool = False
+    ) -> Principal | None:
+        """`principal` (found in the read model) as the log has it now, for while the read
+        model is frozen (being rebuilt): its tables still show a key revoked since as usable.
+        Cached as the read model's answers are, so a revocation takes as long either way."""
+        hit = self._checked.get(principal.key_id)
+        if refresh or hit is None or time.monotonic() - hit[2] > CACHE_SECONDS:
+            usable, admin = await check(principal)
+            hit = (usable, admin, time.monotonic())
+            self._checked[principal.key_id] = hit
+            if len(self._checked) > MAX_CACHED:
+                self._checked.clear()
+        usable, admin, _ = hit
+        return Principal(principal.user_id, admin, principal.key_id) if usable else None
+
     def forget(self, key_id: str) -> None:
         self._entries.pop(key_id, None)
+        self._checked.pop(key_id, None)

@@ -8,6 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from suzumio.contracts.commands import CheckApiKey
+from suzumio.contracts.errors import CommandTimeoutError, UnavailableError
 from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.values import Role
 from suzumio.gateway.api.auth import KEYS_PROJECTION, Principal
@@ -16,6 +18,7 @@ from suzumio.gateway.state import Gateway
 from suzumio.platform import apikeys
 from suzumio.platform.bus.jsapi import stream_last_seq
 
+GATEWAY_ACTOR = "system:gateway"  # who asks the session service about a key
 POSITION_HEADER = "Suzumio-Position"
 MIN_POSITION_HEADER = "Suzumio-Min-Position"
 
@@ -60,9 +63,40 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
                 "the API keys' read model is catching up; try again",
                 headers={"Retry-After": "1"},
             )
+    if principal is not None:
+        principal = await _as_the_log_has_it(gw, principal)
     if principal is None:
         raise ApiError(401, "the API key is not valid", headers={"WWW-Authenticate": "Bearer"})
     return principal
+
+
+async def _as_the_log_has_it(
+    gw: Gateway, principal: Principal, *, refresh: bool = False
+) -> Principal | None:
+    """`principal` as it stands: while the keys' read model is not serving (rebuilt for a new
+    version, or left to another release mid-upgrade), its frozen tables still show a key
+    revoked since as usable — the key is then checked against the log, by the service that
+    owns users."""
+    if gw.positions.serving(KEYS_PROJECTION):
+        return principal
+
+    async def check(p: Principal) -> tuple[bool, bool]:
+        try:
+            reply = await gw.commands.send(
+                CheckApiKey(user_id=p.user_id, key_id=p.key_id),
+                actor=GATEWAY_ACTOR,
+                timeout=gw.settings.command_timeout,
+            )
+        except (UnavailableError, CommandTimeoutError) as exc:
+            raise ApiError(
+                503,
+                "the API keys' read model is being rebuilt, and the key could not be checked"
+                " against the log; try again",
+                headers={"Retry-After": "1"},
+            ) from exc
+        return reply.result.get("usable") is True, reply.result.get("admin") is True
+
+    return await gw.keys.as_the_log_has_it(principal, check, refresh=refresh)
 
 
 def presented_key(headers: Mapping[str, str], access_token: str | None = None) -> str | None:
@@ -77,6 +111,8 @@ async def still_allowed(gw: Gateway, key: str | None) -> Principal:
     """The key's principal, checked against the read model now (not the cache): for
     long-lived connections that must end when the key is revoked."""
     principal = await gw.keys.principal(key, refresh=True) if key else None
+    if principal is not None:
+        principal = await _as_the_log_has_it(gw, principal, refresh=True)
     if principal is None:
         raise ApiError(401, "the API key is no longer valid")
     return principal

@@ -73,6 +73,12 @@ def create_key(state: UserState, cmd: CreateApiKey, now: datetime) -> list[Domai
     ]
 
 
+def usable(state: UserState, key_id: str, now: datetime) -> bool:
+    """Whether the key opens the API now: the user's, not revoked, not expired."""
+    key = state.keys.get(key_id)
+    return key is not None and not key.revoked and not _expired(key, now)
+
+
 def _expired(key: Key, now: datetime) -> bool:
     at = key.expires_at
     if at is None:

@@ -23,6 +23,7 @@ def build_router(context: Context) -> CommandRouter:
         (c.CreateUser, users.create_user),
         (c.CreateApiKey, users.create_api_key),
         (c.RevokeApiKey, users.revoke_api_key),
+        (c.CheckApiKey, users.check_api_key),
         (c.CreateProject, projects.create_project),
         (c.RenameProject, projects.rename_project),
         (c.ChangeProjectLimits, projects.change_limits),

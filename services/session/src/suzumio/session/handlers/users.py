@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from suzumio.contracts.commands import (
     BootstrapAdmin,
+    CheckApiKey,
     CommandAccepted,
     CreateApiKey,
     CreateUser,
@@ -61,3 +62,11 @@ class UserHandlers(HandlerGroup):
             UserState, cmd.user_id, lambda s: user.revoke_key(s, cmd), ctx.meta()
         )
         return accepted(result, key_id=cmd.key_id)
+
+    async def check_api_key(self, ctx: CommandContext[CheckApiKey]) -> CommandAccepted:
+        if Actor.parse(ctx.actor).kind != "system":
+            raise ForbiddenError("only the platform checks a key against the log")
+        cmd = ctx.command
+        state = await self.repo.get(UserState, cmd.user_id)
+        ok = state.exists and user.usable(state, cmd.key_id, self.c.clock())
+        return CommandAccepted(result={"usable": ok, "admin": ok and state.admin})
