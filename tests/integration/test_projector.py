@@ -8,6 +8,7 @@ import json
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -591,6 +592,26 @@ async def test_a_reader_of_the_live_tables_does_not_hold_a_rebuilds_swap(
         await reader.close()
     await rebuild(nc, database_url, topology, [ProjectsProjection()])
     assert await pool.fetchval("SELECT to_regnamespace('proj_projects__old')") is None
+
+
+async def test_a_failure_to_drop_the_old_tables_after_a_swap_is_logged_not_raised(
+    database_url: str,
+) -> None:
+    """The swap has committed when the old tables go: a failure there (here a connection
+    whose transaction failed) must not make the rebuild look failed, or its caller replays
+    the whole log again for nothing."""
+    conn = await db.connect(database_url, "suzumio-test-drop-old")
+    try:
+        failed = conn.transaction()
+        await failed.start()
+        with pytest.raises(asyncpg.DataError):
+            await conn.execute("SELECT 1 / 0")
+        with capture_logs() as logs:
+            await rebuild_module._drop_old(conn, [ProjectsProjection()])
+        await failed.rollback()
+    finally:
+        await conn.close()
+    assert [e["event"] for e in logs] == ["projections.old_tables_drop_failed"]
 
 
 async def test_the_projector_takes_a_batch_only_in_the_logs_order(

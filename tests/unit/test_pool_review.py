@@ -121,3 +121,29 @@ async def test_a_resident_runners_lines_end_only_its_own_activations() -> None:
         other.close()
         for fd in (requests_r, replies_w, other_r, other_replies_w):
             os.close(fd)
+
+
+async def test_a_bind_under_way_when_the_worker_stops_does_not_take_routed_dispatches_again(
+    tmp_path: Path,
+) -> None:
+    """The stop says at once that routed dispatches are no longer taken here; a bind of the
+    worker's own consumer that finished after it said otherwise in the drain's beats, and an
+    orchestrator routed warm sessions' next dispatches to a worker on its way out."""
+    created = worker(tmp_path, [])
+    stop = asyncio.Event()
+    created._stop = stop
+
+    stops = [True, False]
+
+    async def bind() -> object:
+        if stops.pop(0):
+            stop.set()  # the stop comes while the bind is under way
+        return object()
+
+    created._bind_own = bind  # type: ignore[method-assign]
+    assert await created._bind_own_or_note() is not None
+    assert created._own_bound is False
+
+    stop.clear()  # not stopping: a bind does say so
+    assert await created._bind_own_or_note() is not None
+    assert created._own_bound is True
