@@ -140,7 +140,7 @@ async def test_a_bind_under_way_when_the_worker_stops_does_not_take_routed_dispa
             stop.set()  # the stop comes while the bind is under way
         return object()
 
-    created._bind_own = bind  # type: ignore[method-assign]
+    created._bind_own = bind  # type: ignore[method-assign,assignment]
     assert await created._bind_own_or_note() is not None
     assert created._own_bound is False
 
