@@ -36,8 +36,9 @@ async def _freeze_the_keys_read_model(stack: Stack) -> None:
             "UPDATE suzumio.projection_checkpoints SET version = version + 1, serving = false"
             " WHERE name = 'users' RETURNING version"
         )
-        await conn.execute(
-            "INSERT INTO suzumio.projector_presence (name, version) VALUES ('users', $1)",
+        await conn.execute(  # around for as long as the test runs
+            "INSERT INTO suzumio.projector_presence (name, version, seen_at)"
+            " VALUES ('users', $1, now() + interval '1 hour')",
             version,
         )
         await conn.execute("SELECT pg_notify($1, '0')", CHANNEL)  # the gateway reads it now

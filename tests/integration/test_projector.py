@@ -479,6 +479,30 @@ async def test_an_earlier_release_leaves_a_later_ones_projection_to_it_until_tha
     await assert_equal_to_rebuild(nc, database_url, topology, [ProjectsProjection()])
 
 
+async def test_a_projector_says_it_is_around_while_it_leads_too(
+    nc: NATS,
+    store: EventStore,
+    pool: Pool,
+    database_url: str,
+    topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A later release is most of the time the leader: said only while standing by, its
+    presence aged while it led, and an earlier release that took the lead after it (a
+    restart, a Postgres blip) took it for gone and built its projections down."""
+    monkeypatch.setattr(projector_module, "ANNOUNCE_SECONDS", 0.2)
+    seen = "SELECT seen_at FROM suzumio.projector_presence WHERE name = 'projects' AND version = $1"
+    async with running_projector(nc, database_url, topology, store, [ProjectsV2()]) as projector:
+        await caught_up(nc, pool, topology, [ProjectsV2()])
+        assert projector.leading
+        first = await pool.fetchval(seen, ProjectsV2.version)
+        await eventually(
+            lambda: pool.fetchval(seen, ProjectsV2.version),
+            lambda at: at is not None and first is not None and at > first,
+            what="presence said again while leading",
+        )
+
+
 async def test_a_projection_of_a_later_release_rolled_back_is_built_down_at_the_lead(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:

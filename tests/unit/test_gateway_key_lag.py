@@ -46,6 +46,9 @@ class Positions:
     def serving(self, projection: str) -> bool:  # noqa: ARG002
         return True
 
+    def frozen(self, projection: str) -> bool:  # noqa: ARG002
+        return False
+
 
 async def test_a_key_stored_during_its_lookup_is_found_not_refused(
     monkeypatch: pytest.MonkeyPatch,

@@ -30,7 +30,7 @@ class PositionWatcher:
         self._dsn = dsn
         self._position = Position()
         self._named: dict[str, Position] = {}  # each serving projection's own
-        self._serving: frozenset[str] = frozenset()  # the projections serving, last read
+        self._serving: frozenset[str] | None = None  # the projections serving, last read
         self._conn: Connection | None = None
         self._query = asyncio.Lock()  # one query at a time on the listening connection
         self._dirty = False
@@ -91,10 +91,15 @@ class PositionWatcher:
         return named.value if named is not None else 0
 
     def serving(self, projection: str) -> bool:
-        """Whether the read model `projection` was maintained when last read. One that is not
-        (rebuilt for a new version, left to another release) has frozen tables: what they
-        show may have changed since in the log."""
-        return projection in self._serving
+        """Whether the read model `projection` was maintained when last read (False before
+        the first read). One that is not (rebuilt for a new version, left to another release)
+        has frozen tables: what they show may have changed since in the log."""
+        return self._serving is not None and projection in self._serving
+
+    def frozen(self, projection: str) -> bool:
+        """Whether the read model `projection` is known not to be maintained (read, and not
+        serving): waiting for it to reach a position would be in vain."""
+        return self._serving is not None and projection not in self._serving
 
     async def wait_for(self, position: int, timeout: float, projection: str | None = None) -> bool:
         """True once every read model (or `projection` alone) reflects `position`; False

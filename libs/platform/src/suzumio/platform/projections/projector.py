@@ -51,10 +51,12 @@ log = get_logger(__name__)
 
 LOG_BEHIND_RETRY_SECONDS = 30.0  # how often a log behind the read models is looked at again
 # A projection a later release built is left to it while a projector of that release was seen
-# this recently (each one says so before each try at the lead, every 2 s); after that, the
-# release is taken for rolled back, and the projection is built down to this code's version.
-LATER_RELEASE_SECONDS = 30.0
+# this recently (each one says so every ANNOUNCE_SECONDS as long as it runs, leading or not);
+# after that, the release is taken for rolled back, and the projection is built down to this
+# code's version. Long enough to ride out a later release's restarts mid-upgrade.
+LATER_RELEASE_SECONDS = 120.0
 LATER_RELEASE_CHECK_SECONDS = 10.0  # how often a leader looks whether that release is gone
+ANNOUNCE_SECONDS = 5.0
 
 _applied = telemetry.meter.create_counter(
     "suzumio_projector_events", description="log entries the projector went through"
@@ -140,6 +142,36 @@ class Projector:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead (or stand by) until `stop` is set, surviving NATS and Postgres outages."""
+        announcing = asyncio.create_task(self._announce(stop))
+        try:
+            await self._run(stop)
+        finally:
+            announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcing
+
+    async def _announce(self, stop: asyncio.Event) -> None:
+        """Say, as long as this projector runs, which projection versions it builds: an
+        earlier release that comes to lead leaves them to this one meanwhile (`_outdated`)."""
+        conn: Connection | None = None
+        while not stop.is_set():
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await db.connect(self._dsn, f"suzumio-{self._durable}-presence")
+                await checkpoints.announce(conn, self._projections)
+            except Exception as exc:  # tried again: the leading goes on meanwhile
+                log.warning("projector.announce_failed", error=repr(exc))
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                conn = None
+            if await _wait(stop, ANNOUNCE_SECONDS):
+                break
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         delay = 0.5
         while not stop.is_set():
             try:
@@ -165,10 +197,7 @@ class Projector:
         conn = await db.connect(self._dsn, f"suzumio-{self._durable}")
         try:
             lock = "SELECT pg_try_advisory_lock(hashtext('suzumio.projector.' || $1))"
-            while True:
-                await checkpoints.announce(conn, self._projections)
-                if await conn.fetchval(lock, self._durable):
-                    break
+            while not await conn.fetchval(lock, self._durable):
                 if await _wait(stop, 2.0):
                     return
             self.leading = True
@@ -180,6 +209,7 @@ class Projector:
             if self._build_task is not None:
                 self._build_task.cancel()
                 self._build_task = None
+            self._building = set()  # the cancelled build's own end no longer clears it
             with contextlib.suppress(Exception):
                 await conn.close()
 
@@ -237,6 +267,9 @@ class Projector:
         if not self._deferred or now < self._looked_at + LATER_RELEASE_CHECK_SECONDS:
             return
         self._looked_at = now
+        # Another release may have swapped one of them in meanwhile (`suzumio projections
+        # rebuild`), which marked it serving: not advanced here, it must not say so.
+        await checkpoints.mark_serving(conn, self._projections)
         self._start_build(await self._outdated(conn, set(self._deferred)))
 
     async def _build(self, projections: list[Projection]) -> None:
@@ -266,7 +299,10 @@ class Projector:
             except RebuildInProgressError:
                 await asyncio.sleep(2.0)  # someone else rebuilds; their swap enables it
                 rows = await self._read_rows()
-                # A later release's swap is left to it (`_rebuilt_elsewhere` marks it so).
+                # One of a later release (swapped in meanwhile, or one this build was to build
+                # down) is looked at again (`_look_again`): left to that release while it is
+                # around, built down after.
+                self._deferred |= {p.name for p in projections if rows[p.name].version > p.version}
                 projections = [p for p in projections if rows[p.name].version < p.version]
                 if not projections:
                     return

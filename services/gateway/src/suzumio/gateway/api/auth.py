@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ class KeyCache:
         self._pool = pool
         self._entries: dict[str, _Entry] = {}
         self._checked: dict[str, tuple[bool, bool, float]] = {}  # key id → `Check`'s, when
+        self._flights: dict[str, asyncio.Future[tuple[bool, bool, float]]] = {}
+        self._generations: dict[str, int] = {}  # key id → how often forgotten
 
     async def _fetch(self, key_id: str) -> _Entry | None:
         row = await self._pool.fetchrow(
@@ -90,17 +93,45 @@ class KeyCache:
     ) -> Principal | None:
         """`principal` (found in the read model) as the log has it now, for while the read
         model is frozen (being rebuilt): its tables still show a key revoked since as usable.
-        Cached as the read model's answers are, so a revocation takes as long either way."""
-        hit = self._checked.get(principal.key_id)
+        Cached as the read model's answers are, so a revocation takes as long either way; one
+        check at a time per key (the requests that come meanwhile wait for it, `refresh` ones
+        too: it began at most one check's time ago)."""
+        key_id = principal.key_id
+        hit = self._checked.get(key_id)
         if refresh or hit is None or time.monotonic() - hit[2] > CACHE_SECONDS:
-            usable, admin = await check(principal)
-            hit = (usable, admin, time.monotonic())
+            flight = self._flights.get(key_id)
+            if flight is None:
+                generation = self._generations.get(key_id, 0)  # now, not when it starts
+                flight = asyncio.ensure_future(self._check(principal, check, generation))
+                self._flights[key_id] = flight
+                flight.add_done_callback(lambda done: self._landed(key_id, done))
+            hit = await asyncio.shield(flight)
+        usable, admin, _ = hit
+        return Principal(principal.user_id, admin, key_id) if usable else None
+
+    async def _check(
+        self, principal: Principal, check: Check, generation: int
+    ) -> tuple[bool, bool, float]:
+        usable, admin = await check(principal)
+        hit = (usable, admin, time.monotonic())
+        # Kept only if the key was not forgotten meanwhile (revoked here): an answer begun
+        # before the revocation would keep it working for the cache's time.
+        if self._generations.get(principal.key_id, 0) == generation:
             self._checked[principal.key_id] = hit
             if len(self._checked) > MAX_CACHED:
                 self._checked.clear()
-        usable, admin, _ = hit
-        return Principal(principal.user_id, admin, principal.key_id) if usable else None
+        return hit
+
+    def _landed(self, key_id: str, flight: asyncio.Future[tuple[bool, bool, float]]) -> None:
+        if self._flights.get(key_id) is flight:
+            del self._flights[key_id]
+        if not flight.cancelled():
+            flight.exception()  # retrieved: each waiter has it raised already
 
     def forget(self, key_id: str) -> None:
         self._entries.pop(key_id, None)
         self._checked.pop(key_id, None)
+        self._flights.pop(key_id, None)  # the next request checks afresh
+        self._generations[key_id] = self._generations.get(key_id, 0) + 1
+        if len(self._generations) > MAX_CACHED:
+            self._generations.clear()

@@ -9,7 +9,7 @@ from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from suzumio.contracts.commands import CheckApiKey
-from suzumio.contracts.errors import CommandTimeoutError, UnavailableError
+from suzumio.contracts.errors import CommandError
 from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.values import Role
 from suzumio.gateway.api.auth import KEYS_PROJECTION, Principal
@@ -19,6 +19,7 @@ from suzumio.platform import apikeys
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 GATEWAY_ACTOR = "system:gateway"  # who asks the session service about a key
+KEY_CHECK_TIMEOUT = 2.0  # a request waits on the check; a 503 says to try again
 POSITION_HEADER = "Suzumio-Position"
 MIN_POSITION_HEADER = "Suzumio-Min-Position"
 
@@ -46,6 +47,15 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
     reflected = gw.positions.position_of(KEYS_PROJECTION)
     principal = await gw.keys.principal(key)
     lagging = principal is None and reflected < (end := await _log_end(gw))
+    if lagging and gw.positions.frozen(KEYS_PROJECTION):
+        # Frozen (rebuilt for a new version): waiting would not bring the key in, and the
+        # key alone does not say whose it is, to ask the log.
+        raise ApiError(
+            503,
+            "the API keys' read model is being rebuilt; a key made meanwhile works once it is"
+            " done — try again",
+            headers={"Retry-After": "5"},
+        )
     if lagging:
         # A key created a moment ago may not be in the read model yet: let it catch up, as
         # long as a client's own writes are waited for (a fresh gateway's projector, on a
@@ -85,9 +95,11 @@ async def _as_the_log_has_it(
             reply = await gw.commands.send(
                 CheckApiKey(user_id=p.user_id, key_id=p.key_id),
                 actor=GATEWAY_ACTOR,
-                timeout=gw.settings.command_timeout,
+                timeout=min(gw.settings.command_timeout, KEY_CHECK_TIMEOUT),
             )
-        except (UnavailableError, CommandTimeoutError) as exc:
+        except CommandError as exc:
+            # Unanswered, or refused by a session service of a release without the command
+            # (mid-upgrade, the only time the check is made): not the caller's fault.
             raise ApiError(
                 503,
                 "the API keys' read model is being rebuilt, and the key could not be checked"
