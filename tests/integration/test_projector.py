@@ -162,9 +162,14 @@ async def test_an_event_of_a_newer_schema_holds_only_the_projection_that_reads_i
     for _ in range(2):  # and again after a restart: it meets the event again, and holds again
         async with running_projector(nc, database_url, topology, store, ALL):
             await caught_up(nc, pool, topology, others)
+            serving = await pool.fetch(
+                "SELECT name, serving FROM suzumio.projection_checkpoints ORDER BY name"
+            )
         names = await pool.fetch("SELECT name FROM proj_projects.projects ORDER BY name")
         assert [r["name"] for r in names] == ["after", "before"]
         assert (await read_all(pool))["tool_calls"].position == held.seq - 1
+        # Not serving while held (its tables no longer follow the log), the others serving.
+        assert {r["name"]: r["serving"] for r in serving} == {p.name: p in others for p in ALL}
 
 
 async def test_unknown_event_type_is_skipped_with_a_warning(

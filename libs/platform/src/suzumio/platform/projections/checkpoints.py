@@ -115,6 +115,15 @@ async def move(conn: Connection, positions: Mapping[str, int], *, announce: int)
     )
 
 
+async def stand_still(conn: Connection, names: Iterable[str]) -> None:
+    """The named projections stop serving (held at an event this code cannot read: their
+    tables no longer follow the log); inside a transaction that locked their rows."""
+    await conn.execute(
+        "UPDATE suzumio.projection_checkpoints SET serving = false WHERE name = ANY($1::text[])",
+        sorted(names),
+    )
+
+
 async def read_all(pool: Pool) -> dict[str, Checkpoint]:
     return _by_name(
         await pool.fetch(

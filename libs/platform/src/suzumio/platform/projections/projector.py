@@ -477,6 +477,11 @@ class Projector:
                     )
                 if end > row.position:
                     moves[p.name] = end
+            if held:
+                # Frozen at the event: left serving, every read-your-writes wait stopped at
+                # its checkpoint, and its readers (the gateway's keys) took its tables for
+                # current. The next leader marks it serving again, and it meets the event anew.
+                await checkpoints.stand_still(conn, held)
             await checkpoints.move(conn, moves, announce=last)
             if parked:
                 # Recorded before the skip commits: a parked event is skipped for good, and
