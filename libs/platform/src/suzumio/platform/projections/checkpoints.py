@@ -100,9 +100,18 @@ def _by_name(rows: list[Any]) -> dict[str, Checkpoint]:
     }
 
 
-async def move(conn: Connection, positions: Mapping[str, int], *, announce: int) -> None:
+async def move(
+    conn: Connection, positions: Mapping[str, int], *, announce: int, held: Iterable[str] = ()
+) -> None:
     """Move the checkpoints and tell watchers (`positions.notify`) that read models reached
-    `announce`, at commit: one statement, one round trip, however many projections move."""
+    `announce`, at commit: one statement, one round trip, however many projections move.
+    `held`: projections that stop serving (held at an event this code cannot read)."""
+    if held:
+        await conn.execute(
+            "UPDATE suzumio.projection_checkpoints SET serving = false"
+            " WHERE name = ANY($1::text[])",
+            sorted(held),
+        )
     await conn.execute(
         "WITH moved AS (UPDATE suzumio.projection_checkpoints AS c"
         " SET position = m.position, updated_at = now()"
@@ -112,15 +121,6 @@ async def move(conn: Connection, positions: Mapping[str, int], *, announce: int)
         list(positions.values()),
         CHANNEL,
         str(announce),
-    )
-
-
-async def stand_still(conn: Connection, names: Iterable[str]) -> None:
-    """The named projections stop serving (held at an event this code cannot read: their
-    tables no longer follow the log); inside a transaction that locked their rows."""
-    await conn.execute(
-        "UPDATE suzumio.projection_checkpoints SET serving = false WHERE name = ANY($1::text[])",
-        sorted(names),
     )
 
 

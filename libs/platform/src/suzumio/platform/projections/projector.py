@@ -477,12 +477,10 @@ class Projector:
                     )
                 if end > row.position:
                     moves[p.name] = end
-            if held:
-                # Frozen at the event: left serving, every read-your-writes wait stopped at
-                # its checkpoint, and its readers (the gateway's keys) took its tables for
-                # current. The next leader marks it serving again, and it meets the event anew.
-                await checkpoints.stand_still(conn, held)
-            await checkpoints.move(conn, moves, announce=last)
+            # A held one stops serving, frozen at the event: left serving, every read-your-
+            # writes wait stopped at its checkpoint, and its readers (the gateway's keys) took
+            # its tables for current. The next leader marks it serving, to meet the event anew.
+            await checkpoints.move(conn, moves, announce=last, held=held)
             if parked:
                 # Recorded before the skip commits: a parked event is skipped for good, and
                 # its record is the only trace of it. A process killed (or NATS lost) after
