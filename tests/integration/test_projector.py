@@ -172,6 +172,42 @@ async def test_an_event_of_a_newer_schema_holds_only_the_projection_that_reads_i
         assert {r["name"]: r["serving"] for r in serving} == {p.name: p in others for p in ALL}
 
 
+async def test_a_held_projection_stays_not_serving_while_the_leader_looks_again(
+    nc: NATS,
+    store: EventStore,
+    pool: Pool,
+    database_url: str,
+    topology: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a projection left to a later release, the leader marks the projections serving
+    every few seconds (what another release swapped in must not say so): that marked the held
+    one serving again, frozen as it was — every read-your-writes wait stopped at it, and its
+    readers took its tables for current."""
+    monkeypatch.setattr(projector_module, "LATER_RELEASE_CHECK_SECONDS", 0.2)
+    async with running_projector(nc, database_url, topology, store, ALL):
+        await caught_up(nc, pool, topology, ALL)
+    [swapped] = await rebuild(nc, database_url, topology, [ProjectsV2()])  # a later release's
+    assert swapped.swapped
+    conn = await db.connect(database_url, "test-later-release")  # its projector stands by
+    try:
+        await checkpoints_module.announce(conn, [ProjectsV2()])
+    finally:
+        await conn.close()
+    await publish_newer_schema_event(nc, topology)  # holds `tool_calls`
+    serving = "SELECT serving FROM suzumio.projection_checkpoints WHERE name = $1"
+    others = [p for p in ALL if p.name not in ("tool_calls", "projects")]
+    async with running_projector(nc, database_url, topology, store, ALL):
+        await caught_up(nc, pool, topology, others)
+        await eventually(
+            lambda: pool.fetchval(serving, "tool_calls"), lambda s: s is False, what="held"
+        )
+        await asyncio.sleep(1.0)  # looked again several times
+        assert await pool.fetchval(serving, "tool_calls") is False
+        assert await pool.fetchval(serving, "projects") is False  # left to the later release
+        assert await pool.fetchval(serving, "sessions") is True
+
+
 async def test_unknown_event_type_is_skipped_with_a_warning(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:
@@ -500,10 +536,14 @@ async def test_a_projector_says_it_is_around_while_it_leads_too(
     async with running_projector(nc, database_url, topology, store, [ProjectsV2()]) as projector:
         await caught_up(nc, pool, topology, [ProjectsV2()])
         assert projector.leading
-        first = await pool.fetchval(seen, ProjectsV2.version)
+        first = await eventually(
+            lambda: pool.fetchval(seen, ProjectsV2.version),
+            lambda at: at is not None,
+            what="presence said",
+        )
         await eventually(
             lambda: pool.fetchval(seen, ProjectsV2.version),
-            lambda at: at is not None and first is not None and at > first,
+            lambda at: at is not None and at > first,
             what="presence said again while leading",
         )
 

@@ -46,8 +46,8 @@ class Positions:
     def serving(self, projection: str) -> bool:  # noqa: ARG002
         return True
 
-    def frozen(self, projection: str) -> bool:  # noqa: ARG002
-        return False
+    async def first_read(self, timeout: float) -> bool:  # noqa: ARG002
+        return True
 
 
 async def test_a_key_stored_during_its_lookup_is_found_not_refused(

@@ -32,7 +32,9 @@ async def ensure_rows(conn: Connection, projections: Iterable[Projection]) -> No
 
 async def mark_serving(conn: Connection, projections: Iterable[Projection]) -> None:
     """Rows of the given projections serve when their tables are of the code's version; every
-    other row (outdated, or of a projection no longer registered) stands still."""
+    other row (outdated, held, or of a projection no longer registered) stands still. Only
+    rows that change are written, and watchers are told (`positions.notify`) when any did:
+    else they saw it at their next poll, seconds on (the gateway trusting frozen keys)."""
     versions = {p.name: p.version for p in projections}
     async with conn.transaction():
         # Locked first in name order, as every locker of these rows does (`lock_rows`): an
@@ -44,13 +46,18 @@ async def mark_serving(conn: Connection, projections: Iterable[Projection]) -> N
         # and a JSON text passed in was encoded again — a string, whose fields were all
         # NULL, so every projection stopped serving whenever a projector began to lead (each
         # restart), and every write's read-your-writes wait ran out (504).
-        await conn.execute(
-            "UPDATE suzumio.projection_checkpoints SET serving = coalesce(version = ("
-            "SELECT w.version FROM unnest($1::text[], $2::int[]) AS w(name, version)"
-            " WHERE w.name = projection_checkpoints.name), false)",
+        changed = await conn.fetch(
+            "WITH wanted AS (SELECT c.name, coalesce(c.version = w.version, false) AS serving"
+            " FROM suzumio.projection_checkpoints c"
+            " LEFT JOIN unnest($1::text[], $2::int[]) AS w(name, version) ON w.name = c.name)"
+            " UPDATE suzumio.projection_checkpoints AS c SET serving = wanted.serving"
+            " FROM wanted WHERE wanted.name = c.name AND c.serving IS DISTINCT FROM wanted.serving"
+            " RETURNING c.name",
             list(versions),
             list(versions.values()),
         )
+        if changed:
+            await conn.execute("SELECT pg_notify($1, '0')", CHANNEL)
 
 
 async def announce(conn: Connection, projections: Iterable[Projection]) -> None:

@@ -31,6 +31,7 @@ class PositionWatcher:
         self._position = Position()
         self._named: dict[str, Position] = {}  # each serving projection's own
         self._serving: frozenset[str] | None = None  # the projections serving, last read
+        self._read = asyncio.Event()  # set at the first read
         self._conn: Connection | None = None
         self._query = asyncio.Lock()  # one query at a time on the listening connection
         self._dirty = False
@@ -72,6 +73,7 @@ class PositionWatcher:
                     return
                 rows = await self._conn.fetch(POSITIONS)
                 self._serving = frozenset(str(row["name"]) for row in rows)
+                self._read.set()
                 for row in rows:
                     named = self._named.setdefault(str(row["name"]), Position())
                     if int(row["position"]) != named.value:
@@ -96,10 +98,13 @@ class PositionWatcher:
         has frozen tables: what they show may have changed since in the log."""
         return self._serving is not None and projection in self._serving
 
-    def frozen(self, projection: str) -> bool:
-        """Whether the read model `projection` is known not to be maintained (read, and not
-        serving): waiting for it to reach a position would be in vain."""
-        return self._serving is not None and projection not in self._serving
+    async def first_read(self, timeout: float) -> bool:
+        """Wait, `timeout` seconds at most, for the first read of the positions (a moment
+        after start); whether it was done."""
+        if self._serving is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._read.wait(), timeout)
+        return self._serving is not None
 
     async def wait_for(self, position: int, timeout: float, projection: str | None = None) -> bool:
         """True once every read model (or `projection` alone) reflects `position`; False

@@ -147,29 +147,30 @@ class Projector:
             await self._run(stop)
         finally:
             announcing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await announcing
+            await asyncio.wait({announcing})  # a cancel of `run` itself still propagates
 
     async def _announce(self, stop: asyncio.Event) -> None:
         """Say, as long as this projector runs, which projection versions it builds: an
         earlier release that comes to lead leaves them to this one meanwhile (`_outdated`)."""
         conn: Connection | None = None
-        while not stop.is_set():
-            try:
-                if conn is None or conn.is_closed():
-                    conn = await db.connect(self._dsn, f"suzumio-{self._durable}-presence")
-                await checkpoints.announce(conn, self._projections)
-            except Exception as exc:  # tried again: the leading goes on meanwhile
-                log.warning("projector.announce_failed", error=repr(exc))
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-                conn = None
-            if await _wait(stop, ANNOUNCE_SECONDS):
-                break
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        try:
+            while not stop.is_set():
+                try:
+                    if conn is None or conn.is_closed():
+                        conn = await db.connect(self._dsn, f"suzumio-{self._durable}-presence")
+                    await checkpoints.announce(conn, self._projections)
+                except Exception as exc:  # tried again: the leading goes on meanwhile
+                    log.warning("projector.announce_failed", error=repr(exc))
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+                if await _wait(stop, ANNOUNCE_SECONDS):
+                    break
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
 
     async def _run(self, stop: asyncio.Event) -> None:
         delay = 0.5
@@ -227,7 +228,7 @@ class Projector:
         if not names:
             return
         log.warning("projector.rebuilt_elsewhere", projections=sorted(names))
-        await checkpoints.mark_serving(conn, self._projections)
+        await self._mark_serving(conn)
         self._start_build(await self._outdated(conn, names))
 
     async def _outdated(self, conn: Connection, names: set[str]) -> list[Projection]:
@@ -260,6 +261,13 @@ class Projector:
         self._deferred -= self._building
         self._build_task = asyncio.create_task(self._build(projections))
 
+    async def _mark_serving(self, conn: Connection) -> None:
+        """Those at this code's version serve, but the held ones (frozen at an event of a
+        newer schema until the next leader meets it again)."""
+        await checkpoints.mark_serving(
+            conn, [p for p in self._projections if p.name not in self._held]
+        )
+
     async def _look_again(self, conn: Connection) -> None:
         """Now and then, while outdated projections wait: build those whose later release is
         gone (rolled back), or that waited for a build that has ended."""
@@ -269,7 +277,7 @@ class Projector:
         self._looked_at = now
         # Another release may have swapped one of them in meanwhile (`suzumio projections
         # rebuild`), which marked it serving: not advanced here, it must not say so.
-        await checkpoints.mark_serving(conn, self._projections)
+        await self._mark_serving(conn)
         self._start_build(await self._outdated(conn, set(self._deferred)))
 
     async def _build(self, projections: list[Projection]) -> None:
@@ -480,7 +488,9 @@ class Projector:
             # A held one stops serving, frozen at the event: left serving, every read-your-
             # writes wait stopped at its checkpoint, and its readers (the gateway's keys) took
             # its tables for current. The next leader marks it serving, to meet the event anew.
-            await checkpoints.move(conn, moves, announce=last, held=held)
+            # Those held before too: a rebuild's swap (which holds there as well) marks
+            # them serving.
+            await checkpoints.move(conn, moves, announce=last, held=held | self._held)
             if parked:
                 # Recorded before the skip commits: a parked event is skipped for good, and
                 # its record is the only trace of it. A process killed (or NATS lost) after

@@ -132,6 +132,7 @@ class KeyCache:
         self._entries.pop(key_id, None)
         self._checked.pop(key_id, None)
         self._flights.pop(key_id, None)  # the next request checks afresh
-        self._generations[key_id] = self._generations.get(key_id, 0) + 1
-        if len(self._generations) > MAX_CACHED:
-            self._generations.clear()
+        generation = self._generations.get(key_id, 0) + 1
+        if len(self._generations) >= MAX_CACHED:
+            self._generations.clear()  # but this key's: a check of it may be in flight
+        self._generations[key_id] = generation

@@ -20,6 +20,7 @@ from suzumio.platform.bus.jsapi import stream_last_seq
 
 GATEWAY_ACTOR = "system:gateway"  # who asks the session service about a key
 KEY_CHECK_TIMEOUT = 2.0  # a request waits on the check; a 503 says to try again
+FIRST_READ_WAIT = 2.0  # for the read models' positions, at start; asked the log after that
 POSITION_HEADER = "Suzumio-Position"
 MIN_POSITION_HEADER = "Suzumio-Min-Position"
 
@@ -47,15 +48,6 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
     reflected = gw.positions.position_of(KEYS_PROJECTION)
     principal = await gw.keys.principal(key)
     lagging = principal is None and reflected < (end := await _log_end(gw))
-    if lagging and gw.positions.frozen(KEYS_PROJECTION):
-        # Frozen (rebuilt for a new version): waiting would not bring the key in, and the
-        # key alone does not say whose it is, to ask the log.
-        raise ApiError(
-            503,
-            "the API keys' read model is being rebuilt; a key made meanwhile works once it is"
-            " done — try again",
-            headers={"Retry-After": "5"},
-        )
     if lagging:
         # A key created a moment ago may not be in the read model yet: let it catch up, as
         # long as a client's own writes are waited for (a fresh gateway's projector, on a
@@ -87,6 +79,9 @@ async def _as_the_log_has_it(
     version, or left to another release mid-upgrade), its frozen tables still show a key
     revoked since as usable — the key is then checked against the log, by the service that
     owns users."""
+    # What the watcher read, once it has (a moment after the gateway starts): before, every
+    # request would ask the log.
+    await gw.positions.first_read(FIRST_READ_WAIT)
     if gw.positions.serving(KEYS_PROJECTION):
         return principal
 
