@@ -428,6 +428,12 @@ async def test_a_rebuild_holds_a_projection_at_an_event_of_a_newer_schema_and_bu
     rows = await read_all(pool)
     assert rows["tool_calls"].position == held.seq - 1
     assert rows["projects"].position >= last.seq
+    serving = await pool.fetch("SELECT name, serving FROM suzumio.projection_checkpoints")
+    # Swapped in frozen at the event: not serving, or it would be taken for current until
+    # the live projector's next batch (none, on an idle log).
+    assert {r["name"]: r["serving"] for r in serving} == {
+        p.name: p.name != "tool_calls" for p in ALL
+    }
     others = [p for p in ALL if p.name != "tool_calls"]
     async with running_projector(nc, database_url, topology, store, ALL):
         await caught_up(nc, pool, topology, others)

@@ -32,7 +32,7 @@ async def ensure_rows(conn: Connection, projections: Iterable[Projection]) -> No
 
 async def mark_serving(conn: Connection, projections: Iterable[Projection]) -> None:
     """Rows of the given projections serve when their tables are of the code's version; every
-    other row (outdated, held, or of a projection no longer registered) stands still. Only
+    other row (outdated, held, or of a projection no longer registered) stops serving. Only
     rows that change are written, and watchers are told (`positions.notify`) when any did:
     else they saw it at their next poll, seconds on (the gateway trusting frozen keys)."""
     versions = {p.name: p.version for p in projections}
@@ -116,7 +116,7 @@ async def move(
     if held:
         await conn.execute(
             "UPDATE suzumio.projection_checkpoints SET serving = false"
-            " WHERE name = ANY($1::text[])",
+            " WHERE name = ANY($1::text[]) AND serving",
             sorted(held),
         )
     await conn.execute(

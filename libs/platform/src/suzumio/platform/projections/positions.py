@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.pool import Connection
@@ -32,6 +33,7 @@ class PositionWatcher:
         self._named: dict[str, Position] = {}  # each serving projection's own
         self._serving: frozenset[str] | None = None  # the projections serving, last read
         self._read = asyncio.Event()  # set at the first read
+        self._made = time.monotonic()
         self._conn: Connection | None = None
         self._query = asyncio.Lock()  # one query at a time on the listening connection
         self._dirty = False
@@ -99,11 +101,13 @@ class PositionWatcher:
         return self._serving is not None and projection in self._serving
 
     async def first_read(self, timeout: float) -> bool:
-        """Wait, `timeout` seconds at most, for the first read of the positions (a moment
-        after start); whether it was done."""
-        if self._serving is None:
+        """Wait for the first read of the positions (a moment after start), until `timeout`
+        seconds after this watcher was made at most — not each caller that long, when the
+        read never comes; whether it was done."""
+        left = self._made + timeout - time.monotonic()
+        if self._serving is None and left > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._read.wait(), timeout)
+                await asyncio.wait_for(self._read.wait(), left)
         return self._serving is not None
 
     async def wait_for(self, position: int, timeout: float, projection: str | None = None) -> bool:

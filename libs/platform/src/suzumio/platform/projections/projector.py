@@ -169,8 +169,7 @@ class Projector:
                     break
         finally:
             if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
+                conn.terminate()  # not `close`: it waits on a cancelled query, unbounded
 
     async def _run(self, stop: asyncio.Event) -> None:
         delay = 0.5

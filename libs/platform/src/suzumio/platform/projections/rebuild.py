@@ -128,7 +128,13 @@ async def rebuild(
                     if record_parked is not None and replay.parked:
                         await record_parked(replay.parked)
                     for p in projections:
-                        await _swap_in(conn, p, targets[p.name], replay.position_of(p.name))
+                        await _swap_in(
+                            conn,
+                            p,
+                            targets[p.name],
+                            replay.position_of(p.name),
+                            serving=p.name not in replay.held,
+                        )
                     await notify(conn, replay.position)
                 except BaseException:
                     # Dropped, not rolled back: the server rolls back what a lost connection
@@ -175,7 +181,11 @@ async def _lock(conn: Connection, names: list[str]) -> None:
             raise RebuildInProgressError(f"a rebuild of {name} is already running")
 
 
-async def _swap_in(conn: Connection, projection: Projection, staging: str, position: int) -> None:
+async def _swap_in(
+    conn: Connection, projection: Projection, staging: str, position: int, *, serving: bool
+) -> None:
+    """`serving`: False for one held at an event of a newer schema (frozen there, as the live
+    projector leaves one it holds)."""
     live = live_schema(projection.name)
     old = f"{live}__old"
     await conn.execute(f'DROP SCHEMA IF EXISTS "{old}" CASCADE')
@@ -187,12 +197,13 @@ async def _swap_in(conn: Connection, projection: Projection, staging: str, posit
     await conn.execute(f'ALTER SCHEMA "{staging}" RENAME TO "{live}"')
     await conn.execute(
         "UPDATE suzumio.projection_checkpoints SET position = $2, version = $3,"
-        " schema_name = $4, serving = true, rebuilt_at = now(), updated_at = now()"
+        " schema_name = $4, serving = $5, rebuilt_at = now(), updated_at = now()"
         " WHERE name = $1",
         projection.name,
         position,
         projection.version,
         live,
+        serving,
     )
 
 

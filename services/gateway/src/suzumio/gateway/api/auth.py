@@ -51,6 +51,7 @@ class KeyCache:
         self._checked: dict[str, tuple[bool, bool, float]] = {}  # key id → `Check`'s, when
         self._flights: dict[str, asyncio.Future[tuple[bool, bool, float]]] = {}
         self._generations: dict[str, int] = {}  # key id → how often forgotten
+        self._epoch = 0  # how often `_generations` was cleared
 
     async def _fetch(self, key_id: str) -> _Entry | None:
         row = await self._pool.fetchrow(
@@ -101,7 +102,7 @@ class KeyCache:
         if refresh or hit is None or time.monotonic() - hit[2] > CACHE_SECONDS:
             flight = self._flights.get(key_id)
             if flight is None:
-                generation = self._generations.get(key_id, 0)  # now, not when it starts
+                generation = self._generation(key_id)  # now, not when it starts
                 flight = asyncio.ensure_future(self._check(principal, check, generation))
                 self._flights[key_id] = flight
                 flight.add_done_callback(lambda done: self._landed(key_id, done))
@@ -109,14 +110,17 @@ class KeyCache:
         usable, admin, _ = hit
         return Principal(principal.user_id, admin, key_id) if usable else None
 
+    def _generation(self, key_id: str) -> tuple[int, int]:
+        return self._epoch, self._generations.get(key_id, 0)
+
     async def _check(
-        self, principal: Principal, check: Check, generation: int
+        self, principal: Principal, check: Check, generation: tuple[int, int]
     ) -> tuple[bool, bool, float]:
         usable, admin = await check(principal)
         hit = (usable, admin, time.monotonic())
         # Kept only if the key was not forgotten meanwhile (revoked here): an answer begun
         # before the revocation would keep it working for the cache's time.
-        if self._generations.get(principal.key_id, 0) == generation:
+        if self._generation(principal.key_id) == generation:
             self._checked[principal.key_id] = hit
             if len(self._checked) > MAX_CACHED:
                 self._checked.clear()
@@ -132,7 +136,8 @@ class KeyCache:
         self._entries.pop(key_id, None)
         self._checked.pop(key_id, None)
         self._flights.pop(key_id, None)  # the next request checks afresh
-        generation = self._generations.get(key_id, 0) + 1
-        if len(self._generations) >= MAX_CACHED:
-            self._generations.clear()  # but this key's: a check of it may be in flight
-        self._generations[key_id] = generation
+        self._generations[key_id] = self._generations.get(key_id, 0) + 1
+        if len(self._generations) > MAX_CACHED:
+            # A new epoch: no check in flight (begun in the last one) is kept.
+            self._generations.clear()
+            self._epoch += 1
