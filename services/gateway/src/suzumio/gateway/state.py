@@ -9,7 +9,9 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from suzumio.contracts.subjects import Topology
-from suzumio.gateway.api.auth import KeyCache
+from suzumio.contracts.values import Role
+from suzumio.gateway.api.auth import CACHE_SECONDS, KeyCache
+from suzumio.gateway.api.log_checks import LogChecks
 from suzumio.gateway.livehub import LiveHub
 from suzumio.gateway.settings import GatewaySettings
 from suzumio.platform.bus.commands import CommandClient
@@ -36,3 +38,7 @@ class Gateway:
     live: LiveHub
     # Streams open on this replica, by user: `SUZUMIO_STREAM_MAX_PER_USER` at most each.
     open_streams: Shares = field(default_factory=Shares)
+    # (project, user) → role, as the log has it, while the projects' read model is frozen.
+    roles: LogChecks[tuple[str, str], Role | None] = field(
+        default_factory=lambda: LogChecks(CACHE_SECONDS)
+    )

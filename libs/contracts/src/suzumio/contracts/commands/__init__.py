@@ -19,6 +19,7 @@ from suzumio.contracts.commands.pending_actions import (
 )
 from suzumio.contracts.commands.projects import (
     ChangeProjectLimits,
+    CheckProjectRole,
     CreateProject,
     GrantMount,
     RemoveMember,
@@ -59,6 +60,7 @@ __all__ = [
     "CancelActivation",
     "ChangeProjectLimits",
     "CheckApiKey",
+    "CheckProjectRole",
     "CloseSession",
     "Command",
     "CommandAccepted",

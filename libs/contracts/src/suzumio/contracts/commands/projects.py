@@ -53,6 +53,16 @@ class RemoveMember(Command):
     user_id: Identifier
 
 
+@command("session", "check_project_role")
+class CheckProjectRole(Command):
+    """A user's role in a project as the log has it now (a read; only the platform asks): the
+    gateway asks while the projects' read model is frozen, whose tables still show a member
+    removed since. Answered with `result = {"role": <role> | null}`."""
+
+    project_id: Identifier
+    user_id: Identifier
+
+
 @command("session", "set_runtime_profile")
 class SetRuntimeProfile(Command):
     project_id: Identifier

@@ -162,8 +162,7 @@ class Projector:
                 except Exception as exc:  # tried again: the leading goes on meanwhile
                     log.warning("projector.announce_failed", error=repr(exc))
                     if conn is not None:
-                        with contextlib.suppress(Exception):
-                            await conn.close()
+                        conn.terminate()  # a close could wait on a dead network
                     conn = None
                 if await _wait(stop, ANNOUNCE_SECONDS):
                     break

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from suzumio.gateway.api.log_checks import LogChecks
 from suzumio.platform import apikeys
 from suzumio.platform.db.pool import Pool
 
@@ -48,10 +48,7 @@ class KeyCache:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
         self._entries: dict[str, _Entry] = {}
-        self._checked: dict[str, tuple[bool, bool, float]] = {}  # key id → `Check`'s, when
-        self._flights: dict[str, asyncio.Future[tuple[bool, bool, float]]] = {}
-        self._generations: dict[str, int] = {}  # key id → how often forgotten
-        self._epoch = 0  # how often `_generations` was cleared
+        self._checks: LogChecks[str, tuple[bool, bool]] = LogChecks(CACHE_SECONDS)
 
     async def _fetch(self, key_id: str) -> _Entry | None:
         row = await self._pool.fetchrow(
@@ -93,51 +90,13 @@ class KeyCache:
         self, principal: Principal, check: Check, *, refresh: bool = False
     ) -> Principal | None:
         """`principal` (found in the read model) as the log has it now, for while the read
-        model is frozen (being rebuilt): its tables still show a key revoked since as usable.
-        Cached as the read model's answers are, so a revocation takes as long either way; one
-        check at a time per key (the requests that come meanwhile wait for it, `refresh` ones
-        too: it began at most one check's time ago)."""
-        key_id = principal.key_id
-        hit = self._checked.get(key_id)
-        if refresh or hit is None or time.monotonic() - hit[2] > CACHE_SECONDS:
-            flight = self._flights.get(key_id)
-            if flight is None:
-                generation = self._generation(key_id)  # now, not when it starts
-                flight = asyncio.ensure_future(self._check(principal, check, generation))
-                self._flights[key_id] = flight
-                flight.add_done_callback(lambda done: self._landed(key_id, done))
-            hit = await asyncio.shield(flight)
-        usable, admin, _ = hit
-        return Principal(principal.user_id, admin, key_id) if usable else None
-
-    def _generation(self, key_id: str) -> tuple[int, int]:
-        return self._epoch, self._generations.get(key_id, 0)
-
-    async def _check(
-        self, principal: Principal, check: Check, generation: tuple[int, int]
-    ) -> tuple[bool, bool, float]:
-        usable, admin = await check(principal)
-        hit = (usable, admin, time.monotonic())
-        # Kept only if the key was not forgotten meanwhile (revoked here): an answer begun
-        # before the revocation would keep it working for the cache's time.
-        if self._generation(principal.key_id) == generation:
-            self._checked[principal.key_id] = hit
-            if len(self._checked) > MAX_CACHED:
-                self._checked.clear()
-        return hit
-
-    def _landed(self, key_id: str, flight: asyncio.Future[tuple[bool, bool, float]]) -> None:
-        if self._flights.get(key_id) is flight:
-            del self._flights[key_id]
-        if not flight.cancelled():
-            flight.exception()  # retrieved: each waiter has it raised already
+        model is frozen: its tables still show a key revoked since as usable (`LogChecks`:
+        cached as the read model's answers are, one check per key at a time)."""
+        usable, admin = await self._checks.get(
+            principal.key_id, lambda: check(principal), refresh=refresh
+        )
+        return Principal(principal.user_id, admin, principal.key_id) if usable else None
 
     def forget(self, key_id: str) -> None:
         self._entries.pop(key_id, None)
-        self._checked.pop(key_id, None)
-        self._flights.pop(key_id, None)  # the next request checks afresh
-        self._generations[key_id] = self._generations.get(key_id, 0) + 1
-        if len(self._generations) > MAX_CACHED:
-            # A new epoch: no check in flight (begun in the last one) is kept.
-            self._generations.clear()
-            self._epoch += 1
+        self._checks.forget(key_id)

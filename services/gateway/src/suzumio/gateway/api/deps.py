@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from suzumio.contracts.commands import CheckApiKey
+from suzumio.contracts.commands import CheckApiKey, CheckProjectRole, Command
 from suzumio.contracts.errors import CommandError
 from suzumio.contracts.ids import derived_id, new_id
 from suzumio.contracts.values import Role
@@ -19,8 +19,9 @@ from suzumio.platform import apikeys
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 GATEWAY_ACTOR = "system:gateway"  # who asks the session service about a key
-KEY_CHECK_TIMEOUT = 2.0  # a request waits on the check; a 503 says to try again
+CHECK_TIMEOUT = 2.0  # a request waits on a check asked of the log; a 503 says to try again
 FIRST_READ_WAIT = 2.0  # for the read models' positions, at start; asked the log after that
+MEMBERS_PROJECTION = "projects"  # the read model memberships are read from (`proj_projects`)
 POSITION_HEADER = "Suzumio-Position"
 MIN_POSITION_HEADER = "Suzumio-Min-Position"
 
@@ -86,24 +87,30 @@ async def _as_the_log_has_it(
         return principal
 
     async def check(p: Principal) -> tuple[bool, bool]:
-        try:
-            reply = await gw.commands.send(
-                CheckApiKey(user_id=p.user_id, key_id=p.key_id),
-                actor=GATEWAY_ACTOR,
-                timeout=min(gw.settings.command_timeout, KEY_CHECK_TIMEOUT),
-            )
-        except CommandError as exc:
-            # Unanswered, or refused by a session service of a release without the command
-            # (mid-upgrade, the only time the check is made): not the caller's fault.
-            raise ApiError(
-                503,
-                "the API keys' read model is being rebuilt, and the key could not be checked"
-                " against the log; try again",
-                headers={"Retry-After": "1"},
-            ) from exc
-        return reply.result.get("usable") is True, reply.result.get("admin") is True
+        asked = CheckApiKey(user_id=p.user_id, key_id=p.key_id)
+        result = await _ask_the_log(gw, asked, "the API keys'", "the key")
+        return result.get("usable") is True, result.get("admin") is True
 
     return await gw.keys.as_the_log_has_it(principal, check, refresh=refresh)
+
+
+async def _ask_the_log(gw: Gateway, command: Command, model: str, what: str) -> dict[str, Any]:
+    """The answer of a check asked of the log (`CheckApiKey`, `CheckProjectRole`) while
+    `model` (the read model's name, for the message) is frozen. Unanswered, or refused by a
+    session service of a release without the command (mid-upgrade, the only time such
+    checks are made), it is a 503: not the caller's fault."""
+    try:
+        reply = await gw.commands.send(
+            command, actor=GATEWAY_ACTOR, timeout=min(gw.settings.command_timeout, CHECK_TIMEOUT)
+        )
+    except CommandError as exc:
+        raise ApiError(
+            503,
+            f"{model} read model is being rebuilt, and {what} could not be checked against the"
+            " log; try again",
+            headers={"Retry-After": "1"},
+        ) from exc
+    return reply.result
 
 
 def presented_key(headers: Mapping[str, str], access_token: str | None = None) -> str | None:
@@ -206,7 +213,28 @@ async def role_in_project(gw: Gateway, who: Principal, project_id: str) -> Role 
         project_id,
         who.user_id,
     )
-    return Role(role) if role else None
+    return await role_as_the_log_has_it(gw, who, project_id, Role(role) if role else None)
+
+
+async def role_as_the_log_has_it(
+    gw: Gateway, who: Principal, project_id: str, role: Role | None
+) -> Role | None:
+    """`role` (read from the projects' read model) as it stands: while that model is not
+    serving, its frozen tables still show a member removed since (or miss one added since),
+    so the role is asked of the log, by the service that owns projects. A platform admin's
+    does not depend on membership."""
+    if who.admin:
+        return role
+    await gw.positions.first_read(FIRST_READ_WAIT)
+    if gw.positions.serving(MEMBERS_PROJECTION):
+        return role
+
+    async def ask() -> Role | None:
+        asked = CheckProjectRole(project_id=project_id, user_id=who.user_id)
+        value = (await _ask_the_log(gw, asked, "the projects'", "the membership")).get("role")
+        return Role(value) if value in {r.value for r in Role} else None
+
+    return await gw.roles.get((project_id, who.user_id), ask)
 
 
 async def require_role(

@@ -29,6 +29,7 @@ def build_router(context: Context) -> CommandRouter:
         (c.ChangeProjectLimits, projects.change_limits),
         (c.SetMember, projects.set_member),
         (c.RemoveMember, projects.remove_member),
+        (c.CheckProjectRole, projects.check_role),
         (c.SetRuntimeProfile, projects.set_profile),
         (c.RemoveRuntimeProfile, projects.remove_profile),
         (c.SetProvider, projects.set_provider),

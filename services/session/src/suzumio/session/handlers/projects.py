@@ -12,6 +12,7 @@ from typing import Any
 
 from suzumio.contracts.commands import (
     ChangeProjectLimits,
+    CheckProjectRole,
     CommandAccepted,
     CreateProject,
     GrantMount,
@@ -90,6 +91,14 @@ class ProjectHandlers(HandlerGroup):
 
         result = await self._change(ctx, cmd.project_id, change, Role.VIEWER)
         return accepted(result, user_id=cmd.user_id)
+
+    async def check_role(self, ctx: CommandContext[CheckProjectRole]) -> CommandAccepted:
+        if (await self.actor(ctx)).kind != "system":
+            raise ForbiddenError("only the platform checks a role against the log")
+        cmd = ctx.command
+        state = await self.repo.get(ProjectState, cmd.project_id)
+        role = state.members.get(cmd.user_id) if state.exists else None
+        return CommandAccepted(result={"role": role.value if role else None})
 
     async def set_profile(self, ctx: CommandContext[SetRuntimeProfile]) -> CommandAccepted:
         cmd = ctx.command

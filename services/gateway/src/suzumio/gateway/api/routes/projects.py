@@ -164,6 +164,7 @@ async def set_member(
     reply = await send(
         gw, who, SetMember(project_id=project_id, user_id=user_id, role=body.role), response
     )
+    gw.roles.forget((project_id, user_id))  # asked of the log while frozen: at once here
     await settle(gw, reply)
     row = await gw.pool.fetchrow(
         "SELECT * FROM proj_projects.members WHERE project_id = $1 AND user_id = $2",
@@ -185,9 +186,9 @@ async def remove_member(
 ) -> None:
     """Remove a member (admins), or leave the project yourself."""
     await require_role(gw, who, project_id, Role.VIEWER, "project")
-    await settle(
-        gw, await send(gw, who, RemoveMember(project_id=project_id, user_id=user_id), response)
-    )
+    reply = await send(gw, who, RemoveMember(project_id=project_id, user_id=user_id), response)
+    gw.roles.forget((project_id, user_id))  # asked of the log while frozen: at once here
+    await settle(gw, reply)
 
 
 # -- runtime profiles -------------------------------------------------------------------------

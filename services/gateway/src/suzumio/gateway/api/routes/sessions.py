@@ -24,6 +24,7 @@ from suzumio.gateway.api.deps import (
     ReadPosition,
     judge,
     require_role,
+    role_as_the_log_has_it,
 )
 from suzumio.gateway.api.models import (
     ActivationOut,
@@ -83,7 +84,7 @@ async def visible_session(gw: Gateway, who: Principal, session_id: Identifier, n
     if row is None:
         raise not_found("session")
     role = Role.OWNER if who.admin else (Role(row["caller_role"]) if row["caller_role"] else None)
-    judge(role, needed, "session")
+    judge(await role_as_the_log_has_it(gw, who, row["project_id"], role), needed, "session")
     return row
 
 

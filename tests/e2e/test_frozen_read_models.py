@@ -1,0 +1,119 @@
+"""Who may do what while a read model is not serving — rebuilt for a new version, or left to
+a later release mid-upgrade: its tables are frozen. A key revoked since (`users`) still
+showed usable there, and a member removed since (`projects`) still a member, until the swap.
+The gateway now asks the log (through the session service) while the model is frozen."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from suzumio.platform.db import pool as db
+from suzumio.platform.projections.positions import CHANNEL
+from tests.e2e.api import new_user, new_world, ok, problem
+from tests.e2e.stack import Stack, running_stack
+
+
+@pytest_asyncio.fixture
+async def own_stack(
+    nats_url: str, postgres_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    """A stack of each test's own: a read model of it is frozen for good."""
+    tmp = Path(tmp_path_factory.mktemp("frozen"))
+    async with running_stack(nats_url, postgres_url, tmp) as s:
+        yield s
+
+
+async def _freeze(stack: Stack, projection: str) -> None:
+    """As a later release's rebuild leaves it while that release is around: of a version
+    this code cannot apply to, not serving; the running projector leaves it alone."""
+    conn = await db.connect(stack.database_url, "test-freeze")
+    try:
+        version = await conn.fetchval(
+            "UPDATE suzumio.projection_checkpoints SET version = version + 1, serving = false"
+            " WHERE name = $1 RETURNING version",
+            projection,
+        )
+        await conn.execute(  # around for as long as the test runs
+            "INSERT INTO suzumio.projector_presence (name, version, seen_at)"
+            " VALUES ($1, $2, now() + interval '1 hour')",
+            projection,
+            version,
+        )
+        await conn.execute("SELECT pg_notify($1, '0')", CHANNEL)  # the gateway reads it now
+    finally:
+        await conn.close()
+
+
+async def test_a_key_revoked_while_the_keys_read_model_is_frozen_stops_working(
+    own_stack: Stack,
+) -> None:
+    stack = own_stack
+    revoked, revoked_user = await new_user(stack, "leaving")
+    kept, kept_user = await new_user(stack, "staying")
+    async with stack.client(revoked) as c:
+        [key] = ok(await c.get("/v1/me/api-keys"))
+    await _freeze(stack, "users")
+
+    async with stack.client(kept) as c:  # a good key still opens the API
+        assert ok(await c.get("/v1/me"))["id"] == kept_user
+    async with stack.client(revoked) as c:
+        assert ok(await c.get("/v1/me"))["id"] == revoked_user
+        ok(await c.delete(f"/v1/me/api-keys/{key['key_id']}"), 204)
+        problem(await c.get("/v1/me"), 401, "unauthenticated")
+
+    # The refusal came from the log: the frozen read model still shows the key usable.
+    conn = await db.connect(stack.database_url, "test-frozen")
+    try:
+        row = await conn.fetchrow(
+            "SELECT c.serving, k.revoked_at IS NULL AS usable"
+            " FROM suzumio.projection_checkpoints c, proj_users.api_keys k"
+            " WHERE c.name = 'users' AND k.key_id = $1",
+            key["key_id"],
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    assert (row["serving"], row["usable"]) == (False, True)
+
+
+async def test_a_member_removed_while_the_projects_read_model_is_frozen_loses_access(
+    own_stack: Stack,
+) -> None:
+    stack = own_stack
+    world = await new_world(stack, "owner")
+    reader_key, reader = await new_user(stack, "reader")
+    async with stack.client(world.key) as owner:
+        put = f"/v1/projects/{world.project_id}/members/{reader}"
+        ok(await owner.put(put, json={"role": "viewer"}))
+    async with stack.client(reader_key) as c:
+        ok(await c.get(f"/v1/projects/{world.project_id}"))
+        ok(await c.get(f"/v1/sessions/{world.session_id}"))
+    await _freeze(stack, "projects")
+
+    async with stack.client(reader_key) as c:  # still a member: the log says so
+        ok(await c.get(f"/v1/projects/{world.project_id}"))
+    async with stack.client(world.key) as owner:
+        ok(await owner.delete(f"/v1/projects/{world.project_id}/members/{reader}"), 204)
+    async with stack.client(reader_key) as c:
+        problem(await c.get(f"/v1/projects/{world.project_id}"), 404, "not_found")
+        problem(await c.get(f"/v1/sessions/{world.session_id}"), 404, "not_found")
+    async with stack.client(world.key) as owner:  # the owner still is
+        ok(await owner.get(f"/v1/sessions/{world.session_id}"))
+
+    conn = await db.connect(stack.database_url, "test-frozen")
+    try:  # the refusals came from the log: the frozen read model still shows the member
+        row = await conn.fetchrow(
+            "SELECT c.serving, m.role FROM suzumio.projection_checkpoints c"
+            " LEFT JOIN proj_projects.members m ON m.project_id = $1 AND m.user_id = $2"
+            " WHERE c.name = 'projects'",
+            world.project_id,
+            reader,
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    assert (row["serving"], row["role"]) == (False, "viewer")
