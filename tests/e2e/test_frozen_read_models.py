@@ -94,13 +94,20 @@ async def test_a_member_removed_while_the_projects_read_model_is_frozen_loses_ac
         ok(await c.get(f"/v1/sessions/{world.session_id}"))
     await _freeze(stack, "projects")
 
+    joiner_key, joiner = await new_user(stack, "joiner")
     async with stack.client(reader_key) as c:  # still a member: the log says so
         ok(await c.get(f"/v1/projects/{world.project_id}"))
     async with stack.client(world.key) as owner:
         ok(await owner.delete(f"/v1/projects/{world.project_id}/members/{reader}"), 204)
+        put = f"/v1/projects/{world.project_id}/members/{joiner}"
+        ok(await owner.put(put, json={"role": "member"}))
     async with stack.client(reader_key) as c:
         problem(await c.get(f"/v1/projects/{world.project_id}"), 404, "not_found")
         problem(await c.get(f"/v1/sessions/{world.session_id}"), 404, "not_found")
+        assert ok(await c.get("/v1/projects"))["items"] == []  # nor listed
+    async with stack.client(joiner_key) as c:  # added since: the frozen tables miss them
+        assert ok(await c.get(f"/v1/projects/{world.project_id}"))["role"] == "member"
+        ok(await c.get(f"/v1/sessions/{world.session_id}"))
     async with stack.client(world.key) as owner:  # the owner still is
         ok(await owner.get(f"/v1/sessions/{world.session_id}"))
 

@@ -16,6 +16,7 @@ from suzumio.contracts.errors import InvalidError
 from suzumio.gateway.api import deps
 from suzumio.gateway.api.auth import KeyCache, Principal
 from suzumio.gateway.api.deps import authenticate
+from suzumio.gateway.api.log_checks import LogChecks
 from suzumio.gateway.api.problems import ApiError
 
 WELL_FORMED = "szm_abcdefgh_" + "s" * 32
@@ -135,3 +136,25 @@ async def test_a_check_in_flight_when_the_key_is_revoked_here_is_not_kept() -> N
     release.set()
     assert await before is not None  # asked before the revocation
     assert await cache.as_the_log_has_it(FOUND, check) is None
+
+
+async def test_a_failed_check_reaches_every_waiter_and_is_not_kept() -> None:
+    checks: LogChecks[str, bool] = LogChecks(60.0)
+    asked = 0
+    go = asyncio.Event()
+
+    async def ask() -> bool:
+        nonlocal asked
+        asked += 1
+        await go.wait()
+        if asked == 1:
+            raise ApiError(503, "the session service did not answer")
+        return True
+
+    waiting = [asyncio.ensure_future(checks.get("k", ask)) for _ in range(3)]
+    await asyncio.sleep(0)
+    go.set()
+    outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+    assert [type(o) for o in outcomes] == [ApiError] * 3
+    assert await checks.get("k", ask) is True  # asked again, not the failure kept
+    assert asked == 2

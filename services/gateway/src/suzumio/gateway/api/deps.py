@@ -18,7 +18,7 @@ from suzumio.gateway.state import Gateway
 from suzumio.platform import apikeys
 from suzumio.platform.bus.jsapi import stream_last_seq
 
-GATEWAY_ACTOR = "system:gateway"  # who asks the session service about a key
+GATEWAY_ACTOR = "system:gateway"  # who asks the session service what the log says
 CHECK_TIMEOUT = 2.0  # a request waits on a check asked of the log; a 503 says to try again
 FIRST_READ_WAIT = 2.0  # for the read models' positions, at start; asked the log after that
 MEMBERS_PROJECTION = "projects"  # the read model memberships are read from (`proj_projects`)
@@ -228,6 +228,14 @@ async def role_as_the_log_has_it(
     await gw.positions.first_read(FIRST_READ_WAIT)
     if gw.positions.serving(MEMBERS_PROJECTION):
         return role
+
+    # Only of a project the frozen model shows (one made since has nothing there to read):
+    # else any caller could make every made-up id a question to the session service.
+    known = await gw.pool.fetchval(
+        "SELECT true FROM proj_projects.projects WHERE id = $1", project_id
+    )
+    if not known:
+        return None
 
     async def ask() -> Role | None:
         asked = CheckProjectRole(project_id=project_id, user_id=who.user_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response, status
@@ -19,12 +21,15 @@ from suzumio.contracts.commands import (
 )
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import ProjectLimits, ProviderSpec, Role, RuntimeProfileSpec, Slug
+from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import (
+    MEMBERS_PROJECTION,
     GatewayDep,
     MintDep,
     PrincipalDep,
     ReadPosition,
     require_role,
+    role_as_the_log_has_it,
 )
 from suzumio.gateway.api.models import (
     MemberIn,
@@ -69,11 +74,17 @@ def _project(row: Any) -> ProjectOut:
     )
 
 
-async def _read_project(gw: Gateway, user_id: Identifier, project_id: Identifier) -> ProjectOut:
-    row = await gw.pool.fetchrow(PROJECT_SQL + " WHERE p.id = $2", user_id, project_id)
+async def _read_project(
+    gw: Gateway, who: Principal, project_id: Identifier, role: Role
+) -> ProjectOut:
+    """The project as the caller sees it; a member's `role` is the one the route's guard
+    found (as the log has it while the projects' model is frozen: the frozen row may show
+    another, or none, which reads as a platform admin's `owner`)."""
+    row = await gw.pool.fetchrow(PROJECT_SQL + " WHERE p.id = $2", who.user_id, project_id)
     if row is None:
         raise not_found("project")
-    return _project(row)
+    project = _project(row)
+    return project if who.admin else project.model_copy(update={"role": role})
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
@@ -88,7 +99,7 @@ async def create_project(
     location = f"/v1/projects/{project_id}"
     await settle(gw, reply, location=location)
     response.headers["Location"] = location
-    return await _read_project(gw, who.user_id, project_id)
+    return await _read_project(gw, who, project_id, Role.OWNER)
 
 
 @router.get("")
@@ -98,15 +109,26 @@ async def list_projects(
     """The projects the caller is a member of (all of them, for a platform admin)."""
     select = PROJECT_SQL if who.admin else MEMBER_PROJECTS_SQL
     rows = await page(gw.pool, select, [], [who.user_id], paging)
-    return page_of(rows, paging.limit, "created_at", _project)
+    listed = page_of(rows, paging.limit, "created_at", _project)
+    # While the projects' model is frozen, each membership as the log has it (one removed
+    # since is left out; the page may then be short, its cursor unchanged).
+    roles = await asyncio.gather(
+        *(role_as_the_log_has_it(gw, who, p.id, p.role) for p in listed.items)
+    )
+    items = [
+        p.model_copy(update={"role": role})
+        for p, role in zip(listed.items, roles, strict=True)
+        if role is not None
+    ]
+    return listed.model_copy(update={"items": items})
 
 
 @router.get("/{project_id}")
 async def get_project(
     project_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition
 ) -> ProjectOut:
-    await require_role(gw, who, project_id, Role.VIEWER, "project")
-    return await _read_project(gw, who.user_id, project_id)
+    role = await require_role(gw, who, project_id, Role.VIEWER, "project")
+    return await _read_project(gw, who, project_id, role)
 
 
 @router.patch("/{project_id}")
@@ -118,7 +140,7 @@ async def update_project(
     response: Response,
 ) -> ProjectOut:
     """Rename the project or change its limits (admins)."""
-    await require_role(gw, who, project_id, Role.ADMIN, "project")
+    role = await require_role(gw, who, project_id, Role.ADMIN, "project")
     commands: list[RenameProject | ChangeProjectLimits] = []  # both built before either goes
     if body.name is not None:
         commands.append(RenameProject(project_id=project_id, name=body.name))
@@ -130,7 +152,7 @@ async def update_project(
     if position:
         response.headers["Suzumio-Position"] = str(position)
         await settled(gw, position)
-    return await _read_project(gw, who.user_id, project_id)
+    return await _read_project(gw, who, project_id, role)
 
 
 # -- members ----------------------------------------------------------------------------------
@@ -161,16 +183,23 @@ async def set_member(
 ) -> MemberOut:
     """Add a user to the project or change their role (admins; owners for owner roles)."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
-    reply = await send(
-        gw, who, SetMember(project_id=project_id, user_id=user_id, role=body.role), response
-    )
-    gw.roles.forget((project_id, user_id))  # asked of the log while frozen: at once here
+    try:
+        reply = await send(
+            gw, who, SetMember(project_id=project_id, user_id=user_id, role=body.role), response
+        )
+    finally:  # asked of the log while frozen: changed at once here (a timeout may have)
+        gw.roles.forget((project_id, user_id))
     await settle(gw, reply)
     row = await gw.pool.fetchrow(
         "SELECT * FROM proj_projects.members WHERE project_id = $1 AND user_id = $2",
         project_id,
         user_id,
     )
+    if not gw.positions.serving(MEMBERS_PROJECTION):
+        # Frozen (rebuilt for a new version): the row, if any, is from before the change the
+        # log now holds. A 404 told the caller a membership it had just made was missing.
+        since = row["since"] if row is not None else datetime.now(UTC)
+        return MemberOut(user_id=user_id, role=body.role, since=since)
     if row is None:
         raise not_found("member")
     return _member(row)
@@ -186,8 +215,10 @@ async def remove_member(
 ) -> None:
     """Remove a member (admins), or leave the project yourself."""
     await require_role(gw, who, project_id, Role.VIEWER, "project")
-    reply = await send(gw, who, RemoveMember(project_id=project_id, user_id=user_id), response)
-    gw.roles.forget((project_id, user_id))  # asked of the log while frozen: at once here
+    try:
+        reply = await send(gw, who, RemoveMember(project_id=project_id, user_id=user_id), response)
+    finally:  # asked of the log while frozen: changed at once here (a timeout may have)
+        gw.roles.forget((project_id, user_id))
     await settle(gw, reply)
 
 
