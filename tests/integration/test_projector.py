@@ -46,6 +46,15 @@ SERVING = "SELECT serving FROM suzumio.projection_checkpoints WHERE name = 'proj
 AGE_PRESENCE = "UPDATE suzumio.projector_presence SET seen_at = now() - interval '1 hour'"
 
 
+async def _a_later_release_stands_by(database_url: str) -> None:
+    """A projector of `ProjectsV2`'s release says it is around, as one standing by does."""
+    conn = await db.connect(database_url, "test-later-release")
+    try:
+        await checkpoints_module.announce(conn, [ProjectsV2()])
+    finally:
+        await conn.close()
+
+
 async def assert_equal_to_rebuild(
     nc: NATS, database_url: str, topology: Topology, projections: list[Projection]
 ) -> None:
@@ -189,11 +198,7 @@ async def test_a_held_projection_stays_not_serving_while_the_leader_looks_again(
         await caught_up(nc, pool, topology, ALL)
     [swapped] = await rebuild(nc, database_url, topology, [ProjectsV2()])  # a later release's
     assert swapped.swapped
-    conn = await db.connect(database_url, "test-later-release")  # its projector stands by
-    try:
-        await checkpoints_module.announce(conn, [ProjectsV2()])
-    finally:
-        await conn.close()
+    await _a_later_release_stands_by(database_url)
     await publish_newer_schema_event(nc, topology)  # holds `tool_calls`
     serving = "SELECT serving FROM suzumio.projection_checkpoints WHERE name = $1"
     others = [p for p in ALL if p.name not in ("tool_calls", "projects")]
@@ -473,11 +478,7 @@ async def test_a_rebuild_by_a_later_release_is_left_to_it_not_serving(
     await write(store, Scenario(seed=12).appends(100))
     async with running_projector(nc, database_url, topology, store, [ProjectsProjection()]):
         await caught_up(nc, pool, topology, [ProjectsProjection()])
-        conn = await db.connect(database_url, "test-later-release")  # its projector stands by
-        try:
-            await checkpoints_module.announce(conn, [ProjectsV2()])
-        finally:
-            await conn.close()
+        await _a_later_release_stands_by(database_url)
         [elsewhere] = await rebuild(nc, database_url, topology, [ProjectsV2()])
         assert elsewhere.swapped
         await store.append(new_id(), [ProjectCreated(name="after", owner_id="u")], 0)
