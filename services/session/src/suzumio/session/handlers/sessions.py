@@ -96,7 +96,10 @@ class SessionHandlers(HandlerGroup):
     async def platform_session(self, ctx: CommandContext[Any], session_id: str) -> SessionState:
         if (await self.actor(ctx)).kind != "system":
             raise ForbiddenError("only the platform writes an activation's history")
-        state = await self.repo.get(SessionState, session_id)
+        # As held, if it is: the append that follows is conditional on this state's version,
+        # and decides again on the latest if another writer moved it (a cancel, the next
+        # request). Checked with the log first, every entry an activation sent cost a read.
+        state = await self.repo.get(SessionState, session_id, fresh=False)
         if not state.exists:
             raise NotFoundError("session not found")
         return state
