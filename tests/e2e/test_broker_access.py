@@ -14,7 +14,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from suzumio.contracts.commands import AppendHistory
+from suzumio.contracts.commands import AppendHistory, RecordSignal
 from suzumio.contracts.commands.sessions import HistoryEntry
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import ForbiddenError
@@ -23,6 +23,7 @@ from suzumio.contracts.events import (
     ActivationCompleted,
     ActivationStarted,
     SessionMessageAppended,
+    SignalRecorded,
     ToolCallFinished,
     ToolCallStarted,
 )
@@ -212,6 +213,38 @@ async def test_history_from_a_cancelled_activation_is_refused_by_the_session_its
     ]
     assert before in written
     assert late not in written
+
+
+async def test_work_a_cancelled_activation_queues_for_itself_is_refused_by_the_session(
+    platform: Stack,
+) -> None:
+    """The same race for `signal.record` (and a message to its own session): a call the
+    broker let through before a cancel was stored must not queue work after it — the next
+    activation would do what the user had just stopped."""
+    a = await live(platform, "orin")
+    commands = CommandClient(platform.nc, platform.topology)
+
+    def signal(signal_id: str) -> RecordSignal:
+        return RecordSignal(
+            session_id=a.world.session_id,
+            signal_id=signal_id,
+            payload={"kind": "reminder"},
+            activation_id=a.activation_id,
+        )
+
+    before, late = new_id(), new_id()
+    await commands.send(signal(before), actor="system:toolbroker")
+    await platform.store.append_next(
+        a.world.session_id,
+        [ActivationCancelRequested(activation_id=a.activation_id, reason="stopped")],
+        EventMeta(actor="system:scheduler"),
+    )
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        await commands.send(signal(late), actor="system:toolbroker")
+    stream = await platform.store.load("session", a.world.session_id)
+    recorded = [e.data.signal_id for e in stream.events if isinstance(e.data, SignalRecorded)]
+    assert before in recorded
+    assert late not in recorded
 
 
 async def test_an_attempt_that_lives_on_after_the_next_was_requested_writes_nothing(

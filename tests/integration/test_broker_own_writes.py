@@ -14,7 +14,7 @@ from suzumio.contracts.events import ActivationOutputRecorded, ToolCallStarted
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.eventstore import EventStore
-from suzumio.toolbroker.own_writes import append_own, started_in_log
+from suzumio.toolbroker.own_writes import append_own, output_in_log, started_in_log
 from suzumio.toolbroker.registry import LiveActivation
 from suzumio.toolbroker.state import Broker
 
@@ -89,3 +89,26 @@ async def test_a_finish_reads_only_what_this_replica_has_not_folded(
     assert not await started_in_log(broker, a, "c1")
     assert await started_in_log(broker, a, "c3")
     assert "c3" in a.calls_started
+
+
+async def test_an_output_sent_again_reads_only_what_this_replica_has_not_folded(
+    nc: NATS, topology: Topology
+) -> None:
+    """A fenced sandbox may send its output again and again (its token is good to its wall
+    clock): each call must not read the activation's whole subject. An output among the
+    folded versions would have been folded (here the fold is made to have missed one, to
+    tell: it is not read again); one after them is found."""
+    store = EventStore(nc, topology)
+    broker = cast("Broker", SimpleNamespace(store=store))
+    activation_id = new_id()
+    await store.append(activation_id, [ActivationOutputRecorded(text="first")], 0)
+    await store.append(activation_id, [start(f"c{i}") for i in range(3)], 1)
+    folded = await store.head("activation", activation_id)
+    a = LiveActivation(activation_id, "s", "g", "p", logged=folded.version)
+    a.logged_seq = folded.seq
+
+    assert not await output_in_log(broker, a)
+    assert not a.output
+    await store.append(activation_id, [ActivationOutputRecorded(text="again")], 4)
+    assert await output_in_log(broker, a)
+    assert a.output

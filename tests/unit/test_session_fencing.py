@@ -1,21 +1,28 @@
 """The session aggregate refuses what a cancelled activation writes to it (history,
-compaction, checkpoint), on the very state its append is conditional on: a cancel stored while
-the tool-broker's request was on its way is never overtaken. Retries of what was recorded
-before the cancel stay harmless no-ops."""
+compaction, checkpoint, the signals and messages it records for itself), on the very state
+its append is conditional on: a cancel stored while the tool-broker's request was on its way
+is never overtaken. Retries of what was recorded before the cancel stay harmless no-ops."""
 
 from __future__ import annotations
 
 import pytest
 
-from suzumio.contracts.commands import AppendHistory, CompactHistory, SaveCheckpoint
+from suzumio.contracts.commands import (
+    AppendHistory,
+    CompactHistory,
+    PostMessage,
+    RecordSignal,
+    SaveCheckpoint,
+)
 from suzumio.contracts.commands.sessions import HistoryEntry
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ForbiddenError
+from suzumio.contracts.errors import ConflictError, ForbiddenError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
     SessionOpened,
 )
+from suzumio.contracts.values import Author
 from suzumio.session.domain import session
 from suzumio.session.domain.session import SessionState
 
@@ -103,3 +110,45 @@ def test_a_later_activation_of_the_session_fences_the_one_before() -> None:
     with pytest.raises(ForbiddenError, match="later one"):
         session.save_checkpoint(later, checkpoint)
     assert len(session.append_history(later, history(OTHER, "o" * 26))) == 1
+
+
+def test_a_cancelled_activation_queues_no_more_work_for_its_session() -> None:
+    """A signal (or a message) an agent records for its own session through the tool-broker
+    carries its activation: one stored after a cancel or the next request would start the
+    work the user just stopped. A user's, which carries none, is not fenced."""
+
+    def signal(signal_id: str, activation_id: str | None) -> RecordSignal:
+        return RecordSignal(
+            session_id="s" * 26, signal_id=signal_id, payload={"k": 1}, activation_id=activation_id
+        )
+
+    def message(message_id: str, activation_id: str | None) -> PostMessage:
+        return PostMessage(
+            session_id="s" * 26,
+            message_id=message_id,
+            signal_id=message_id[::-1],
+            text="later",
+            activation_id=activation_id,
+        )
+
+    agent = Author(kind="agent", id=AGENT)
+    live = state_after(*opened())
+    [recorded] = session.record_signal(live, signal("g" * 26, RUNNING), by_user=False)
+    assert len(session.post_message(live, message("a" * 25 + "b", RUNNING), agent)) == 2
+
+    cancelled = state_after(*opened(), recorded, ActivationCancelRequested(activation_id=RUNNING))
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        session.record_signal(cancelled, signal("h" * 26, RUNNING), by_user=False)
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        session.post_message(cancelled, message("a" * 25 + "c", RUNNING), agent)
+    later = state_after(*opened(), recorded, requested(OTHER))
+    with pytest.raises(ForbiddenError, match="later one"):
+        session.record_signal(later, signal("h" * 26, RUNNING), by_user=False)
+    # A retry of one recorded before the cancel is told it exists (taken as done).
+    with pytest.raises(ConflictError, match="exists already"):
+        session.record_signal(cancelled, signal("g" * 26, RUNNING), by_user=False)
+    # Neither the activation that replaced it nor a user is fenced by it.
+    assert len(session.record_signal(later, signal("i" * 26, OTHER), by_user=False)) == 1
+    assert len(session.record_signal(cancelled, signal("j" * 26, None), by_user=False)) == 1
+    user = Author(kind="user", id="u" * 26)
+    assert len(session.post_message(cancelled, message("a" * 25 + "d", None), user)) == 2

@@ -89,8 +89,10 @@ def _has_call(
 
 async def output_in_log(broker: Broker, a: LiveActivation) -> bool:
     """Whether the activation's output is on record (by another replica, or by this one
-    before it folded it)."""
-    stream = await broker.store.load("activation", a.id)
+    before it folded it): the subject after what was folded here, which would have said so
+    (a fenced sandbox sending its output again and again must not make each call read its
+    whole subject — up to a hundred thousand tool-call events)."""
+    stream = await broker.store.load("activation", a.id, after=Head(a.logged, a.logged_seq))
     if any(isinstance(e.data, ActivationOutputRecorded) for e in stream.events):
         a.output = True
     return a.output

@@ -80,6 +80,12 @@ class SupportContext:
                 signal_id=signal_id,
                 text=text,
                 priority=priority,
+                # Checked by the session on its own state, as the broker's fence cannot be
+                # (a cancel stored while the call is on its way); another session's state says
+                # nothing of this activation.
+                activation_id=self.claims.activation_id
+                if session_id == self.claims.session_id
+                else None,
             ),
             f"system:agent:{self.claims.agent_id}",
             {"message_id": message_id, "signal_id": signal_id},
@@ -101,6 +107,7 @@ class SupportContext:
                 priority=priority,
                 payload={**clean, "kind": kind, "toolpack": self.toolpack},
                 not_before=not_before,
+                activation_id=self.claims.activation_id,
             ),
             ACTOR,
             {"signal_id": signal_id},

@@ -47,6 +47,11 @@ class PostMessage(Command):
     signal_id: Identifier
     text: Text = Field(min_length=1)
     priority: Priority | None = Field(default=None, description="P1 unless set")
+    activation_id: Identifier | None = Field(
+        default=None,
+        description="an activation of this session posting it (through the tool-broker): "
+        "refused once that activation may no longer write to its session",
+    )
 
 
 @command("session", "record_signal")
@@ -59,6 +64,11 @@ class RecordSignal(Command):
     priority: Priority = Priority.P3
     payload: Payload = Field(default_factory=dict)
     not_before: Instant | None = None
+    activation_id: Identifier | None = Field(
+        default=None,
+        description="the activation recording it (through the tool-broker): refused once that "
+        "activation may no longer write to its session (cancelled, or a later one requested)",
+    )
 
 
 class HistoryEntry(BaseModel):

@@ -133,6 +133,8 @@ def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[
         raise ConflictError("a signal with this id exists already")
     if cmd.message_id in state.entries:  # a second one would break the read model's key
         raise ConflictError("a message with this id exists already")
+    if cmd.activation_id is not None:  # an agent writing to its own session (`record_signal`)
+        _live(state, cmd.activation_id)
     _writable(state)
     by_user = author.kind == "user"
     message = SessionMessageAppended(
@@ -156,6 +158,11 @@ def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> l
         raise ForbiddenError(f"{cmd.kind.value} signals are recorded by the platform")
     if cmd.signal_id in state.signals:  # before the closing: a retry is told it exists
         raise ConflictError("a signal with this id exists already")
+    if cmd.activation_id is not None:
+        # An agent's own work for later, recorded through the tool-broker: on the state the
+        # append is conditional on, so a cancel stored while the call was on its way stops it
+        # — else a cancelled activation could queue the work the user had just stopped.
+        _live(state, cmd.activation_id)
     _writable(state)
     return [
         SignalRecorded(
