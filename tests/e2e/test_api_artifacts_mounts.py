@@ -6,6 +6,7 @@ import hashlib
 import os
 from typing import Any, cast
 
+import asyncpg
 import httpx
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
@@ -263,6 +264,47 @@ async def test_an_upload_retried_with_its_key_after_failing_half_way_is_complete
         assert again.headers["idempotent-replayed"] == "true"
         assert again.json() == retried.json()
         listed = ok(await c.get(base))
+    assert sorted(i["id"] for i in listed["items"]) == sorted(i["id"] for i in items)
+
+
+async def test_an_upload_retried_while_the_read_models_lag_is_not_kept_unfinished(
+    stack: Stack,
+) -> None:
+    """The first attempt recorded its first file and its answer was lost; the retry cannot
+    tell yet whether that file is the one it sends, as the read models stand still (the
+    projector's checkpoint held here). Before, that was a 504 — kept for the key, so every
+    later retry got it and the rest of the files were never recorded. Now a 503, kept for
+    nothing: the next retry completes the upload."""
+    world = await new_world(stack, "halflag")
+    base = f"/v1/projects/{world.project_id}/artifacts"
+    headers = {"Idempotency-Key": f"up-{os.urandom(6).hex()}"}
+    readme: Part = ("file", ("docs/readme.md", b"# lag\n", "text/markdown"))
+    blob: Part = ("file", ("data/lag.bin", os.urandom(2048), "application/octet-stream"))
+    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        async with stack.client(world.key) as c:
+            held = conn.transaction()
+            await held.start()
+            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
+            try:
+                before = await _slots(kv)
+                # The first file recorded; the answer (a 504 here) lost with the gateway.
+                problem(await c.post(base, files=[readme], headers=headers), 504, "timeout")
+                [slot] = await _slots(kv) - before
+                await kv.delete(slot)
+                lagged = await c.post(base, files=[readme, blob], headers=headers)
+            finally:
+                await held.rollback()
+            problem(lagged, 503, "unavailable")
+            assert "retry-after" in lagged.headers
+            retried = await c.post(base, files=[readme, blob], headers=headers)
+            items = ok(retried, 201)["items"]
+            listed = ok(await c.get(base))
+    finally:
+        await conn.close()
+    assert "idempotent-replayed" not in retried.headers
+    assert [i["path"] for i in items] == ["docs/readme.md", "data/lag.bin"]
     assert sorted(i["id"] for i in listed["items"]) == sorted(i["id"] for i in items)
 
 

@@ -294,6 +294,19 @@ async def test_websocket_variant(stack: Stack) -> None:
     async with ws_connect(ws_url + f"?access_token={world.key}&last_event_id={opened['id']}") as ws:
         again = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert again["data"]["text"] == "over ws"
+    # The cursor as the SSE stream takes it (and as docs/api.md says): `?since=` or the
+    # `Last-Event-ID` header. Ignored before: the timeline came again from its start.
+    await publish_chunk(stack, world, "later")
+    cursor = chunk["id"]
+    resumed = [
+        ws_url + f"?access_token={world.key}&since={cursor}",
+        (ws_url + f"?access_token={world.key}", {"Last-Event-ID": cursor}),
+    ]
+    for target in resumed:
+        url, headers = target if isinstance(target, tuple) else (target, {})
+        async with ws_connect(url, additional_headers=headers) as ws:
+            first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert (first["event"], first["data"]["text"]) == ("live", "later")
 
 
 async def test_a_websocket_client_cannot_park_a_large_message_on_the_gateway(

@@ -124,3 +124,25 @@ async def test_a_member_removed_while_the_projects_read_model_is_frozen_loses_ac
         await conn.close()
     assert row is not None
     assert (row["serving"], row["role"]) == (False, "viewer")
+
+
+async def test_a_key_revoked_while_the_keys_read_model_is_frozen_gets_no_kept_answer(
+    own_stack: Stack,
+) -> None:
+    """A POST's answer kept for its Idempotency-Key is replayed only to a key that still
+    opens the API: asked of the log too while the keys' read model is frozen (before, the
+    frozen tables alone were read, and a revoked key got its new key's secret again)."""
+    stack = own_stack
+    revoked, _ = await new_user(stack, "replayer")
+    headers = {"Idempotency-Key": "make-a-key"}
+    async with stack.client(revoked) as c:
+        [key] = ok(await c.get("/v1/me/api-keys"))
+        made = ok(await c.post("/v1/me/api-keys", json={"name": "second"}, headers=headers), 201)
+        replayed = await c.post("/v1/me/api-keys", json={"name": "second"}, headers=headers)
+        assert replayed.headers["idempotent-replayed"] == "true"
+        assert ok(replayed, 201)["api_key"] == made["api_key"]
+        await _freeze(stack, "users")
+        ok(await c.delete(f"/v1/me/api-keys/{key['key_id']}"), 204)
+        refused = await c.post("/v1/me/api-keys", json={"name": "second"}, headers=headers)
+    problem(refused, 401, "unauthenticated")
+    assert made["api_key"] not in refused.text

@@ -182,3 +182,38 @@ async def test_a_slot_taken_though_its_answer_was_lost_is_freed_for_the_retry(
         assert (first.status_code, kv.lost, route.runs) == (503, 1, 0)
         retried = await c.post("/things", json={"a": 1})
     assert (retried.status_code, retried.json()) == (201, {"run": 1})
+
+
+async def test_a_kept_answer_is_replayed_only_to_a_key_that_can_be_told_valid(
+    kv: LosingKV,
+) -> None:
+    """A kept answer goes only to a key that still opens the API: a revoked one gets 401,
+    and one that cannot be checked now (the keys' read model frozen and the log not
+    answering) a 503 to retry — never the answer, and the route never runs again."""
+    box = SecretBox([SecretBox.generate_key()])
+    route = CountingRoute()
+    validity: list[bool | None] = [True]
+
+    async def valid(_: str) -> bool | None:
+        return validity[0]
+
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
+        lambda: cast("KeyValue", kv),
+        lambda: box,
+        valid,
+    )
+    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k-valid"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+        assert (await c.post("/things", json={"a": 1})).status_code == 201
+        validity[0] = None
+        unknown = await c.post("/things", json={"a": 1})
+        assert unknown.status_code == 503
+        assert unknown.headers["retry-after"] == "1"
+        validity[0] = False
+        assert (await c.post("/things", json={"a": 1})).status_code == 401
+        validity[0] = True
+        replayed = await c.post("/things", json={"a": 1})
+    assert (replayed.status_code, replayed.json()) == (201, {"run": 1})
+    assert route.runs == 1

@@ -9,8 +9,9 @@ from fastapi import FastAPI
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from suzumio.gateway.api.deps import still_allowed
 from suzumio.gateway.api.idempotency import MAX_BUFFERED_BODY, IdempotencyMiddleware
-from suzumio.gateway.api.problems import HANDLERS
+from suzumio.gateway.api.problems import HANDLERS, ApiError
 from suzumio.gateway.api.routes import (
     agents,
     artifacts,
@@ -95,7 +96,14 @@ def create_app(gateway: Gateway, extra_routes: Sequence[BaseRoute]) -> FastAPI:
     return app
 
 
-async def _still_valid(app: FastAPI, key: str) -> bool:
+async def _still_valid(app: FastAPI, key: str) -> bool | None:
     """Whether `key` opens anything now, read afresh (a replay is rare; a key revoked on
-    another gateway a moment ago must not get its answers)."""
-    return bool(key) and await app.state.gateway.keys.principal(key, refresh=True) is not None
+    another gateway a moment ago must not get its answers) — and asked of the log while the
+    keys' read model is frozen, as a route's check does. None: it cannot be told now."""
+    if not key:
+        return False
+    try:
+        await still_allowed(app.state.gateway, key)
+    except ApiError as exc:
+        return False if exc.status == 401 else None
+    return True

@@ -8,7 +8,8 @@ running gets 409 (a running request says so again every 20 s; one silent for 60 
 for dead and its retry runs, and only the request holding the slot keeps its answer). Every
 answer is kept, errors too (a 504 of the read models' lag follows a command that did run, and
 a retry must not run it twice), except 401 (nothing ran for an unknown caller), 404 (nothing
-ran; it may be the read models' lag), 503 (no service took the request, or NATS or Postgres
+ran; it may be the read models' lag), 500 (answered outside this layer, which sees no answer),
+503 (no service took the request, or NATS or Postgres
 were in trouble under it: nothing was stored, or an append's fate was unknown — either way a
 retry sends it again under the same ids, which runs or is refused as a duplicate) and a
 command's own timeout (the same). As ASGI middleware, no POST route can forget it.
@@ -56,7 +57,7 @@ class IdempotencyMiddleware:
         app: ASGIApp,
         kv: Callable[[], KeyValue],
         box: Callable[[], SecretBox],
-        valid_key: Callable[[str], Awaitable[bool]],
+        valid_key: Callable[[str], Awaitable[bool | None]],
     ) -> None:
         self.app = app
         self._kv = kv
@@ -142,7 +143,15 @@ class IdempotencyMiddleware:
                 except KeyNotFoundError:
                     continue
                 if answered is not None:
-                    if not await self._valid_key(credentials(scope)):
+                    valid = await self._valid_key(credentials(scope))
+                    if valid is None:  # the key could not be checked now (nor is anything kept)
+                        answered = problem_response(
+                            503,
+                            "unavailable",
+                            "the API key cannot be checked now; try again",
+                            headers={"Retry-After": "1"},
+                        )
+                    elif not valid:
                         # A kept answer is the route's, which checks the key first: a revoked
                         # or expired key must not get its answers (a new key's secret) replayed.
                         answered = problem_response(

@@ -127,17 +127,24 @@ async def stream_ws(
     session_id: Identifier,
     access_token: Annotated[str | None, Query(max_length=500)] = None,
     last_event_id: Annotated[str | None, Query(max_length=50)] = None,
+    since: Annotated[
+        str | None, Query(max_length=50, description="a cursor, like Last-Event-ID")
+    ] = None,
 ) -> None:
     """The same timeline over a WebSocket: one JSON message `{id, event, data}` per item.
     Authenticate with `Authorization: Bearer` or `?access_token=` (browsers cannot set
-    headers on WebSockets)."""
+    headers on WebSockets); resume from a cursor given as the SSE stream takes it
+    (`Last-Event-ID`, `?since=`) or `?last_event_id=`."""
     gw = websocket.app.state.gateway
     key = presented_key(websocket.headers, access_token)
     release: Callable[[], None] | None = None
     try:
         who = await authenticate(gw, key)
         await visible_session(gw, who, session_id, Role.VIEWER)
-        cursor = Cursor.parse(last_event_id)
+        # As the SSE stream takes it too: a cursor given otherwise, ignored, replayed the
+        # whole timeline and lost the live output since the cursor.
+        header = websocket.headers.get("last-event-id")
+        cursor = Cursor.parse(last_event_id or since or header)
         recheck = _rechecker(gw, key, session_id)
         feed = SessionFeed(gw, session_id, cursor, recheck, gw.settings.stream_recheck_seconds)
         release = _take_stream(gw, who.user_id)
