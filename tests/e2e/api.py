@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import httpx
 
 from tests.e2e.stack import Stack
 from tests.support import eventually
+
+
+@contextlib.asynccontextmanager
+async def read_models_held(stack: Stack) -> AsyncIterator[None]:
+    """The read models standing still while inside: the projector's commit updates its
+    checkpoint, held here (so the read-your-writes wait of every write runs out)."""
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        held = conn.transaction()
+        await held.start()
+        await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
+        try:
+            yield
+        finally:
+            await held.rollback()
+    finally:
+        await conn.close()
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:

@@ -6,7 +6,6 @@ import hashlib
 import os
 from typing import Any, cast
 
-import asyncpg
 import httpx
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
@@ -15,7 +14,7 @@ from suzumio.contracts.subjects import ARTIFACTS_BUCKET, blob_name
 from suzumio.gateway.api.routes.artifacts import attachment
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from suzumio.platform.bus.objects import has_blob
-from tests.e2e.api import new_world, ok, problem
+from tests.e2e.api import new_world, ok, problem, read_models_held
 from tests.e2e.stack import MAX_UPLOAD, Stack
 
 Part = tuple[str, tuple[str, bytes, str]]
@@ -281,28 +280,19 @@ async def test_an_upload_retried_while_the_read_models_lag_is_not_kept_unfinishe
     readme: Part = ("file", ("docs/readme.md", b"# lag\n", "text/markdown"))
     blob: Part = ("file", ("data/lag.bin", os.urandom(2048), "application/octet-stream"))
     kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
-    conn = await asyncpg.connect(stack.database_url)
-    try:
-        async with stack.client(world.key) as c:
-            held = conn.transaction()
-            await held.start()
-            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
-            try:
-                before = await _slots(kv)
-                # The first file recorded; the answer (a 504 here) lost with the gateway.
-                problem(await c.post(base, files=[readme], headers=headers), 504, "timeout")
-                [slot] = await _slots(kv) - before
-                await kv.delete(slot)
-                lagged = await c.post(base, files=[readme, blob], headers=headers)
-            finally:
-                await held.rollback()
-            problem(lagged, 503, "unavailable")
-            assert "retry-after" in lagged.headers
-            retried = await c.post(base, files=[readme, blob], headers=headers)
-            items = ok(retried, 201)["items"]
-            listed = ok(await c.get(base))
-    finally:
-        await conn.close()
+    async with stack.client(world.key) as c:
+        async with read_models_held(stack):
+            before = await _slots(kv)
+            # The first file recorded; the answer (a 504 here) lost with the gateway.
+            problem(await c.post(base, files=[readme], headers=headers), 504, "timeout")
+            [slot] = await _slots(kv) - before
+            await kv.delete(slot)
+            lagged = await c.post(base, files=[readme, blob], headers=headers)
+        problem(lagged, 503, "unavailable")
+        assert "retry-after" in lagged.headers
+        retried = await c.post(base, files=[readme, blob], headers=headers)
+        items = ok(retried, 201)["items"]
+        listed = ok(await c.get(base))
     assert "idempotent-replayed" not in retried.headers
     assert [i["path"] for i in items] == ["docs/readme.md", "data/lag.bin"]
     assert sorted(i["id"] for i in listed["items"]) == sorted(i["id"] for i in items)

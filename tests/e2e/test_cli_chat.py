@@ -12,13 +12,12 @@ import subprocess
 import sys
 from typing import Any
 
-import asyncpg
 import pytest
 
 from suzumio.cli import chat
 from suzumio.contracts.ids import new_id
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.e2e.api import World, new_user, new_world, ok
+from tests.e2e.api import World, new_user, new_world, ok, read_models_held
 from tests.e2e.faulty_link import FaultyLink, Rule
 from tests.e2e.stack import Stack
 from tests.e2e.test_cli_agents import cli
@@ -411,17 +410,8 @@ async def test_a_create_the_read_models_lag_behind_prints_what_it_made(stack: St
     moment to show."""
     world = await new_world(stack, "cli-lagging")
     name = f"made-late-{new_id()[-8:]}"
-    conn = await asyncpg.connect(stack.database_url)
-    try:
-        held = conn.transaction()
-        await held.start()
-        await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
-        try:
-            said = await cli(stack, world.key, "projects", "create", name)
-        finally:
-            await held.rollback()
-    finally:
-        await conn.close()
+    async with read_models_held(stack):
+        said = await cli(stack, world.key, "projects", "create", name)
 
     assert said.returncode == 0, said.stdout + said.stderr
     assert "the project was made; the API may take a moment to show it" in said.stderr

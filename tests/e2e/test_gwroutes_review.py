@@ -8,11 +8,9 @@ from __future__ import annotations
 import base64
 import json
 
-import asyncpg
-
 from suzumio.contracts.ids import new_id
 from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
-from tests.e2e.api import new_world, ok, problem
+from tests.e2e.api import new_world, ok, problem, read_models_held
 from tests.e2e.stack import Stack
 
 
@@ -106,33 +104,23 @@ async def test_a_download_has_the_type_the_artifact_was_stored_with(stack: Stack
 async def test_a_write_the_read_models_lag_behind_still_says_its_position(stack: Stack) -> None:
     """A 504 after the write happened must still tell where it is in the log."""
     world = await new_world(stack, "lagging")
-    conn = await asyncpg.connect(stack.database_url)
-    try:
-        async with stack.client(world.key) as c:
-            held = conn.transaction()
-            await held.start()
-            # The projector's commit updates its checkpoint: held, the read models stand still.
-            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
-            try:
-                closing = await c.post(f"/v1/sessions/{world.session_id}/close", json={})
-                renaming = await c.patch(f"/v1/projects/{world.project_id}", json={"name": "n"})
-                uploading = await c.post(
-                    f"/v1/projects/{world.project_id}/artifacts",
-                    files=[("file", ("a.txt", b"a", "text/plain"))],
-                )
-            finally:
-                await held.rollback()
-            for lagged in (closing, renaming, uploading):
-                problem(lagged, 504, "timeout")
-            position = max(int(r.headers["suzumio-position"]) for r in (closing, uploading))
-            params = {"min_position": str(position)}
-            session = ok(await c.get(f"/v1/sessions/{world.session_id}", params=params))
-            assert session["status"] == "closed"
-            listed = ok(await c.get(f"/v1/projects/{world.project_id}/artifacts", params=params))
-            assert [a["path"] for a in listed["items"]] == ["a.txt"]
-            assert int(renaming.headers["suzumio-position"]) > 0
-    finally:
-        await conn.close()
+    async with stack.client(world.key) as c:
+        async with read_models_held(stack):
+            closing = await c.post(f"/v1/sessions/{world.session_id}/close", json={})
+            renaming = await c.patch(f"/v1/projects/{world.project_id}", json={"name": "n"})
+            uploading = await c.post(
+                f"/v1/projects/{world.project_id}/artifacts",
+                files=[("file", ("a.txt", b"a", "text/plain"))],
+            )
+        for lagged in (closing, renaming, uploading):
+            problem(lagged, 504, "timeout")
+        position = max(int(r.headers["suzumio-position"]) for r in (closing, uploading))
+        params = {"min_position": str(position)}
+        session = ok(await c.get(f"/v1/sessions/{world.session_id}", params=params))
+        assert session["status"] == "closed"
+        listed = ok(await c.get(f"/v1/projects/{world.project_id}/artifacts", params=params))
+        assert [a["path"] for a in listed["items"]] == ["a.txt"]
+        assert int(renaming.headers["suzumio-position"]) > 0
 
 
 async def test_a_key_the_lagging_read_model_has_not_shown_yet_is_unavailable_not_invalid(
@@ -142,27 +130,17 @@ async def test_a_key_the_lagging_read_model_has_not_shown_yet_is_unavailable_not
     checkpoint held here) past the read-your-writes wait: the gateway cannot tell yet — a 503
     to try again, not a 401 telling the client its good key is wrong. Once it caught up, the
     key works."""
-    conn = await asyncpg.connect(stack.database_url)
-    try:
-        async with stack.client(stack.admin_key) as admin:
-            held = conn.transaction()
-            await held.start()
-            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
-            try:
-                body = {"name": "fresh", "email": "fresh@x.io"}
-                made = ok(await admin.post("/v1/users", json=body), 201)
-                async with stack.client(made["api_key"]) as c:
-                    early = await c.get("/v1/me")
-            finally:
-                await held.rollback()
-        problem(early, 503, "unavailable")
-        assert early.headers["retry-after"] == "1"
+    async with stack.client(stack.admin_key) as admin, read_models_held(stack):
+        body = {"name": "fresh", "email": "fresh@x.io"}
+        made = ok(await admin.post("/v1/users", json=body), 201)
         async with stack.client(made["api_key"]) as c:
-            assert ok(await c.get("/v1/me"))["id"] == made["id"]
-        async with stack.client("szm_" + "x" * 40) as c:  # and a wrong key is still a 401
-            problem(await c.get("/v1/me"), 401, "unauthenticated")
-    finally:
-        await conn.close()
+            early = await c.get("/v1/me")
+    problem(early, 503, "unavailable")
+    assert early.headers["retry-after"] == "1"
+    async with stack.client(made["api_key"]) as c:
+        assert ok(await c.get("/v1/me"))["id"] == made["id"]
+    async with stack.client("szm_" + "x" * 40) as c:  # and a wrong key is still a 401
+        problem(await c.get("/v1/me"), 401, "unauthenticated")
 
 
 async def test_a_create_the_read_models_lag_behind_still_says_what_it_made(stack: Stack) -> None:
@@ -170,36 +148,27 @@ async def test_a_create_the_read_models_lag_behind_still_says_what_it_made(stack
     it is answered from the command (201), not lost in a 504 (the key existed, and no retry
     could ever show it). Other creates say what they made in the 504 (`Location`)."""
     world = await new_world(stack, "lagmaker")
-    conn = await asyncpg.connect(stack.database_url)
-    try:
-        async with stack.client(stack.admin_key) as admin, stack.client(world.key) as c:
-            held = conn.transaction()
-            await held.start()
-            await conn.execute("SELECT * FROM suzumio.projection_checkpoints FOR UPDATE")
-            try:
-                user = await admin.post("/v1/users", json={"name": "late", "email": "l@x.io"})
-                key = await c.post("/v1/me/api-keys", json={"name": "ci"})
-                session = await c.post(
-                    f"/v1/projects/{world.project_id}/sessions", json={"agent_id": world.agent_id}
-                )
-            finally:
-                await held.rollback()
-            made = ok(user, 201)
-            assert (made["name"], made["email"], made["admin"]) == ("late", "l@x.io", False)
-            assert user.headers["location"] == f"/v1/users/{made['id']}"
-            second = ok(key, 201)
-            assert (second["name"], second["revoked_at"]) == ("ci", None)
-            problem(session, 504, "timeout")
-            assert session.headers["location"].startswith("/v1/sessions/")
-            position = str(max(int(r.headers["suzumio-position"]) for r in (user, key, session)))
-            opened = ok(await c.get(session.headers["location"], params={"min_position": position}))
-            assert opened["agent_id"] == world.agent_id
-        # The secrets shown work.
-        for secret in (made["api_key"], second["api_key"]):
-            async with stack.client(secret) as c:
-                ok(await c.get("/v1/me", params={"min_position": position}))
-    finally:
-        await conn.close()
+    async with stack.client(stack.admin_key) as admin, stack.client(world.key) as c:
+        async with read_models_held(stack):
+            user = await admin.post("/v1/users", json={"name": "late", "email": "l@x.io"})
+            key = await c.post("/v1/me/api-keys", json={"name": "ci"})
+            session = await c.post(
+                f"/v1/projects/{world.project_id}/sessions", json={"agent_id": world.agent_id}
+            )
+        made = ok(user, 201)
+        assert (made["name"], made["email"], made["admin"]) == ("late", "l@x.io", False)
+        assert user.headers["location"] == f"/v1/users/{made['id']}"
+        second = ok(key, 201)
+        assert (second["name"], second["revoked_at"]) == ("ci", None)
+        problem(session, 504, "timeout")
+        assert session.headers["location"].startswith("/v1/sessions/")
+        position = str(max(int(r.headers["suzumio-position"]) for r in (user, key, session)))
+        opened = ok(await c.get(session.headers["location"], params={"min_position": position}))
+        assert opened["agent_id"] == world.agent_id
+    # The secrets shown work.
+    for secret in (made["api_key"], second["api_key"]):
+        async with stack.client(secret) as c:
+            ok(await c.get("/v1/me", params={"min_position": position}))
 
 
 async def test_an_upload_cut_off_between_parts_or_with_a_boundary_past_limits_is_422(

@@ -7,7 +7,7 @@ the read models' lag, and kept, every retry would get it for a day)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import httpx
@@ -45,6 +45,25 @@ async def _valid(_: str) -> bool:
     return True
 
 
+def _client(
+    kv: object,
+    route: CountingRoute,
+    key: str,
+    valid: Callable[[str], Awaitable[bool | None]] = _valid,
+) -> httpx.AsyncClient:
+    """A client of the layer around `route` on `kv`, with Idempotency-Key `key`."""
+    box = SecretBox([SecretBox.generate_key()])
+    app = IdempotencyMiddleware(
+        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
+        lambda: cast("KeyValue", kv),
+        lambda: box,
+        valid,
+    )
+    headers = {"Authorization": "Bearer caller", "Idempotency-Key": key}
+    transport = httpx.ASGITransport(app=app)
+    return httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers)
+
+
 class LosingKV:
     """The bucket, but the first update it is asked for lands and then its answer is lost
     (a publish timed out as a stream leader moved)."""
@@ -73,17 +92,8 @@ async def kv(nc: NATS, topology: Topology) -> LosingKV:
 async def route_and_client(
     kv: LosingKV,
 ) -> AsyncIterator[tuple[CountingRoute, httpx.AsyncClient]]:
-    box = SecretBox([SecretBox.generate_key()])
     route = CountingRoute()
-    app = IdempotencyMiddleware(
-        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
-        lambda: cast("KeyValue", kv),
-        lambda: box,
-        _valid,
-    )
-    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k1"}
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+    async with _client(kv, route, "k1") as c:
         yield route, c
 
 
@@ -169,15 +179,7 @@ async def test_a_slot_taken_though_its_answer_was_lost_is_freed_for_the_retry(
     in progress (its pending record, written as the answer was lost), while nothing had run."""
     kv = LandedKV(await ensure_kv(nc.jetstream(), topology.bucket("idempotency"), ttl=600))
     route = CountingRoute()
-    app = IdempotencyMiddleware(
-        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
-        lambda: cast("KeyValue", kv),
-        lambda: SecretBox([SecretBox.generate_key()]),
-        _valid,
-    )
-    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k-landed"}
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+    async with _client(kv, route, "k-landed") as c:
         first = await c.post("/things", json={"a": 1})
         assert (first.status_code, kv.lost, route.runs) == (503, 1, 0)
         retried = await c.post("/things", json={"a": 1})
@@ -190,22 +192,13 @@ async def test_a_kept_answer_is_replayed_only_to_a_key_that_can_be_told_valid(
     """A kept answer goes only to a key that still opens the API: a revoked one gets 401,
     and one that cannot be checked now (the keys' read model frozen and the log not
     answering) a 503 to retry — never the answer, and the route never runs again."""
-    box = SecretBox([SecretBox.generate_key()])
     route = CountingRoute()
     validity: list[bool | None] = [True]
 
     async def valid(_: str) -> bool | None:
         return validity[0]
 
-    app = IdempotencyMiddleware(
-        Starlette(routes=[Route("/things", route.endpoint, methods=["POST"])]),
-        lambda: cast("KeyValue", kv),
-        lambda: box,
-        valid,
-    )
-    headers = {"Authorization": "Bearer caller", "Idempotency-Key": "k-valid"}
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gw", headers=headers) as c:
+    async with _client(kv, route, "k-valid", valid) as c:
         assert (await c.post("/things", json={"a": 1})).status_code == 201
         validity[0] = None
         unknown = await c.post("/things", json={"a": 1})
