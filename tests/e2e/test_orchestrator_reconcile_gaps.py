@@ -299,3 +299,67 @@ async def test_the_wall_clock_limit_ends_an_activation_whose_backend_cannot_list
     timed_out = (await platform.store.load("activation", activation_id)).events[-1].data
     assert isinstance(timed_out, ActivationTimedOut)
     assert timed_out.timeout_seconds == 3
+
+
+class AnOrphanLater(ProcessBackend):
+    """The process backend, showing from its second listing on a sandbox no activation owns —
+    as a container left running while this replica led (a launch whose answer was lost, and
+    whose removal failed too) — and telling what was done with that one."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.orphan = Handle(new_id(), "process", "orphan-sandbox")
+        self.cancelled: list[str] = []
+        self.cleaned: list[bool] = []
+
+    async def list_live(self) -> list[Handle]:
+        self.listings += 1
+        live = await super().list_live()
+        shown = self.listings > 1 and not self.cleaned  # cleaned up, it is gone
+        return [*live, self.orphan] if shown else live
+
+    async def cancel(self, handle: Handle) -> None:
+        if handle.activation_id == self.orphan.activation_id:
+            self.cancelled.append(handle.sandbox_id)
+            return
+        await super().cancel(handle)
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        if handle.activation_id == self.orphan.activation_id:
+            self.cleaned.append(succeeded)
+            return
+        await super().cleanup(handle, succeeded=succeeded)
+
+
+async def test_a_sandbox_orphaned_while_a_replica_leads_is_cleared_by_its_sweep(
+    platform: Stack,
+    model: ScriptedModelServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Orphans were looked for only when a replica took the lead, which may be weeks away:
+    the leader's housekeeping round now clears them too — and leaves alone the sandbox of an
+    activation it is watching."""
+    monkeypatch.setattr(engine, "SWEEP_SECONDS", 0.3)
+    model.script([Reply.text("still thinking", delay=60)])
+    made: list[AnOrphanLater] = []
+
+    async def with_an_orphan_later(settings: OrchestratorSettings) -> Backend:
+        made.append(AnOrphanLater(settings.sandboxes()))
+        return made[0]
+
+    async with harness(platform, model, tmp_path, with_an_orphan_later, "process") as h:
+        w = await h.world("sweep")
+        activation_id = await h.request(w)
+        await h.started(activation_id)
+        backend = made[0]
+        await eventually(
+            lambda: asyncio.sleep(0, backend.cleaned), bool, timeout=20, what="the orphan cleared"
+        )
+        assert backend.cancelled == ["orphan-sandbox"]
+        assert backend.cleaned == [False]  # its activation is unknown: not completed
+        assert backend.listings >= 2  # found by the sweep, after the takeover's listing
+        assert activation_id in await h.live_ids()  # the watched one still runs
+        assert "activation.started" in await h.story(activation_id)
+        assert not set(TERMINAL).intersection(await h.story(activation_id))

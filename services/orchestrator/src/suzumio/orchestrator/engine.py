@@ -91,6 +91,9 @@ ACTIVATION_EVENTS = frozenset(
 )
 WANTED = ACTIVATION_EVENTS | Directory.EVENT_TYPES
 KEEP_ENDED = 10_000  # ended activations remembered (timings, late duplicates)
+# The leader's housekeeping round: retention (workspaces, stray chunks) and the sandboxes no
+# live activation owns.
+SWEEP_SECONDS = 600.0
 # A sandbox stopped at its timeout gets this long to report its end (a pool worker: its kill
 # grace, then storing what the activation left in out/).
 STOP_GRACE_SECONDS = 60.0
@@ -1018,11 +1021,36 @@ class Orchestrator:
     async def _gc_loop(self, done: asyncio.Event) -> None:
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 600)
+                await asyncio.wait_for(done.wait(), SWEEP_SECONDS)
+            if done.is_set():
+                return
             try:
                 await self._collect_garbage(time.time() - self._retention)
             except Exception:  # the next pass tries again: the sweep never stops for good
                 log.exception("orchestrator.gc_failed")
+            try:
+                await self._sweep_orphans()
+            except Exception:
+                log.exception("orchestrator.orphan_sweep_failed")
+
+    async def _sweep_orphans(self) -> None:
+        """Sandboxes that no live activation owns, made while this replica leads — a launch
+        whose answer was lost and whose removal failed too, a stop that failed — cleared each
+        round, not only at the next takeover (which may be weeks away), as `_match` clears
+        those found then. One whose activation is still being launched, watched, stopped or
+        ended here is its own task's; one whose backend cannot list is found next round."""
+        live, _ = await list_live(self.backends, set(self.backends))
+        for activation_id, handle in live.items():
+            if handle.ended:
+                continue
+            if activation_id in self._tasks or activation_id in self._cancels:
+                continue
+            if activation_id in self._ending or activation_id in self._orphaned:
+                continue
+            tracked = self.activations.get(activation_id)
+            if tracked is not None and not tracked.ended:
+                continue  # live: its watcher (or the reconciliation, still asking) has it
+            await self._clear_orphan(handle)
 
     async def _collect_garbage(self, horizon: float) -> None:
         """Remove what retention lets go of: ended activations' directories, and closed
