@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -624,3 +625,54 @@ def test_the_process_cleanup_policy_is_validated() -> None:
     with pytest.raises(ValueError, match="cleanup"):
         ProcessSettings.model_validate({"cleanup": "sometimes"})
     assert ProcessSettings().cleanup == "always"
+
+
+class SilentAfterFirstTerm(Sandboxes):
+    """Lists its sandboxes once (the first lead term's takeover); silent after (an engine
+    that went unreachable)."""
+
+    def __init__(self, live: list[Handle]) -> None:
+        super().__init__(live, failing_stops=10**6)
+        self.listings = 0
+
+    async def list_live(self) -> list[Handle]:
+        self.listings += 1
+        if self.listings > 1:
+            raise ConnectionError("the engine is unreachable")
+        return list(self.live)
+
+
+async def test_a_replica_leading_again_ends_a_cancel_on_a_silent_backend_at_once(
+    store: EventStore, database_url: str, lead: Lead
+) -> None:
+    """A replica that led, stepped down (its lock's connection lost) and leads again matched
+    nothing in its new term (the backend cannot list), yet it kept the handle of its last
+    term: a cancel only stopped that (maybe stale) sandbox, again and again, and the
+    activation read running until the engine answered — or its wall clock ran out. As a
+    replica new to the lead does, it now ends the activation at once."""
+    session_id, activation_id = await launched_before(store, "fake")
+    sandboxes = SilentAfterFirstTerm([Handle(activation_id, "fake", "s1")])
+    async with lead({"fake": sandboxes}) as orchestrator:
+        await eventually(
+            lambda: asyncio.sleep(0, activation_id in orchestrator._tasks), bool, what="watched"
+        )
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name LIKE 'suzumio-leader-orchestrator%'"
+            )
+        finally:
+            await conn.close()
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.listings), lambda n: n > 1, what="a second term"
+        )
+        await store.append_next(
+            session_id,
+            [ActivationCancelRequested(activation_id=activation_id, reason="stop it")],
+            EventMeta(actor="system:scheduler"),
+        )
+        ended = await eventually(
+            lambda: terminals(store, activation_id), bool, timeout=10, what="the end"
+        )
+    assert [type(e) for e in ended] == [ActivationCancelled]

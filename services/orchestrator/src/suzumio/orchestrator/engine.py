@@ -386,6 +386,12 @@ class Orchestrator:
             self._ending.clear()  # (an end cancelled before it began never took itself out)
             self._orphaned.clear()
             self._unlisted = set()
+            for tracked in self.activations.values():
+                if not tracked.ended:
+                    # What this term knew of its sandbox is the next term's to find again: a
+                    # handle kept across a term that matched nothing (its backend silent)
+                    # had a cancel stop that sandbox for ever, never the activation ended.
+                    tracked.handle, tracked.timed_out = None, False
             for backend in self.backends.values():
                 try:
                     await backend.release()
