@@ -34,6 +34,7 @@ from suzumio.contracts.runner import (
     ActivationSpec,
     AgentSpec,
     FileRef,
+    PoolCancel,
     PoolStatus,
     ProjectRef,
     RunnerActivationInput,
@@ -1087,3 +1088,35 @@ async def test_a_dispatch_the_queue_gives_up_on_is_lost_at_once_not_at_its_deadl
         if psub is not None:
             await psub.unsubscribe()
         await backend.close()
+
+
+async def test_a_run_heard_of_after_its_attempt_ended_here_is_stopped_again(
+    backend: PoolBackend, nc: NATS, topology: Topology
+) -> None:
+    """Its worker was cut off past the heartbeat timeout: the attempt ended lost here, its one
+    stop sent then (and missed). Back, the worker beats for that run again: it is stopped
+    again, now — not left to run to its deadline. A run of an attempt still watched is not."""
+    ended = new_id()
+    gone = Handle(ended, "pool", f"{ended}.1", {"left_queue": True})
+    await backend.cleanup(gone, succeeded=False)  # the lost attempt's end, as the engine does it
+    await backend._ensure_statuses()  # listening, as while it watches anything
+    cancels: list[PoolCancel] = []
+
+    async def on_cancel(msg: Msg) -> None:
+        cancels.append(PoolCancel.model_validate_json(msg.data))
+
+    sub = await nc.subscribe(topology.pool_cancel_subject("*"), cb=on_cancel)
+    try:
+        for dispatch, activation in ((gone.sandbox_id, ended), (f"{new_id()}.1", new_id())):
+            beat = PoolStatus(
+                kind="heartbeat", dispatch_id=dispatch, activation_id=activation, attempt=1,
+                worker_id="wx", pool="default", at=datetime.now(UTC),
+            )  # fmt: skip
+            await nc.publish(
+                topology.pool_status_subject(activation), beat.model_dump_json().encode()
+            )
+        await eventually(lambda: cancels)
+        await asyncio.sleep(0.3)  # and no other
+    finally:
+        await sub.unsubscribe()
+    assert cancels == [PoolCancel(dispatch_id=gone.sandbox_id)]

@@ -784,7 +784,18 @@ class PoolBackend:
             return
         # By dispatch: an earlier attempt's worker may still speak on the same subject.
         tracker = self._trackers.get(status.dispatch_id)
-        if tracker is None or not tracker.update(status):
+        if tracker is None:
+            if status.kind in {"started", "heartbeat"} and status.dispatch_id in self._cleaned:
+                # A run of an attempt ended here speaks: its worker, cut off past the heartbeat
+                # timeout (the attempt ended lost), missed the one stop sent then and is back.
+                # Stopped again now — else it ran on to its deadline, holding a slot and the
+                # session's warm workspace, its runner calling the model until fenced.
+                log.warning("pool.ended_run_still_running", dispatch=status.dispatch_id,
+                            worker=status.worker_id)  # fmt: skip
+                ended = Handle(status.activation_id, self.name, status.dispatch_id)
+                await self._broadcast_cancel(ended)
+            return
+        if not tracker.update(status):
             return
         if status.kind == "exited" and tracker.affinity_key is not None:
             if status.warm:
