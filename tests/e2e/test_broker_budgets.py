@@ -1,8 +1,9 @@
 """What one activation may spend through the tool-broker, against the real services (with small
 budgets set as an operator would): its live output stops at its byte budget — LIVE is held in
-the NATS server's memory — with one `state` chunk that says so, and a start past its number of
-tool calls is refused (each start is an event in the log for good), while another activation
-keeps its own budgets."""
+the NATS server's memory — with one `state` chunk that says so, a start past its number of
+tool calls is refused (each start is an event in the log for good), and so is a call past the
+bytes it may write to the log otherwise (checkpoints, asks, history...), while another
+activation keeps its own budgets."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import pytest
 import pytest_asyncio
 from nats.js.client import JetStreamContext
 
+from suzumio.contracts.ids import new_id
 from tests.e2e.conftest import PLATFORM_SERVICES
 from tests.e2e.stack import Stack, running_stack
 from tests.e2e.test_broker_access import activation_types, broker, live, start_body
 
 LIVE_BUDGET = 6_000
 MAX_CALLS = 3
+LOG_BUDGET = 20_000
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -31,6 +34,7 @@ async def budgeted(
     env = {
         "SUZUMIO_LIVE_BYTES_PER_ACTIVATION": str(LIVE_BUDGET),
         "SUZUMIO_MAX_TOOL_CALLS_PER_ACTIVATION": str(MAX_CALLS),
+        "SUZUMIO_LOG_BYTES_PER_ACTIVATION": str(LOG_BUDGET),
     }
     tmp = Path(tmp_path_factory.mktemp("budgeted"))
     async with running_stack(nats_url, postgres_url, tmp, PLATFORM_SERVICES, env) as s:
@@ -125,4 +129,38 @@ async def test_a_start_past_the_activations_tool_calls_is_refused(budgeted: Stac
     other = await live(budgeted, "idle")
     async with broker(budgeted, other.token) as c:
         answer = await c.post("/runner/tool-calls/start", json=start_body("c0"))
+    assert answer.json() == {"recorded": True}
+
+
+async def test_a_call_past_the_activations_log_budget_is_refused(budgeted: Stack) -> None:
+    """Each checkpoint (like each ask, history or support call) is an event in the log for
+    good: a sandbox looping on them wrote on for as long as its token lasted. Past its budget
+    (bytes of such calls, on each replica) a call is refused, what came before stays, and
+    the output still goes — it is bounded on its own."""
+    a = await live(budgeted, "hoarder")
+    data = {"notes": "n" * 6_000}
+    async with broker(budgeted, a.token) as c:
+        saved = [
+            await c.put("/runner/checkpoint", json={"checkpoint_id": new_id(), "data": data})
+            for _ in range(4)
+        ]
+        supported = []
+        for request_id in ("r1", "r2"):  # each counts 1 KiB at least
+            signal = {"operation": "signal.record", "arguments": {}, "request_id": request_id}
+            supported.append(await c.post("/toolpacks/core/support", json=signal))
+        final = await c.post("/activation-output", json={"text": "done"})
+    # ~6 KB each: three fit in 20,000 bytes, the fourth does not (and counts nothing); a small
+    # call still fits in what is left, the next one no more.
+    assert [r.status_code for r in saved] == [200, 200, 200, 409], saved[-1].text
+    assert saved[3].json()["code"] == "limit_reached"
+    assert str(LOG_BUDGET) in saved[3].json()["detail"]
+    assert [r.status_code for r in supported] == [200, 409], supported[-1].text
+    assert final.json() == {"recorded": True}
+    stream = await budgeted.store.load("session", a.world.session_id)
+    kept = [e for e in stream.events if e.envelope.type == "session.checkpoint_saved"]
+    assert len(kept) == 3
+
+    other = await live(budgeted, "thrifty")  # its own budget
+    async with broker(budgeted, other.token) as c:
+        answer = await c.put("/runner/checkpoint", json={"checkpoint_id": new_id(), "data": data})
     assert answer.json() == {"recorded": True}

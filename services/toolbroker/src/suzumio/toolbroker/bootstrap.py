@@ -133,6 +133,7 @@ async def setup(runtime: ServiceRuntime) -> ASGIApp | None:
         relay=relay(settings),
         live_budget=settings.live_bytes_per_activation,
         max_tool_calls=settings.max_tool_calls_per_activation,
+        log_budget=settings.log_bytes_per_activation,
     )
 
     # The relay's client is not closed here: drainers run before the HTTP server stops, and

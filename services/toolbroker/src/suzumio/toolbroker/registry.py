@@ -72,6 +72,7 @@ class LiveActivation:
     # batch sent again after its answer was lost is counted once: LIVE stores none of it again.
     live_counted: dict[int, tuple[int, float]] = field(default_factory=dict)
     live_cut: bool = False  # past its live budget: nothing more of it is published
+    log_bytes: int = 0  # charged to its log budget by this replica (history, checkpoints...)
 
 
 class ActivationRegistry:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, StatusCode
+from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_json
 
 from suzumio.contracts.broker import (
@@ -237,10 +238,32 @@ def _tool_span(headers: Mapping[str, str], caller: Caller, body: ToolCallFinish,
     span.end(end_time=end)
 
 
+MIN_LOG_CHARGE = 1024  # bytes a call counts against its activation's log budget at least
+
+
+def _charge(broker: Broker, caller: Caller, body: BaseModel) -> None:
+    """Count the call against its activation's log budget, or refuse it (409) past the
+    budget: each of these calls is an event in the log for good, and a sandbox looping on
+    one (checkpoints of 256 KB, asks with new ids) could otherwise write on for as long as its
+    token lasts. Not a 401/403, which the runner takes for a fence: a refused request, which
+    ends the activation failed with this reason in its output."""
+    a = caller.activation
+    size = max(len(body.model_dump_json()), MIN_LOG_CHARGE)
+    if a.log_bytes + size > broker.log_budget:
+        raise BrokerError(
+            409,
+            "limit_reached",
+            f"an activation may write at most {broker.log_budget} bytes to the log through "
+            "history, compaction, checkpoint, ask and support calls",
+        )
+    a.log_bytes += size
+
+
 @router.post("/runner/history")
 async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
     _distinct(body.entries)
     _model_replies(body.entries)
+    _charge(broker, caller, body)
     return Recorded(recorded=await _append_history(broker, caller, body.entries))
 
 
@@ -301,6 +324,7 @@ async def _append_history(
 
 @router.post("/runner/history/compaction")
 async def compaction(body: CompactionMarker, caller: Auth, broker: Shared) -> Recorded:
+    _charge(broker, caller, body)
     c = caller.claims
     reply = await broker.commands.send(
         CompactHistory(session_id=c.session_id, activation_id=c.activation_id, **body.model_dump()),
@@ -488,6 +512,7 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
         prompt = approval_asked(c.session_id, body.pending_action_id, body.tool, body.approved_call)
     else:
         await permit(broker.store, c, "ask_user", body.approved_call, _asks(body))
+    _charge(broker, caller, body)
     waiter = broker.waiter
     with waiter.watch(body.pending_action_id) as outcome:
         try:
@@ -528,6 +553,7 @@ async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> R
     stored = body.model_dump_json(include={"checkpoint_id", "data"})
     if len(stored.encode()) > MAX_CHECKPOINT_BYTES:
         raise BrokerError(413, "too_large", f"checkpoints are at most {MAX_CHECKPOINT_BYTES} bytes")
+    _charge(broker, caller, body)
     c = caller.claims
     reply = await broker.commands.send(
         SaveCheckpoint(
@@ -562,6 +588,7 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
             403, "forbidden", f"{body.operation!r} is not an allowed operation of {toolpack!r}"
         )
     _plain_json(body.arguments, "the arguments")
+    _charge(broker, caller, body)
     if toolpack == "core":  # its operations are the core tools of the same names
         await permit(
             broker.store,

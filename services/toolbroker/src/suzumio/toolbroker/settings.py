@@ -13,6 +13,7 @@ from suzumio.platform.settings import ServiceSettings
 # memory, the log, and a replica's memory. A profile may allow 10,000 model calls of up to 128
 # tool calls each: its operator raises these with it.
 LIVE_BUDGET = 16 * 1024 * 1024
+LOG_BUDGET = 1024 * 1024 * 1024  # bytes an activation may have written to the log by calls
 MAX_TOOL_CALLS = 50_000
 
 
@@ -53,6 +54,15 @@ class ToolbrokerSettings(ServiceSettings):
         ge=1,
         description="tool calls one activation may start (each is an event in the log); past "
         "them a start is refused (409 limit_reached), which ends the activation failed",
+    )
+    log_bytes_per_activation: int = Field(
+        default=LOG_BUDGET,
+        ge=1024,
+        description="bytes one activation may have the broker write to the log through its "
+        "history, compaction, checkpoint, ask and support calls (on each replica; a call "
+        "counts its body, and at least 1 KiB); past them such a call is refused (409 "
+        "limit_reached), which ends the activation failed. Each is an event in the log for "
+        "good; the tool calls and the output are bounded on their own",
     )
     credential_refresh_seconds: float = Field(
         default=10.0,

@@ -17,7 +17,7 @@ from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.telemetry import SECONDS_BUCKETS, meter
 from suzumio.toolbroker.checkpoints import LatestCheckpoints
 from suzumio.toolbroker.registry import ActivationRegistry
-from suzumio.toolbroker.settings import LIVE_BUDGET, MAX_TOOL_CALLS
+from suzumio.toolbroker.settings import LIVE_BUDGET, LOG_BUDGET, MAX_TOOL_CALLS
 from suzumio.toolbroker.support import SupportOperations
 
 if TYPE_CHECKING:
@@ -117,6 +117,9 @@ class Broker:
     # ACTIVATION`): LIVE is held in the NATS server's memory.
     live_budget: int = LIVE_BUDGET
     max_tool_calls: int = MAX_TOOL_CALLS  # started by one activation
+    # Bytes one activation may have written to the log by its other calls, on a replica
+    # (`SUZUMIO_LOG_BYTES_PER_ACTIVATION`).
+    log_budget: int = LOG_BUDGET
     checkpoints: LatestCheckpoints = field(init=False)
 
     def __post_init__(self) -> None:
