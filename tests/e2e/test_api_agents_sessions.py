@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import io
 import zipfile
+from datetime import datetime, timedelta, tzinfo
+from typing import cast
 
+import pytest
+
+from suzumio.contracts import envelope as envelope_module
 from suzumio.contracts.commands import CloseSession
 from suzumio.contracts.events import (
     ActivationCompleted,
@@ -269,6 +274,43 @@ async def test_an_activations_tool_calls_come_a_page_at_a_time(stack: Stack) -> 
     async with stack.client(world.key) as c:
         listed = await in_pages(c, url, 3)
     assert [t["call_id"] for t in listed] == ["c0", "c1", "c2"]
+
+
+class _ClockBehind(datetime):
+    """`datetime` whose `now` is a minute behind: a writer (another replica) whose clock is."""
+
+    @classmethod
+    def now(cls, tz: tzinfo | None = None) -> _ClockBehind:
+        return cast("_ClockBehind", datetime.now(tz) - timedelta(minutes=1))
+
+
+async def test_a_tool_call_a_writer_with_a_clock_behind_records_is_not_skipped(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Paged by `started_at` (the writing replica's clock), a call recorded after a page was
+    read, by a replica whose clock is behind, sorted before that page's cursor and was never
+    seen. Paged in the log's order, it comes on the next page."""
+    world = await new_world(stack, "skew")
+    activation_id = await request_activation(stack, world)
+
+    def start(call_id: str) -> ToolCallStarted:
+        return ToolCallStarted(
+            call_id=call_id, tool="file.read", arguments_digest="a" * 64, arguments_size=2
+        )
+
+    await stack.store.append(activation_id, [start("c0"), start("c1"), start("c2")], 0)
+    url = f"/v1/activations/{activation_id}/tool-calls"
+    async with stack.client(world.key) as c:
+        await in_pages(c, url, 3)
+        first = ok(await c.get(url, params={"limit": 2}))
+        assert [t["call_id"] for t in first["items"]] == ["c0", "c1"]
+        with monkeypatch.context() as m:
+            m.setattr(envelope_module, "datetime", _ClockBehind)
+            await stack.store.append(activation_id, [start("c3")], 3)
+        await in_pages(c, url, 4)  # projected
+        rest = ok(await c.get(url, params={"limit": 2, "cursor": first["next_cursor"]}))
+    assert [t["call_id"] for t in rest["items"]] == ["c2", "c3"]
+    assert rest["items"][1]["started_at"] < first["items"][0]["started_at"]
 
 
 async def test_activations_and_tool_calls_are_readable(stack: Stack) -> None:

@@ -71,7 +71,13 @@ def _storable(value: Any) -> bool:
 DATE_SORTS = frozenset({"created_at", "opened_at", "requested_at", "since", "started_at"})
 # Each integer sort column's range: a value past its column's type is refused by the driver
 # (a 500), so it is the client's 422 here. `version` columns are `integer`, `position` `bigint`.
-INT_SORTS = {"version": range(-(2**31), 2**31), "position": range(-(2**63), 2**63)}
+_BIGINT = range(-(2**63), 2**63)
+INT_SORTS = {
+    "version": range(-(2**31), 2**31),
+    "position": _BIGINT,
+    "started_position": _BIGINT,
+    "created_position": _BIGINT,
+}
 
 
 def cursor_value(sort: str, value: Any) -> Any:

@@ -18,7 +18,9 @@ from suzumio.session.projections.instants import instant
 
 class PendingActionsProjection(Projection):
     name: ClassVar[str] = "pending_actions"
-    version: ClassVar[int] = 2  # 2: `expires_at` as instants.py reads it
+    # 2: `expires_at` as instants.py reads it; 3: paged in the log's order (`created_position`,
+    # set once), not by the writer's clock
+    version: ClassVar[int] = 3
     handles: ClassVar[frozenset[str]] = frozenset(
         c.event_type
         for c in (
@@ -50,9 +52,10 @@ class PendingActionsProjection(Projection):
             created_at timestamptz NOT NULL,
             expires_at timestamptz NOT NULL,
             closed_at timestamptz,
-            position bigint NOT NULL
+            position bigint NOT NULL,
+            created_position bigint NOT NULL
         );
-        CREATE INDEX ON {schema}.pending_actions (session_id, created_at);
+        CREATE INDEX ON {schema}.pending_actions (session_id, created_position, id);
         CREATE INDEX ON {schema}.pending_actions (expires_at) WHERE status = 'open';
         """
 
@@ -74,6 +77,7 @@ class PendingActionsProjection(Projection):
                         created_at=e.occurred_at,
                         closed_at=None,
                         position=e.seq,
+                        created_position=e.seq,
                     )
                 case PendingActionAnswered() as d:
                     rows.set(

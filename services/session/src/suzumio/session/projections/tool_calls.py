@@ -12,8 +12,9 @@ from suzumio.platform.projections.writes import clean
 
 class ToolCallsProjection(Projection):
     name: ClassVar[str] = "tool_calls"
-    # 2: NUL in a record's text no longer parks it; 3: the index the paged list reads by
-    version: ClassVar[int] = 3
+    # 2: NUL in a record's text no longer parks it; 3: the index the paged list reads by;
+    # 4: paged in the log's order (`started_position`, set once), not by the writer's clock
+    version: ClassVar[int] = 4
     handles: ClassVar[frozenset[str]] = frozenset(
         c.event_type for c in (ToolCallStarted, ToolCallFinished)
     )
@@ -35,9 +36,10 @@ class ToolCallsProjection(Projection):
             started_at timestamptz NOT NULL,
             finished_at timestamptz,
             position bigint NOT NULL,
+            started_position bigint NOT NULL,
             PRIMARY KEY (activation_id, call_id)
         );
-        CREATE INDEX ON {schema}.tool_calls (activation_id, started_at, call_id);
+        CREATE INDEX ON {schema}.tool_calls (activation_id, started_position, call_id);
         """
 
     async def apply(self, conn: Connection, schema: str, events: Events) -> None:
@@ -74,8 +76,8 @@ class ToolCallsProjection(Projection):
         if started:
             await conn.executemany(
                 f"INSERT INTO {schema}.tool_calls (activation_id, call_id, tool, arguments_digest,"
-                " arguments_size, status, started_at, position)"
-                " VALUES ($1, $2, $3, $4, $5, 'running', $6, $7)",
+                " arguments_size, status, started_at, position, started_position)"
+                " VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $7)",
                 started,
             )
         if finished:

@@ -61,16 +61,19 @@ async def list_pending_actions(
     paging: Paging,
     status: Annotated[Literal["open", "answered", "expired", "cancelled"] | None, Query()] = None,
 ) -> Page[PendingActionOut]:
-    """The session's pending actions in order (oldest first), a page at a time; `status`
-    picks those of one status (`open`: what its agent waits on)."""
+    """The session's pending actions in the order the log holds them, a page at a time;
+    `status` picks those of one status (`open`: what its agent waits on)."""
     await visible_session(gw, who, session_id, Role.VIEWER)
     where, args = ["session_id = $1"], [session_id]
     if status is not None:
         args.append(status)
         where.append(f"status = ${len(args)}")
     select = "SELECT * FROM proj_pending_actions.pending_actions"
-    rows = await page(gw.pool, select, where, args, paging, descending=False)
-    return page_of(rows, paging.limit, "created_at", _action)
+    # The log's order (see the tool calls'), not the writer's clock.
+    rows = await page(
+        gw.pool, select, where, args, paging, sort="created_position", descending=False
+    )
+    return page_of(rows, paging.limit, "created_position", _action)
 
 
 @router.get("/v1/pending-actions/{action_id}")

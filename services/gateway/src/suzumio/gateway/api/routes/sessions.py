@@ -389,8 +389,8 @@ async def cancel_activation(
 async def list_tool_calls(
     activation_id: Identifier, gw: GatewayDep, who: PrincipalDep, _: ReadPosition, paging: Paging
 ) -> Page[ToolCallOut]:
-    """The audit record of every tool call the activation made, in order (oldest first), a
-    page at a time: an activation may make tens of thousands."""
+    """The audit record of every tool call the activation made, in the order the log holds
+    their starts, a page at a time: an activation may make tens of thousands."""
     await _visible_activation(gw, who, activation_id)
     rows = await page(
         gw.pool,
@@ -398,10 +398,13 @@ async def list_tool_calls(
         ["activation_id = $1"],
         [activation_id],
         paging,
-        sort="started_at",
+        # The log's order, which a call started later never comes before: by the writer's
+        # clock (another replica's, or a commit retried after a timeout), a call could sort
+        # before a page already read, and never be seen.
+        sort="started_position",
         descending=False,
     )
-    return page_of(rows, paging.limit, "started_at", _tool_call)
+    return page_of(rows, paging.limit, "started_position", _tool_call)
 
 
 def _tool_call(row: Any) -> ToolCallOut:
