@@ -121,7 +121,15 @@ class SupportContext:
         if self.fence is not None:
             await self.fence()
         try:
-            return await self.commands.send(command, actor=actor)
+            try:
+                return await self.commands.send(command, actor=actor)
+            except InvalidError as exc:
+                if command.activation_id is None or not _unknown_field(exc, "activation_id"):
+                    raise
+                # A session service of the release before it (mid-upgrade) knows no such
+                # field: sent without, as that release did — the broker's fence alone holds.
+                bare = command.model_copy(update={"activation_id": None})
+                return await self.commands.send(bare, actor=actor)
         except ConflictError as exc:
             if "exists already" not in exc.message:
                 raise
@@ -129,6 +137,15 @@ class SupportContext:
 
 
 C = TypeVar("C", PostMessage, RecordSignal)
+
+
+def _unknown_field(exc: InvalidError, name: str) -> bool:
+    """Whether the refusal is of `name` as a field the service does not know."""
+    errors = exc.details.get("errors")
+    return isinstance(errors, list) and any(
+        isinstance(e, dict) and e.get("loc") == name and e.get("type") == "extra_forbidden"
+        for e in errors
+    )
 
 
 def _built(command: type[C], **fields: Any) -> C:

@@ -51,6 +51,9 @@ class PostMessage(Command):
         default=None,
         description="an activation of this session posting it (through the tool-broker): "
         "refused once that activation may no longer write to its session",
+        # Left out when unset: a session service of the release before it refuses a field
+        # it does not know (mid-upgrade), and every message would be refused with it.
+        exclude_if=lambda v: v is None,
     )
 
 
@@ -68,6 +71,7 @@ class RecordSignal(Command):
         default=None,
         description="the activation recording it (through the tool-broker): refused once that "
         "activation may no longer write to its session (cancelled, or a later one requested)",
+        exclude_if=lambda v: v is None,  # as PostMessage's: an older session service
     )
 
 
