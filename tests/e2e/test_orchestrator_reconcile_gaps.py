@@ -304,30 +304,37 @@ async def test_the_wall_clock_limit_ends_an_activation_whose_backend_cannot_list
 class AnOrphanLater(ProcessBackend):
     """The process backend, showing from its second listing on a sandbox no activation owns —
     as a container left running while this replica led (a launch whose answer was lost, and
-    whose removal failed too) — and telling what was done with that one."""
+    whose removal failed too) — and one finished, kept by its policy; and telling what was
+    done with those."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.listings = 0
         self.orphan = Handle(new_id(), "process", "orphan-sandbox")
+        self.kept = Handle(new_id(), "process", "kept-sandbox", finished=True)
         self.cancelled: list[str] = []
-        self.cleaned: list[bool] = []
+        self.cleaned: list[tuple[str, bool]] = []
 
     async def list_live(self) -> list[Handle]:
         self.listings += 1
         live = await super().list_live()
-        shown = self.listings > 1 and not self.cleaned  # cleaned up, it is gone
-        return [*live, self.orphan] if shown else live
+        if self.listings == 1:
+            return live
+        gone = {sandbox for sandbox, _ in self.cleaned}  # cleaned up, the orphan is gone
+        return [*live, *(h for h in (self.orphan, self.kept) if h.sandbox_id not in gone)]
+
+    def _ours(self, handle: Handle) -> bool:
+        return handle.sandbox_id in {self.orphan.sandbox_id, self.kept.sandbox_id}
 
     async def cancel(self, handle: Handle) -> None:
-        if handle.activation_id == self.orphan.activation_id:
+        if self._ours(handle):
             self.cancelled.append(handle.sandbox_id)
             return
         await super().cancel(handle)
 
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:
-        if handle.activation_id == self.orphan.activation_id:
-            self.cleaned.append(succeeded)
+        if self._ours(handle):
+            self.cleaned.append((handle.sandbox_id, succeeded))
             return
         await super().cleanup(handle, succeeded=succeeded)
 
@@ -339,8 +346,9 @@ async def test_a_sandbox_orphaned_while_a_replica_leads_is_cleared_by_its_sweep(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Orphans were looked for only when a replica took the lead, which may be weeks away:
-    the leader's housekeeping round now clears them too — and leaves alone the sandbox of an
-    activation it is watching."""
+    the leader's housekeeping round now stops the running ones too — and leaves alone the
+    sandbox of an activation it is watching, and a finished one (kept by its policy: the
+    takeover goes over those)."""
     monkeypatch.setattr(engine, "SWEEP_SECONDS", 0.3)
     model.script([Reply.text("still thinking", delay=60)])
     made: list[AnOrphanLater] = []
@@ -357,9 +365,13 @@ async def test_a_sandbox_orphaned_while_a_replica_leads_is_cleared_by_its_sweep(
         await eventually(
             lambda: asyncio.sleep(0, backend.cleaned), bool, timeout=20, what="the orphan cleared"
         )
+        listed = backend.listings
+        await eventually(
+            lambda: asyncio.sleep(0, backend.listings), lambda n: n > listed + 1, what="rounds"
+        )
         assert backend.cancelled == ["orphan-sandbox"]
-        assert backend.cleaned == [False]  # its activation is unknown: not completed
-        assert backend.listings >= 2  # found by the sweep, after the takeover's listing
+        # Its activation is unknown: not completed. The kept one was not touched.
+        assert backend.cleaned == [("orphan-sandbox", False)]
         assert activation_id in await h.live_ids()  # the watched one still runs
         assert "activation.started" in await h.story(activation_id)
         assert not set(TERMINAL).intersection(await h.story(activation_id))

@@ -1040,23 +1040,25 @@ class Orchestrator:
                 log.exception("orchestrator.orphan_sweep_failed")
 
     async def _sweep_orphans(self) -> None:
-        """Sandboxes that no live activation owns, made while this replica leads — a launch
-        whose answer was lost and whose removal failed too, a stop that failed — cleared each
-        round, not only at the next takeover (which may be weeks away), as `_match` clears
-        those found then. One whose activation is still being launched, watched, stopped or
-        ended here is its own task's; one whose backend cannot list is found next round."""
+        """Sandboxes still running that no live activation owns, made while this replica
+        leads — a launch whose answer was lost and whose removal failed too, a stop that
+        failed — stopped each round, not only at the next takeover (which may be weeks away),
+        as `_match` clears those found then. Only of activations ended before the listing
+        (or unknown): one listed while it still ran, ended since, is its watcher's to clean
+        up — a stop from this listing, stale by then, would delete a Job its policy keeps. A
+        finished sandbox (nothing runs; what is left is kept by its policy, or its cleanup
+        failed) is left to the takeover: every round would go over each one kept."""
+        ended = {activation_id for activation_id, t in self.activations.items() if t.ended}
         live, _ = await list_live(self.backends, set(self.backends))
         for activation_id, handle in live.items():
-            if handle.ended:
+            if handle.ended or handle.finished:
                 continue
             if activation_id in self._tasks or activation_id in self._cancels:
                 continue
             if activation_id in self._ending or activation_id in self._orphaned:
                 continue
-            tracked = self.activations.get(activation_id)
-            if tracked is not None and not tracked.ended:
-                continue  # live: its watcher (or the reconciliation, still asking) has it
-            await self._clear_orphan(handle)
+            if activation_id in ended or activation_id not in self.activations:
+                await self._clear_orphan(handle)
 
     async def _collect_garbage(self, horizon: float) -> None:
         """Remove what retention lets go of: ended activations' directories, and closed
