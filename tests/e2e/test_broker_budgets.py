@@ -140,9 +140,13 @@ async def test_a_call_past_the_activations_log_budget_is_refused(budgeted: Stack
     a = await live(budgeted, "hoarder")
     data = {"notes": "n" * 6_000}
     async with broker(budgeted, a.token) as c:
-        saved = [
+        first = {"checkpoint_id": new_id(), "data": data}
+        saved = [await c.put("/runner/checkpoint", json=first)]
+        # Sent again (its answer lost): written once, counted once.
+        again = [await c.put("/runner/checkpoint", json=first) for _ in range(3)]
+        saved += [
             await c.put("/runner/checkpoint", json={"checkpoint_id": new_id(), "data": data})
-            for _ in range(4)
+            for _ in range(3)
         ]
         supported = []
         for request_id in ("r1", "r2"):  # each counts 1 KiB at least
@@ -151,6 +155,7 @@ async def test_a_call_past_the_activations_log_budget_is_refused(budgeted: Stack
         final = await c.post("/activation-output", json={"text": "done"})
     # ~6 KB each: three fit in 20,000 bytes, the fourth does not (and counts nothing); a small
     # call still fits in what is left, the next one no more.
+    assert [r.json() for r in again] == [{"recorded": False}] * 3
     assert [r.status_code for r in saved] == [200, 200, 200, 409], saved[-1].text
     assert saved[3].json()["code"] == "limit_reached"
     assert str(LOG_BUDGET) in saved[3].json()["detail"]

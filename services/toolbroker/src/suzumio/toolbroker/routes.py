@@ -241,10 +241,11 @@ def _tool_span(headers: Mapping[str, str], caller: Caller, body: ToolCallFinish,
 MIN_LOG_CHARGE = 1024  # bytes a call counts against its activation's log budget at least
 
 
-def _charge(broker: Broker, caller: Caller, body: BaseModel) -> None:
-    """Count the call against its activation's log budget, or refuse it (409) past the
-    budget: each of these calls is an event in the log for good, and a sandbox looping on
-    one (checkpoints of 256 KB, asks with new ids) could otherwise write on for as long as its
+def _charge(broker: Broker, caller: Caller, body: BaseModel, *, now: bool = True) -> int:
+    """What the call counts against its activation's log budget (counted now, or by the
+    caller once it knows the call wrote anything: `now=False`), or 409 past the budget: each
+    of these calls is an event in the log for good, and a sandbox looping on one
+    (checkpoints of 256 KB, asks under new ids) could otherwise write on for as long as its
     token lasts. Not a 401/403, which the runner takes for a fence: a refused request, which
     ends the activation failed with this reason in its output."""
     a = caller.activation
@@ -256,15 +257,20 @@ def _charge(broker: Broker, caller: Caller, body: BaseModel) -> None:
             f"an activation may write at most {broker.log_budget} bytes to the log through "
             "history, compaction, checkpoint, ask and support calls",
         )
-    a.log_bytes += size
+    if now:
+        a.log_bytes += size
+    return size
 
 
 @router.post("/runner/history")
 async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
     _distinct(body.entries)
     _model_replies(body.entries)
-    _charge(broker, caller, body)
-    return Recorded(recorded=await _append_history(broker, caller, body.entries))
+    size = _charge(broker, caller, body, now=False)
+    recorded = await _append_history(broker, caller, body.entries)
+    if recorded:  # a retry of entries recorded already wrote nothing
+        caller.activation.log_bytes += size
+    return Recorded(recorded=recorded)
 
 
 def _model_replies(entries: Sequence[HistoryEntryIn]) -> None:
@@ -553,7 +559,7 @@ async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> R
     stored = body.model_dump_json(include={"checkpoint_id", "data"})
     if len(stored.encode()) > MAX_CHECKPOINT_BYTES:
         raise BrokerError(413, "too_large", f"checkpoints are at most {MAX_CHECKPOINT_BYTES} bytes")
-    _charge(broker, caller, body)
+    size = _charge(broker, caller, body, now=False)
     c = caller.claims
     reply = await broker.commands.send(
         SaveCheckpoint(
@@ -564,6 +570,8 @@ async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> R
         ),
         actor=caller.actor,
     )
+    if reply.events:  # a retry of one saved already wrote nothing
+        caller.activation.log_bytes += size
     return Recorded(recorded=bool(reply.events))
 
 

@@ -13,7 +13,7 @@ from suzumio.platform.settings import ServiceSettings
 # memory, the log, and a replica's memory. A profile may allow 10,000 model calls of up to 128
 # tool calls each: its operator raises these with it.
 LIVE_BUDGET = 16 * 1024 * 1024
-LOG_BUDGET = 1024 * 1024 * 1024  # bytes an activation may have written to the log by calls
+LOG_BUDGET = 4 * 1024 * 1024 * 1024  # bytes an activation may have written to the log by calls
 MAX_TOOL_CALLS = 50_000
 
 
