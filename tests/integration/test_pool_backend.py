@@ -1095,7 +1095,8 @@ async def test_a_run_heard_of_after_its_attempt_ended_here_is_stopped_again(
 ) -> None:
     """Its worker was cut off past the heartbeat timeout: the attempt ended lost here, its one
     stop sent then (and missed). Back, the worker beats for that run again: it is stopped
-    again, now — not left to run to its deadline. A run of an attempt still watched is not."""
+    again, now — not left to run to its deadline (once per heartbeat timeout at most). A run
+    of an attempt still watched is not."""
     ended = new_id()
     gone = Handle(ended, "pool", f"{ended}.1", {"left_queue": True})
     await backend.cleanup(gone, succeeded=False)  # the lost attempt's end, as the engine does it
@@ -1107,7 +1108,10 @@ async def test_a_run_heard_of_after_its_attempt_ended_here_is_stopped_again(
 
     sub = await nc.subscribe(topology.pool_cancel_subject("*"), cb=on_cancel)
     try:
-        for dispatch, activation in ((gone.sandbox_id, ended), (f"{new_id()}.1", new_id())):
+        # Two beats of the ended run (one stop: at most one per heartbeat timeout), one of
+        # a run of an attempt not ended here.
+        beats = [(gone.sandbox_id, ended)] * 2 + [(f"{new_id()}.1", new_id())]
+        for dispatch, activation in beats:
             beat = PoolStatus(
                 kind="heartbeat", dispatch_id=dispatch, activation_id=activation, attempt=1,
                 worker_id="wx", pool="default", at=datetime.now(UTC),

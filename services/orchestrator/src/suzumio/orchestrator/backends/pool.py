@@ -194,6 +194,10 @@ class PoolBackend:
         self.settings = settings or PoolSettings()
         self._trackers: dict[str, _Tracker] = {}
         self._cleaned: dict[str, float] = {}  # dispatch → when: in order of cleanup
+        # Runs of those heard of again, and when they were last told to stop (see `_stop_again`);
+        # forgotten with the dispatch's cleanup.
+        self._stopped_again: dict[str, float] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
         self._statuses: Subscription | None = None
         self._given_up: Subscription | None = None
         self._statuses_made = asyncio.Lock()
@@ -589,7 +593,9 @@ class PoolBackend:
         self._cleaned[handle.sandbox_id] = now
         horizon = now - CLEANED_SECONDS
         while self._cleaned and next(iter(self._cleaned.values())) < horizon:
-            del self._cleaned[next(iter(self._cleaned))]
+            gone = next(iter(self._cleaned))
+            del self._cleaned[gone]
+            self._stopped_again.pop(gone, None)
 
     # -- list_live, health ------------------------------------------------------------------
     async def list_live(self) -> list[Handle]:
@@ -730,6 +736,8 @@ class PoolBackend:
                 with contextlib.suppress(NatsError):
                     await sub.unsubscribe()
         self._statuses = self._given_up = self._presence = None
+        if self._stopping:  # short (a publish and its flush): let them go out
+            await asyncio.wait(set(self._stopping), timeout=5)
 
     # -- subscriptions ----------------------------------------------------------------------
     async def _track(self, did: str, *, started: bool) -> _Tracker:
@@ -790,10 +798,7 @@ class PoolBackend:
                 # timeout (the attempt ended lost), missed the one stop sent then and is back.
                 # Stopped again now — else it ran on to its deadline, holding a slot and the
                 # session's warm workspace, its runner calling the model until fenced.
-                log.warning("pool.ended_run_still_running", dispatch=status.dispatch_id,
-                            worker=status.worker_id)  # fmt: skip
-                ended = Handle(status.activation_id, self.name, status.dispatch_id)
-                await self._broadcast_cancel(ended)
+                self._stop_again(status)
             return
         if not tracker.update(status):
             return
@@ -802,6 +807,22 @@ class PoolBackend:
                 self._keep_warm(tracker.affinity_key, status.worker_id, time.monotonic())
             else:
                 self._warm.pop(tracker.affinity_key, None)
+
+    def _stop_again(self, status: PoolStatus) -> None:
+        """Broadcast the cancel of a run ended here again, at most once per heartbeat
+        timeout — in a task of its own: this callback handles every dispatch's status, and
+        a flush waiting on a slow NATS would hold live runs' heartbeats back."""
+        now = time.monotonic()
+        last = self._stopped_again.get(status.dispatch_id)
+        if last is not None and now - last < self.settings.heartbeat_timeout_seconds:
+            return
+        self._stopped_again[status.dispatch_id] = now
+        log.warning("pool.ended_run_still_running", dispatch=status.dispatch_id,
+                    worker=status.worker_id)  # fmt: skip
+        ended = Handle(status.activation_id, self.name, status.dispatch_id)
+        task = asyncio.create_task(self._broadcast_cancel(ended))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     async def _ensure_presence(self) -> None:
         if self._presence is not None:
