@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from suzumio.contracts.events import ToolCallStarted
 from suzumio.platform.db import pool as db
 from suzumio.platform.projections.positions import CHANNEL
-from tests.e2e.api import new_user, new_world, ok, problem
+from tests.e2e.api import in_pages, new_user, new_world, ok, problem
+from tests.e2e.runner_env import request_activation
 from tests.e2e.stack import Stack, running_stack
 
 
@@ -146,3 +148,35 @@ async def test_a_key_revoked_while_the_keys_read_model_is_frozen_gets_no_kept_an
         refused = await c.post("/v1/me/api-keys", json={"name": "second"}, headers=headers)
     problem(refused, 401, "unauthenticated")
     assert made["api_key"] not in refused.text
+
+
+async def test_lists_paged_in_the_log_order_still_answer_from_the_tables_before_it(
+    own_stack: Stack,
+) -> None:
+    """Mid-upgrade, until the rebuilt read models are swapped in, the tables are the release
+    before's, without the column the tool calls and pending actions are now paged by: the
+    lists answer by their times as before, not with a 500."""
+    stack = own_stack
+    world = await new_world(stack, "beforecols")
+    activation_id = await request_activation(stack, world)
+    calls = [
+        ToolCallStarted(call_id=f"c{i}", tool="file.read", arguments_digest="a" * 64,
+                        arguments_size=2)
+        for i in range(3)
+    ]  # fmt: skip
+    await stack.store.append(activation_id, calls, 0)
+    url = f"/v1/activations/{activation_id}/tool-calls"
+    async with stack.client(world.key) as c:
+        await in_pages(c, url, 3)
+        conn = await db.connect(stack.database_url, "test-older-tables")
+        try:
+            await conn.execute("ALTER TABLE proj_tool_calls.tool_calls DROP started_position")
+            await conn.execute(
+                "ALTER TABLE proj_pending_actions.pending_actions DROP created_position"
+            )
+        finally:
+            await conn.close()
+        listed = await in_pages(c, url, 3)
+        pending = ok(await c.get(f"/v1/sessions/{world.session_id}/pending-actions"))
+    assert [t["call_id"] for t in listed] == ["c0", "c1", "c2"]
+    assert pending == {"items": [], "next_cursor": None}

@@ -16,7 +16,7 @@ from suzumio.gateway.api.pagination import Page, page_of
 from suzumio.gateway.api.problems import not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
 from suzumio.gateway.api.routes.sessions import Paging, visible_session
-from suzumio.gateway.queries.rows import page
+from suzumio.gateway.queries.rows import page_in_log_order
 from suzumio.gateway.state import Gateway
 
 router = APIRouter(tags=["pending actions"], responses=RESPONSES)
@@ -70,10 +70,10 @@ async def list_pending_actions(
         where.append(f"status = ${len(args)}")
     select = "SELECT * FROM proj_pending_actions.pending_actions"
     # The log's order (see the tool calls'), not the writer's clock.
-    rows = await page(
-        gw.pool, select, where, args, paging, sort="created_position", descending=False
+    rows, sort = await page_in_log_order(
+        gw.pool, select, where, args, paging, sort="created_position", before="created_at"
     )
-    return page_of(rows, paging.limit, "created_position", _action)
+    return page_of(rows, paging.limit, sort, _action)
 
 
 @router.get("/v1/pending-actions/{action_id}")

@@ -43,7 +43,7 @@ from suzumio.gateway.api.models import (
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
 from suzumio.gateway.api.routes.common import RESPONSES, send, settle
-from suzumio.gateway.queries.rows import page
+from suzumio.gateway.queries.rows import page, page_in_log_order
 from suzumio.gateway.state import Gateway
 
 router = APIRouter(tags=["sessions"], responses=RESPONSES)
@@ -392,7 +392,7 @@ async def list_tool_calls(
     """The audit record of every tool call the activation made, in the order the log holds
     their starts, a page at a time: an activation may make tens of thousands."""
     await _visible_activation(gw, who, activation_id)
-    rows = await page(
+    rows, sort = await page_in_log_order(
         gw.pool,
         "SELECT *, call_id AS id FROM proj_tool_calls.tool_calls",
         ["activation_id = $1"],
@@ -402,9 +402,9 @@ async def list_tool_calls(
         # clock (another replica's, or a commit retried after a timeout), a call could sort
         # before a page already read, and never be seen.
         sort="started_position",
-        descending=False,
+        before="started_at",
     )
-    return page_of(rows, paging.limit, "started_position", _tool_call)
+    return page_of(rows, paging.limit, sort, _tool_call)
 
 
 def _tool_call(row: Any) -> ToolCallOut:
