@@ -4,6 +4,7 @@ the real session, scheduler, tool-broker and gateway processes."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from suzumio.contracts.commands import AppendHistory, RecordSignal
+from suzumio.contracts.commands import AppendHistory, Command, RecordSignal
 from suzumio.contracts.commands.sessions import HistoryEntry
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import ForbiddenError
@@ -180,6 +181,24 @@ async def test_a_cancelled_activation_is_fenced_at_once(platform: Stack) -> None
     assert await activation_types(platform, a.activation_id) == ["activation.tool_call_started"]
 
 
+async def refused_after_a_cancel(
+    platform: Stack, a: Live, command: Callable[[str], Command]
+) -> tuple[str, str]:
+    """`command` (made of a new id) sent as the broker sends it, once before the activation's
+    cancel is stored, and once after — refused by the session service itself; the two ids."""
+    commands = CommandClient(platform.nc, platform.topology)
+    before, late = new_id(), new_id()
+    await commands.send(command(before), actor="system:toolbroker")
+    await platform.store.append_next(
+        a.world.session_id,
+        [ActivationCancelRequested(activation_id=a.activation_id, reason="stopped")],
+        EventMeta(actor="system:scheduler"),
+    )
+    with pytest.raises(ForbiddenError, match="cancelled"):
+        await commands.send(command(late), actor="system:toolbroker")
+    return before, late
+
+
 async def test_history_from_a_cancelled_activation_is_refused_by_the_session_itself(
     platform: Stack,
 ) -> None:
@@ -197,15 +216,7 @@ async def test_history_from_a_cancelled_activation_is_refused_by_the_session_its
             entries=(HistoryEntry(message_id=message_id, role="assistant", text="hi"),),
         )
 
-    before, late = new_id(), new_id()
-    await commands.send(entry(before), actor="system:toolbroker")
-    await platform.store.append_next(
-        a.world.session_id,
-        [ActivationCancelRequested(activation_id=a.activation_id, reason="replaced")],
-        EventMeta(actor="system:scheduler"),
-    )
-    with pytest.raises(ForbiddenError, match="cancelled"):
-        await commands.send(entry(late), actor="system:toolbroker")
+    before, late = await refused_after_a_cancel(platform, a, entry)
     await commands.send(entry(before), actor="system:toolbroker")  # a retry: harmless
     stream = await platform.store.load("session", a.world.session_id)
     written = [
@@ -222,7 +233,6 @@ async def test_work_a_cancelled_activation_queues_for_itself_is_refused_by_the_s
     broker let through before a cancel was stored must not queue work after it — the next
     activation would do what the user had just stopped."""
     a = await live(platform, "orin")
-    commands = CommandClient(platform.nc, platform.topology)
 
     def signal(signal_id: str) -> RecordSignal:
         return RecordSignal(
@@ -232,15 +242,7 @@ async def test_work_a_cancelled_activation_queues_for_itself_is_refused_by_the_s
             activation_id=a.activation_id,
         )
 
-    before, late = new_id(), new_id()
-    await commands.send(signal(before), actor="system:toolbroker")
-    await platform.store.append_next(
-        a.world.session_id,
-        [ActivationCancelRequested(activation_id=a.activation_id, reason="stopped")],
-        EventMeta(actor="system:scheduler"),
-    )
-    with pytest.raises(ForbiddenError, match="cancelled"):
-        await commands.send(signal(late), actor="system:toolbroker")
+    before, late = await refused_after_a_cancel(platform, a, signal)
     stream = await platform.store.load("session", a.world.session_id)
     recorded = [e.data.signal_id for e in stream.events if isinstance(e.data, SignalRecorded)]
     assert before in recorded
