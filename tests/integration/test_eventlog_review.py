@@ -4,6 +4,7 @@ reader, the projector under transient Postgres trouble, parking records."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
@@ -143,22 +144,38 @@ async def test_a_quiet_follower_whose_consumer_is_lost_goes_on_from_where_it_sta
         await store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
     start = await stream_last_seq(nc, topology.events_stream) + 1
     follower = LogFollower(nc, topology, start_seq=start)
-    await follower.start()
+    # Each step bounded on its own, so that one which hangs says which (twice in CI on
+    # 2026-12-05 the test as a whole ran past pytest's 120 s, with no step named).
+    async with step("start", 20):
+        await follower.start()
     try:
         sub: Any = follower._sub
         lost = sub._consumer
         js = nc.jetstream()
-        await js.delete_consumer(topology.events_stream, lost)  # as a NATS restart loses it
+        async with step("delete the consumer", 20):
+            await js.delete_consumer(topology.events_stream, lost)  # as a NATS restart loses it
         # Made again once its heartbeats are missed (two of 5 s, checked every 10 s).
         await eventually(lambda: asyncio.sleep(0, sub._consumer), lambda c: c != lost, timeout=60)
         jsi = sub._sub._jsi
         assert jsi._ccreq.opt_start_seq == start, (jsi._ccreq.opt_start_seq, start)
-        await store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
+        async with step("append", 20):
+            await store.append(new_id(), [ProjectCreated(name="p", owner_id="u")], 0)
         msg = await follower.next(timeout=20)
         assert msg is not None
         assert msg.seq == start, (msg.seq, start)
     finally:
-        await follower.close()
+        async with step("close", 10):
+            await follower.close()
+
+
+@contextlib.asynccontextmanager
+async def step(what: str, seconds: float) -> AsyncIterator[None]:
+    """`what`, failed by name if it takes longer than `seconds`."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        pytest.fail(f"{what} took longer than {seconds} s")
 
 
 async def test_a_message_with_a_malformed_version_header_does_not_stop_a_follower(
