@@ -15,7 +15,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
-from suzumio.contracts.commands import AppendHistory, Command, RecordSignal
+from suzumio.contracts.commands import AppendHistory, Command, CreatePendingAction, RecordSignal
 from suzumio.contracts.commands.sessions import HistoryEntry
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.errors import ForbiddenError
@@ -23,13 +23,15 @@ from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationCompleted,
     ActivationStarted,
+    PendingActionCreated,
     SessionMessageAppended,
     SignalRecorded,
     ToolCallFinished,
     ToolCallStarted,
 )
 from suzumio.contracts.ids import new_id
-from suzumio.contracts.values import Author
+from suzumio.contracts.policies import approval_id, arguments_digest
+from suzumio.contracts.values import Author, PendingKind
 from suzumio.platform.bus.commands import CommandClient
 from suzumio.platform.bus.jsapi import ensure_streams
 from suzumio.platform.tokens import TokenSigner
@@ -581,18 +583,87 @@ async def test_agents_cannot_forge_platform_signals_or_preempt(platform: Stack) 
     assert signal.payload == {"approved": True, "kind": "approval.result", "toolpack": "core"}  # type: ignore[attr-defined]
 
 
-async def test_asking_with_another_sessions_pending_action_id_reveals_nothing(
-    platform: Stack,
-) -> None:
+async def test_asking_under_another_sessions_id_asks_in_ones_own(platform: Stack) -> None:
+    """The same id asked from two sessions is two questions, each its session's: neither
+    sees the other's (its prompt, its answer)."""
     mine = await live(platform, "asko")
     theirs = await live(platform, "askt")
     action_id = new_id()
+    body = {"pending_action_id": action_id, "prompt": "secret question?", "wait_seconds": 0}
     async with broker(platform, theirs.token) as c:
-        body = {"pending_action_id": action_id, "prompt": "secret question?", "wait_seconds": 0}
-        assert (await c.post("/runner/ask", json=body)).json()["status"] == "pending"
+        asked = (await c.post("/runner/ask", json=body)).json()
+        assert asked["status"] == "pending"
+        # Asked again (a retry): the same pending action.
+        assert (await c.post("/runner/ask", json=body)).json() == asked
     async with broker(platform, mine.token) as c:
-        response = await c.post("/runner/ask", json={**body, "prompt": "peek"})
-    assert response.status_code == 404
+        peek = (await c.post("/runner/ask", json={**body, "prompt": "peek"})).json()
+    assert peek["status"] == "pending"
+    assert peek["pending_action_id"] != asked["pending_action_id"]
+    for session, answer in ((theirs, asked), (mine, peek)):
+        stream = await platform.store.load("pending_action", answer["pending_action_id"])
+        created = stream.events[0].data
+        assert isinstance(created, PendingActionCreated)
+        assert created.session_id == session.world.session_id
+    prompts = await platform.store.load("pending_action", asked["pending_action_id"])
+    assert prompts.events[0].data.prompt == "secret question?"  # type: ignore[attr-defined]
+
+
+async def test_a_question_cannot_take_the_id_of_another_sessions_approval(
+    platform: Stack,
+) -> None:
+    """An approval's id derives from its session, tool and arguments: anyone who knows them can
+    compute it. A question asked under it from another session must not take it, or that call
+    could never be approved there (its ask a 404)."""
+    victim = await live(platform, "sqv")
+    squatter = await live(platform, "sqs")
+    written = '{"text": "deploy"}'
+    pending = approval_id(victim.world.session_id, "message.send", arguments_digest(written), 0)
+    async with broker(platform, squatter.token) as c:
+        body = {"pending_action_id": pending, "prompt": "mine now?", "wait_seconds": 0}
+        taken = await c.post("/runner/ask", json=body)
+    assert taken.status_code == 200, taken.text
+    assert taken.json()["pending_action_id"] != pending
+    approval = {
+        "pending_action_id": pending,
+        "kind": "approval",
+        "prompt": "-",
+        "tool": "message.send",
+        "approved_call": written,
+        "wait_seconds": 0,
+    }
+    async with broker(platform, victim.token) as c:
+        asked = await c.post("/runner/ask", json=approval)
+    assert asked.status_code == 200, asked.text
+    assert asked.json() == {**asked.json(), "pending_action_id": pending, "status": "pending"}
+    created = (await platform.store.load("pending_action", pending)).events[0].data
+    assert isinstance(created, PendingActionCreated)
+    assert created.session_id == victim.world.session_id
+    assert created.kind is PendingKind.APPROVAL
+
+
+async def test_a_question_asked_under_the_runners_own_id_is_found_there(
+    platform: Stack,
+) -> None:
+    """A question of this session stored under the id the runner asked with (as a broker of
+    the previous release stored it): asked again, that one — not a second question."""
+    a = await live(platform, "sqo")
+    action_id = new_id()
+    await CommandClient(platform.nc, platform.topology).send(
+        CreatePendingAction(
+            pending_action_id=action_id,
+            session_id=a.world.session_id,
+            activation_id=a.activation_id,
+            kind=PendingKind.QUESTION,
+            prompt="asked before the upgrade?",
+        ),
+        actor="system:toolbroker",
+    )
+    body = {"pending_action_id": action_id, "prompt": "asked before the upgrade?"}
+    async with broker(platform, a.token) as c:
+        again = await c.post("/runner/ask", json=body)
+    assert again.status_code == 200, again.text
+    assert again.json()["pending_action_id"] == action_id
+    assert again.json()["status"] == "pending"
 
 
 async def test_one_call_id_messaging_two_sessions_sends_two_messages(platform: Stack) -> None:

@@ -162,9 +162,12 @@ class CoreTools:
                 approved_call=approved,
             )
         )
+        # The broker names the question's pending action (derived from the session and this
+        # id): its answer's signal, and the person's list, bear that id.
+        asked = outcome.pending_action_id
         if outcome.status == "answered":
-            self.answered.add(pending_id)
-        return settle(outcome.status, outcome.answer, pending_id, "the user's answer")
+            self.answered.add(asked)
+        return settle(outcome.status, outcome.answer, asked, "the user's answer")
 
     async def approval(self, tool: str, arguments: str, digest: str, wait: float) -> CoreOutcome:
         """Ask a person to approve a tool call (policy `ask`). The ids derive from the session,

@@ -52,7 +52,7 @@ from suzumio.contracts.events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from suzumio.contracts.ids import Identifier
+from suzumio.contracts.ids import Identifier, derived_id
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.runner import CheckpointRef, SignalSpec
 from suzumio.contracts.subjects import LIVE_DUPLICATE_WINDOW_SECONDS
@@ -519,12 +519,15 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
     else:
         await permit(broker.store, c, "ask_user", body.approved_call, _asks(body))
     _charge(broker, caller, body)
+    pending_action_id = body.pending_action_id  # an approval's: derived from this session
+    if body.kind is not PendingKind.APPROVAL:
+        pending_action_id = await _question_id(broker, c.session_id, body.pending_action_id)
     waiter = broker.waiter
-    with waiter.watch(body.pending_action_id) as outcome:
+    with waiter.watch(pending_action_id) as outcome:
         try:
             await broker.commands.send(
                 CreatePendingAction(
-                    pending_action_id=body.pending_action_id,
+                    pending_action_id=pending_action_id,
                     session_id=c.session_id,
                     activation_id=c.activation_id,
                     kind=body.kind,
@@ -539,9 +542,31 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
             if "exists already" not in exc.message:
                 raise  # e.g. the session is closed: nothing was asked
             # Asked before (a retry): its outcome may be known — if it is this session's.
-            if await _pending_session(broker, body.pending_action_id) != c.session_id:
+            if await _pending_session(broker, pending_action_id) != c.session_id:
                 raise BrokerError(404, "not_found", "no such pending action") from None
-        return await waiter.outcome(body.pending_action_id, outcome, body.wait_seconds)
+        return await waiter.outcome(pending_action_id, outcome, body.wait_seconds)
+
+
+async def _question_id(broker: Broker, session_id: str, asked_as: str) -> str:
+    """The pending action of a question asked under `asked_as` (the runner's id): an id
+    derived from the session and it, answered in `AskOutcome.pending_action_id`. Pending
+    actions are one namespace for all sessions, and an approval's id derives from its session,
+    tool and arguments: a question under the runner's id alone could take, from another
+    session, the id a call's approval is to be asked under — that call then never approved
+    (its ask a 404, the approval walk stopped there).
+
+    A question asked under the runner's own id before this release (its retry, across an
+    upgrade) is found there, not asked twice."""
+    stream = await broker.store.load("pending_action", asked_as)
+    if stream.events:
+        created = stream.events[0].data
+        if (
+            isinstance(created, PendingActionCreated)
+            and created.session_id == session_id
+            and created.kind is not PendingKind.APPROVAL
+        ):
+            return asked_as
+    return derived_id("question", session_id, asked_as)
 
 
 @router.put("/runner/checkpoint")
