@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 
@@ -20,8 +21,14 @@ from suzumio.contracts.commands import (
     CreatePendingAction,
     ExpirePendingAction,
 )
+from suzumio.contracts.envelope import DomainEvent, RecordedEvent
+from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.events import (
+    ActivationCancelRequested,
+    ActivationRequested,
     PendingActionAnswered,
+    PendingActionCancelled,
+    PendingActionCreated,
     SessionClosed,
     SignalRecorded,
     UserCreated,
@@ -73,17 +80,26 @@ async def a_session(store: EventStore) -> str:
     return await sessions.session(await sessions.project())
 
 
-async def ask(commands: CommandClient, session_id: str, timeout_seconds: int = 600) -> str:
-    """A question of the session's agent; its pending action's id."""
-    action_id = new_id()
-    create = CreatePendingAction(
+def question(
+    session_id: str, action_id: str, activation_id: str | None = None, timeout_seconds: int = 600
+) -> CreatePendingAction:
+    """A question of the session's agent (of `activation_id`), as the broker asks it."""
+    return CreatePendingAction(
         pending_action_id=action_id,
         session_id=session_id,
+        activation_id=activation_id,
         kind=PendingKind.QUESTION,
         prompt="Which?",
         timeout_seconds=timeout_seconds,
     )
-    await commands.send(create, actor="system:toolbroker")
+
+
+async def ask(commands: CommandClient, session_id: str, timeout_seconds: int = 600) -> str:
+    """A question of the session's agent; its pending action's id."""
+    action_id = new_id()
+    await commands.send(
+        question(session_id, action_id, None, timeout_seconds), actor="system:toolbroker"
+    )
     return action_id
 
 
@@ -188,3 +204,103 @@ async def test_the_catch_up_reaction_reading_behind_its_outcome_tries_again(
         stop.set()
         await asyncio.wait_for(running, 10)
     assert lagging.lagging == 0
+
+
+async def test_a_question_whose_fence_check_failed_is_checked_again_when_asked_again(
+    nc: NATS, topology: Topology, store: EventStore
+) -> None:
+    """A create is two appends: the question, then its cancel if a cancel of its activation
+    came meanwhile. When the second failed (a NATS blink), the broker asks again, takes the
+    "exists already" for its retry's success — and the check must be made then, or a person
+    is left a question from work that is gone (which, expired, would wake the agent)."""
+    session_id = await a_session(store)
+    activation_id = new_id()
+    await store.append_next(
+        session_id, [ActivationRequested(activation_id=activation_id, agent_id="a", signal_ids=())]
+    )
+    opened = (await store.load("session", session_id)).events[0].data
+    action_id = new_id()
+    # The first append of the first attempt, as it landed before its second failed.
+    await store.append(
+        action_id,
+        [
+            PendingActionCreated(
+                project_id=opened.project_id,  # type: ignore[attr-defined]
+                session_id=session_id,
+                agent_id=opened.agent_id,  # type: ignore[attr-defined]
+                activation_id=activation_id,
+                kind=PendingKind.QUESTION,
+                prompt="Which?",
+                expires_at=datetime.now(UTC) + timedelta(hours=1),
+            )
+        ],
+        0,
+    )
+    await store.append_next(session_id, [ActivationCancelRequested(activation_id=activation_id)])
+    again = question(session_id, action_id, activation_id)
+    async with session_service(nc, topology, store):
+        with pytest.raises(ConflictError, match="exists already"):
+            await CommandClient(nc, topology).send(again, actor="system:toolbroker")
+    stored = await store.load("pending_action", action_id)
+    assert [e.type for e in stored.events] == [
+        PendingActionCreated.event_type,
+        PendingActionCancelled.event_type,
+    ]
+
+
+class BehindOnSessions(EventStore):
+    """Reads a session as a replica one event behind would, `behind` times: without its
+    last event."""
+
+    behind = 1
+
+    async def events(
+        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+    ) -> AsyncIterator[RecordedEvent[DomainEvent]]:
+        held: list[RecordedEvent[DomainEvent]] = []
+        async for event in super().events(aggregate, aggregate_id, after=after):
+            held.append(event)
+        if aggregate == "session" and self.behind > 0 and held:
+            self.behind -= 1
+            held.pop()
+        for event in held:
+            yield event
+
+
+async def test_a_question_expiring_as_its_activation_is_cancelled_wakes_no_one(
+    nc: NATS, topology: Topology, store: EventStore
+) -> None:
+    """`expire` decides expired or cancelled on the session as it reads it. A cancel stored
+    just before (read from behind it) took the activation's work: the outcome must not wake
+    the agent to start it again on its own."""
+    session_id = await a_session(store)
+    activation_id = new_id()
+    await store.append_next(
+        session_id, [ActivationRequested(activation_id=activation_id, agent_id="a", signal_ids=())]
+    )
+    commands = CommandClient(nc, topology)
+    later = [datetime.now(UTC)]
+    behind = BehindOnSessions(nc, topology)
+    context = Context(Repository(behind), clock=lambda: later[0])
+    server = CommandServer(nc, topology, build_router(context))
+    await server.start()
+    try:
+        action_id = new_id()
+        create = question(session_id, action_id, activation_id, timeout_seconds=60)
+        behind.behind = 0
+        await commands.send(create, actor="system:toolbroker")
+        cancel = ActivationCancelRequested(activation_id=activation_id, closes_work=True)
+        await store.append_next(session_id, [cancel])  # a person's: the work goes with it
+        later[0] += timedelta(seconds=61)
+        behind.behind = 1  # the expiry's read of the session misses the cancel
+        expired = await commands.send(
+            ExpirePendingAction(pending_action_id=action_id), actor="system:session"
+        )
+    finally:
+        await server.drain(2)
+    assert behind.behind == 0
+    assert expired.result["signal_id"] is None
+    history = await store.load("session", session_id)
+    assert resume_signal_id(action_id) not in [
+        e.data.signal_id for e in history.events if isinstance(e.data, SignalRecorded)
+    ]

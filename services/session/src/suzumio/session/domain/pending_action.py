@@ -161,6 +161,14 @@ def resume_signal(
     signal_id = resume_signal_id(state.id)
     if signal_id in session.signals or state.id in session.resumed:
         return []
+    if (
+        isinstance(outcome, PendingActionExpired)
+        and state.activation_id is not None
+        and state.activation_id in session.work_cancelled
+    ):
+        # `expire` decided on the session as it read it; a cancel stored since took the
+        # activation's work with it, and this append is conditional on the session as it is.
+        return []
     payload = {"pending_action_id": state.id, **outcome.model_dump(mode="json")}
     payload["outcome"] = outcome.event_type.rsplit(".", 1)[-1]
     return [

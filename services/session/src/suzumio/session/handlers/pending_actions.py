@@ -36,13 +36,34 @@ class PendingActionHandlers(HandlerGroup):
         if not owner.exists:
             raise NotFoundError("session not found")
         now = self.c.clock()
-        state, result = await self.repo.execute(
-            PendingActionState,
-            cmd.pending_action_id,
-            lambda s: pending_action.create(s, owner, cmd, now),
-            ctx.meta(),
+        try:
+            _, result = await self.repo.execute(
+                PendingActionState,
+                cmd.pending_action_id,
+                lambda s: pending_action.create(s, owner, cmd, now),
+                ctx.meta(),
+            )
+        except ConflictError:
+            # Asked before — maybe by this very request, whose check below then failed (two
+            # appends, a NATS blink between them): the broker takes the conflict for its
+            # retry's success, so the check is made again now, or never.
+            asked = await self.repo.get(PendingActionState, cmd.pending_action_id)
+            if asked.exists and asked.session_id == cmd.session_id:
+                await self._unless_fenced(cmd, ctx)
+            raise
+        state = await self._unless_fenced(cmd, ctx)
+        return accepted(
+            result,
+            pending_action_id=cmd.pending_action_id,
+            expires_at=state.expires_at.isoformat(),
+            status=state.status,
         )
-        # Checked again on the session as it is now: a cancel stored after the read above.
+
+    async def _unless_fenced(
+        self, cmd: CreatePendingAction, ctx: CommandContext[CreatePendingAction]
+    ) -> PendingActionState:
+        """The action, cancelled if its activation is fenced on the session as it is now (a
+        cancel stored after the create's read); else its expiry is due."""
         now_owner = await self.repo.get(SessionState, cmd.session_id)
         state, fenced = await self.repo.execute(
             PendingActionState,
@@ -50,14 +71,9 @@ class PendingActionHandlers(HandlerGroup):
             lambda s: pending_action.cancel_if_fenced(s, now_owner),
             ctx.meta(),
         )
-        if not fenced.events:
+        if not fenced.events and state.status == "open":
             self.c.on_pending_action(cmd.pending_action_id, state.expires_at)
-        return accepted(
-            result,
-            pending_action_id=cmd.pending_action_id,
-            expires_at=state.expires_at.isoformat(),
-            status=state.status,
-        )
+        return state
 
     async def answer(self, ctx: CommandContext[AnswerPendingAction]) -> CommandAccepted:
         cmd = ctx.command
