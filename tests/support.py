@@ -17,8 +17,10 @@ import pytest
 import structlog
 from starlette.types import ASGIApp
 
+from suzumio.contracts.envelope import DomainEvent, RecordedEvent
 from suzumio.contracts.subjects import Topology
 from suzumio.platform import logging as platform_logging
+from suzumio.platform.bus.eventstore import EventStore, Head
 from suzumio.platform.service.runtime import ServiceRuntime
 from suzumio.platform.settings import ServiceSettings
 
@@ -149,3 +151,40 @@ async def serving(
         if running is not None:
             await running
         await runtime.close()
+
+
+class ReadsBehind(EventStore):
+    """Reads as a follower of a replicated log one write behind would: without an aggregate's
+    last event — of `aggregates` (all when None), `behind` times (for good when None) —
+    unless asked for a replica holding the log up to a position (`min_last_seq`)."""
+
+    def __init__(
+        self, *args: Any, aggregates: set[str] | None = None, behind: int | None = None
+    ) -> None:
+        super().__init__(*args)
+        self.aggregates = aggregates
+        self.behind = behind
+        self.behind_reads = 0
+
+    async def events(
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
+    ) -> AsyncIterator[RecordedEvent[DomainEvent]]:
+        held = [
+            e
+            async for e in super().events(
+                aggregate, aggregate_id, after=after, min_last_seq=min_last_seq
+            )
+        ]
+        chosen = self.aggregates is None or aggregate in self.aggregates
+        if chosen and held and not min_last_seq and self.behind != 0:
+            self.behind_reads += 1
+            if self.behind is not None:
+                self.behind -= 1
+            held.pop()
+        for event in held:
+            yield event

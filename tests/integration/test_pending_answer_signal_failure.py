@@ -21,7 +21,6 @@ from suzumio.contracts.commands import (
     CreatePendingAction,
     ExpirePendingAction,
 )
-from suzumio.contracts.envelope import DomainEvent, RecordedEvent
 from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.events import (
     ActivationCancelRequested,
@@ -44,7 +43,7 @@ from suzumio.session.handlers.base import Context
 from suzumio.session.reactions import ResumeSignals
 from suzumio.session.repository import Repository
 from tests.scheduling import Sessions
-from tests.support import eventually
+from tests.support import ReadsBehind, eventually
 
 
 class BlinkingStore(EventStore):
@@ -248,25 +247,6 @@ async def test_a_question_whose_fence_check_failed_is_checked_again_when_asked_a
     ]
 
 
-class BehindOnSessions(EventStore):
-    """Reads a session as a replica one event behind would, `behind` times: without its
-    last event."""
-
-    behind = 1
-
-    async def events(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
-    ) -> AsyncIterator[RecordedEvent[DomainEvent]]:
-        held: list[RecordedEvent[DomainEvent]] = []
-        async for event in super().events(aggregate, aggregate_id, after=after):
-            held.append(event)
-        if aggregate == "session" and self.behind > 0 and held:
-            self.behind -= 1
-            held.pop()
-        for event in held:
-            yield event
-
-
 async def test_a_question_expiring_as_its_activation_is_cancelled_wakes_no_one(
     nc: NATS, topology: Topology, store: EventStore
 ) -> None:
@@ -280,7 +260,7 @@ async def test_a_question_expiring_as_its_activation_is_cancelled_wakes_no_one(
     )
     commands = CommandClient(nc, topology)
     later = [datetime.now(UTC)]
-    behind = BehindOnSessions(nc, topology)
+    behind = ReadsBehind(nc, topology, aggregates={"session"}, behind=0)
     context = Context(Repository(behind), clock=lambda: later[0])
     server = CommandServer(nc, topology, build_router(context))
     await server.start()

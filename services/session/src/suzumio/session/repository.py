@@ -58,8 +58,11 @@ class Repository:
         self._weight = 0
         self._turns: Turns[tuple[str, str]] = Turns()
 
-    async def get(self, cls: type[S], aggregate_id: str, *, fresh: bool = True) -> S:
-        """The aggregate's state; `fresh` checks with the server that nothing came since."""
+    async def get(
+        self, cls: type[S], aggregate_id: str, *, fresh: bool = True, floor: int = 0
+    ) -> S:
+        """The aggregate's state; `fresh` checks with the server that nothing came since —
+        with `floor`, a server holding the log up to that sequence at least."""
         key = (cls.aggregate, aggregate_id)
         cached = self._cache.get(key)
         state = cached if isinstance(cached, cls) else cls(aggregate_id)
@@ -70,7 +73,7 @@ class Repository:
         # Folded as it comes: a long history (a session's thousands of messages, after a
         # restart or an eviction) is never held whole, decoded, in memory.
         async for event in self.store.events(
-            cls.aggregate, aggregate_id, after=Head(state.version, state.seq)
+            cls.aggregate, aggregate_id, after=Head(state.version, state.seq), min_last_seq=floor
         ):
             state.fold(event.data, event.version, event.seq)
         if state.exists:  # a missing aggregate may be created by someone else any moment
@@ -92,6 +95,17 @@ class Repository:
     def _forget(self, key: tuple[str, str]) -> None:
         self._cache.pop(key, None)
         self._weight -= self._weights.pop(key, 0)
+
+    async def _behind(self, cls: type[S], state: S) -> bool:
+        """Whether `state`, read fresh, was behind the log: read again from a replica holding
+        every acknowledged write. A refusal or a no-op is answered on the state read, with no
+        append whose condition would catch a stale one — and with a replicated log, the
+        replica answering a read may not have applied a write acknowledged a moment ago (a
+        reopen, then a message refused as to a closed session; a close answered as done, the
+        session left open)."""
+        version = state.version
+        latest = await self.get(cls, state.id, floor=await self.store.last_position())
+        return latest.version != version
 
     async def execute(
         self,
@@ -119,19 +133,20 @@ class Repository:
     async def _execute(
         self, cls: type[S], aggregate_id: str, decide: Decide[S], meta: EventMeta, attempts: int
     ) -> tuple[S, Outcome]:
+        confirmed = False
         for attempt in range(attempts):
             fresh = attempt > 0
             state = await self.get(cls, aggregate_id, fresh=fresh)
-            try:
-                events = list(decide(state))
-            except CommandError:
-                if fresh:
-                    raise
-                continue  # refused on a cached state: decide again on the latest
-            if not events:
-                if fresh:
+            events, refused = _decided(decide, state)
+            if refused is not None or not events:
+                if not fresh:
+                    continue  # refused, or nothing to do, on a cached state: on the latest
+                if confirmed or not await self._behind(cls, state):
+                    if refused is not None:
+                        raise refused
                     return state, Unchanged(state.seq)
-                continue  # nothing to do, says the cache: make sure with the latest
+                confirmed = True
+                continue
             try:
                 result = await self.store.append(aggregate_id, events, state.version, meta)
             except ConcurrencyConflictError:
@@ -150,3 +165,10 @@ class Repository:
                 self._forget((cls.aggregate, aggregate_id))
             return state, result
         raise AssertionError("unreachable")
+
+
+def _decided(decide: Decide[S], state: S) -> tuple[list[DomainEvent], CommandError | None]:
+    try:
+        return list(decide(state)), None
+    except CommandError as exc:
+        return [], exc

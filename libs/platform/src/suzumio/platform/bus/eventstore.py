@@ -468,10 +468,17 @@ class EventStore:
         return AggregateStream(aggregate, aggregate_id, tuple(events))
 
     async def events(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
     ) -> AsyncIterator[RecordedEvent[DomainEvent]]:
         """As `load`, one event at a time as the messages come: a fold over a long history
-        holds one message's events, not all of them.
+        holds one message's events, not all of them. `min_last_seq`: from a replica that
+        holds the log up to there (`last_position`: a Direct Get of a replicated stream may
+        be answered by a follower that has not applied every write acknowledged).
 
         Raises:
             UnknownEventTypeError: an event of a type this code does not know.
@@ -480,7 +487,12 @@ class EventStore:
         after = after or Head(0, 0)
         version, seq = after.version, after.seq
         async for stored in iter_subject(
-            self._nc, self._stream, subject, after_seq=after.seq, timeout=self._timeout
+            self._nc,
+            self._stream,
+            subject,
+            after_seq=after.seq,
+            timeout=self._timeout,
+            min_last_seq=min_last_seq,
         ):
             for envelope in envelopes_of(stored.data):
                 if envelope.version != version + 1:
