@@ -17,6 +17,7 @@ from suzumio.contracts.values import Priority, SignalKind
 from suzumio.runner.agent import SENT_WHILE_ANSWERING
 from suzumio.runner.context import UNFINISHED, render_history
 from suzumio.testing.model_server import Reply
+from suzumio.testing.model_server import ToolCall as ModelToolCall
 from tests.unit.loop_support import run_loop, spec
 
 CALLS = (
@@ -135,3 +136,42 @@ async def test_a_retry_does_not_get_its_message_again(tmp_path: Path) -> None:
     # Another activation's answer after the message still sends it again at the end.
     _, sent = await first_request(tmp_path, history, signal, "ok")
     assert sent[-1] == {"role": "user", "content": f"{SENT_WHILE_ANSWERING} delete the old branch"}
+
+
+VLLM_ID = "chatcmpl-tool-" + "0123456789abcdef" * 2  # 46 characters: OpenAI takes 40 at most
+
+
+def test_a_call_id_a_provider_would_refuse_is_sent_back_as_one_it_takes() -> None:
+    """Recorded as a model made it (another model of the chain; before the runner replaced
+    such ids): the call and its result under one id every provider takes, each time."""
+    calls = (ToolCall(id=VLLM_ID, name="file.read", arguments="{}"), CALLS[1])
+    history = [
+        entry("u1", "user", "read them"),
+        entry("a1", "assistant", tool_calls=calls),
+        entry("r1", "tool", "a", tool_call_id=VLLM_ID),  # c2 got no result: a stand-in
+        entry("a2", "assistant", "done"),
+    ]
+    rendered = [m for _, m in render_history(history)]
+    sent = [c["id"] for c in rendered[1]["tool_calls"]]
+    assert sent[1] == "c2"  # one every provider takes stays as it is
+    assert len(sent[0]) <= 40
+    assert sent[0].replace("_", "").isalnum()
+    assert [m["tool_call_id"] for m in rendered[2:4]] == sent
+    assert [m for _, m in render_history(history)] == rendered  # the same every time
+
+
+async def test_a_call_id_a_provider_would_refuse_is_replaced_as_it_comes(tmp_path: Path) -> None:
+    """A vLLM primary's ids, sent back to an OpenAI fallback, failed the conversation for
+    good: every later request of the session carried them."""
+    replies = [
+        Reply.tool_calls([ModelToolCall("file_read", {"path": "a.txt"}, id=VLLM_ID)]),
+        Reply.text("read"),
+    ]
+    run = await run_loop(tmp_path, spec(tmp_path), replies)
+    assert run.ending.reason == "completed"
+    sent = list(run.model_requests[1].messages)
+    [call] = next(m for m in sent if m.get("tool_calls"))["tool_calls"]
+    assert call["id"] != VLLM_ID
+    assert len(call["id"]) <= 40
+    assert sent[-1]["role"] == "tool"
+    assert sent[-1]["tool_call_id"] == call["id"]

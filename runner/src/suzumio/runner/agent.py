@@ -42,7 +42,7 @@ from suzumio.runner.broker import (
     BrokerUnavailableError,
     FencedError,
 )
-from suzumio.runner.context import build_prompt, render_history, render_signal
+from suzumio.runner.context import WIRE_CALL_ID, build_prompt, render_history, render_signal
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import MIN_SECRET_CHARS, keep_secret, log
 from suzumio.runner.loop import compaction, figures
@@ -479,8 +479,10 @@ class AgentLoop:
         for i, given in enumerate(wire_calls):
             # The history, the audit log and JSON take only text that encodes as UTF-8.
             wire = WireCall(printable(given.id), printable(given.name), printable(given.arguments))
-            if not given.id or given.id in self._call_ids or len(given.id) > 200:
-                # Every id of what a call creates derives from its id: it must be unique.
+            if given.id in self._call_ids or not WIRE_CALL_ID.fullmatch(given.id):
+                # Every id of what a call creates derives from its id: it must be unique. And
+                # it is sent back to the models of the chain, which refuse some (a vLLM's 46
+                # characters at OpenAI): the conversation would fail for good on fallback.
                 unique = f"call_{self.model_calls}_{i}_{new_id()[-12:]}"
                 wire = WireCall(unique, wire.name, wire.arguments)
             self._call_ids.add(wire.id)

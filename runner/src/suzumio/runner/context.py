@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,9 @@ from suzumio.contracts.values import SignalKind
 
 Message = dict[str, Any]
 UNFINISHED = "(no result: the activation ended before the call finished)"
+# A tool call's id as every provider of the chain takes it back: OpenAI refuses ids over 40
+# characters (vLLM's are 46), Anthropic's compatible endpoint any but these characters.
+WIRE_CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
 
 TOOL_RULES = (
     "Use the tools to act; do not describe actions you could take with them. Paths are "
@@ -96,6 +100,15 @@ def package_facts(spec: RunnerActivationInput) -> list[str]:
     return parts
 
 
+def wire_call_id(call_id: str) -> str:
+    """`call_id` as sent back to a model: itself, or (one a provider of the chain would
+    refuse — recorded before the runner replaced such ids, or made by another model) one
+    derived from it, the same for the call and its result."""
+    if WIRE_CALL_ID.fullmatch(call_id):
+        return call_id
+    return "call_" + hashlib.sha256(call_id.encode()).hexdigest()[:32]
+
+
 def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | None, Message]]:
     """The session's active history as (entry id, message) pairs. A tool call without its
     result (the sandbox died mid-round) gets a stand-in result, because providers refuse a
@@ -114,7 +127,7 @@ def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | N
         if not open_calls and not held:  # the usual case, once per entry
             return
         out.extend(
-            (None, {"role": "tool", "tool_call_id": call_id, "content": UNFINISHED})
+            (None, {"role": "tool", "tool_call_id": wire_call_id(call_id), "content": UNFINISHED})
             for call_id in open_calls
         )
         open_calls.clear()
@@ -130,7 +143,7 @@ def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | N
                         entry.id,
                         {
                             "role": "tool",
-                            "tool_call_id": entry.tool_call_id,
+                            "tool_call_id": wire_call_id(entry.tool_call_id),
                             "content": entry.content,
                         },
                     )
@@ -146,7 +159,7 @@ def render_history(history: Iterable[AgentHistoryMessage]) -> list[tuple[str | N
         if entry.role == "assistant" and entry.tool_calls:
             message["tool_calls"] = [
                 {
-                    "id": c.id,
+                    "id": wire_call_id(c.id),
                     "type": "function",
                     "function": {"name": wire_name(c.name), "arguments": c.arguments},
                 }
