@@ -88,6 +88,12 @@ CASES = {
         Case(pending=[sig("stop", "P0", 7), sig("m3", "P1", 6)], live=[sig("m1", "P1", 2)]),
         Plan(cancel="live", start=start("stop", "m3", reason=Reason.PREEMPT)),
     ),
+    # Its activation failed on its own, its end folded before the P0 after it started the
+    # live one (the replaced one gone already, nothing marks it replaced): it had its turn.
+    "a P0 whose activation failed waits for the live one's end, as a requeued one does": (
+        Case(pending=[sig("stop", "P0", 7, failures=1)], live=[sig("stop2", "P0", 9)]),
+        Plan(),
+    ),
     "a P0 on a closed session starts nothing": (
         Case(pending=[sig("stop", "P0")], live=[sig("m1")], startable=False),
         Plan(),

@@ -51,8 +51,10 @@ class Signal:
 
     @property
     def preempts(self) -> bool:
-        """A fresh P0: it cancels the live activation and starts the next one."""
-        return self.priority is Priority.P0 and not self.requeued
+        """A fresh P0: it cancels the live activation and starts the next one. Not once it
+        was delivered: requeued from a replaced activation, or back from one that failed
+        (whose end may fold after the P0 behind it started the live one)."""
+        return self.priority is Priority.P0 and not self.requeued and self.failures == 0
 
 
 @dataclass(slots=True)

@@ -68,7 +68,7 @@ def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Sett
     # A fresh P0 (a user's stop, never tried) does not wait out the backoff; one that failed
     # already does, as the rest: else each of its failures starts the batch again at once,
     # and a provider's outage closes every signal in it within seconds, not over the backoff.
-    urgent = any(x.preempts and x.failures == 0 for x in due)
+    urgent = any(x.preempts for x in due)
     if s.backoff_until is not None and now < s.backoff_until and not urgent:
         return Plan(close, wake_at=_earliest(wake, s.backoff_until))
     batch = due[: settings.max_batch]
