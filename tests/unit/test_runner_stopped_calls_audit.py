@@ -65,3 +65,55 @@ async def test_a_start_the_wall_clock_cut_is_ended_as_timed_out(tmp_path: Path) 
     [start] = broker.bodies[START]
     [finish] = broker.bodies.get(FINISH, [])
     assert (finish["call_id"], finish["status"]) == (start["call_id"], "timeout")
+
+
+HISTORY = "/runner/history"
+
+
+def results(entries: list[dict[str, object]]) -> list[tuple[object, object]]:
+    return [(e["tool_call_id"], e["text"]) for e in entries if e["role"] == "tool"]
+
+
+async def test_the_wall_clock_keeps_what_the_calls_that_finished_did(tmp_path: Path) -> None:
+    """A round cut by the wall clock: the read that finished is recorded with its result and
+    the command that was running as stopped — with the output, not left out. Left out, the
+    next activation read both as never finished, and the model made them again."""
+    (tmp_path / "a.txt").write_text("contents of a")
+    activation = spec(tmp_path)
+    activation = activation.model_copy(
+        update={"runner": activation.runner.model_copy(update={"wall_clock_seconds": 2})}
+    )
+    read = ToolCall("file_read", {"path": "a.txt"}, id="read-1")
+    sleep = ToolCall("shell_exec", {"command": "sleep 30"}, id="sleep-1")
+    run = await run_loop(tmp_path, activation, [Reply.tool_calls([read, sleep])])
+    assert run.ending.reason == "failed"
+    recorded = [e.model_dump() for e in run.ending.history]
+    [(first, text), (second, stopped)] = results(recorded)
+    assert (first, second) == ("read-1", "sleep-1")
+    assert "contents of a" in str(text)
+    assert "ran out of time" in str(stopped)
+    assert "may have taken effect" in str(stopped)
+
+
+async def test_a_stopped_runner_records_what_its_round_did(tmp_path: Path) -> None:
+    broker = Broker()
+    (tmp_path / "a.txt").write_text("contents of a")
+    read = ToolCall("file_read", {"path": "a.txt"}, id="read-1")
+    sleep = ToolCall("shell_exec", {"command": "sleep 30"}, id="sleep-1")
+    replies = [Reply.tool_calls([read, sleep]), Reply.text("done")]
+    running = asyncio.create_task(run_loop(tmp_path, spec(tmp_path), replies, broker))
+
+    async def sleeping() -> None:
+        while len(broker.bodies.get(START, [])) < 2:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(sleeping(), 30)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    appended = [e for body in broker.bodies.get(HISTORY, []) for e in body["entries"]]
+    [(first, text), (second, stopped)] = results(appended)
+    assert (first, second) == ("read-1", "sleep-1")
+    assert "contents of a" in str(text)
+    assert "the runner was stopped" in str(stopped)
+    assert "may have taken effect" in str(stopped)

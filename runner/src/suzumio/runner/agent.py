@@ -173,6 +173,10 @@ class AgentLoop:
         self._open_calls: dict[str, float] = {}  # started in the audit, not finished: since
         # Calls that ran, their audit's end on its way: what each did, and that end.
         self._ran: dict[str, tuple[CoreOutcome, asyncio.Future[int]]] = {}
+        # The tool round under way (its calls, and what each that finished did), until its
+        # results are recorded: what a cut — the wall clock, a stop, a fault — leaves to say.
+        self._round: list[_Call] = []
+        self._finished: dict[str, CoreOutcome] = {}
         self._call_ids: set[str] = {c.id for e in spec.history for c in e.tool_calls} | {
             e.tool_call_id for e in spec.history if e.tool_call_id
         }
@@ -510,8 +514,12 @@ class AgentLoop:
         ]
         segments = segment(planned, self._config.max_parallel_tools)
 
+        self._round, self._finished = calls, {}
+
         async def run_one(index: int) -> CoreOutcome:
-            return await self._run_call(calls[index])
+            outcome = await self._run_call(calls[index])
+            self._finished[calls[index].wire.id] = outcome
+            return outcome
 
         results = await run_segments(
             segments,
@@ -528,7 +536,7 @@ class AgentLoop:
             else:
                 outcome = result
             outcomes.append(outcome)
-            entry_id = new_id()
+            entry_id = self._result_entry_id(call)
             text = self._clean(outcome.result.text)
             if dropped and call is calls[-1]:
                 text += (
@@ -546,6 +554,7 @@ class AgentLoop:
                 )
             )
         await self._broker.append_history(entries)
+        self._round = []
         # The round's results are recorded; then a refused start, a fence or a broker out of
         # reach ends the activation as it does anywhere else. Told to the model as a failed
         # call instead, a broker that had applied the call (its answers lost) and came back
@@ -558,6 +567,39 @@ class AgentLoop:
         if fences:
             raise fences[0]
         return outcomes
+
+    def _result_entry_id(self, call: _Call) -> str:
+        """The history entry of `call`'s result: derived, so the round's record and a cut's
+        (`cut_round`) of the same result are one entry, whichever lands."""
+        return derived_id("tool.result", self.spec.activation.id, call.wire.id)
+
+    def cut_round(self, why: str) -> tuple[HistoryEntryIn, ...]:
+        """The results of the tool round a cut (`why`) stopped before they were recorded: what
+        each call that finished did, and for the rest that they were stopped. Left out, the
+        next activation (or the retry) read every call of the round as never finished, and the
+        model made again what had run — a message sent twice."""
+        entries = []
+        for call in self._round:
+            done = self._finished.get(call.wire.id)
+            if done is None and call.wire.id in self._ran:  # ran, its audit's end on its way
+                done = self._ran[call.wire.id][0]
+            if done is not None:
+                text = self._clean(done.result.text)
+            elif call.wire.id in self._open_calls:
+                text = f"tool call stopped: {why} (it had started: it may have taken effect)"
+            else:
+                text = f"tool call not run: {why}"
+            entries.append(
+                HistoryEntryIn(
+                    message_id=self._result_entry_id(call),
+                    role="tool",
+                    text=text,
+                    tool_call_id=call.wire.id,
+                    name=(call.tool or call.wire.name)[:200],
+                )
+            )
+        self._round = []
+        return tuple(entries)
 
     async def _cut_short(
         self, call: _Call, failure: CallFailure, fences: list[FencedError]

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 from pydantic import ValidationError
 
-from suzumio.contracts.broker import StreamBatch
+from suzumio.contracts.broker import HistoryEntryIn, StreamBatch
 from suzumio.contracts.runner import FileExchange, RunnerActivationInput, RunnerActivationOutput
 from suzumio.runner import eventloop, exits, forkserver, strays
 from suzumio.runner.agent import MAX_OUTPUT_CHARS, AgentLoop, Ending, ModelFailedError
@@ -40,6 +40,7 @@ from suzumio.runner.tools.base import Mount, ToolContext
 from suzumio.runner.workfiles import ExchangeError
 
 BROKER_TIMEOUT_SECONDS = 30.0
+CUT_ROUND_SECONDS = 5.0  # a stopped round's results, within the stop's grace
 # Failures no retry of the activation would get past: the provider refused the content, the
 # credentials or the model, for every model of the chain.
 REFUSED_FOR_GOOD = frozenset({
@@ -246,8 +247,9 @@ async def _run_loop(
         return Ending("failed", why, loop.usage(), exc.failure_class), code
     except TimeoutError:
         why = "the activation ran out of time"
+        cut = loop.cut_round(why)  # before the audit's ends: which calls had started
         await loop.end_open_calls(f"tool call stopped: {why}")
-        return Ending("failed", why, loop.usage()), exits.TIMED_OUT
+        return Ending("failed", why, loop.usage(), history=cut), exits.TIMED_OUT
     except BrokerError as exc:
         if isinstance(exc, FencedError):
             raise
@@ -257,17 +259,34 @@ async def _run_loop(
         raise
     except asyncio.CancelledError:
         # Stopped (SIGTERM: a cancel, a drain): the calls it was running end in the audit
-        # too, as they do at the wall clock, before the stop takes effect.
+        # too, as they do at the wall clock, before the stop takes effect — and what the
+        # round did is recorded (refused if a cancel fenced the activation), for the attempt
+        # that takes the work over after a drain.
+        cut = loop.cut_round("the runner was stopped")
         await loop.end_open_calls("tool call stopped: the runner was stopped", "cancelled")
+        await _record_cut_round(broker, cut)
         raise
     except Exception as exc:
         # A fault of the runner's own (a body it cannot read, a bound it did not expect): the
         # activation still ends with an output that says so and what it spent — else only
         # "runner exit 1" and an empty usage were left of it.
         log("activation.crashed", error=repr(exc))
+        cut = loop.cut_round("the runner failed")
         await loop.end_open_calls("tool call stopped: the runner failed")
         why = f"the runner failed: {type(exc).__name__}: {str(exc)[:1_000]}"
-        return Ending("failed", why, loop.usage()), exits.CRASHED
+        return Ending("failed", why, loop.usage(), history=cut), exits.CRASHED
+
+
+async def _record_cut_round(broker: BrokerClient, entries: tuple[HistoryEntryIn, ...]) -> None:
+    """What the round a stop cut short did, recorded within the stop's grace (bounded; best
+    effort: a fenced activation's is refused, and a broker out of reach loses it)."""
+    if not entries:
+        return
+    try:
+        async with asyncio.timeout(CUT_ROUND_SECONDS):
+            await broker.append_history(list(entries))
+    except (BrokerError, BrokerUnavailableError, TimeoutError) as exc:
+        log("activation.cut_round_unrecorded", error=repr(exc), results=len(entries))
 
 
 def run(path: Path) -> int:
