@@ -16,7 +16,13 @@ import pytest
 
 from suzumio.contracts.values import ModelSpec
 from suzumio.runner.connections import model_http, sdk_client
-from suzumio.runner.model import Endpoint, ModelClient, ModelTurn, StreamCutShortError
+from suzumio.runner.model import (
+    Endpoint,
+    ModelClient,
+    ModelTurn,
+    StreamCutShortError,
+    StreamEventTooLargeError,
+)
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall, Usage
 from tests.unit.loop_support import run_loop, spec
 
@@ -306,3 +312,29 @@ async def test_the_loop_asks_again_for_a_reply_whose_stream_was_cut_short(
     )
     assert (run.ending.reason, run.ending.text) == ("completed", answer)
     assert len(run.model_requests) == 2
+
+
+async def test_an_endless_line_is_cut_off_at_the_event_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream of one `data:` line that never ends parses into no chunk, so no bound of the
+    reply counted it, and the idle timer (reset by nothing) let it run for 600 s, holding all
+    of it in memory. It fails at the event bound, as a transport failure (retried)."""
+    monkeypatch.setattr("suzumio.runner.model.MAX_EVENT_BYTES", 1 << 20)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head + b"data: ")
+        for _ in range(64):  # 4 MiB of one line, and the connection held open
+            writer.write(b"x" * (64 << 10))
+            await writer.drain()
+        await asyncio.sleep(60)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    try:
+        with pytest.raises(StreamEventTooLargeError):
+            await asyncio.wait_for(_complete(url), 30)
+    finally:
+        server.close()

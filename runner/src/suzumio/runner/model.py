@@ -37,6 +37,7 @@ a reason, or a reason without `[DONE]`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from urllib.parse import quote
 
 import openai
 import orjson
+from openai._httpx2 import request_exceptions, timeout_exceptions
 from openai._streaming import ServerSentEvent
 
 from suzumio.contracts.values import ModelSpec
@@ -57,22 +59,51 @@ Message = dict[str, Any]
 MAX_TEXT_CHARS = 1_000_000  # what a history entry holds
 MAX_CALL_CHARS = 40_000_000  # ids, names and arguments (file.write: 32 M, JSON-escaped)
 CALL_OVERHEAD_CHARS = 100  # counted per call, so a stream of empty calls is bounded too
+# One SSE event, as bytes: a provider that sends a call's whole arguments in one chunk sends
+# at most the 40 M above, JSON-escaped.
+MAX_EVENT_BYTES = 256 << 20
 
 
 class StreamCutShortError(ConnectionError):
     """The model's stream ended before its reply did: a transport failure, retried."""
 
 
+class StreamEventTooLargeError(StreamCutShortError):
+    """One event of the model's stream grew past `MAX_EVENT_BYTES` before it ended."""
+
+
 class _Stream(openai.AsyncStream[object]):
-    """The SDK's stream of JSON chunks, noting whether `[DONE]` came (the SDK swallows it)."""
+    """The SDK's stream of JSON chunks, noting whether `[DONE]` came (the SDK swallows it),
+    and bounding each event: the SDK's decoder keeps a line, and an event's lines, however
+    long they grow, and a provider (or a proxy) streaming one endless `data:` line, or lines
+    with no blank line between them, parses into no chunk for the reply's bounds to count —
+    only the idle timeout (600 s, reset by nothing) ended it, gigabytes later."""
 
     done = False
 
     async def _iter_events(self) -> AsyncIterator[ServerSentEvent]:
-        async for sse in super()._iter_events():
-            if sse.data.startswith("[DONE]"):
-                self.done = True
-            yield sse
+        since_event = 0  # the bytes read since the decoder last gave an event
+
+        async def counted(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+            nonlocal since_event
+            async for chunk in chunks:
+                since_event += len(chunk)
+                if since_event > MAX_EVENT_BYTES:
+                    raise StreamEventTooLargeError(
+                        f"an event of the model's stream passed {MAX_EVENT_BYTES} bytes"
+                    )
+                yield chunk
+
+        try:
+            async for sse in self._decoder.aiter_bytes(counted(self.response.aiter_bytes())):
+                since_event = 0
+                if sse.data.startswith("[DONE]"):
+                    self.done = True
+                yield sse
+        except timeout_exceptions() as err:  # as the SDK's own reading maps them
+            raise openai.APITimeoutError(request=self.response.request) from err
+        except request_exceptions() as err:
+            raise openai.APIConnectionError(request=self.response.request) from err
 
 
 @dataclass(frozen=True)
@@ -196,22 +227,27 @@ class ModelClient:
             async with asyncio.timeout(self._timeout) as idle:
                 async for chunk in stream:
                     idle.reschedule(loop.time() + self._timeout)
-                    if not isinstance(chunk, dict):
-                        raise openai.APIResponseValidationError(
-                            response=stream.response, body=chunk, message="a chunk is not an object"
-                        )
-                    turn.add(chunk)
+                    turn.add(_an_object(chunk, stream))
                     if turn.full:
                         await stream.close()  # the rest is not read: the connection goes
                         break
-        except TimeoutError:
-            await stream.close()
+        except Exception:  # the idle timeout, a bound, a chunk refused: the connection goes
+            with contextlib.suppress(Exception):
+                await stream.close()
             raise
         if not (turn.full or turn.finished or stream.done):
             raise StreamCutShortError(
                 "the model's stream ended before its reply did (no finish_reason, no [DONE])"
             )
         return turn.done()
+
+
+def _an_object(chunk: object, stream: _Stream) -> dict[str, Any]:
+    if not isinstance(chunk, dict):
+        raise openai.APIResponseValidationError(
+            response=stream.response, body=chunk, message="a chunk is not an object"
+        )
+    return chunk
 
 
 def _encoded(body: dict[str, Any]) -> bytes | dict[str, Any]:
