@@ -81,6 +81,8 @@ class StartRefusedError(BrokerError):
 
 
 SENT_WHILE_ANSWERING = "[received while you were working]"
+NO_REPLY = "(The model ended its turn without a reply, twice in a row.)"
+CUT_OFF = frozenset({"length", "content_filter"})  # an empty reply of these is not "nothing"
 MAX_CALLS_PER_TURN = 128  # what one history entry holds (`HistoryEntryIn.tool_calls`)
 END_OPEN_CALLS_SECONDS = 10.0
 UNNAMED_TOOL = "(no name)"  # the audit's name of a call the model gave none
@@ -177,6 +179,7 @@ class AgentLoop:
         # results are recorded: what a cut — the wall clock, a stop, a fault — leaves to say.
         self._round: list[_Call] = []
         self._finished: dict[str, CoreOutcome] = {}
+        self._said_nothing_in_a_row = 0
         self._call_ids: set[str] = {c.id for e in spec.history for c in e.tool_calls} | {
             e.tool_call_id for e in spec.history if e.tool_call_id
         }
@@ -210,6 +213,8 @@ class AgentLoop:
                 await self._compact("threshold")
             turn = await self._call_model(self._toolbox.wire_definitions())
             turn.text = _entry_text(turn.text)
+            if self._said_nothing(turn):
+                continue  # asked again, once
             dropped = len(turn.tool_calls) - MAX_CALLS_PER_TURN
             if dropped > 0:
                 # The reply and its results could not be recorded at all: run what fits, and
@@ -475,6 +480,22 @@ class AgentLoop:
         self.compactions += 1
         self._live.event("state", "compacted", tokens_before=before, tokens_after=after)
         log("compaction.done", why=why, before=before, after=after, archived=len(archived))
+        return True
+
+    def _said_nothing(self, turn: ModelTurn) -> bool:
+        """Whether `turn` is a reply with neither text nor calls, to be asked for again. A
+        model says nothing now and then — after a tool round most often — and taken for its
+        answer, the activation ended `completed` with no word of what was done (DESIGN,
+        Appendix A), and an empty assistant entry some providers refuse went into the
+        history. Asked again once; said nothing twice in a row, the reply is `NO_REPLY`."""
+        if turn.tool_calls or turn.text.strip() or turn.finish_reason in CUT_OFF:
+            self._said_nothing_in_a_row = 0
+            return False
+        self._said_nothing_in_a_row += 1
+        log("model.empty_reply", model=turn.model, in_a_row=self._said_nothing_in_a_row)
+        if self._said_nothing_in_a_row > 1:
+            turn.text = NO_REPLY
+            return False
         return True
 
     # -- tools -----------------------------------------------------------------------------
