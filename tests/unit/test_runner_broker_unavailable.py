@@ -7,6 +7,7 @@ the client's own decisions."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +18,10 @@ from suzumio.runner import exits
 from suzumio.runner.agent import Ending
 from suzumio.runner.broker import BrokerClient, BrokerError, BrokerUnavailableError
 from suzumio.runner.main import final_call
+from suzumio.testing.model_server import Reply
+from suzumio.testing.model_server import ToolCall as ModelToolCall
+from tests.unit.loop_support import Broker as LoopBroker
+from tests.unit.loop_support import run_loop, spec
 
 ENTRY = HistoryEntryIn(message_id="e" * 26, role="assistant", text="the real answer")
 ENDING = Ending("completed", "the real answer", {"model_calls": 1}, history=(ENTRY,))
@@ -106,3 +111,31 @@ async def test_the_final_call_rides_out_a_broker_it_cannot_reach_even_with_no_re
     finally:
         await http.aclose()
     assert [real(b) for b in bodies] == [True]
+
+
+class SupportUnavailable(LoopBroker):
+    """A broker that answers every core tool's call 503 (it may have applied it, its answers
+    lost), and all the rest."""
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/support"):
+            return httpx.Response(
+                503,
+                json={"status": 503, "code": "unavailable", "detail": "NATS timed out"},
+                headers={"Retry-After": "0"},
+            )
+        return super().answer(request)
+
+
+async def test_a_call_the_broker_could_not_answer_is_recorded_as_of_unknown_outcome(
+    tmp_path: Path,
+) -> None:
+    """Recorded as "failed", the next attempt's model read the message as not sent, and sent
+    it again (the broker may have applied it)."""
+    broker = SupportUnavailable()
+    send = ModelToolCall("message_send", {"session_id": "s" * 26, "text": "deploy done"})
+    with pytest.raises(BrokerUnavailableError):
+        await run_loop(tmp_path, spec(tmp_path), [Reply.tool_calls([send])], broker, retries=0)
+    [result] = broker.tool_results()
+    assert result["text"].startswith("tool call outcome unknown:")
+    assert "may have taken effect" in result["text"]

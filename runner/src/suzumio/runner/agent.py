@@ -637,8 +637,16 @@ class AgentLoop:
             except FencedError as exc:
                 fences.append(exc)
             return outcome
-        outcome = CoreOutcome(ToolResult(failure.describe(), _FAILED[failure.reason]))
-        if call.wire.id in self._open_calls:  # started, never finished: say how
+        text = failure.describe()
+        if isinstance(failure.error, BrokerUnavailableError):
+            # The broker may have applied it, its answers lost: "failed", the model would
+            # make it again (a message sent twice) once the history has this result.
+            text = f"tool call outcome unknown: {failure.error}"
+        started = call.wire.id in self._open_calls
+        if started and failure.reason != "cancelled":
+            text += " (it had started: it may have taken effect; check before doing it again)"
+        outcome = CoreOutcome(ToolResult(text, _FAILED[failure.reason]))
+        if started:  # started, never finished: say how
             await self._audit_end(call, outcome)
         return outcome
 
