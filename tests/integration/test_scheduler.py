@@ -156,12 +156,13 @@ async def test_priorities_one_live_activation_and_p1_handover(
             await take(commands, session, a1.activation_id)
 
 
-async def test_a_long_messages_text_is_handed_over_from_the_log(
+async def test_a_long_messages_text_and_a_large_payload_are_handed_over_from_the_log(
     nc: NATS, topology: Topology, store: EventStore, database_url: str, commands: CommandClient
 ) -> None:
     """Every replica holds every pending signal, closed sessions' too: a long message's text
-    is not kept with its signal but read from its commit when handed over — whole, as a short
-    one is from memory."""
+    and a large payload (a member may record many of 256 KiB, due in years) are not kept with
+    their signal but read from its commit when handed over — whole, as short ones are from
+    memory."""
     world = Sessions(store)
     session = await world.session(await world.project())
     gate = Gate()
@@ -172,6 +173,7 @@ async def test_a_long_messages_text_is_handed_over_from_the_log(
         await world.signal(session, Priority.P2)
         [a1] = await requests(launcher, 1)
         texts = {"short": "now, please", "long": "a long message, " * 1_000}
+        payloads: dict[str, dict[str, Any]] = {"short": {"k": 1}, "long": {"k": "v" * 100_000}}
         ids = {}
         for name, text in texts.items():
             message_id, signal_id = new_id(), new_id()
@@ -189,6 +191,7 @@ async def test_a_long_messages_text_is_handed_over_from_the_log(
                         kind=SignalKind.USER_MESSAGE,
                         priority=Priority.P1,
                         message_id=message_id,
+                        payload=payloads[name],
                     ),
                 ],
             )
@@ -197,10 +200,12 @@ async def test_a_long_messages_text_is_handed_over_from_the_log(
             lambda p: ids["long"] in p,
             what="the signals folded",
         )
-        assert pending[ids["long"]].text is None  # not held in memory
+        assert (pending[ids["long"]].text, pending[ids["long"]].payload) == (None, {})  # not held
         assert pending[ids["short"]].text == texts["short"]
+        assert pending[ids["short"]].payload == payloads["short"]
         handed = await take(commands, session, a1.activation_id)
         assert {s.id: s.text for s in handed} == {ids[n]: t for n, t in texts.items()}
+        assert {s.id: s.payload for s in handed} == {ids[n]: p for n, p in payloads.items()}
         gate.end(a1.activation_id)
 
 

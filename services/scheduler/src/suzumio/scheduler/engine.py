@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from opentelemetry.context import Context
@@ -37,6 +38,7 @@ from suzumio.contracts.events import (
     ActivationStarted,
     SessionMessageAppended,
     SignalClosed,
+    SignalRecorded,
     SignalsDelivered,
 )
 from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
@@ -541,17 +543,20 @@ class Scheduler:
         raise ConflictError("the session kept changing; try again")
 
     async def _specs(self, session_id: str, signals: list[Signal]) -> list[SignalSpec]:
-        """The signals as handed over, a long message's text read from its commit."""
+        """The signals as handed over, a long message's text and a large payload read from
+        their commit."""
         subject = self._topology.event_subject("session", session_id)
         specs = []
         for signal in signals:
-            text = signal.text
-            if signal.text_at is not None:
-                stored = await first_after(
-                    self._nc, self._topology.events_stream, subject, signal.text_at - 1
-                )
-                text = _text_in(stored, signal.message_id)
-            specs.append(_spec(signal, text))
+            text, payload = signal.text, signal.payload
+            at = signal.text_at or signal.payload_at  # the signal's own commit, either way
+            if at is not None:
+                stored = await first_after(self._nc, self._topology.events_stream, subject, at - 1)
+                if signal.text_at is not None:
+                    text = _text_in(stored, signal.message_id)
+                if signal.payload_at is not None:
+                    payload = _payload_in(stored, signal.id)
+            specs.append(_spec(signal, text, payload))
         return specs
 
     # -- a cancel asked for (the API) ----------------------------------------------------
@@ -823,15 +828,25 @@ def _may_need_work(s: SessionSchedule) -> bool:
     )
 
 
-def _spec(signal: Signal, text: str | None) -> SignalSpec:
+def _spec(signal: Signal, text: str | None, payload: dict[str, Any]) -> SignalSpec:
     return SignalSpec(
         id=signal.id,
         kind=signal.kind,
         priority=signal.priority,
-        payload=signal.payload,
+        payload=payload,
         text=text,
         message_id=signal.message_id,
     )
+
+
+def _payload_in(stored: StoredMessage | None, signal_id: str) -> dict[str, Any]:
+    """The payload of signal `signal_id` in the commit `stored`."""
+    for envelope in envelopes_of(stored.data) if stored is not None else ():
+        if envelope.type == SignalRecorded.event_type:
+            data = decode_data(envelope)
+            if isinstance(data, SignalRecorded) and data.signal_id == signal_id:
+                return dict(data.payload)
+    return {}
 
 
 def _text_in(stored: StoredMessage | None, message_id: str | None) -> str | None:

@@ -30,6 +30,10 @@ class Signal:
     # too. It is read from the log when handed over: the commit at this sequence holds it.
     text_at: int | None = None
     payload: dict[str, Any] = field(default_factory=dict)
+    # A large payload is not kept either (a project's members may record signals of 256 KiB
+    # each, due in years): read from the commit at this sequence when handed over.
+    payload_at: int | None = None
+    payload_size: int = 0  # its JSON's bytes, for the handover's budget
     failures: int = 0  # failed activations it was part of
     # Queued again after the activation it went to was replaced by a P0 (or cancelled): a P0
     # among these has had its preemption, and waits for the next start like the rest. Were

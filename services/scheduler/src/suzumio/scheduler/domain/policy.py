@@ -104,7 +104,7 @@ def _within_a_reply(signals: list[Signal]) -> list[Signal]:
                 break
             long_taken, size = True, 0  # bounded by a message's own limit, counted apart
         else:
-            size = 4 * len(signal.text or "") + len(repr(signal.payload))
+            size = 4 * len(signal.text or "") + (signal.payload_size or len(repr(signal.payload)))
         if taken and size > budget:
             break
         taken.append(signal)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from sys import intern
 
+import orjson
+
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope
 from suzumio.contracts.events import (
     ActivationCancelled,
@@ -49,8 +51,10 @@ from suzumio.scheduler.domain.model import (
 )
 
 # A pending signal's message text is kept in memory up to this long; a longer one is read
-# from the log when the signal is handed over (`Signal.text_at`).
+# from the log when the signal is handed over (`Signal.text_at`). So is its payload, as JSON
+# (`Signal.payload_at`).
 INLINE_TEXT_CHARS = 2_000
+INLINE_PAYLOAD_BYTES = 2_000
 
 WANTED: frozenset[str] = frozenset(
     cls.event_type
@@ -270,6 +274,8 @@ class World:
             case SignalRecorded():
                 text = texts.get(data.message_id or "")
                 long = text is not None and len(text) > INLINE_TEXT_CHARS
+                size = len(orjson.dumps(data.payload)) if data.payload else 0
+                large = size > INLINE_PAYLOAD_BYTES
                 s.pending[data.signal_id] = Signal(
                     id=data.signal_id,
                     kind=data.kind,
@@ -280,7 +286,9 @@ class World:
                     message_id=data.message_id,
                     text=None if long else text,
                     text_at=seq if long else None,
-                    payload=dict(data.payload),
+                    payload={} if large else dict(data.payload),
+                    payload_at=seq if large else None,
+                    payload_size=size,
                 )
                 if data.kind is SignalKind.NUDGE:  # the nudge names what it reviewed
                     s.reviewed = str(data.payload.get("activation_id", "")) or s.reviewed
