@@ -41,6 +41,18 @@ async def nudges(world: Sessions, session_id: str) -> list[SignalRecorded]:
     return [s for s in found if s.kind is SignalKind.NUDGE]
 
 
+async def agent_and_session(store: EventStore, world: Sessions) -> tuple[str, str]:
+    """An agent of a new project, and a session of it: their ids."""
+    project = await world.project()
+    agent_id, session = new_id(), new_id()
+    agent = AgentCreated(
+        project_id=project, name="a", role="r", prompt="", model=ModelSpec(name="m")
+    )
+    await store.append(agent_id, [agent], 0)
+    await store.append(session, [SessionOpened(project_id=project, agent_id=agent_id)], 0)
+    return agent_id, session
+
+
 async def test_two_p0_signals_in_a_row_do_not_preempt_each_other_and_both_are_delivered(
     nc: NATS, topology: Topology, store: EventStore, database_url: str
 ) -> None:
@@ -79,13 +91,7 @@ async def test_enabling_an_agent_starts_its_sessions_waiting_signal(
     nc: NATS, topology: Topology, store: EventStore, database_url: str
 ) -> None:
     world = Sessions(store)
-    project = await world.project()
-    agent_id, session = new_id(), new_id()
-    agent = AgentCreated(
-        project_id=project, name="a", role="r", prompt="", model=ModelSpec(name="m")
-    )
-    await store.append(agent_id, [agent], 0)
-    await store.append(session, [SessionOpened(project_id=project, agent_id=agent_id)], 0)
+    agent_id, session = await agent_and_session(store, world)
     await store.append(agent_id, [AgentDisabled()], 1)
     async with (
         StandInLauncher(nc, topology, store, Gate()) as launcher,
@@ -102,6 +108,33 @@ async def test_enabling_an_agent_starts_its_sessions_waiting_signal(
         await store.append(agent_id, [AgentEnabled()], 2)
         [a1] = await requests(launcher, 1)
         assert a1.signal_ids == (signal_id,)
+
+
+async def test_a_p0_to_a_disabled_agent_stops_its_live_activation_and_waits(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str
+) -> None:
+    """A P0 is "stop now": the agent disabled while its activation runs, a user's stop went
+    nowhere until someone enabled the agent again."""
+    world = Sessions(store)
+    agent_id, session = await agent_and_session(store, world)
+    async with (
+        StandInLauncher(nc, topology, store, Gate()) as launcher,
+        running(nc, topology, store, database_url),
+    ):
+        await world.signal(session, Priority.P1)
+        [a1] = await requests(launcher, 1)
+        await store.append(agent_id, [AgentDisabled()], 1)
+        stop = await world.signal(session, Priority.P0)
+        await eventually(
+            lambda: asyncio.sleep(0, launcher.cancel_requests),
+            lambda cancelled: cancelled == [a1.activation_id],
+            what="the live activation stopped",
+        )
+        await asyncio.sleep(0.5)
+        assert len(launcher.requested) == 1  # nothing starts: the agent is disabled
+        await store.append(agent_id, [AgentEnabled()], 2)
+        [_, a2] = await requests(launcher, 2)
+        assert a2.signal_ids[0] == stop  # the P0 first
 
 
 async def test_an_activation_that_ends_during_the_previous_review_is_reviewed_too(

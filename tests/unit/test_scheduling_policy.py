@@ -94,9 +94,10 @@ CASES = {
         Case(pending=[sig("stop", "P0", 7, failures=1)], live=[sig("stop2", "P0", 9)]),
         Plan(),
     ),
-    "a P0 on a closed session starts nothing": (
+    # Stop now all the same: the P0 waits, first, for a reopen or an enable.
+    "a P0 on a closed session or a disabled agent's cancels, and starts nothing": (
         Case(pending=[sig("stop", "P0")], live=[sig("m1")], startable=False),
-        Plan(),
+        Plan(cancel="live"),
     ),
     "a closed session or disabled agent starts nothing": (
         Case(pending=[sig("m1")], startable=False),

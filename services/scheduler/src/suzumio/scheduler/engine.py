@@ -369,6 +369,15 @@ class Scheduler:
                 ),
                 SignalsDelivered(activation_id=activation_id, signal_ids=plan.start.signal_ids),
             ]
+        elif plan.cancel is not None:  # a P0 where nothing may start: stop now all the same
+            kind = "stop"
+            events.append(
+                ActivationCancelRequested(
+                    activation_id=plan.cancel,
+                    reason="stopped: a P0 signal arrived (the next activation waits for the "
+                    "session's reopening or its agent's enabling)",
+                )
+            )
         chosen = plan.start.signal_ids if plan.start else ()
         stamps = [s.pending[i].recorded_at for i in chosen if i in s.pending]
         youngest = max((t for t in stamps if t is not None), default=None)

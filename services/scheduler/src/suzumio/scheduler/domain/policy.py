@@ -47,13 +47,17 @@ def decide(s: SessionSchedule, now: datetime, *, startable: bool, settings: Sett
     due = s.due_signals(now)
     wake = s.next_due(now)
     if s.live is not None:
-        if not startable or not any(x.preempts for x in due) or s.live.replaced is not None:
+        if not any(x.preempts for x in due) or s.live.replaced is not None:
             # P1 waits for a tool boundary; P2, P3 and a requeued P0 for the end. A fresh P0
             # waits while the activation the live one replaced (by a P0) is still winding
             # down: a replacement takes no admission, and P0 after P0 would otherwise put the
             # project one over its limit per message, without bound. One that a user's cancel
             # left winding down was counted when the live one was admitted: no wait for it.
             return Plan(close, wake_at=wake)
+        if not startable:
+            # A P0 is "stop now" (DESIGN §6): the live activation goes, though nothing starts
+            # in its place until a reopen or an enable — the P0 waits for that, first.
+            return Plan(close, cancel=s.live.id, wake_at=wake)
         # The replaced activation's own signals are not carried over: it may yet finish (its
         # end is not ordered with this decision); if it ends cancelled, they queue again, and
         # do not preempt the activation that replaced it.
