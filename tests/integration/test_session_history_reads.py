@@ -55,9 +55,9 @@ async def _counted_reads(store: EventStore) -> list[str]:
         reads.append("events")
         return events(*args, **kwargs)
 
-    async def counted_head(subject: str) -> Any:
+    async def counted_head(subject: str, floor: int = 0) -> Any:
         reads.append("head")
-        return await head_of(subject)
+        return await head_of(subject, floor)
 
     store.events = counted_events  # type: ignore[method-assign]
     store._head_of = counted_head  # type: ignore[method-assign]

@@ -449,7 +449,9 @@ class Scheduler:
             if not self._holds.owns(session_id, hold):
                 return  # the fold reached it (landed, or a newer fact) and looked again
             try:
-                head = await self._store.head("session", session_id)
+                # As the leader has it: a follower behind the append would say "not stored"
+                # of a start that was, and its capacity would go to another session.
+                head = await self._store.head("session", session_id, latest=True)
             except Exception as exc:
                 log.warning("scheduler.head_unknown", session=session_id, error=repr(exc))
                 pause = min(pause * 2, APPEND_RETRY_MAX_SECONDS)

@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -44,18 +45,27 @@ def _stored(msg: Msg) -> StoredMessage | None:
 
 
 async def last_for_subject(
-    nc: NATS, stream: str, subject: str, *, timeout: float = 5.0
+    nc: NATS, stream: str, subject: str, *, timeout: float = 5.0, min_last_seq: int = 0
 ) -> StoredMessage | None:
-    """The newest message stored on `subject`, or None when there is none."""
+    """The newest message stored on `subject`, or None when there is none; `min_last_seq`:
+    from a replica holding the stream up to there (see `iter_subject`)."""
+    if min_last_seq:
+        body = json.dumps({"last_by_subj": subject, "min_last_seq": min_last_seq}).encode()
+        request = f"{API_PREFIX}.DIRECT.GET.{stream}"
+        return _stored(await Replies.of(nc).request(request, body, None, timeout))
     subject = f"{API_PREFIX}.DIRECT.GET.{stream}.{subject}"
     return _stored(await Replies.of(nc).request(subject, b"", None, timeout))
 
 
 async def first_after(
-    nc: NATS, stream: str, subject: str, seq: int, *, timeout: float = 5.0
+    nc: NATS, stream: str, subject: str, seq: int, *, timeout: float = 5.0, min_last_seq: int = 0
 ) -> StoredMessage | None:
-    """The first message on `subject` with a stream sequence above `seq`."""
-    body = json.dumps({"seq": seq + 1, "next_by_subj": subject}).encode()
+    """The first message on `subject` with a stream sequence above `seq`; `min_last_seq` as
+    for `last_for_subject`."""
+    request: dict[str, Any] = {"seq": seq + 1, "next_by_subj": subject}
+    if min_last_seq:
+        request["min_last_seq"] = min_last_seq
+    body = json.dumps(request).encode()
     return _stored(
         await Replies.of(nc).request(f"{API_PREFIX}.DIRECT.GET.{stream}", body, None, timeout)
     )

@@ -395,7 +395,12 @@ class EventStore:
         the sequence it expected, so one read answers whether a lost ack hid a success.
         """
         try:
-            stored = await first_after(self._nc, self._stream, p.subject, p.expected_seq)
+            # From a replica holding every acknowledged write: a follower behind ours would
+            # answer "not stored" for an append that was (a stored decision taken for none).
+            floor = await self.last_position()
+            stored = await first_after(
+                self._nc, self._stream, p.subject, p.expected_seq, min_last_seq=floor
+            )
         except _UNREADABLE:
             if tolerate_errors:
                 return None
@@ -406,7 +411,7 @@ class EventStore:
 
     async def _conflict(self, p: _Prepared) -> ConcurrencyConflictError:
         self._heads.pop(p.subject, None)
-        head = await self._head_of(p.subject)
+        head = await self._head_of(p.subject, await self.last_position())
         return ConcurrencyConflictError(
             p.aggregate, p.aggregate_id, p.expected_version, head.version
         )
@@ -431,12 +436,17 @@ class EventStore:
             raise ConcurrencyConflictError(aggregate, aggregate_id, expected_version, head.version)
         return head.seq
 
-    async def head(self, aggregate: str, aggregate_id: str) -> Head:
-        """The aggregate's current version and last sequence, read from the server."""
-        return await self._head_of(self.topology.event_subject(aggregate, aggregate_id))
+    async def head(self, aggregate: str, aggregate_id: str, *, latest: bool = False) -> Head:
+        """The aggregate's current version and last sequence, read from the server; `latest`:
+        from a replica holding every write acknowledged so far (a follower of a replicated
+        log may answer before it applied one)."""
+        subject = self.topology.event_subject(aggregate, aggregate_id)
+        return await self._head_of(subject, await self.last_position() if latest else 0)
 
-    async def _head_of(self, subject: str) -> Head:
-        stored = await _last_for_subject(self._nc, self._stream, subject, timeout=self._timeout)
+    async def _head_of(self, subject: str, floor: int = 0) -> Head:
+        stored = await _last_for_subject(
+            self._nc, self._stream, subject, timeout=self._timeout, min_last_seq=floor
+        )
         head = Head(0, 0) if stored is None else Head(_version_of(stored), stored.seq)
         self._remember(subject, head)
         return head

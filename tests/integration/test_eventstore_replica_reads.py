@@ -1,0 +1,72 @@
+"""Reads that decide whether an append landed ask for a replica holding the log as far as
+its leader has it (`min_last_seq`): with a replicated log, a Direct Get may be answered by a
+follower that has not applied a write acknowledged a moment ago — and "not stored" said of
+an append that was made a landed decision a conflict, or freed the capacity of a start that
+took it. Real NATS (one server: the floor holds trivially; what is checked is that these
+reads ask for it, and still answer right)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.events import ProjectCreated, ProjectRenamed
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.replies import Replies
+
+
+@pytest.fixture
+def direct_gets(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The bodies of the Direct Gets made from here on."""
+    seen: list[dict[str, Any]] = []
+    real = Replies.request
+
+    async def request(
+        self: Replies, subject: str, payload: bytes, headers: Any, timeout: float
+    ) -> Any:
+        if ".DIRECT.GET." in subject:
+            seen.append(json.loads(payload) if payload else {"subject": subject})
+        return await real(self, subject, payload, headers, timeout)
+
+    monkeypatch.setattr(Replies, "request", request)
+    return seen
+
+
+async def test_an_append_refused_for_a_stale_version_reads_from_the_leaders_log(
+    nc: NATS, topology: Topology, store: EventStore, direct_gets: list[dict[str, Any]]
+) -> None:
+    project = new_id()
+    created = await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
+    await store.append(project, [ProjectRenamed(name="q")], 1, EventMeta())
+    last = await stream_last_seq(nc, topology.events_stream)
+    behind = EventStore(nc, topology)  # another writer, which saw version 1 last
+    behind.observe("project", project, 1, created.events[0].seq)
+    direct_gets.clear()
+    with pytest.raises(ConflictError) as refused:
+        await behind.append(project, [ProjectRenamed(name="r")], 1, EventMeta())
+    assert refused.value.details["actual_version"] == 2
+    assert direct_gets
+    assert all(body.get("min_last_seq", 0) >= last for body in direct_gets)
+
+
+async def test_the_head_as_the_leader_has_it(
+    nc: NATS, topology: Topology, store: EventStore, direct_gets: list[dict[str, Any]]
+) -> None:
+    project = new_id()
+    await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
+    last = await stream_last_seq(nc, topology.events_stream)
+    direct_gets.clear()
+    head = await store.head("project", project, latest=True)
+    assert head.version == 1
+    [body] = direct_gets
+    assert body["min_last_seq"] >= last
+    assert body["last_by_subj"] == topology.event_subject("project", project)
+    assert (await store.head("project", new_id(), latest=True)).version == 0
