@@ -23,8 +23,8 @@ from suzumio.contracts.envelope import (
     event,
     upcast,
 )
-from suzumio.contracts.events import ProjectCreated, SessionMessageAppended
-from suzumio.contracts.values import Author
+from suzumio.contracts.events import ProjectCreated, RuntimeProfileSet, SessionMessageAppended
+from suzumio.contracts.values import Author, RuntimeProfileSpec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "events"
 GOLDEN = sorted(FIXTURES.glob("*/v*.json"))
@@ -79,6 +79,18 @@ def test_unknown_type_and_future_schema_are_refused() -> None:
 def test_readers_ignore_fields_they_do_not_know() -> None:
     data = ProjectCreated.model_validate({"name": "p", "owner_id": "u", "added_later": 1})
     assert data == ProjectCreated(name="p", owner_id="u")
+
+
+def test_readers_ignore_fields_they_do_not_know_inside_an_events_values() -> None:
+    """A newer release gave a runtime profile (or a model spec) a field: the event is read
+    here all the same, that field left out — it failed every read of its project before.
+    The values still refuse unknown fields as input (the API's 422)."""
+    event = RuntimeProfileSet(name="fast", spec=RuntimeProfileSpec())
+    envelope = envelope_for(event, aggregate_id="p" * 26, version=1, meta=EventMeta())
+    written = envelope.data | {"spec": envelope.data["spec"] | {"added_later": {"x": 1}}}
+    assert decode_data(envelope.model_copy(update={"data": written})) == event
+    with pytest.raises(ValidationError):
+        RuntimeProfileSpec.model_validate(written["spec"])
 
 
 def test_envelope_round_trips_with_the_schema_alias() -> None:

@@ -164,7 +164,12 @@ def upcast(event_type: str, schema: int, data: JsonObject) -> JsonObject:
 def decode_data(envelope: EventEnvelope) -> DomainEvent:
     """The typed payload of an envelope, upcast to the current schema."""
     data = upcast(envelope.type, envelope.schema_version, envelope.data)
-    return EVENT_TYPES[envelope.type].model_validate(data)
+    # Fields this release does not know are ignored all the way down, not only the event's
+    # own: a value inside one (a runtime profile, model or loop settings, which refuse unknown
+    # fields as input) given a field by a newer release failed every read of the event here —
+    # a 500 for every command on its project, a projector parking it — through a rolling
+    # upgrade. (An event whose meaning changed bumps its schema version instead.)
+    return EVENT_TYPES[envelope.type].model_validate(data, extra="ignore")
 
 
 @dataclass(frozen=True, slots=True)
