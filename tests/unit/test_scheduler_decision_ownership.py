@@ -88,9 +88,11 @@ class HeldStore:
     def observe(self, aggregate: str, aggregate_id: str, version: int, seq: int) -> None:
         pass
 
-    async def head(self, aggregate: str, aggregate_id: str) -> Head:
-        """The session's head in the log, as the test set it (`stored`)."""
+    async def head(self, aggregate: str, aggregate_id: str, *, latest: bool = False) -> Head:
+        """The session's head in the log, as the test set it (`stored`) — asked for as the
+        log's leader has it (a follower behind it would hide a landed start)."""
         assert aggregate == "session"
+        assert latest
         self.head_reads += 1
         if self.head_error is not None:
             raise self.head_error
