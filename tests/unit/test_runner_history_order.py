@@ -10,15 +10,18 @@ broker is an `httpx.MockTransport` (tests.unit.loop_support)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from suzumio.contracts.runner import AgentHistoryMessage, SignalSpec, ToolCall
 from suzumio.contracts.values import Priority, SignalKind
-from suzumio.runner.agent import SENT_WHILE_ANSWERING
+from suzumio.runner.agent import MAX_ENTRY_BYTES, SENT_WHILE_ANSWERING
 from suzumio.runner.context import UNFINISHED, render_history
 from suzumio.testing.model_server import Reply
 from suzumio.testing.model_server import ToolCall as ModelToolCall
-from tests.unit.loop_support import run_loop, spec
+from tests.unit.loop_support import Broker, run_loop, spec
 
 CALLS = (
     ToolCall(id="c1", name="shell.exec", arguments='{"command": "pytest"}'),
@@ -175,3 +178,29 @@ async def test_a_call_id_a_provider_would_refuse_is_replaced_as_it_comes(tmp_pat
     assert len(call["id"]) <= 40
     assert sent[-1]["role"] == "tool"
     assert sent[-1]["tool_call_id"] == call["id"]
+
+
+async def test_a_reply_of_large_writes_is_recorded_within_one_bus_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four writes of quotes: every call under the million characters a call's arguments
+    keep, their JSON (each quote escaped twice) over what a bus message holds — the bound
+    scaled down tenfold here (450,000 quotes a write against 8 MB). The entry was refused
+    (the activation failed, its retry likely again); the largest now stand in, the files are
+    written whole."""
+    monkeypatch.setattr("suzumio.runner.agent.MAX_ENTRY_BYTES", MAX_ENTRY_BYTES // 10)
+    content = '"' * 45_000
+    writes = [
+        ModelToolCall("file_write", {"path": f"f{i}.txt", "content": content}) for i in range(4)
+    ]
+    broker = Broker()
+    replies = [Reply.tool_calls(writes), Reply.text("ok")]
+    run = await run_loop(tmp_path, spec(tmp_path), replies, broker)
+    assert run.ending.reason == "completed"
+    assert all((tmp_path / f"f{i}.txt").read_text() == content for i in range(4))
+    appended = [e for b in broker.bodies["/runner/history"] for e in b["entries"]]
+    calls = next(e["tool_calls"] for e in appended if e.get("tool_calls"))
+    assert sum(len(json.dumps(c["arguments"])) for c in calls) <= MAX_ENTRY_BYTES // 10
+    kept = ["truncated_arguments" not in c["arguments"] for c in calls]
+    assert True in kept
+    assert False in kept

@@ -41,6 +41,7 @@ from suzumio.runner.broker import (
     BrokerError,
     BrokerUnavailableError,
     FencedError,
+    json_size,
 )
 from suzumio.runner.context import WIRE_CALL_ID, build_prompt, render_history, render_signal
 from suzumio.runner.live import LiveStream
@@ -70,6 +71,10 @@ Reason = Literal["completed", "budget_exhausted", "waiting", "failed"]
 MAX_RESULT_CHARS = 200_000  # a history entry holds 1 M; a tool result rarely needs more
 MAX_OUTPUT_CHARS = 900_000
 MAX_ENTRY_CHARS = 1_000_000  # of text, in a history entry (`HistoryEntryIn`)
+# A whole entry's text and arguments as JSON: one bus message holds it (8 MB, the headers and
+# the command around it included).
+MAX_ENTRY_BYTES = 6_000_000
+STAND_IN_BYTES = 16_000  # a stand-in's most, with its escapes
 MAX_ARGUMENT_CHARS = 32_000_000  # file.write takes 10 MB of content, JSON-escaped
 MAX_ARGUMENT_DEPTH = 64
 MAX_ARCHIVED = 10_000  # entries one compaction marker archives (`CompactionMarker`)
@@ -809,6 +814,9 @@ class AgentLoop:
                 for c in turn.tool_calls
             ]
         self._push(message, entry_id)
+        kept = _within_one_message(
+            turn.text, [_kept_arguments(c.arguments) for c in turn.tool_calls]
+        )
         return HistoryEntryIn(
             message_id=entry_id,
             role="assistant",
@@ -817,9 +825,9 @@ class AgentLoop:
                 HistoryToolCallIn(
                     id=c.id,
                     name=(self._toolbox.canonical(c.name) or c.name)[:200],
-                    arguments=_kept_arguments(c.arguments),
+                    arguments=arguments,
                 )
-                for c in turn.tool_calls
+                for c, arguments in zip(turn.tool_calls, kept, strict=True)
             ),
         )
 
@@ -929,8 +937,32 @@ def _kept_arguments(arguments: str) -> str:
     all, and the session's next activations sent them back to providers that refuse that."""
     if len(arguments) <= MAX_ENTRY_CHARS:
         return arguments
+    return _stand_in(arguments)
+
+
+def _stand_in(arguments: str) -> str:
     kept = arguments[:INVALID_ARGUMENTS_KEPT_CHARS]
     return json.dumps({"truncated_arguments": kept, "characters": len(arguments)})
+
+
+def _within_one_message(text: str, arguments: list[str]) -> list[str]:
+    """`arguments` with the largest standing in (`_stand_in`) until the entry fits one message
+    of the platform's bus, as JSON (`MAX_ENTRY_BYTES`): a reply of several large file writes
+    (each under the 1 M characters a call keeps; quotes and non-ASCII text making the bytes
+    more) could not be recorded at all — the history refused, the activation failed, and its
+    retry likely again. The calls themselves run with what the model wrote."""
+    sizes = [json_size(a) for a in arguments]
+    total = json_size(text) + sum(sizes)
+    kept = list(arguments)
+    while total > MAX_ENTRY_BYTES:
+        largest = max(range(len(sizes)), key=sizes.__getitem__, default=None)
+        if largest is None or sizes[largest] <= STAND_IN_BYTES:
+            break  # the text (at most 1 M characters) fits a message by itself
+        kept[largest] = _stand_in(kept[largest])
+        total -= sizes[largest]
+        sizes[largest] = json_size(kept[largest])
+        total += sizes[largest]
+    return kept
 
 
 def _as_sent_back(call: _Call) -> WireCall:

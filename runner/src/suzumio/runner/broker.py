@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import os
 import random
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 import httpx
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from suzumio.contracts.broker import (
@@ -79,11 +81,21 @@ def traceparent(env: Mapping[str, str]) -> dict[str, str]:
     return {"traceparent": value} if _TRACEPARENT.fullmatch(value) else {}
 
 
+def json_size(text: str) -> int:
+    """The bytes `text` takes as a JSON string (its escapes included)."""
+    try:
+        return len(orjson.dumps(text))
+    except orjson.JSONEncodeError:  # a lone surrogate: escaped, as the bus's encoder would
+        return len(json.dumps(text))
+
+
 def _batches(entries: Sequence[HistoryEntryIn]) -> Iterator[tuple[HistoryEntryIn, ...]]:
     batch: list[HistoryEntryIn] = []
     size = 0
     for entry in entries:
-        entry_size = len(entry.text) + sum(len(c.arguments) for c in entry.tool_calls)
+        # As the JSON the bus carries (bytes, escapes): a batch counted in characters, of
+        # 4-byte characters or quote-heavy arguments, could pass the bus's message size.
+        entry_size = json_size(entry.text) + sum(json_size(c.arguments) for c in entry.tool_calls)
         if batch and (len(batch) >= MAX_BATCH_ENTRIES or size + entry_size > MAX_BATCH_CHARS):
             yield tuple(batch)
             batch, size = [], 0
