@@ -533,6 +533,10 @@ async def test_a_session_closed_before_its_last_entries_still_has_its_directory_
                 activation_id=new_id(),
             )
             await platform.store.append_next(w.session_id, [entry], EventMeta(actor="test"))
+        # And last, an event the sessions read model does not take (its row's version stays
+        # behind the log's for good: the directory stayed when that was compared).
+        cancel = ActivationCancelRequested(activation_id=new_id(), reason="stopped")
+        await platform.store.append_next(closed.session_id, [cancel], EventMeta(actor="test"))
         root = h.orchestrator._planner.settings.sandboxes() / "sessions"
         for w in (closed, reopened):
             (root / w.session_id / "workspace").mkdir(parents=True)
@@ -545,10 +549,9 @@ async def test_a_session_closed_before_its_last_entries_still_has_its_directory_
         await h.orchestrator._collect_garbage(time.time() + 60)
         assert not (root / closed.session_id).exists()
         assert (root / reopened.session_id).exists()
-        # The read model counts only as of the log's last event: one behind it (a reopening
-        # it has not shown yet, say) does not say closed.
+        # The read model counts only once it stands at the log's last event: behind it (a
+        # reopening it has not shown yet, say) it does not say closed.
         head = await platform.store.head("session", closed.session_id)
-        assert await h.orchestrator._artifacts.closed_at(closed.session_id, head.version)
-        assert (
-            await h.orchestrator._artifacts.closed_at(closed.session_id, head.version + 1) is None
-        )
+        assert await h.orchestrator._artifacts.closed_at(closed.session_id, head.seq)
+        later = head.seq + 1_000_000
+        assert await h.orchestrator._artifacts.closed_at(closed.session_id, later) is None

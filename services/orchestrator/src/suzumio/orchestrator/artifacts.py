@@ -117,10 +117,10 @@ class ArtifactCollector:
         self._max_files = max_files
         self._strays_swept_at: float | None = None
 
-    async def closed_at(self, session_id: str, version: int) -> float | None:
-        """When the session was closed, if the read model has it closed as of `version` at
-        least (the retention sweep asks, for sessions whose files it would let go)."""
-        return await session_closed_at(self._pool, session_id, version)
+    async def closed_at(self, session_id: str, seq: int) -> float | None:
+        """When the session was closed, if the read model has it closed as of the log's `seq`
+        at least (the retention sweep asks, for sessions whose files it would let go)."""
+        return await session_closed_at(self._pool, session_id, seq)
 
     async def sweep_strays(self) -> int:
         """Purge the chunks of the store's puts killed half-way (any service's: the gateway's

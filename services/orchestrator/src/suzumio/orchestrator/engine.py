@@ -1094,7 +1094,7 @@ class Orchestrator:
             return last.occurred_at.timestamp()
         if last.type == SessionReopened.event_type:
             return None
-        return await self._artifacts.closed_at(session_id, last.version)
+        return await self._artifacts.closed_at(session_id, stored.seq)
 
     async def backend_health(self) -> list[dict[str, object]]:
         report: list[dict[str, object]] = []

@@ -296,15 +296,18 @@ async def session_artifacts(pool: Pool, session_id: str) -> dict[str, Artifact]:
     return {r["path"]: Artifact(r["id"], r["path"], r["sha256"], r["size"]) for r in rows}
 
 
-async def session_closed_at(pool: Pool, session_id: str, version: int) -> float | None:
-    """When the session was closed, if the read model has it closed as of `version` of its
-    log at least (else None: open, or the read model behind — a reopening it has not shown
-    yet must not count as closed)."""
+async def session_closed_at(pool: Pool, session_id: str, seq: int) -> float | None:
+    """When the session was closed, if the read model has it closed and has applied the log
+    up to `seq` at least (else None: open, or the read model behind — a reopening it has not
+    shown yet must not count as closed). Where the read model stands, not the row's version:
+    that is the version of the last event the read model takes, and a closed session's log
+    may end with one it does not (a cancel, a checkpoint), which left its directory for good."""
     closed = await pool.fetchval(
-        "SELECT closed_at FROM proj_sessions.sessions"
-        " WHERE id = $1 AND status = 'closed' AND version >= $2",
+        "SELECT s.closed_at FROM proj_sessions.sessions s"
+        " JOIN suzumio.projection_checkpoints c ON c.name = 'sessions' AND c.position >= $2"
+        " WHERE s.id = $1 AND s.status = 'closed'",
         session_id,
-        version,
+        seq,
     )
     return closed.timestamp() if closed is not None else None
 
