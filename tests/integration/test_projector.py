@@ -328,6 +328,30 @@ async def test_poison_event_is_parked_and_the_projection_moves_on(
     assert "indigestible" in record.error
 
 
+async def test_many_poison_events_in_one_batch_are_parked_within_three_tries(
+    nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
+) -> None:
+    """Each failing event counts an attempt on every try of the batch, not only the first:
+    a batch of k such events was tried again ~2k times, a second each, every projection
+    frozen meanwhile."""
+    projections: list[Projection] = [BrittleProjects()]
+    async with running_projector(nc, database_url, topology, store, projections):
+        await caught_up(nc, pool, topology, projections)
+    first, last = f"a-{new_id()}", f"b-{new_id()}"
+    names = [first, *(["poison"] * 6), last]
+    for name in names:  # stored before the projector runs again: one batch
+        await store.append(new_id(), [ProjectCreated(name=name, owner_id="u")], 0)
+    with capture_logs() as logs:
+        async with running_projector(nc, database_url, topology, store, projections):
+            await caught_up(nc, pool, topology, projections)
+    retries = [r for r in logs if r["event"] == "projector.retrying_batch"]
+    assert 1 <= len(retries) <= 2  # three tries in all
+    rows = await pool.fetch(
+        "SELECT name FROM proj_brittle.projects WHERE name = ANY($1)", [first, last]
+    )
+    assert sorted(r["name"] for r in rows) == [first, last]
+
+
 async def test_rebuild_swaps_in_while_the_projector_runs(
     nc: NATS, store: EventStore, pool: Pool, database_url: str, topology: Topology
 ) -> None:

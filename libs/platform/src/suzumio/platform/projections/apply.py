@@ -119,7 +119,12 @@ async def _one_by_one(
     events: list[tuple[str, RecordedEvent[DomainEvent]]],
     tracker: PoisonTracker,
 ) -> list[Parked]:
+    """Each event in a savepoint of its own. Every one that fails counts an attempt — not only
+    the first: stopped there, a batch with k failing events was rolled back and tried again
+    about 2k times, every projection frozen meanwhile (minutes for a few hundred) — and the
+    batch is tried again while any has attempts left; then they are parked."""
     parked: list[Parked] = []
+    again: tuple[int, BaseException] | None = None  # the first failure with attempts left
     for subject, event in events:
         try:
             async with conn.transaction():
@@ -128,7 +133,11 @@ async def _one_by_one(
             if is_infrastructure(exc):
                 raise
             if not tracker.spent(projection.name, event.seq, event.id):
-                raise RetryBatchError(f"{projection.name} failed on seq {event.seq}") from exc
+                again = again or (event.seq, exc)
+                continue
             error = f"{type(exc).__name__}: {exc}"[:2_000]
             parked.append(Parked(projection.name, event.seq, subject, event.type, error))
+    if again is not None:
+        seq, cause = again
+        raise RetryBatchError(f"{projection.name} failed on seq {seq}") from cause
     return parked
