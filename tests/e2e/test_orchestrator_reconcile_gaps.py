@@ -15,6 +15,7 @@ import pytest
 from suzumio.contracts.envelope import EventMeta
 from suzumio.contracts.events import (
     ActivationCancelRequested,
+    ActivationCompleted,
     ActivationOutputRecorded,
     ActivationRequested,
     ActivationStarted,
@@ -219,6 +220,19 @@ def test_an_exit_the_backend_timed_out_ends_timed_out() -> None:
     tracked = Tracked(new_id(), request, timeout_seconds=30.0)
     exit_ = Exit(None, "timeout", "DeadlineExceeded")
     assert Orchestrator._terminal(tracked, exit_, None) == ActivationTimedOut(timeout_seconds=30)
+
+
+def test_a_runner_killed_after_it_recorded_its_output_ends_as_it_said() -> None:
+    """A pool worker's drain kills a runner still sending its output (the broker slow), or
+    reaping its commands after it: its work is done. It ended failed (killed, retryable),
+    and the scheduler had it all done again."""
+    request = ActivationRequested(activation_id=new_id(), agent_id=new_id(), signal_ids=())
+    tracked = Tracked(new_id(), request)
+    output = ActivationOutputRecorded(text="done", reason="completed")
+    killed = Exit(None, "killed", "shutdown: signal 9")
+    end = Orchestrator._terminal(tracked, killed, output)
+    assert isinstance(end, ActivationCompleted)
+    assert (end.text, end.reason, end.exit_code) == ("done", "completed", 0)
 
 
 def test_a_backend_that_knows_another_attempt_is_vain_ends_it_not_retryable() -> None:

@@ -838,10 +838,11 @@ class Orchestrator:
     def _terminal(  # noqa: PLR0911
         tracked: Tracked, exit_: Exit, output: ActivationOutputRecorded | None
     ) -> DomainEvent:
-        if exit_.gone and exit_.code is None and output is not None:
-            # Its sandbox went with its exit code (a Job deleted by a cancel or the stop at its
-            # time limit just after the runner finished): the runner exits as it does after the
-            # output it recorded.
+        if exit_.code is None and output is not None:
+            # Its exit code is lost (a Job deleted by a cancel or the stop at its time limit
+            # just after the runner finished; a pool worker's drain or deadline killing a
+            # runner still reporting, or reaping its commands): it had recorded its output,
+            # so it exits as a runner does after that — its work done, not to be done again.
             exit_ = exit_after_output(output, exit_.detail)
         if exit_.code in COMPLETING_EXITS and output is not None:
             # Finished, even if a cancel or the wall-clock stop came after (the runner was on
