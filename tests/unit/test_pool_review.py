@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -147,3 +149,25 @@ async def test_a_bind_under_way_when_the_worker_stops_does_not_take_routed_dispa
     stop.clear()  # not stopping: a bind does say so
     assert await created._bind_own_or_note() is not None
     assert created._own_bound is True
+
+
+def test_a_forked_runner_survives_a_write_to_a_broken_connection() -> None:
+    """SIGPIPE stays ignored in a forked runner, as in any Python: asyncio and uvloop write
+    with no MSG_NOSIGNAL, and at its default the signal killed a runner (a warm one with its
+    session) on a connection the far end reset, where the write should fail and be retried."""
+    code = (
+        "import os\n"
+        "from suzumio.runner.forkserver import child_signals\n"
+        "child_signals()\n"
+        "r, w = os.pipe()\n"
+        "os.close(r)\n"
+        "try:\n"
+        "    os.write(w, b'x')\n"
+        "except BrokenPipeError:\n"
+        "    print('an error, not a death')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == b"an error, not a death"

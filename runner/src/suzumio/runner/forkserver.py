@@ -84,9 +84,7 @@ def _child(
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         # Its cgroup and rlimits before it runs anything: all it starts inherits them.
         Sandbox.from_json(request.get("sandbox") or {}).apply()
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        child_signals()
         for fd in inherited:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -114,6 +112,20 @@ def _child(
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def child_signals() -> None:
+    """A forked runner's signals as a runner started afresh has them: SIGCHLD, SIGTERM and
+    SIGINT to their defaults (the fork server's own handlers are not its), SIGPIPE ignored as
+    Python ignores it. asyncio and uvloop write to sockets with no MSG_NOSIGNAL: with SIGPIPE
+    at its default, a write to a connection the far end reset (a model request on a kept
+    connection a proxy closed) killed the runner — a warm one with all its session's state —
+    where it should have been an error, retried. (The commands it runs get the defaults back
+    from subprocess and libuv.)"""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
 
 _WARM_CHUNKS = (
