@@ -414,8 +414,8 @@ def _fork(
 
 
 def _reap(reply: Callable[[dict[str, Any]], None], forked: set[int]) -> None:
-    """Reap what ended: a runner's end goes to the worker; a runner killed by a signal could
-    not end what its commands left, so that ends here (it came to this subreaper); those
+    """Reap what ended: a runner's end goes to the worker; what its commands left that it did
+    not end (killed by a signal, it could not) came to this subreaper, and ends here; those
     strays are reaped here too, and nobody is told."""
     while True:
         try:
@@ -428,8 +428,9 @@ def _reap(reply: Callable[[dict[str, Any]], None], forked: set[int]) -> None:
             continue  # a stray of a runner that is gone
         forked.discard(pid)
         code = os.waitstatus_to_exitcode(status)
-        if code < 0:
-            strays.kill_children(keep=forked)
+        # What its commands left that it could not end (killed by a signal; or orphaned to
+        # it after its last look, then to us when it exited) ends here.
+        strays.kill_children(keep=forked)
         reply({"pid": pid, "code": code})
 
 

@@ -295,7 +295,7 @@ def run(path: Path) -> int:
     if spec is None:
         return exits.BAD_INPUT
     _not_dumpable()
-    strays.become_subreaper()
+    strays.as_runner()
     with contextlib.suppress(KeyboardInterrupt):
         return eventloop.run(_one(spec, None))
     return exits.TERMINATED
@@ -393,7 +393,7 @@ def serve_resident(requests_fd: int, replies_fd: int, *, max_runs: int, log_path
     disk), and what it logs goes on in the runner's one log (`log_path`, its stdout and
     stderr), so an activation here costs no file of its own."""
     _not_dumpable()
-    strays.become_subreaper()
+    strays.as_runner()
     with contextlib.suppress(KeyboardInterrupt):
         eventloop.run(_serve_resident(requests_fd, replies_fd, max_runs, log_path))
     return 0

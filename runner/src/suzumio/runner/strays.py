@@ -3,9 +3,11 @@
 A shell command's background process (`server &`) outlives its shell, and its own session or
 process group keeps it out of reach of a signal to the runner's group. The runner makes itself
 a child subreaper, so such an orphan becomes the runner's child rather than init's, and ends
-every child it still has when its activation ends (`end_children`), but those it had before
-the activation's first command. The fork server is one too: a runner killed outright leaves
-its children to it, and it ends them when it reaps the runner. (A worker killed outright
+every child it still has when its activation ends (`end_children`: again until none is left,
+as each kill may orphan another) — a process running an activation inside itself (a test)
+keeps those it had before the activation's first command. The fork server is one too: what
+a runner leaves it (killed outright, or orphaned after its last look) comes to it, and it
+ends that whenever it reaps a runner. (A worker killed outright
 takes the fork server and the runners with it; what they leave then goes to init.)
 
 Linux only (`prctl`); elsewhere these do nothing.
@@ -25,6 +27,7 @@ from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
 REAP_SECONDS = 2.0
+KILL_PASSES = 5  # a daemon's child orphaned by each kill: generations deep
 
 
 class _Started:
@@ -35,6 +38,7 @@ class _Started:
 
     commands = False
     before: frozenset[int] = frozenset()
+    runner = False  # a runner's children are all its commands' (`as_runner`)
 
 
 def become_subreaper() -> bool:
@@ -48,10 +52,18 @@ def become_subreaper() -> bool:
     return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
 
 
+def as_runner() -> bool:
+    """This process is a runner: a subreaper (`become_subreaper`), every child of which is its
+    commands' — none kept at an activation's end. (Kept as "had before the first command", a
+    resident runner's strays of one activation were its next one's to keep, for good.)"""
+    _Started.runner = True
+    return become_subreaper()
+
+
 def starting_command() -> None:
     """A tool is about to start a command (its process group may leave children behind)."""
     if not _Started.commands:
-        _Started.before = frozenset(children(os.getpid()))
+        _Started.before = frozenset() if _Started.runner else frozenset(children(os.getpid()))
         _Started.commands = True
 
 
@@ -103,15 +115,24 @@ def reaped(pid: int) -> bool:
 
 async def end_children() -> int:
     """At an activation's end: end what its commands left running, and reap it (a killed
-    process in the middle of a system call takes a moment). How many there were."""
+    process in the middle of a system call takes a moment). How many there were.
+
+    Again until a look finds none (bounded): a descendant whose parent was alive at the first
+    look (a daemon's detached child) is orphaned by that kill, and comes to this subreaper
+    only then."""
     if not _Started.commands:
         return 0
     _Started.commands = False
-    strays = kill_children(keep=_Started.before)
-    _Started.before = frozenset()
+    keep, _Started.before = _Started.before, frozenset()
+    ended: set[int] = set()
     deadline = time.monotonic() + REAP_SECONDS
-    waiting = [pid for pid in strays if not reaped(pid)]
-    while waiting and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-        waiting = [pid for pid in waiting if not reaped(pid)]
-    return len(strays)
+    for _ in range(KILL_PASSES):
+        strays = kill_children(keep=keep)
+        if not strays:
+            break
+        ended.update(strays)
+        waiting = [pid for pid in strays if not reaped(pid)]
+        while waiting and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            waiting = [pid for pid in waiting if not reaped(pid)]
+    return len(ended)
