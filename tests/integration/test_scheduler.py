@@ -173,7 +173,12 @@ async def test_a_long_messages_text_and_a_large_payload_are_handed_over_from_the
         await world.signal(session, Priority.P2)
         [a1] = await requests(launcher, 1)
         texts = {"short": "now, please", "long": "a long message, " * 1_000}
-        payloads: dict[str, dict[str, Any]] = {"short": {"k": 1}, "long": {"k": "v" * 100_000}}
+        # (One holds an integer past 64 bits: the API takes it, and a fold that could not
+        # measure it stopped every replica.)
+        payloads: dict[str, dict[str, Any]] = {
+            "short": {"k": 1, "big": 2**64},
+            "long": {"k": "v" * 100_000, "big": 2**64},
+        }
         ids = {}
         for name, text in texts.items():
             message_id, signal_id = new_id(), new_id()

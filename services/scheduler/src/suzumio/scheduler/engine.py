@@ -562,7 +562,13 @@ class Scheduler:
             text, payload = signal.text, signal.payload
             at = signal.text_at or signal.payload_at  # the signal's own commit, either way
             if at is not None:
-                stored = await first_after(self._nc, self._topology.events_stream, subject, at - 1)
+                # From a replica holding it: one behind would answer none, and the signal go
+                # out, recorded delivered, without its text or payload.
+                stored = await first_after(
+                    self._nc, self._topology.events_stream, subject, at - 1, min_last_seq=at
+                )
+                if stored is None or stored.seq != at:
+                    raise UnavailableError("a signal's commit could not be read; try again")
                 if signal.text_at is not None:
                     text = _text_in(stored, signal.message_id)
                 if signal.payload_at is not None:

@@ -4,11 +4,13 @@ capacity where. Every replica folds the same log to the same state; only the lea
 
 from __future__ import annotations
 
+import json
 from collections import Counter, deque
 from collections.abc import Container
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from sys import intern
+from typing import Any
 
 import orjson
 
@@ -274,7 +276,7 @@ class World:
             case SignalRecorded():
                 text = texts.get(data.message_id or "")
                 long = text is not None and len(text) > INLINE_TEXT_CHARS
-                size = len(orjson.dumps(data.payload)) if data.payload else 0
+                size = _json_bytes(data.payload) if data.payload else 0
                 large = size > INLINE_PAYLOAD_BYTES
                 s.pending[data.signal_id] = Signal(
                     id=data.signal_id,
@@ -485,6 +487,16 @@ class World:
                 changes.pools_moved = True
             case _:
                 pass
+
+
+def _json_bytes(payload: dict[str, Any]) -> int:
+    """The bytes of `payload` as JSON. orjson refuses what the log may hold (an integer past
+    64 bits, which the API's encoder took): a fold that raised on it stopped every replica,
+    on every restart."""
+    try:
+        return len(orjson.dumps(payload))
+    except TypeError:
+        return len(json.dumps(payload))
 
 
 def _wind_down(activation: Activation) -> None:
