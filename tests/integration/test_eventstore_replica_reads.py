@@ -50,8 +50,18 @@ async def test_an_append_refused_for_a_stale_version_reads_from_the_leaders_log(
     behind = EventStore(nc, topology)  # another writer, which saw version 1 last
     behind.observe("project", project, 1, created.events[0].seq)
     direct_gets.clear()
+    looked_up = []
+    real = behind.last_position
+
+    async def last_position() -> int:
+        looked_up.append(True)
+        return await real()
+
+    behind.last_position = last_position  # type: ignore[method-assign]
     with pytest.raises(ConflictError) as refused:
         await behind.append(project, [ProjectRenamed(name="r")], 1, EventMeta())
+    # Conflicts are routine: the floor is the one the refusal names, no stream look-up.
+    assert looked_up == []
     assert refused.value.details["actual_version"] == 2
     assert direct_gets
     assert all(body.get("min_last_seq", 0) >= last for body in direct_gets)

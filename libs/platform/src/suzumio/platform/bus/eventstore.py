@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -348,8 +349,13 @@ class EventStore:
         all, else the refusal raised as what it means."""
         err_code = int(error.get("err_code", 0))
         if err_code in ERR_WRONG_LAST_SEQUENCE:
+            # The subject's last sequence as the leader has it (in its refusal), else the
+            # stream's: what the reads below ask a replica to hold. Conflicts are routine (a
+            # fold behind, a stale cache): one look-up for both reads at most.
+            floor = _last_sequence_in(str(error.get("description", "")))
             try:
-                stored = await self._find_own(p)
+                floor = floor or await self.last_position()
+                stored = await self._find_own(p, floor=floor)
             except _UNREADABLE:
                 # Refused, perhaps because an earlier attempt of this very append was
                 # stored (its ack lost): unknown, not failed, until the log can be read.
@@ -360,7 +366,7 @@ class EventStore:
                 ) from None
             if stored is not None:
                 return stored
-            raise await self._conflict(p)
+            raise await self._conflict(p, floor)
         refused = JetStreamApiError(int(error.get("code", 0)), err_code, error["description"])
         if unsure and jetstream_trouble(refused):
             # The server in trouble now (a leader being elected) says nothing of the earlier
@@ -388,16 +394,19 @@ class EventStore:
         msg = await self._replies.request(p.subject, p.payload, self._headers(p), self._timeout)
         return dict(orjson.loads(msg.data))
 
-    async def _find_own(self, p: _Prepared, *, tolerate_errors: bool = False) -> int | None:
+    async def _find_own(
+        self, p: _Prepared, *, tolerate_errors: bool = False, floor: int = 0
+    ) -> int | None:
         """The seq of our last event if the append was stored after all, else None.
 
         A conditional append that succeeded is exactly the next message on the subject after
-        the sequence it expected, so one read answers whether a lost ack hid a success.
+        the sequence it expected, so one read answers whether a lost ack hid a success — from
+        a replica holding the log up to `floor` (the stream's last sequence when not given):
+        a follower behind ours would answer "not stored" for an append that was (a stored
+        decision taken for none).
         """
         try:
-            # From a replica holding every acknowledged write: a follower behind ours would
-            # answer "not stored" for an append that was (a stored decision taken for none).
-            floor = await self.last_position()
+            floor = floor or await self.last_position()
             stored = await first_after(
                 self._nc, self._stream, p.subject, p.expected_seq, min_last_seq=floor
             )
@@ -409,9 +418,9 @@ class EventStore:
             return None
         return stored.seq
 
-    async def _conflict(self, p: _Prepared) -> ConcurrencyConflictError:
+    async def _conflict(self, p: _Prepared, floor: int) -> ConcurrencyConflictError:
         self._heads.pop(p.subject, None)
-        head = await self._head_of(p.subject, await self.last_position())
+        head = await self._head_of(p.subject, floor)
         return ConcurrencyConflictError(
             p.aggregate, p.aggregate_id, p.expected_version, head.version
         )
@@ -524,6 +533,15 @@ class EventStore:
     async def last_position(self) -> int:
         """The stream's last sequence: the position a reader must reach to see everything."""
         return await stream_last_seq(self._nc, self._stream, timeout=self._timeout)
+
+
+_LAST_SEQUENCE = re.compile(r"wrong last sequence: (\d+)")
+
+
+def _last_sequence_in(description: str) -> int:
+    """The subject's last sequence a "wrong last sequence: N" refusal names; 0 when none."""
+    found = _LAST_SEQUENCE.search(description)
+    return int(found.group(1)) if found else 0
 
 
 _COMMIT: TypeAdapter[list[EventEnvelope]] = TypeAdapter(list[EventEnvelope])
