@@ -46,6 +46,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,8 @@ def child_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
+
+STRAY_SWEEP_SECONDS = 10.0
 
 _WARM_CHUNKS = (
     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}}]},
@@ -413,6 +416,10 @@ def _fork(
     reply({"id": request["id"], "pid": pid})
 
 
+class _Sweeps:
+    last = float("-inf")  # when the server last looked for strays
+
+
 def _reap(reply: Callable[[dict[str, Any]], None], forked: set[int]) -> None:
     """Reap what ended: a runner's end goes to the worker; what its commands left that it did
     not end (killed by a signal, it could not) came to this subreaper, and ends here; those
@@ -429,8 +436,13 @@ def _reap(reply: Callable[[dict[str, Any]], None], forked: set[int]) -> None:
         forked.discard(pid)
         code = os.waitstatus_to_exitcode(status)
         # What its commands left that it could not end (killed by a signal; or orphaned to
-        # it after its last look, then to us when it exited) ends here.
-        strays.kill_children(keep=forked)
+        # it after its last look, then to us when it exited) ends here: at once after a
+        # signal's kill, else at most every `STRAY_SWEEP_SECONDS` (the look reads all of
+        # /proc, and a runner that exited ended its own nearly always).
+        now = time.monotonic()
+        if code < 0 or now - _Sweeps.last >= STRAY_SWEEP_SECONDS:
+            _Sweeps.last = now
+            strays.kill_children(keep=forked)
         reply({"pid": pid, "code": code})
 
 
