@@ -40,7 +40,7 @@ from suzumio.runner.tools.base import Mount, ToolContext
 from suzumio.runner.workfiles import ExchangeError
 
 BROKER_TIMEOUT_SECONDS = 30.0
-CUT_ROUND_SECONDS = 5.0  # a stopped round's results, within the stop's grace
+CUT_ROUND_SECONDS = 2.0  # a stopped round's results, within the stop's grace (3 s at least)
 # Failures no retry of the activation would get past: the provider refused the content, the
 # credentials or the model, for every model of the chain.
 REFUSED_FOR_GOOD = frozenset({
@@ -263,8 +263,8 @@ async def _run_loop(
         # round did is recorded (refused if a cancel fenced the activation), for the attempt
         # that takes the work over after a drain.
         cut = loop.cut_round("the runner was stopped")
+        await _record_cut_round(broker, cut)  # first: a stop's grace is short (3 s at least)
         await loop.end_open_calls("tool call stopped: the runner was stopped", "cancelled")
-        await _record_cut_round(broker, cut)
         raise
     except Exception as exc:
         # A fault of the runner's own (a body it cannot read, a bound it did not expect): the
