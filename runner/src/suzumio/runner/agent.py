@@ -43,7 +43,13 @@ from suzumio.runner.broker import (
     FencedError,
     json_size,
 )
-from suzumio.runner.context import WIRE_CALL_ID, build_prompt, render_history, render_signal
+from suzumio.runner.context import (
+    WIRE_CALL_ID,
+    build_prompt,
+    render_history,
+    render_signal,
+    wire_call_id,
+)
 from suzumio.runner.live import LiveStream
 from suzumio.runner.log import MIN_SECRET_CHARS, keep_secret, log
 from suzumio.runner.loop import compaction, figures
@@ -185,9 +191,11 @@ class AgentLoop:
         self._round: list[_Call] = []
         self._finished: dict[str, CoreOutcome] = {}
         self._said_nothing_in_a_row = 0
-        self._call_ids: set[str] = {c.id for e in spec.history for c in e.tool_calls} | {
+        recorded = {c.id for e in spec.history for c in e.tool_calls} | {
             e.tool_call_id for e in spec.history if e.tool_call_id
         }
+        # As sent back, too (`wire_call_id`): a model reusing one it saw would pair with it.
+        self._call_ids: set[str] = recorded | {wire_call_id(i) for i in recorded}
         self._usage: dict[str, int] = {"prompt_tokens": 0, "completion_tokens": 0}
         # The provider's real count of the conversation at the last model call that reported
         # one: what the compaction threshold is measured from (none until then, and none
