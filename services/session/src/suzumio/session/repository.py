@@ -96,6 +96,11 @@ class Repository:
         self._cache.pop(key, None)
         self._weight -= self._weights.pop(key, 0)
 
+    async def latest(self, cls: type[S], aggregate_id: str) -> S:
+        """The aggregate from a replica holding every acknowledged write: what a refusal
+        decided on a plain fresh read (a handler's own check) reads again before it answers."""
+        return await self.get(cls, aggregate_id, floor=await self.store.last_position())
+
     async def _behind(self, cls: type[S], state: S) -> bool:
         """Whether `state`, read fresh, was behind the log: read again from a replica holding
         every acknowledged write. A refusal or a no-op is answered on the state read, with no
@@ -104,8 +109,7 @@ class Repository:
         reopen, then a message refused as to a closed session; a close answered as done, the
         session left open)."""
         version = state.version
-        latest = await self.get(cls, state.id, floor=await self.store.last_position())
-        return latest.version != version
+        return (await self.latest(cls, state.id)).version != version
 
     async def execute(
         self,

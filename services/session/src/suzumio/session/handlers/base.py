@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from suzumio.contracts.commands import CommandAccepted
-from suzumio.contracts.errors import ForbiddenError
+from suzumio.contracts.errors import CommandError, ForbiddenError
 from suzumio.contracts.values import Role
 from suzumio.platform.bus.commands import CommandContext
 from suzumio.session.domain import access
@@ -54,7 +54,13 @@ class HandlerGroup:
         self, project_id: str, actor: Actor, needed: Role, what: str
     ) -> tuple[ProjectState, Role]:
         project = await self.repo.get(ProjectState, project_id)
-        return project, access.require(project, actor, needed, what)
+        try:
+            return project, access.require(project, actor, needed, what)
+        except CommandError:
+            # Refused on a read a replica behind may have answered (a member added a moment
+            # ago): once more from one that holds every acknowledged write.
+            project = await self.repo.latest(ProjectState, project_id)
+            return project, access.require(project, actor, needed, what)
 
 
 def accepted(result: Outcome, **extra: Any) -> CommandAccepted:

@@ -34,7 +34,9 @@ class PendingActionHandlers(HandlerGroup):
             raise ForbiddenError("pending actions are created by the platform for a runner")
         owner = await self.repo.get(SessionState, cmd.session_id)
         if not owner.exists:
-            raise NotFoundError("session not found")
+            owner = await self.repo.latest(SessionState, cmd.session_id)
+            if not owner.exists:
+                raise NotFoundError("session not found")
         now = self.c.clock()
         try:
             _, result = await self.repo.execute(
@@ -80,10 +82,13 @@ class PendingActionHandlers(HandlerGroup):
         actor = await self.actor(ctx)
         state = await self.repo.get(PendingActionState, cmd.pending_action_id)
         if not state.exists:
-            raise NotFoundError("pending action not found")
+            state = await self.repo.latest(PendingActionState, cmd.pending_action_id)
+            if not state.exists:
+                raise NotFoundError("pending action not found")
         await self.project_role(state.project_id, actor, Role.MEMBER, "pending action")
         await self._check_artifacts(state, cmd.artifact_ids)
-        if (await self.repo.get(SessionState, state.session_id)).closed:
+        owner = await self.repo.get(SessionState, state.session_id)
+        if owner.closed and (await self.repo.latest(SessionState, state.session_id)).closed:
             # A closed session starts nothing: the answer would wait, unseen, for a reopen
             # (its signal is recorded and held). Said now, while the person is here.
             raise ConflictError("the session is closed: reopen it to answer")

@@ -39,8 +39,8 @@ class SessionHandlers(HandlerGroup):
     async def writable(self, ctx: CommandContext[Any], session_id: str) -> SessionState:
         """The session, if the actor may write to it (a member of its project)."""
         state = await self.repo.get(SessionState, session_id, fresh=False)
-        if not state.exists:
-            state = await self.repo.get(SessionState, session_id)
+        if not state.exists:  # opened a moment ago, maybe: as the log's leader has it
+            state = await self.repo.latest(SessionState, session_id)
             if not state.exists:
                 raise NotFoundError("session not found")
         await self.project_role(state.project_id, await self.actor(ctx), Role.MEMBER, "session")
