@@ -838,11 +838,12 @@ class Orchestrator:
     def _terminal(  # noqa: PLR0911
         tracked: Tracked, exit_: Exit, output: ActivationOutputRecorded | None
     ) -> DomainEvent:
-        if exit_.code is None and output is not None:
+        if exit_.code is None and output is not None and (exit_.gone or not tracked.timed_out):
             # Its exit code is lost (a Job deleted by a cancel or the stop at its time limit
-            # just after the runner finished; a pool worker's drain or deadline killing a
-            # runner still reporting, or reaping its commands): it had recorded its output,
-            # so it exits as a runner does after that — its work done, not to be done again.
+            # just after the runner finished; a pool worker's drain killing a runner still
+            # reporting, or reaping its commands): it had recorded its output, so it exits as
+            # a runner does after that — its work done, not to be done again. (One our stop
+            # at its time limit killed, still there, timed out.)
             exit_ = exit_after_output(output, exit_.detail)
         if exit_.code in COMPLETING_EXITS and output is not None:
             # Finished, even if a cancel or the wall-clock stop came after (the runner was on
