@@ -400,13 +400,14 @@ class EventStore:
         """The seq of our last event if the append was stored after all, else None.
 
         A conditional append that succeeded is exactly the next message on the subject after
-        the sequence it expected, so one read answers whether a lost ack hid a success — from
-        a replica holding the log up to `floor` (the stream's last sequence when not given):
-        a follower behind ours would answer "not stored" for an append that was (a stored
-        decision taken for none).
+        the sequence it expected, so one read answers whether a lost ack hid a success — with
+        `floor`, from a replica holding the log up to there: after a refusal, a follower
+        behind ours would answer "not stored" for an append that was (a stored decision taken
+        for a conflict). After a lost answer none is asked for: "not stored" there only sends
+        the append again, which the duplicate window answers with the first copy's sequence —
+        and a floor would need the stream's leader, which a cluster electing one has not.
         """
         try:
-            floor = floor or await self.last_position()
             stored = await first_after(
                 self._nc, self._stream, p.subject, p.expected_seq, min_last_seq=floor
             )
