@@ -570,23 +570,17 @@ class AgentLoop:
             else:
                 outcome = result
             outcomes.append(outcome)
-            entry_id = self._result_entry_id(call)
             text = self._clean(outcome.result.text)
             if dropped and call is calls[-1]:
                 text += (
                     f"\n[{dropped} more tool calls of this reply were not run: at most"
                     f" {MAX_CALLS_PER_TURN} in one reply]"
                 )
-            self._push({"role": "tool", "tool_call_id": call.wire.id, "content": text}, entry_id)
-            entries.append(
-                HistoryEntryIn(
-                    message_id=entry_id,
-                    role="tool",
-                    text=text,
-                    tool_call_id=call.wire.id,
-                    name=(call.tool or call.wire.name)[:200],
-                )
+            entry = self._result_entry(call, text)
+            self._push(
+                {"role": "tool", "tool_call_id": call.wire.id, "content": text}, entry.message_id
             )
+            entries.append(entry)
         await self._broker.append_history(entries)
         self._round = []
         # The round's results are recorded; then a refused start, a fence or a broker out of
@@ -602,10 +596,17 @@ class AgentLoop:
             raise fences[0]
         return outcomes
 
-    def _result_entry_id(self, call: _Call) -> str:
-        """The history entry of `call`'s result: derived, so the round's record and a cut's
-        (`cut_round`) of the same result are one entry, whichever lands."""
-        return derived_id("tool.result", self.spec.activation.id, call.wire.id)
+    def _result_entry(self, call: _Call, text: str) -> HistoryEntryIn:
+        """The history entry of `call`'s result, under an id derived from the activation and
+        the call, so the round's record and a cut's (`cut_round`) of the same result are one
+        entry, whichever lands."""
+        return HistoryEntryIn(
+            message_id=derived_id("tool.result", self.spec.activation.id, call.wire.id),
+            role="tool",
+            text=text,
+            tool_call_id=call.wire.id,
+            name=(call.tool or call.wire.name)[:200],
+        )
 
     def cut_round(self, why: str) -> tuple[HistoryEntryIn, ...]:
         """The results of the tool round a cut (`why`) stopped before they were recorded: what
@@ -623,15 +624,7 @@ class AgentLoop:
                 text = f"tool call stopped: {why} (it had started: it may have taken effect)"
             else:
                 text = f"tool call not run: {why}"
-            entries.append(
-                HistoryEntryIn(
-                    message_id=self._result_entry_id(call),
-                    role="tool",
-                    text=text,
-                    tool_call_id=call.wire.id,
-                    name=(call.tool or call.wire.name)[:200],
-                )
-            )
+            entries.append(self._result_entry(call, text))
         self._round = []
         return tuple(entries)
 
