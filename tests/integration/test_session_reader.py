@@ -394,3 +394,54 @@ async def test_a_retrys_snapshot_names_its_earlier_attempts_and_who_wrote_what(
         first.activation_id,
         retry.activation_id,
     )
+
+
+async def test_a_retrys_snapshot_names_its_messages_an_earlier_attempt_compacted(
+    store: EventStore,
+) -> None:
+    """Attempt 1 compacted with its message archived; its retry is told so (the summary holds
+    the message), a request whose message another activation archived is not."""
+    session, add = await opened(store)
+    user = message("delete the old branch")
+    user_signal = signal_for(user)
+    await add(user, user_signal)
+    first = request(user_signal.signal_id)
+    await add(first)
+    work = SessionMessageAppended(
+        message_id=new_id(),
+        author=Author(kind="agent", id="a" * 26),
+        role="assistant",
+        text="listing the branches",
+        activation_id=first.activation_id,
+    )
+    await add(work)
+    # A message posted while attempt 1 ran, not handed to it.
+    later = message("and tag the release")
+    later_signal = signal_for(later)
+    await add(later, later_signal)
+    archived_ids = (user.message_id, work.message_id, later.message_id)
+    await add(
+        HistoryCompacted(
+            activation_id=first.activation_id,
+            marker_id=new_id(),
+            summary="asked to delete a branch; listed them",
+            archived_from=archived_ids[0],
+            archived_through=archived_ids[-1],
+            archived_count=len(archived_ids),
+            archived_ids=archived_ids,
+        )
+    )
+    retry = request(*first.signal_ids).model_copy(update={"attempt": 2})
+    await add(retry)
+    tag = request(later_signal.signal_id)
+    await add(tag)
+
+    reader = SessionReader(store)
+    snapshot = await reader.snapshot(session, retry)
+    assert snapshot.earlier_attempts == (first.activation_id,)
+    assert snapshot.summarized == (user.message_id,)
+    assert snapshot == await load_session(store, session, retry)
+    # Attempt 1 itself, and a request attempt 1 never worked on: nothing summarized for them.
+    assert (await reader.snapshot(session, first)).summarized == ()
+    assert (await reader.snapshot(session, tag)).summarized == ()
+    assert (await load_session(store, session, tag)).summarized == ()

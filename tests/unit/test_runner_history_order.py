@@ -141,6 +141,39 @@ async def test_a_retry_does_not_get_its_message_again(tmp_path: Path) -> None:
     assert sent[-1] == {"role": "user", "content": f"{SENT_WHILE_ANSWERING} delete the old branch"}
 
 
+async def test_a_retry_after_its_compaction_does_not_get_its_message_again(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 took the message, worked on it, compacted (the message among the archived
+    entries, in the summary now) and died. Attempt 2's history has the summary where the
+    message stood: given again at the end, the model read the request twice."""
+    history = (
+        entry(
+            "sum1",
+            "user",
+            "[Summary of earlier conversation]\nThe user asked to delete the"
+            " old branch; the agent listed the branches.",
+        ),
+        entry("a2", "assistant", tool_calls=(CALLS[0],), activation_id="attempt-1"),
+        entry("r2", "tool", "done", tool_call_id="c1", activation_id="attempt-1"),
+    )
+    signal = message_signal("sig1", "m1", "delete the old branch")
+    retry = {
+        "attempt": 2,
+        "earlier_attempts": ("attempt-1",),
+        "summarized_message_ids": ("m1",),
+    }
+    reason, sent = await first_request(tmp_path, history, signal, "The branch is gone.", retry)
+    assert reason == "completed"
+    assert not [m for m in sent if m.get("content") == "delete the old branch"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "c1", "content": "done"}
+
+    # Not archived by an earlier attempt's compaction: the message comes at the end.
+    retry = {"attempt": 2, "earlier_attempts": ("attempt-1",)}
+    _, sent = await first_request(tmp_path, history, signal, "ok", retry)
+    assert sent[-1] == {"role": "user", "content": "delete the old branch"}
+
+
 VLLM_ID = "chatcmpl-tool-" + "0123456789abcdef" * 2  # 46 characters: OpenAI takes 40 at most
 
 

@@ -216,7 +216,12 @@ class AgentLoop:
     async def run(self) -> Ending:
         for entry_id, message in render_history(self.spec.history):
             self._push(message, entry_id)
-        await self._take_signals(self.spec.activation.signals, _after_the_agent(self.spec))
+        # A message an earlier attempt's compaction archived is in its summary: given again
+        # at the end, the model read the request twice and did its work again.
+        summarized = set(self.spec.activation.summarized_message_ids)
+        await self._take_signals(
+            self.spec.activation.signals, _after_the_agent(self.spec) | summarized
+        )
         self._live.event("state", "running", activation_id=self.spec.activation.id)
         while True:
             if self.model_calls >= self._config.max_model_calls:

@@ -73,6 +73,12 @@ class ActivationSpec(_Frozen):
         " one while they ran (a retry's earlier attempts): their entries in the history are"
         " work on these signals, not an answer to them",
     )
+    summarized_message_ids: tuple[str, ...] = Field(
+        default=(),
+        max_length=1_000,
+        description="the messages of these signals an earlier attempt's compaction archived:"
+        " the history's summary holds them, so they are not given again at its end",
+    )
 
 
 class CompactionSettings(_Frozen):

@@ -228,6 +228,7 @@ class Planner:
                 signals=snapshot.signals,
                 attempt=request.attempt,
                 earlier_attempts=snapshot.earlier_attempts[-1_000:],
+                summarized_message_ids=snapshot.summarized[-1_000:],
             ),
             workspace=WORKSPACE,
             controller_url=self.settings.broker_url,

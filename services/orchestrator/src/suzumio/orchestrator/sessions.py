@@ -51,6 +51,9 @@ class SessionSnapshot:
     # The activations requested before with any of the batch's signals, or handed one while
     # they ran (a retry's earlier attempts), in the order they took them.
     earlier_attempts: tuple[str, ...] = ()
+    # The messages of the batch's signals that an earlier attempt's compaction archived: in
+    # the summary, not to be given again at the history's end (as if never seen).
+    summarized: tuple[str, ...] = ()
 
 
 @dataclass
@@ -70,6 +73,8 @@ class _SessionFold:
     origins: dict[str, int] = field(default_factory=dict)  # signal id -> its message's seq
     # Signal id -> the activations requested with it or handed it so far (let go with it).
     attempts: dict[str, list[str]] = field(default_factory=dict)
+    # Signal id -> the activations whose compaction archived its message (let go with it).
+    archived_by: dict[str, list[str]] = field(default_factory=dict)
     checkpoint: CheckpointRef | None = None
     # The signal ids of the session's last requests: a signal requested before and in none
     # of them is let go (its text may be a megabyte, and a long session posts thousands), as
@@ -85,6 +90,7 @@ class _SessionFold:
             signals=dict(self.signals),
             origins=dict(self.origins),
             attempts={k: list(v) for k, v in self.attempts.items()},
+            archived_by={k: list(v) for k, v in self.archived_by.items()},
             requested=deque(self.requested, maxlen=REQUESTS_KEPT),
         )
 
@@ -101,7 +107,9 @@ class _SessionFold:
                     self.texts[data.message_id] = data.text
                 self.history.append(_entry(data))
             case HistoryCompacted():
-                self.history = compacted(self.history, data)
+                gone = archived(self.history, data)
+                self._archived(data.activation_id, gone)
+                self.history = compacted(self.history, data, gone)
             case SignalRecorded():
                 self.signals[data.signal_id] = SignalSpec(
                     id=data.signal_id,
@@ -119,9 +127,20 @@ class _SessionFold:
             case ActivationRequested() | SignalsDelivered():
                 self._took(data)
             case SignalClosed() if self.prune:
-                self.signals.pop(data.signal_id, None)
-                self.origins.pop(data.signal_id, None)
-                self.attempts.pop(data.signal_id, None)
+                self._forget(data.signal_id)
+
+    def _archived(self, activation_id: str, gone: set[str]) -> None:
+        for signal_id, signal in self.signals.items():
+            if signal.message_id in gone:
+                by = self.archived_by.setdefault(signal_id, [])
+                if activation_id not in by:
+                    by.append(activation_id)
+
+    def _forget(self, signal_id: str) -> None:
+        self.signals.pop(signal_id, None)
+        self.origins.pop(signal_id, None)
+        self.attempts.pop(signal_id, None)
+        self.archived_by.pop(signal_id, None)
 
     def _worked_on(self, activation_id: str, signal_ids: Sequence[str]) -> None:
         for signal_id in signal_ids:
@@ -143,27 +162,34 @@ class _SessionFold:
         still = {i for ids in list(self.requested)[1:] for i in ids}
         for signal_id in leaving:
             if signal_id not in still:
-                self.signals.pop(signal_id, None)
-                self.origins.pop(signal_id, None)
-                self.attempts.pop(signal_id, None)
+                self._forget(signal_id)
 
     def complete(self, request: ActivationRequested) -> bool:
         """Whether it still has every signal of `request` (else one was let go)."""
         return all(i in self.signals for i in request.signal_ids)
 
     def snapshot(self, request: ActivationRequested) -> SessionSnapshot:
+        earlier = tuple(
+            dict.fromkeys(
+                a
+                for i in request.signal_ids
+                for a in self.attempts.get(i, ())
+                if a != request.activation_id
+            )
+        )
+        signals = tuple(self.signals[i] for i in request.signal_ids if i in self.signals)
         return SessionSnapshot(
             project_id=self.project_id,
             history=tuple(self.history),
-            signals=tuple(self.signals[i] for i in request.signal_ids if i in self.signals),
+            signals=signals,
             checkpoint=self.checkpoint,
             origins=tuple(self.origins[i] for i in request.signal_ids if i in self.origins),
-            earlier_attempts=tuple(
+            earlier_attempts=earlier,
+            summarized=tuple(
                 dict.fromkeys(
-                    a
-                    for i in request.signal_ids
-                    for a in self.attempts.get(i, ())
-                    if a != request.activation_id
+                    s.message_id
+                    for s in signals
+                    if s.message_id and set(earlier).intersection(self.archived_by.get(s.id, ()))
                 )
             ),
         )
@@ -312,16 +338,25 @@ async def session_closed_at(pool: Pool, session_id: str, seq: int) -> float | No
     return closed.timestamp() if closed is not None else None
 
 
+def archived(history: list[AgentHistoryMessage], marker: HistoryCompacted) -> set[str]:
+    """The ids of the entries `marker` archives."""
+    if marker.archived_ids:
+        return set(marker.archived_ids)
+    # An older marker: everything up to the range's end.
+    ids = [h.id for h in history]
+    if marker.archived_through not in ids:
+        return set()
+    return {i for i in ids[: ids.index(marker.archived_through) + 1] if i}
+
+
 def compacted(
-    history: list[AgentHistoryMessage], marker: HistoryCompacted
+    history: list[AgentHistoryMessage],
+    marker: HistoryCompacted,
+    gone: set[str] | None = None,
 ) -> list[AgentHistoryMessage]:
-    """The history with the archived entries replaced by the summary, where they stood."""
-    gone = set(marker.archived_ids)
-    if not gone:  # an older marker: everything up to the range's end
-        ids = [h.id for h in history]
-        if marker.archived_through not in ids:
-            return history
-        gone = {i for i in ids[: ids.index(marker.archived_through) + 1] if i}
+    """The history with the archived entries (`gone`, else `archived`'s) replaced by the
+    summary, where they stood."""
+    gone = archived(history, marker) if gone is None else gone
     place = next((i for i, h in enumerate(history) if h.id in gone), None)
     if place is None:
         return history
