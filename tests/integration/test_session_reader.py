@@ -38,6 +38,17 @@ def message(text: str, role: str = "user") -> SessionMessageAppended:
     )
 
 
+def answer(text: str, activation_id: str) -> SessionMessageAppended:
+    """An agent's entry, written by `activation_id`."""
+    return SessionMessageAppended(
+        message_id=new_id(),
+        author=Author(kind="agent", id="a" * 26),
+        role="assistant",
+        text=text,
+        activation_id=activation_id,
+    )
+
+
 def request(*signal_ids: str) -> ActivationRequested:
     return ActivationRequested(activation_id=new_id(), agent_id="a" * 26, signal_ids=signal_ids)
 
@@ -356,13 +367,7 @@ async def test_a_retrys_snapshot_names_its_earlier_attempts_and_who_wrote_what(
     session, add = await opened(store)
     first = await posted(add, "look into it")
     await add(first)
-    work = SessionMessageAppended(
-        message_id=new_id(),
-        author=Author(kind="agent", id="a" * 26),
-        role="assistant",
-        text="looking",
-        activation_id=first.activation_id,
-    )
+    work = answer("looking", first.activation_id)
     await add(work)
     # A message handed to the running activation at a tool boundary (a P1): its retry
     # carries it too, and that activation worked on it.
@@ -407,13 +412,7 @@ async def test_a_retrys_snapshot_names_its_messages_an_earlier_attempt_compacted
     await add(user, user_signal)
     first = request(user_signal.signal_id)
     await add(first)
-    work = SessionMessageAppended(
-        message_id=new_id(),
-        author=Author(kind="agent", id="a" * 26),
-        role="assistant",
-        text="listing the branches",
-        activation_id=first.activation_id,
-    )
+    work = answer("listing the branches", first.activation_id)
     await add(work)
     # A message posted while attempt 1 ran, not handed to it.
     later = message("and tag the release")
