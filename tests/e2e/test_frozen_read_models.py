@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -180,3 +182,57 @@ async def test_lists_paged_in_the_log_order_still_answer_from_the_tables_before_
         pending = ok(await c.get(f"/v1/sessions/{world.session_id}/pending-actions"))
     assert [t["call_id"] for t in listed] == ["c0", "c1", "c2"]
     assert pending == {"items": [], "next_cursor": None}
+
+
+def _made_not_shown(response: httpx.Response, read_model: str) -> dict[str, Any]:
+    """A write that was made, whose answer cannot be read back from the frozen `read_model`:
+    a 504 that says so and where to read it, not a 404 or 500 (or the state before)."""
+    body = problem(response, 504, "timeout")
+    assert f"the {read_model} read model is being rebuilt" in body["detail"]
+    assert int(response.headers["Suzumio-Position"]) > 0
+    return body
+
+
+async def test_a_write_whose_read_model_is_frozen_says_it_was_made(own_stack: Stack) -> None:
+    """A create read back from a frozen read model answered 404 (a session, a project) or
+    500 (an upload) for an object it had made, and an update its state before the change."""
+    stack = own_stack
+    world = await new_world(stack, "writer")
+    await _freeze(stack, "sessions")
+    await _freeze(stack, "agents")
+    await _freeze(stack, "artifacts")
+    headers = {"Idempotency-Key": "open-while-frozen"}
+    async with stack.client(world.key) as c:
+        opened = f"/v1/projects/{world.project_id}/sessions"
+        body = {"agent_id": world.agent_id, "title": "made while frozen"}
+        first = await c.post(opened, json=body, headers=headers)
+        _made_not_shown(first, "sessions")
+        location = first.headers["Location"]
+        assert location.startswith("/v1/sessions/")
+        # Kept for the key: the retry makes no second session, and learns the same place.
+        again = await c.post(opened, json=body, headers=headers)
+        _made_not_shown(again, "sessions")
+        assert again.headers["Location"] == location
+
+        renamed = await c.patch(f"/v1/agents/{world.agent_id}", json={"role": "renamed"})
+        _made_not_shown(renamed, "agents")
+        uploaded = await c.post(
+            f"/v1/projects/{world.project_id}/artifacts",
+            files=[("file", ("notes.txt", b"hello", "text/plain"))],
+            data={"session_id": world.session_id},
+        )
+        _made_not_shown(uploaded, "artifacts")
+        # A read model that serves answers as ever: the project's.
+        ok(await c.patch(f"/v1/projects/{world.project_id}", json={"name": "still served"}))
+
+    # Made, all of them: the log has them.
+    conn = await db.connect(stack.database_url, "test-frozen")
+    try:
+        made = await conn.fetchval(
+            "SELECT count(*) FROM proj_sessions.sessions WHERE project_id = $1", world.project_id
+        )
+    finally:
+        await conn.close()
+    assert made == 1  # the frozen table has only the session made before the freeze
+    events = await stack.store.load("session", location.rsplit("/", 1)[1])
+    assert [e.envelope.type for e in events.events][:1] == ["session.opened"]

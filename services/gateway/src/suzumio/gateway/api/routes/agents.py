@@ -82,7 +82,7 @@ async def create_agent(
     fields = body.model_dump()
     command = CreateAgent(project_id=project_id, agent_id=agent_id, **fields)
     location = f"/v1/agents/{agent_id}"
-    await settle(gw, await send(gw, who, command, response), location=location)
+    await settle(gw, await send(gw, who, command, response), reads="agents", location=location)
     response.headers["Location"] = location
     return _agent(await _read(gw, agent_id))
 
@@ -162,7 +162,7 @@ async def import_agent(
     )
     await _store_assets(gw, package)
     location = f"/v1/agents/{agent_id}"
-    await settle(gw, await send(gw, who, command, response), location=location)
+    await settle(gw, await send(gw, who, command, response), reads="agents", location=location)
     response.headers["Location"] = location
     return _agent(await _read(gw, agent_id))
 
@@ -182,7 +182,7 @@ async def update_package(
         agent_id=agent_id, assets=_assets(package), clear_runtime_profile=clear, **fields
     )
     await _store_assets(gw, package)
-    await settle(gw, await send(gw, who, command, response))
+    await settle(gw, await send(gw, who, command, response), reads="agents")
     return _agent(await _read(gw, agent_id))
 
 
@@ -214,7 +214,7 @@ async def update_agent(
     command = UpdateAgent(
         agent_id=agent_id, **body.model_dump(exclude_none=True), clear_runtime_profile=clear
     )
-    await settle(gw, await send(gw, who, command, response))
+    await settle(gw, await send(gw, who, command, response), reads="agents")
     return _agent(await _read(gw, agent_id))
 
 
@@ -231,7 +231,7 @@ async def disable_agent(
     await _visible(gw, who, agent_id, Role.ADMIN)
     reason = body.reason if body is not None else ""
     reply = await send(gw, who, DisableAgent(agent_id=agent_id, reason=reason), response)
-    await settle(gw, reply)
+    await settle(gw, reply, reads="agents")
     return _agent(await _read(gw, agent_id))
 
 
@@ -240,5 +240,5 @@ async def enable_agent(
     agent_id: Identifier, gw: GatewayDep, who: PrincipalDep, response: Response
 ) -> AgentOut:
     await _visible(gw, who, agent_id, Role.ADMIN)
-    await settle(gw, await send(gw, who, EnableAgent(agent_id=agent_id), response))
+    await settle(gw, await send(gw, who, EnableAgent(agent_id=agent_id), response), reads="agents")
     return _agent(await _read(gw, agent_id))

@@ -163,7 +163,7 @@ async def upload(
         form.close()
     created = [c.artifact_id for c in commands]
     response.headers["Suzumio-Position"] = str(position)
-    await settled(gw, position)
+    await settled(gw, position, reads="artifacts")
     rows = await gw.pool.fetch(
         "SELECT * FROM proj_artifacts.artifacts WHERE id = ANY($1::text[])", created
     )
@@ -301,4 +301,5 @@ async def delete_artifact(
     artifact_id: Identifier, gw: GatewayDep, who: PrincipalDep, response: Response
 ) -> None:
     await _visible(gw, who, artifact_id, Role.MEMBER)
-    await settle(gw, await send(gw, who, DeleteArtifact(artifact_id=artifact_id), response))
+    reply = await send(gw, who, DeleteArtifact(artifact_id=artifact_id), response)
+    await settle(gw, reply, reads=None)

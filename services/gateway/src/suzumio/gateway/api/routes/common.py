@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import Response
 from nats.errors import MaxPayloadError
 
 from suzumio.contracts.commands import Command, CommandAccepted
 from suzumio.gateway.api.auth import Principal
-from suzumio.gateway.api.deps import POSITION_HEADER, written
+from suzumio.gateway.api.deps import FIRST_READ_WAIT, POSITION_HEADER, written
 from suzumio.gateway.api.problems import ERROR_RESPONSES, ApiError
 from suzumio.gateway.state import Gateway
 
 RESPONSES = ERROR_RESPONSES
+# The read models a route answers from after its write (the projections' names).
+ReadModel = Literal[
+    "activations",
+    "agents",
+    "artifacts",
+    "pending_actions",
+    "projects",
+    "sessions",
+    "signals",
+    "users",
+]
 
 
 async def send(
@@ -30,23 +43,49 @@ async def send(
     return reply
 
 
-async def settle(gw: Gateway, reply: CommandAccepted, *, location: str | None = None) -> None:
+async def settle(
+    gw: Gateway, reply: CommandAccepted, *, reads: ReadModel | None, location: str | None = None
+) -> None:
     """Wait until the read models show the command's effect, so what a write returns is what
-    a read returns. `location`: what the command created, said in a 504 too."""
-    await settled(gw, reply.position, location=location)
+    a read returns. `reads`: the read model the route answers from; `location`: what the
+    command created, said in a 504 too."""
+    await settled(gw, reply.position, reads=reads, location=location)
 
 
-async def settled(gw: Gateway, position: int, *, location: str | None = None) -> None:
-    """Wait until the read models reached `position` (the last of a route's writes)."""
+async def settled(
+    gw: Gateway, position: int, *, reads: ReadModel | None, location: str | None = None
+) -> None:
+    """Wait until the read models reached `position` (the last of a route's writes), and
+    make sure `reads`, the read model the route answers from, is serving.
+
+    Raises:
+        ApiError: 504, the change made but not to be read back yet: the read models are
+            behind, or `reads` is frozen (rebuilt for a new version, or left to a later
+            release mid-upgrade: the waits leave it out, and its tables lack the change).
+            Read back from a frozen model, a create answered 404 or 500 and an update its
+            old state, for a write that was made.
+    """
     if position and not await gw.positions.wait_for(position, gw.settings.read_your_writes_timeout):
-        # The write is in the log: the answer still says where (a problem response carries
-        # none of the route's headers), so the client can read it back with `min_position`
-        # — and what was created, whose id it would not learn otherwise.
-        headers = {POSITION_HEADER: str(position)}
-        if location is not None:
-            headers["Location"] = location
-        raise ApiError(
-            504,
-            "the change was made but the read models have not caught up yet",
-            headers=headers,
+        raise _made_not_shown(
+            "the change was made but the read models have not caught up yet", position, location
         )
+    if reads is not None:
+        await gw.positions.first_read(FIRST_READ_WAIT)
+        if not gw.positions.serving(reads):
+            raise _made_not_shown(
+                f"the change was made but the {reads} read model is being rebuilt (or is kept"
+                " by another release mid-upgrade): read it back once it serves again",
+                position,
+                location,
+            )
+
+
+def _made_not_shown(detail: str, position: int, location: str | None) -> ApiError:
+    # The write is in the log: the answer still says where (a problem response carries none
+    # of the route's headers), so the client can read it back with `min_position` — and what
+    # was created, whose id it would not learn otherwise. A 504 is kept for an
+    # Idempotency-Key: a retry must not make the change again.
+    headers = {POSITION_HEADER: str(position)}
+    if location is not None:
+        headers["Location"] = location
+    return ApiError(504, detail, headers=headers)

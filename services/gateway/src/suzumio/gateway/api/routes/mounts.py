@@ -71,7 +71,7 @@ async def grant(
         agent_id=body.agent_id,
     )
     location = f"/v1/projects/{project_id}/mount-grants/{grant_id}"
-    await settle(gw, await send(gw, who, command, response), location=location)
+    await settle(gw, await send(gw, who, command, response), reads="projects", location=location)
     response.headers["Location"] = location
     return await _read(gw, project_id, grant_id)
 
@@ -105,6 +105,5 @@ async def revoke(
     response: Response,
 ) -> None:
     await require_role(gw, who, project_id, Role.ADMIN, "project")
-    await settle(
-        gw, await send(gw, who, RevokeMount(project_id=project_id, grant_id=grant_id), response)
-    )
+    reply = await send(gw, who, RevokeMount(project_id=project_id, grant_id=grant_id), response)
+    await settle(gw, reply, reads=None)

@@ -96,5 +96,5 @@ async def reply(
         approved=body.approved,
         artifact_ids=tuple(body.artifact_ids),
     )
-    await settle(gw, await send(gw, who, command, response))
+    await settle(gw, await send(gw, who, command, response), reads="pending_actions")
     return _action(await _visible(gw, who, action_id, Role.VIEWER))

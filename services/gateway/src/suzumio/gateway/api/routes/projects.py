@@ -97,7 +97,7 @@ async def create_project(
         gw, who, CreateProject(project_id=project_id, name=body.name, limits=body.limits), response
     )
     location = f"/v1/projects/{project_id}"
-    await settle(gw, reply, location=location)
+    await settle(gw, reply, reads="projects", location=location)
     response.headers["Location"] = location
     return await _read_project(gw, who, project_id, Role.OWNER)
 
@@ -151,7 +151,7 @@ async def update_project(
         position = max(position, (await send(gw, who, command, response)).position)
     if position:
         response.headers["Suzumio-Position"] = str(position)
-        await settled(gw, position)
+        await settled(gw, position, reads="projects")
     return await _read_project(gw, who, project_id, role)
 
 
@@ -189,7 +189,8 @@ async def set_member(
         )
     finally:  # asked of the log while frozen: changed at once here (a timeout may have)
         gw.roles.forget((project_id, user_id))
-    await settle(gw, reply)
+    # While the members' model is frozen, answered from the command (below), not a 504.
+    await settle(gw, reply, reads=None)
     row = await gw.pool.fetchrow(
         "SELECT * FROM proj_projects.members WHERE project_id = $1 AND user_id = $2",
         project_id,
@@ -219,7 +220,7 @@ async def remove_member(
         reply = await send(gw, who, RemoveMember(project_id=project_id, user_id=user_id), response)
     finally:  # asked of the log while frozen: changed at once here (a timeout may have)
         gw.roles.forget((project_id, user_id))
-    await settle(gw, reply)
+    await settle(gw, reply, reads=None)
 
 
 # -- runtime profiles -------------------------------------------------------------------------
@@ -276,7 +277,7 @@ async def put_profile(
     reply = await send(
         gw, who, SetRuntimeProfile(project_id=project_id, name=name, spec=body), response
     )
-    await settle(gw, reply)
+    await settle(gw, reply, reads="projects")
     return await _read_profile(gw, project_id, name)
 
 
@@ -297,9 +298,8 @@ async def delete_profile(
     those agents): its activations would fail, unplanned, until the agent is changed."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
     await _refuse_if_used(gw, project_id, "runtime profile", name, _NAMING_PROFILE)
-    await settle(
-        gw, await send(gw, who, RemoveRuntimeProfile(project_id=project_id, name=name), response)
-    )
+    reply = await send(gw, who, RemoveRuntimeProfile(project_id=project_id, name=name), response)
+    await settle(gw, reply, reads=None)
 
 
 # The agents of a project that name a runtime profile, or provider settings ($2).
@@ -400,7 +400,7 @@ async def put_provider(
         spec=spec,
         keep_api_key=plaintext is None and not body.clear_api_key,
     )
-    await settle(gw, await send(gw, who, command, response))
+    await settle(gw, await send(gw, who, command, response), reads="projects")
     return await _read_provider(gw, project_id, name)
 
 
@@ -419,6 +419,5 @@ async def delete_provider(
     or a fallback's) are refused (409, naming those agents)."""
     await require_role(gw, who, project_id, Role.ADMIN, "project")
     await _refuse_if_used(gw, project_id, "provider", name, _NAMING_PROVIDER)
-    await settle(
-        gw, await send(gw, who, RemoveProvider(project_id=project_id, name=name), response)
-    )
+    reply = await send(gw, who, RemoveProvider(project_id=project_id, name=name), response)
+    await settle(gw, reply, reads=None)

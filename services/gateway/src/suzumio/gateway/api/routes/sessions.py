@@ -107,7 +107,7 @@ async def open_session(
     session_id = ids("session")
     command = OpenSession(session_id=session_id, agent_id=body.agent_id, title=body.title)
     location = f"/v1/sessions/{session_id}"
-    await settle(gw, await send(gw, who, command, response), location=location)
+    await settle(gw, await send(gw, who, command, response), reads="sessions", location=location)
     response.headers["Location"] = location
     return _session(await _read(gw, session_id))
 
@@ -155,7 +155,7 @@ async def close_session(
     await visible_session(gw, who, session_id, Role.MEMBER)
     reason = body.reason if body is not None else ""
     reply = await send(gw, who, CloseSession(session_id=session_id, reason=reason), response)
-    await settle(gw, reply)
+    await settle(gw, reply, reads="sessions")
     return _session(await _read(gw, session_id))
 
 
@@ -164,7 +164,8 @@ async def reopen_session(
     session_id: Identifier, gw: GatewayDep, who: PrincipalDep, response: Response
 ) -> SessionOut:
     await visible_session(gw, who, session_id, Role.MEMBER)
-    await settle(gw, await send(gw, who, ReopenSession(session_id=session_id), response))
+    reply = await send(gw, who, ReopenSession(session_id=session_id), response)
+    await settle(gw, reply, reads="sessions")
     return _session(await _read(gw, session_id))
 
 
@@ -282,7 +283,7 @@ async def record_signal(
         payload=body.payload,
         not_before=body.not_before,
     )
-    await settle(gw, await send(gw, who, command, response))
+    await settle(gw, await send(gw, who, command, response), reads="signals")
     row = await gw.pool.fetchrow(
         "SELECT * FROM proj_signals.signals WHERE session_id = $1 AND id = $2",
         session_id,
@@ -381,7 +382,7 @@ async def cancel_activation(
         project_id=row["owner"],
         reason=body.reason if body is not None else "",
     )
-    await settle(gw, await send(gw, who, command, response))
+    await settle(gw, await send(gw, who, command, response), reads="activations")
     return _activation(await _visible_activation(gw, who, activation_id))
 
 

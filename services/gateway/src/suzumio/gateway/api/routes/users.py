@@ -98,7 +98,7 @@ async def _caught_up(gw: Gateway, reply: CommandAccepted) -> bool:
     (`created_at` then by this gateway's clock): a 504 would lose the secret for good — the
     key exists, and no retry can show it again."""
     try:
-        await settle(gw, reply)
+        await settle(gw, reply, reads="users")
     except ApiError as exc:
         if exc.status != 504:
             raise
@@ -185,7 +185,6 @@ async def revoke_key(key_id: KeyId, gw: GatewayDep, who: PrincipalDep, response:
     )
     if owner != who.user_id:
         raise not_found("API key")
-    await settle(
-        gw, await send(gw, who, RevokeApiKey(user_id=who.user_id, key_id=key_id), response)
-    )
+    reply = await send(gw, who, RevokeApiKey(user_id=who.user_id, key_id=key_id), response)
+    await settle(gw, reply, reads=None)
     gw.keys.forget(key_id)
