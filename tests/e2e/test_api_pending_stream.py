@@ -280,6 +280,75 @@ async def test_sse_streams_history_and_live_output_and_resumes(stack: Stack) -> 
         problem(await c.get(url, headers={"Last-Event-ID": "nonsense"}), 422, "invalid")
 
 
+async def _consumers_on(stack: Stack, stream: str, subject: str) -> set[str]:
+    infos = await stack.nc.jetstream().consumers_info(stream)
+    return {i.name for i in infos if i.name and i.config.filter_subject == subject}
+
+
+async def _lose_its_consumer(stack: Stack, stream: str, subject: str, others: set[str]) -> None:
+    """Delete the consumer of `subject` a stream just made (not one of `others`), as a NATS
+    restart loses it, and wait until nats-py made it again."""
+
+    async def on_subject() -> set[str]:
+        return await _consumers_on(stack, stream, subject)
+
+    ours = await eventually(on_subject, lambda names: bool(names - others), what="its consumer")
+    for name in ours - others:
+        await stack.nc.jetstream().delete_consumer(stream, name)
+    gone = ours | others
+    await eventually(
+        on_subject, lambda names: bool(names - gone), timeout=40, what="its consumer made again"
+    )
+
+
+async def test_a_resumed_stream_whose_consumers_are_lost_goes_on_from_its_cursor(
+    stack: Stack,
+) -> None:
+    """nats-py makes an ordered consumer again (a NATS restart, a cluster node lost) from the
+    last sequence it delivered, counted from 0: a stream resumed at the end of a quiet session
+    was sent the session's whole log and live output again, as new items."""
+    world = await new_world(stack, "ulla")
+    url = f"/v1/sessions/{world.session_id}/stream"
+    events = stack.topology.event_subject("session", world.session_id)
+    live = stack.topology.live_subject(world.session_id)
+    async with stack.client(world.key) as c:
+        ok(await c.post(f"/v1/sessions/{world.session_id}/messages", json={"text": "hi"}), 201)
+        async with c.stream("GET", url) as response:
+            first = SseReader(response)
+            seen = await first.read(3)
+            await publish_chunk(stack, world, "old")
+            seen += await first.read(1)
+        assert [e["event"] for e in seen][-1] == "live"
+        before = {
+            stack.topology.events_stream: await _consumers_on(
+                stack, stack.topology.events_stream, events
+            ),
+            stack.topology.live_stream: await _consumers_on(
+                stack, stack.topology.live_stream, live
+            ),
+        }
+        async with c.stream("GET", url, headers={"Last-Event-ID": seen[-1]["id"]}) as response:
+            reader = SseReader(response)
+            for stream, subject in (
+                (stack.topology.events_stream, events),
+                (stack.topology.live_stream, live),
+            ):
+                await _lose_its_consumer(stack, stream, subject, before[stream])
+            await publish_chunk(stack, world, "new")
+            ok(
+                await c.post(f"/v1/sessions/{world.session_id}/messages", json={"text": "again"}),
+                201,
+            )
+            after = await reader.read(3)
+    assert [e["event"] for e in after] == [
+        "live",
+        "session.message_appended",
+        "session.signal_recorded",
+    ]
+    assert json.loads(after[0]["data"])["text"] == "new"
+    assert json.loads(after[1]["data"])["data"]["text"] == "again"
+
+
 async def test_websocket_variant(stack: Stack) -> None:
     world = await new_world(stack, "uma")
     ws_url = stack.api.replace("http", "ws") + f"/v1/sessions/{world.session_id}/ws"

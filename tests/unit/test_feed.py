@@ -156,3 +156,40 @@ async def test_a_backlog_the_stream_cannot_serve_up_to_the_join_point_ends_the_f
     [end] = [item async for item in feed.items()]
     assert end is not None
     assert (end.event, json.loads(end.data)["status"]) == ("end", 503)
+
+
+async def test_a_recheck_that_cannot_be_made_for_a_moment_does_not_end_the_stream() -> None:
+    """A Postgres or NATS blip in the access check cut every stream of the gateway at once,
+    with no `end`. The stream goes on and checks again soon; a check that keeps failing
+    for two intervals ends it (503), and a refusal ends it as ever."""
+    gateway = cast("Gateway", cast("Any", object()))  # this path never touches the gateway
+    outcomes: list[BaseException | None] = [OSError("postgres away"), None]
+    made: list[str] = []
+
+    async def flaky() -> None:
+        outcome = outcomes.pop(0) if outcomes else OSError("still away")
+        made.append("failed" if outcome is not None else "passed")
+        if outcome is not None:
+            raise outcome
+
+    feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), flaky, recheck_seconds=0.05)
+    got: list[tuple[str, list[str]]] = []
+    ended: list[bytes] = []
+
+    async def watch() -> None:
+        async for item in feed.items():
+            if item is not None:
+                got.append((item.event, list(made)))
+                ended.append(item.data)
+
+    watching = asyncio.create_task(watch())
+    while made != ["failed"]:
+        await asyncio.sleep(0.005)
+    feed.deliver(1, b'{"text": "after a failed check"}')
+    await asyncio.wait_for(watching, 5)
+    assert got[0] == ("live", ["failed"])  # the failed check did not end the stream
+    event, checks = got[-1]
+    assert event == "end"
+    assert checks[:2] == ["failed", "passed"]  # retried soon, and passed
+    assert len(checks) >= 4  # ended only after failing for two intervals since the pass
+    assert json.loads(ended[-1]) == {"status": 503, "detail": feed_module.RECHECK_FAILED}

@@ -14,19 +14,24 @@ from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.direct_get import iter_subject
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.ordered import ordered_from
 from suzumio.platform.errors import PlatformError
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
 
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 1_024
 QUEUE_BYTES = 16 * 1024 * 1024  # of live chunks, and of log events, queued for one client
 _CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})(?:\.([0-9a-f]{8}))?$")
 CLOSE_SECONDS = 10.0  # a feed's cleanup gives up on NATS after this (its consumer then expires)
+RECHECK_RETRY_SECONDS = 1.0  # a recheck that could not be made is tried again this soon
+RECHECK_FAILED = "the caller's access could not be checked; reconnect with Last-Event-ID"
 _CLOSING: set[asyncio.Task[None]] = set()  # cleanups under way: held, so none is collected
 
 
@@ -106,6 +111,7 @@ class SessionFeed:
         self._joined = False
         self._overflowed = False
         self._joined_at = 0  # the hub hands over every LIVE message after this sequence
+        self._checked_at = time.monotonic()  # the caller's access, last found to stand
 
     async def open(self) -> None:
         try:
@@ -146,14 +152,11 @@ class SessionFeed:
         async def on_event(msg: Msg) -> None:
             await self.take_event(msg.metadata.sequence.stream, msg.data)
 
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.cursor.events + 1
-        )
-        self._sub = await self._gw.nc.jetstream().subscribe(
+        self._sub = await ordered_from(
+            self._gw.nc,
             topology.event_subject("session", self._session_id),
-            ordered_consumer=True,
-            config=config,
-            cb=on_event,
+            self.cursor.events + 1,
+            on_event,
         )
 
     async def take_event(self, seq: int, data: bytes) -> None:
@@ -254,11 +257,11 @@ class SessionFeed:
                 yield _end(503, ending)
                 return
             if time.monotonic() >= next_check:
-                refused = await self._refused()
+                refused, wait = await self._refused()
                 if refused is not None:
                     yield refused
                     return
-                next_check = time.monotonic() + self._recheck_seconds
+                next_check = time.monotonic() + wait
             if entry is None:
                 if time.monotonic() >= last_out + KEEPALIVE_SECONDS:
                     last_out = time.monotonic()
@@ -284,12 +287,23 @@ class SessionFeed:
                 self._event_room.notify_all()
         return entry
 
-    async def _refused(self) -> Item | None:
+    async def _refused(self) -> tuple[Item | None, float]:
+        """The stream's `end` if the caller may no longer watch; and when to check next."""
         try:
             await self._recheck()
         except ApiError as exc:
-            return _end(exc.status, exc.detail)
-        return None
+            return _end(exc.status, exc.detail), 0.0
+        except Exception as exc:
+            # Postgres or NATS in trouble for a moment: access stood at the last check, and
+            # cutting every stream of the gateway at once (with no `end`, as it did) had
+            # them all reconnect together. Checked again soon; ended once no check has
+            # passed for two intervals.
+            log.warning("stream.recheck_failed", session=self._session_id, error=repr(exc))
+            if time.monotonic() - self._checked_at >= 2 * self._recheck_seconds:
+                return _end(503, RECHECK_FAILED), 0.0
+            return None, min(RECHECK_RETRY_SECONDS, self._recheck_seconds)
+        self._checked_at = time.monotonic()
+        return None, self._recheck_seconds
 
     def _render(self, source: str, seq: int, data: bytes) -> list[Item]:
         if source == "live":
@@ -297,6 +311,8 @@ class SessionFeed:
                 return []  # read from the backlog already
             self.cursor.live = seq
             return [Item(str(self.cursor), "live", data)]
+        if seq <= self.cursor.events:
+            return []  # sent already (a consumer made again replays from where it began)
         parts = _events(data)
         self.cursor.events = seq
         last = len(parts) - 1

@@ -21,11 +21,11 @@ from typing import Protocol, runtime_checkable
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
 from suzumio.gateway.api.problems import ApiError
 from suzumio.platform.bus.jsapi import API_PREFIX, request
+from suzumio.platform.bus.ordered import ordered_from
 from suzumio.platform.logging import get_logger
 from suzumio.platform.turns import Turns
 
@@ -215,18 +215,17 @@ class LiveHub:
             if channel.closed:
                 return
             seq = msg.metadata.sequence.stream
+            if seq <= channel.last_seq:
+                # Handed out already: the consumer, made again, replays from where it began.
+                # (LIVE made again numbers from 1 anew: the renumbering check reopens the
+                # channel, and what the new LIVE held before then is not handed over.)
+                return
             channel.last_seq = seq
             for listener in list(channel.listeners):
                 listener.deliver(seq, msg.data)
 
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=end + 1
-        )
-        channel.sub = await self._nc.jetstream().subscribe(
-            self._topology.live_subject(session_id),
-            ordered_consumer=True,
-            config=config,
-            cb=on_message,
+        channel.sub = await ordered_from(
+            self._nc, self._topology.live_subject(session_id), end + 1, on_message
         )
         return channel
 

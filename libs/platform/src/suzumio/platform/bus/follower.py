@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.direct_get import StoredMessage, first_since, iter_subject
 from suzumio.platform.bus.eventstore import types_of, version_in
 from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.ordered import ordered_from
 from suzumio.platform.logging import get_logger
 
 log = get_logger(__name__)
@@ -130,20 +130,7 @@ class LogFollower:
             start = first.seq if first is not None else self.replay_end + 1
         self._last = start - 1
         self._arrived = loop.time()
-        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
-        self._sub = await self._nc.jetstream().subscribe(
-            self._topology.events_filter(),
-            ordered_consumer=True,
-            config=config,
-            cb=on_message,
-        )
-        # nats-py's ordered consumer recreates itself (a NATS restart, lost heartbeats) from
-        # the stream sequence after the last it delivered — counted from 0 until one came: a
-        # reset before the first message replayed the whole log from 1, every old event
-        # ahead of the new ones.
-        jsi = getattr(getattr(self._sub, "_sub", None), "_jsi", None)
-        if jsi is not None:
-            jsi._sseq = max(jsi._sseq, start - 1)
+        self._sub = await ordered_from(self._nc, self._topology.events_filter(), start, on_message)
         self._watch = asyncio.create_task(self._watch_tail())
         return self.replay_end
 
