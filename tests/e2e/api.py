@@ -7,11 +7,13 @@ import io
 import tarfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import httpx
 
+from suzumio.contracts.live import LiveChunk
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -128,3 +130,17 @@ async def in_pages(c: httpx.AsyncClient, url: str, count: int, limit: int = 2) -
         if page["next_cursor"] is None:
             return items
         params["cursor"] = page["next_cursor"]
+
+
+async def publish_chunk(stack: Stack, world: World, text: str) -> None:
+    """A live chunk of the world's session, as a runner's broker would publish it."""
+    chunk = LiveChunk(
+        session_id=world.session_id,
+        activation_id="act-1",
+        kind="text",
+        text=text,
+        at=datetime.now(UTC),
+    )
+    await stack.nc.jetstream().publish(
+        stack.topology.live_subject(world.session_id), chunk.model_dump_json().encode()
+    )

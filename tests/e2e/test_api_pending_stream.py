@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -16,10 +16,9 @@ from websockets.exceptions import ConnectionClosed
 from suzumio.contracts.commands import CreatePendingAction
 from suzumio.contracts.events import PendingActionAnswered
 from suzumio.contracts.ids import new_id
-from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.values import PendingKind
 from suzumio.platform.bus.commands import CommandClient
-from tests.e2e.api import World, in_pages, new_user, new_world, ok, problem
+from tests.e2e.api import World, in_pages, new_user, new_world, ok, problem, publish_chunk
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -217,19 +216,6 @@ async def test_handing_over_another_projects_artifact_is_refused(stack: Stack) -
             await c.post(f"/v1/pending-actions/{action_id}/reply", json={"artifact_ids": [own]})
         )
         assert (answered["status"], answered["artifact_ids"]) == ("answered", [own])
-
-
-async def publish_chunk(stack: Stack, world: World, text: str) -> None:
-    chunk = LiveChunk(
-        session_id=world.session_id,
-        activation_id="act-1",
-        kind="text",
-        text=text,
-        at=datetime.now(UTC),
-    )
-    await stack.nc.jetstream().publish(
-        stack.topology.live_subject(world.session_id), chunk.model_dump_json().encode()
-    )
 
 
 class SseReader:

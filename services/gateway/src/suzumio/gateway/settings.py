@@ -21,6 +21,13 @@ class GatewaySettings(ServiceSettings):
         le=300,
         description="how often an open stream re-checks its key and the caller's access",
     )
+    stream_write_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3_600,
+        description="an SSE stream whose client takes none of its bytes for this long is ended "
+        "(the client resumes from its cursor)",
+    )
     stream_max_per_user: int = Field(
         default=32,
         ge=1,

@@ -9,13 +9,14 @@ events apart by their envelope id.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import Role
@@ -31,6 +32,9 @@ from suzumio.gateway.api.routes.common import RESPONSES
 from suzumio.gateway.api.routes.sessions import visible_session
 from suzumio.gateway.feed import Cursor, Recheck, SessionFeed
 from suzumio.gateway.state import Gateway
+from suzumio.platform.logging import get_logger
+
+log = get_logger(__name__)
 
 router = APIRouter(tags=["sessions"], responses=RESPONSES)
 
@@ -71,8 +75,8 @@ async def stream(
     async def body() -> AsyncIterator[bytes]:
         try:
             yield b"retry: 2000\n\n"
-            # No per-item disconnect poll: a write to a gone client fails (ASGI 2.4) or the
-            # response's own disconnect listener cancels this generator.
+            # No per-item disconnect poll: the response's own disconnect listener cancels
+            # this generator, and a client that stops reading is let go (`_FeedResponse`).
             async for item in feed.items():
                 if item is None:
                     yield b": keepalive\n\n"
@@ -96,12 +100,20 @@ async def stream(
         ended,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        write_seconds=gw.settings.stream_write_timeout_seconds,
     )
+
+
+class _StalledError(Exception):
+    """The client took none of a write's bytes within the write timeout."""
 
 
 class _FeedResponse(StreamingResponse):
     """A stream whose feed is closed however the response ends: a body that never started
-    (the client gone before its first byte) runs no `finally` of its own."""
+    (the client gone before its first byte) runs no `finally` of its own. A client that
+    keeps its connection open and reads nothing is let go after `write_seconds` on one
+    write: the server's write waits for room in the socket with no end of its own, and held
+    the feed, its queues and consumer, and the user's stream slot for as long."""
 
     def __init__(
         self,
@@ -110,13 +122,24 @@ class _FeedResponse(StreamingResponse):
         *,
         media_type: str,
         headers: dict[str, str],
+        write_seconds: float,
     ) -> None:
         super().__init__(content, media_type=media_type, headers=headers)
         self._ended = ended
+        self._write_seconds = write_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_within(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self._write_seconds):
+                    await send(message)
+            except TimeoutError:
+                raise _StalledError from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_within)
+        except* _StalledError:
+            log.info("stream.client_stalled", seconds=self._write_seconds)
         finally:
             await self._ended()
 
