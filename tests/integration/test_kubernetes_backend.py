@@ -155,6 +155,9 @@ async def test_launch_failures_are_launch_errors(server, platform_ns):
         (0, None, Exit(0, "exited", "Completed")),
         (1, None, Exit(1, "exited", "Error")),
         (137, "OOMKilled", Exit(137, "oom", "the container ran out of memory")),
+        # Killed by a signal, not out of memory (a node's shutdown): no code of the runner's
+        # own, as the docker backend reads it (it read as a failed exit, its work done again).
+        (143, None, Exit(None, "killed")),
         (0, "DeadlineExceeded", Exit(None, "timeout")),
         (0, "Evicted", Exit(None, "killed")),
     ],
@@ -368,6 +371,19 @@ async def test_cancel_deletes_the_job_and_everything_it_owns(server, backend, pl
     await backend.cancel(handle)  # gone already: fine
     deletes = [r for r in server.requests if r.method == "DELETE"]
     assert all(r.query.get("propagationPolicy") == "Background" for r in deletes)
+
+
+async def test_a_cancel_returns_once_the_pod_is_gone(server, backend, platform_ns):
+    """Deleting a Job only begins its pod's termination (30 s by Kubernetes' default): the
+    cancel returned at once, and the engine started the replacement beside a runner still
+    writing the session's files, its network policy gone with the Job. The pod's grace is
+    the backend's own now, and the cancel waits it out (the fake's pods take 1 s to go)."""
+    handle = await backend.launch(plan_in(platform_ns))
+    [pod] = server.objects("Pod", NS)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == backend.settings.stop_grace_seconds
+    server.pod_grace = 1.0
+    await asyncio.wait_for(backend.cancel(handle), backend.settings.stop_grace_seconds + 15)
+    assert server.objects("Pod", NS) == []
 
 
 @pytest.mark.parametrize(

@@ -248,6 +248,9 @@ class FakeKubernetesServer:
         self.requests: list[RecordedCall] = []
         self.fail_watches = False
         """When true, every watch request is answered 500 (clients must fall back to polling)."""
+        self.pod_grace = 0.0
+        """Seconds a deleted pod stays (terminating, `deletionTimestamp` set) before it is
+        gone, as a kubelet's stop takes its grace period; 0: gone at once."""
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._history: list[tuple[int, str, str, Obj]] = []
         self._watchers: set[_Watcher] = set()
@@ -458,6 +461,8 @@ class FakeKubernetesServer:
 
     def _delete(self, kind: Kind, namespace: str, name: str, propagation: str) -> Obj:
         obj = self._objects[(kind.plural, namespace, name)]
+        if kind.plural == "pods" and self.pod_grace > 0:
+            return self._terminate(kind, obj)
         gone = self._store(kind, obj, "DELETED")
         uid = obj["metadata"]["uid"]
         for (plural, ns, dependent), other in list(self._objects.items()):
@@ -471,6 +476,24 @@ class FakeKubernetesServer:
             elif (plural, ns, dependent) in self._objects:
                 self._delete(_BY_NAME[plural], ns, dependent, "Background")
         return gone
+
+    def _terminate(self, kind: Kind, pod: Obj) -> Obj:
+        """A pod's deletion as a kubelet takes it: terminating for `pod_grace`, then gone."""
+        if pod["metadata"].get("deletionTimestamp"):
+            return pod
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        terminating = self._store(
+            kind, _merge(pod, {"metadata": {"deletionTimestamp": stamp}}), "MODIFIED"
+        )
+        key = (kind.plural, pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+        def gone() -> None:
+            current = self._objects.get(key)
+            if current is not None and current["metadata"]["uid"] == pod["metadata"]["uid"]:
+                self._store(kind, current, "DELETED")
+
+        asyncio.get_running_loop().call_later(self.pod_grace, gone)
+        return terminating
 
     # -- HTTP --------------------------------------------------------------------------------
 

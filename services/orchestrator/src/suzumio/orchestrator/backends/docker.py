@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import json
 import os
 import re
 import threading
@@ -229,7 +230,12 @@ class DockerBackend:
                 container_id = await self._call(self._launch_sync, plan, image, network, abandoned)
             except _ImageMissingError:
                 await self._pull(image)
-                container_id = await self._call(self._launch_sync, plan, image, network, abandoned)
+                try:
+                    container_id = await self._call(
+                        self._launch_sync, plan, image, network, abandoned
+                    )
+                except _ImageMissingError:  # removed again meanwhile (a prune, an `rmi`)
+                    raise LaunchError(f"image {image} was removed as it was pulled") from None
         except asyncio.CancelledError:
             abandoned.set()
             raise
@@ -423,15 +429,20 @@ class DockerBackend:
             raise LaunchError(f"pulling image {image} took more than {seconds:g} s") from None
 
     def _pull_sync(self, image: str) -> None:
+        """Pull `image`. Its failure is for good only where the registry said the image is
+        not there (or not to be had, or not a name): a registry away, slow or refusing for
+        now (`toomanyrequests`, a 5xx) fails the launch retryable, as the pull's time
+        limit does — before, any failure to pull failed the activation for good."""
         api = self._client()
         try:
-            api.pull(image)
-            api.inspect_image(image)  # a pull can fail inside its stream without raising
+            output = api.pull(image)
         except DockerException as exc:
-            raise LaunchError(
-                f"image {image} is not on the engine and could not be pulled: {exc}",
-                retryable=False,
-            ) from None
+            status = exc.status_code if isinstance(exc, APIError) else None
+            raise _pull_failed(image, str(exc), status) from None
+        try:
+            api.inspect_image(image)
+        except DockerException as exc:  # a pull can fail inside its stream without raising
+            raise _pull_failed(image, _stream_error(output) or str(exc), None) from None
 
     def _name(self, plan: LaunchPlan) -> str:
         ns = _NAME_UNSAFE.sub("-", self._namespace).strip("-.")
@@ -596,6 +607,42 @@ class DockerBackend:
 def _remove_quietly(api: Any, container_id: str) -> None:
     with contextlib.suppress(DockerException, requests.RequestException):
         api.remove_container(container_id, force=True)
+
+
+# What a registry (through the engine) says of an image that is not to be had, however often
+# it is asked: none of that name or tag, no access to it, not a valid name.
+_PULL_FOR_GOOD = (
+    "manifest unknown",
+    "not found",
+    "does not exist",
+    "pull access denied",
+    "unauthorized",
+    "denied",
+    "invalid reference",
+)
+
+
+def _pull_failed(image: str, detail: str, status: int | None) -> LaunchError:
+    for_good = status is not None and 400 <= status < 500 and status not in {408, 409, 429}
+    for_good = for_good or (
+        (status is None or status < 500)
+        and any(words in detail.lower() for words in _PULL_FOR_GOOD)
+    )
+    return LaunchError(
+        f"image {image} is not on the engine and could not be pulled: {detail}"[:2_000],
+        retryable=not for_good,
+    )
+
+
+def _stream_error(output: object) -> str | None:
+    """The error a pull's stream of JSON lines ended with, if it says one."""
+    text = output.decode(errors="replace") if isinstance(output, bytes) else str(output or "")
+    for line in reversed(text.splitlines()):
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            if isinstance(item, dict) and item.get("error"):
+                return str(item["error"])
+    return None
 
 
 def _client_error(exc: BaseException) -> bool:

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -78,6 +79,8 @@ STOPPED_ANNOTATION = "suzumio.io/stopped"
 FINAL_ANNOTATION = "suzumio.io/stopped-final"  # "true": another attempt would fail the same way
 INTERRUPTED = "its launch did not finish: the Job was created but never started"
 KEPT_STOPPED = "stopped by the cleanup: its attempt had ended while it still ran"
+POD_GONE_MARGIN_SECONDS = 10.0  # past its pod's grace, for the kubelet to report it gone
+POD_GONE_POLL_SECONDS = 0.5
 
 
 def _describe(exc: BaseException) -> str:
@@ -145,6 +148,13 @@ def _pod_exit(kind: str, reason: str, pod: Manifest | None) -> Exit:
             code = terminated.get("exitCode")
             if terminated.get("reason") == "OOMKilled":
                 return Exit(code, "oom", "the container ran out of memory")
+            if isinstance(code, int) and code >= 128:
+                # Killed by a signal (128 + its number: a node's shutdown, a kill), as the
+                # docker backend reads it: no exit code of the runner's own. A runner killed
+                # after it recorded its output then ends as its output says, not as a failed
+                # exit whose work is done again.
+                detail = f"killed by signal {code - 128}"
+                return Exit(None, "killed", f"{terminated.get('reason') or ''} {detail}".strip())
             return Exit(code, "exited", terminated.get("reason") or "")
     if kind == "Complete":
         return Exit(0, "exited", "the Job completed (its pod is gone)")
@@ -540,8 +550,28 @@ class KubernetesBackend:
     # -- cancel, cleanup, reconciliation, health -----------------------------------------------
 
     async def cancel(self, handle: Handle) -> None:
+        """Delete the Job, and wait (its pod's grace, and a little more) until its pod is
+        gone: deleting a Job only begins its pod's termination, and the engine starts a
+        cancelled activation's replacement once this returns — beside a runner still writing
+        the session's files, its network policy gone with the Job."""
         self._cancelled.add(handle.sandbox_id)
         await self._delete_job(handle.sandbox_id)
+        await self._pods_gone(handle.sandbox_id)
+
+    async def _pods_gone(self, name: str) -> None:
+        deadline = time.monotonic() + self.settings.stop_grace_seconds + POD_GONE_MARGIN_SECONDS
+        while True:
+            try:
+                left = await self._pods(await self._client(), name)
+            except (ApiException, *_UNREACHABLE) as exc:
+                log.warning("kubernetes pods not looked at", job=name, error=_describe(exc))
+                return
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("kubernetes pod outlived its cancel", job=name, pods=len(left))
+                return
+            await asyncio.sleep(POD_GONE_POLL_SECONDS)
 
     async def cleanup(self, handle: Handle, succeeded: bool) -> None:
         policy = self.settings.cleanup

@@ -93,6 +93,14 @@ class KubernetesSettings(BaseModel):
     service_account: str | None = Field(default=None, description="none: the namespace default")
     runtime_class: str | None = Field(default=None, description="e.g. gvisor or kata")
     ttl_seconds_after_finished: int | None = Field(default=3_600, ge=0)
+    stop_grace_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=300,
+        description="SIGTERM → SIGKILL of a sandbox's pod (its terminationGracePeriodSeconds; "
+        "Kubernetes' own default is 30 s): a cancel waits this long, and a little more, for "
+        "the pod to be gone",
+    )
     run_as_user: int = Field(default=65_534, ge=1)
     run_as_group: int = Field(default=65_534, ge=1)
     fs_group: int = Field(default=65_534, ge=1)
@@ -316,6 +324,7 @@ def _pod_spec(plan: LaunchPlan, settings: KubernetesSettings, name: str) -> Mani
     volumes, mounts = _volumes(plan, settings, name)
     spec: Manifest = {
         "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": settings.stop_grace_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,  # no service addresses in the env: only what the plan says
         "securityContext": {
