@@ -348,3 +348,22 @@ async def test_a_session_slow_to_open_holds_up_no_other_sessions_watchers(
         assert len(hub._turns) == 0  # nothing kept of the sessions gone
     finally:
         await hub.close()
+
+
+async def test_a_stream_joining_while_the_gateway_shuts_down_is_refused(
+    nc: NATS, topology: Topology
+) -> None:
+    """A join that passed the shutdown check, then opened its session's channel while the
+    hub closed: the channel was stored after `close` told everyone, and the stream never
+    heard of the shutdown (it ran on until the server cut it, with no `end`)."""
+    hub = SlowToOpen(nc, topology, "s1")
+    joining = asyncio.create_task(hub.join("s1", Watcher()))
+    await asyncio.wait_for(hub.opening.wait(), STEP)
+    closing = asyncio.create_task(hub.close())
+    await asyncio.sleep(0.05)
+    hub.let.set()
+    await asyncio.wait_for(closing, STEP)
+    with pytest.raises(ApiError) as refused:
+        await asyncio.wait_for(joining, STEP)
+    assert refused.value.status == 503
+    assert hub._channels == {}

@@ -83,13 +83,18 @@ class LiveHub:
             ApiError: 503, this gateway is shutting down (its streams were told so).
         """
         if self._closing.is_set():
-            raise ApiError(
-                503, "this gateway is shutting down; connect again", headers={"Retry-After": "1"}
-            )
+            raise _shutting_down()
         async with self._turns.take(session_id):
+            if self._closing.is_set():  # while this waited for its turn
+                raise _shutting_down()
             channel = self._channels.get(session_id)
             if channel is None:
                 channel = await self._open(session_id, set())
+                if self._closing.is_set():
+                    # `close` told every channel's listeners while this one opened: stored
+                    # now, its stream would never hear of the shutdown.
+                    await _unsubscribe(channel)
+                    raise _shutting_down()
                 self._channels[session_id] = channel
             if self._watch is None:
                 self._watch = asyncio.create_task(self._watch_live())
@@ -228,6 +233,12 @@ class LiveHub:
             self._nc, self._topology.live_subject(session_id), end + 1, on_message
         )
         return channel
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(
+        503, "this gateway is shutting down; connect again", headers={"Retry-After": "1"}
+    )
 
 
 async def _unsubscribe(channel: _Channel) -> None:
