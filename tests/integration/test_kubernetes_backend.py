@@ -21,6 +21,7 @@ from kubernetes_asyncio import client
 
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.values import NetworkProfile
+from suzumio.orchestrator.backends import kubernetes as kubernetes_backend
 from suzumio.orchestrator.backends.base import Exit, Handle, LaunchError, LaunchPlan
 from suzumio.orchestrator.backends.kubernetes import KubernetesBackend, KubernetesSettings
 from suzumio.testing.fake_kubernetes import ApiError, FakeKubernetesServer
@@ -120,6 +121,40 @@ async def test_launch_creates_the_job_then_its_owned_objects(server, backend, pl
     assert stored["token"] == TOKEN
     [running] = server.objects("Pod", NS)
     assert running["status"]["phase"] == "Running"
+
+
+async def test_a_launch_cut_short_whose_job_cannot_be_deleted_yet_deletes_it_later(
+    server, backend, platform_ns, monkeypatch
+):
+    """Its Secret refused (a 500) and the Job's deletion failing too (the API server away
+    for a moment): the suspended Job — never to run, finish or expire, its Secret holding
+    the token and keys — stayed until a new leader's sweep. It is deleted once it can be."""
+    monkeypatch.setattr(kubernetes_backend, "CUT_SHORT_FIRST_RETRY_SECONDS", 0.05, raising=False)
+
+    async def refused(*_: Any) -> None:
+        raise client.ApiException(status=500, reason="etcd away")
+
+    monkeypatch.setattr(backend, "_create", refused)
+    real_delete = backend._delete_job
+    tries: list[str] = []
+
+    async def away_at_first(name: str) -> None:
+        tries.append(name)
+        if len(tries) < 3:
+            raise client.ApiException(status=503, reason="away")
+        await real_delete(name)
+
+    monkeypatch.setattr(backend, "_delete_job", away_at_first)
+    with pytest.raises(LaunchError):
+        await backend.launch(plan_in(platform_ns))
+    [job] = server.objects("Job", NS)
+    assert job["spec"]["suspend"] is True  # left by the launch, for now
+    for _ in range(100):
+        if not server.objects("Job", NS):
+            break
+        await asyncio.sleep(0.05)
+    assert server.objects("Job", NS) == []
+    assert len(tries) == 3
 
 
 async def test_a_retried_launch_is_idempotent(server, backend, platform_ns):

@@ -26,7 +26,6 @@ Manifests are in `kubernetes_render`; this module does the talking.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -81,6 +80,10 @@ INTERRUPTED = "its launch did not finish: the Job was created but never started"
 KEPT_STOPPED = "stopped by the cleanup: its attempt had ended while it still ran"
 POD_GONE_MARGIN_SECONDS = 10.0  # past its pod's grace, for the kubelet to report it gone
 POD_GONE_POLL_SECONDS = 0.5
+# The Job of a launch cut short whose deletion failed: asked again from this, doubling to a
+# minute, for half an hour (the leader's sweep after a takeover is the last resort).
+CUT_SHORT_FIRST_RETRY_SECONDS = 1.0
+CUT_SHORT_RETRY_FOR_SECONDS = 1_800.0
 
 
 def _describe(exc: BaseException) -> str:
@@ -203,6 +206,7 @@ class KubernetesBackend:
         self._watch_api: ApiClient | None = None
         self._connecting = asyncio.Lock()
         self._cancelled: set[str] = set()
+        self._deleting: dict[str, asyncio.Task[None]] = {}  # Jobs of launches cut short
         # Watches the API server currently refuses (401/403), by Job: why, for `health`.
         self._refused: dict[str, str] = {}
 
@@ -275,8 +279,7 @@ class KubernetesBackend:
                 # Only the answer may have been lost: a Job created, suspended, that nothing
                 # would run or expire (its TTL counts from a finish it never has), with the
                 # Secret of its input and keys. The next attempt has another name.
-                with contextlib.suppress(ApiException, *_UNREACHABLE):
-                    await self._delete_job(name)
+                await self._delete_cut_short(name)
             raise LaunchError(f"job {name}: {_describe(exc)}", retryable=_retryable(exc)) from exc
         try:
             for manifest in dependents:
@@ -286,12 +289,39 @@ class KubernetesBackend:
                 name, self._ns, resume, _request_timeout=self._timeout
             )
         except (ApiException, *_UNREACHABLE) as exc:
-            with contextlib.suppress(ApiException, *_UNREACHABLE):
-                await self._delete_job(name)
+            await self._delete_cut_short(name)
             raise LaunchError(f"job {name}: {_describe(exc)}", retryable=_retryable(exc)) from exc
         log.info("kubernetes job launched", job=name, activation=plan.activation_id)
         data = {"namespace": self._ns, "uid": uid, "attempt": plan.attempt}
         return Handle(plan.activation_id, self.name, name, data)
+
+    async def _delete_cut_short(self, name: str) -> None:
+        """Delete the Job of a launch cut short — suspended, it would never run, finish or
+        expire, and its Secret holds the token and the provider keys. An API server that
+        does not take the deletion now is asked again in the background (backing off, for a
+        while): before, the Job stayed until a new leader's sweep, weeks away perhaps."""
+        try:
+            await self._delete_job(name)
+        except (ApiException, *_UNREACHABLE) as exc:
+            log.warning("kubernetes job not deleted yet", job=name, error=_describe(exc))
+            if name not in self._deleting:
+                task = asyncio.create_task(self._delete_until_gone(name))
+                self._deleting[name] = task
+                task.add_done_callback(lambda _: self._deleting.pop(name, None))
+
+    async def _delete_until_gone(self, name: str) -> None:
+        delay = CUT_SHORT_FIRST_RETRY_SECONDS
+        deadline = time.monotonic() + CUT_SHORT_RETRY_FOR_SECONDS
+        while time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            try:
+                await self._delete_job(name)
+            except (ApiException, *_UNREACHABLE) as exc:
+                log.warning("kubernetes job not deleted yet", job=name, error=_describe(exc))
+                delay = min(delay * 2, 60.0)
+            else:
+                return
+        log.error("kubernetes job of a launch cut short left", job=name)
 
     async def _create_job(self, api: ApiClient, job: Manifest, activation_id: str) -> str:
         batch = client.BatchV1Api(api)
@@ -706,6 +736,10 @@ class KubernetesBackend:
         return Health(ok=True, detail=detail)
 
     async def close(self) -> None:
+        for task in list(self._deleting.values()):
+            task.cancel()
+        if self._deleting:
+            await asyncio.wait(list(self._deleting.values()))
         for api in (self._api, self._watch_api):
             if api is not None:
                 await api.close()
