@@ -357,7 +357,9 @@ async def test_fake_api_host_paths_are_made_and_handed_to_the_runner(
 ):
     """Against the fake API server: hostPath ignores fsGroup, so the workspace, its `in`, `out`
     and session mount point and the session's directory are made before the Job and are the
-    runner's (chown as root, else open to all): made by the kubelet they would be root's."""
+    runner's (chown as root; else the runner runs as the orchestrator's own user, and they
+    are its, writable by nobody else — opened to all before, every local user of the node
+    could read and write what the agents wrote): made by the kubelet they would be root's."""
     if as_root and os.geteuid() != 0:
         pytest.skip("chown needs root")
     if not as_root:
@@ -386,9 +388,14 @@ async def test_fake_api_host_paths_are_made_and_handed_to_the_runner(
         if as_root:
             assert (st.st_uid, st.st_gid) == (65_534, 65_534), path
         else:
-            wanted = 0o777 if path.is_dir() else 0o666
-            assert stat.S_IMODE(st.st_mode) & wanted == wanted, path
+            mode = stat.S_IMODE(st.st_mode)
+            assert mode & 0o022 == 0, (path, oct(mode))  # nobody else writes
+            owner = 0o700 if path.is_dir() else 0o600
+            assert mode & owner == owner, (path, oct(mode))
     assert all(path.is_dir() for path in paths)
+    security = job["spec"]["template"]["spec"]["securityContext"]
+    ids = (security["runAsUser"], security["runAsGroup"])
+    assert ids == ((65_534, 65_534) if as_root else (1000, os.getegid()))
 
 
 # -- cancel and cleanup -----------------------------------------------------------------------

@@ -47,7 +47,7 @@ from suzumio.orchestrator.backends.base import (
     LaunchPlan,
     of_another_installation,
 )
-from suzumio.orchestrator.backends.docker_settings import give_tree
+from suzumio.orchestrator.backends.docker_settings import give_tree, private_mode
 from suzumio.orchestrator.backends.kubernetes_pods import StartCheck, Stuck
 from suzumio.orchestrator.backends.kubernetes_render import (
     ACTIVATION_ANNOTATION,
@@ -59,6 +59,7 @@ from suzumio.orchestrator.backends.kubernetes_render import (
     egress_warning,
     redact,
     render,
+    runner_owner,
     selector_for,
     with_owner_uid,
 )
@@ -165,16 +166,13 @@ def _pod_exit(kind: str, reason: str, pod: Manifest | None) -> Exit:
 
 
 def _hand_over(root: Path, uid: int, gid: int) -> None:
-    """Make `root` and everything in it writable by the sandbox's user: its owner when we may
-    chown, else open to all (an orchestrator that is not root). As the docker backend does:
-    a hostPath volume keeps the node's owners, `fsGroup` does not apply to it. Never through a
-    link: another pod of the session may be swapping entries for links as we walk."""
+    """Make `root` and everything in it the sandbox user's, writable by it and by nobody
+    else: chowned when we may (root), else the sandbox runs as our own user
+    (`runner_owner`). As the docker backend does: a hostPath volume keeps the node's owners,
+    `fsGroup` does not apply to it. Never through a link: another pod of the session may be
+    swapping entries for links as we walk."""
     as_root = os.geteuid() == 0
-    give_tree(root, (uid, gid) if as_root else None, _open_to_all)
-
-
-def _open_to_all(mode: int, is_dir: bool) -> int:
-    return mode | (0o777 if is_dir else 0o666)
+    give_tree(root, (uid, gid) if as_root else None, private_mode)
 
 
 def prepare_host_dirs(plan: LaunchPlan, settings: KubernetesSettings) -> None:
@@ -184,8 +182,9 @@ def prepare_host_dirs(plan: LaunchPlan, settings: KubernetesSettings) -> None:
     workspace = plan.host_dir / "workspace"
     for directory in (*(workspace / d for d in ("in", "out", "session")), plan.session_dir):
         directory.mkdir(parents=True, exist_ok=True)
+    uid, gid = runner_owner(settings)
     for root in (workspace, plan.session_dir):
-        _hand_over(root, settings.run_as_user, settings.run_as_group)
+        _hand_over(root, uid, gid)
 
 
 class KubernetesBackend:

@@ -23,6 +23,7 @@ import copy
 import hashlib
 import ipaddress
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -320,6 +321,22 @@ def _job(plan: LaunchPlan, settings: KubernetesSettings, meta: Manifest) -> Mani
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": copy.deepcopy(meta), "spec": spec}
 
 
+def runner_owner(settings: KubernetesSettings) -> tuple[int, int]:
+    """The user and group the runner runs as: the configured ones — except with `host_paths`
+    and an orchestrator that is not root, which cannot give the node's directories to
+    another user: then its own, as the docker backend does (opening them to all instead let
+    every local user of the node read and write what the agents wrote)."""
+    if settings.host_paths and os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    return settings.run_as_user, settings.run_as_group
+
+
+def _runner_ids(settings: KubernetesSettings) -> dict[str, int]:
+    uid, gid = runner_owner(settings)
+    fs_group = settings.fs_group if gid == settings.run_as_group else gid
+    return {"runAsUser": uid, "runAsGroup": gid, "fsGroup": fs_group}
+
+
 def _pod_spec(plan: LaunchPlan, settings: KubernetesSettings, name: str) -> Manifest:
     volumes, mounts = _volumes(plan, settings, name)
     spec: Manifest = {
@@ -329,9 +346,7 @@ def _pod_spec(plan: LaunchPlan, settings: KubernetesSettings, name: str) -> Mani
         "enableServiceLinks": False,  # no service addresses in the env: only what the plan says
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": settings.run_as_user,
-            "runAsGroup": settings.run_as_group,
-            "fsGroup": settings.fs_group,
+            **_runner_ids(settings),
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [_container(plan, settings, name, mounts)],
