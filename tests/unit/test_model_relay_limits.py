@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from fastapi.responses import Response, StreamingResponse
@@ -34,6 +34,8 @@ from suzumio.toolbroker.model_relay import (
     ModelRelay,
     Resolver,
     Upstream,
+    _asked_model,
+    relay_default,
 )
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.redaction import redacted
@@ -376,3 +378,51 @@ async def test_a_stream_of_an_activation_cancelled_meanwhile_is_cut_and_its_plac
         assert time.monotonic() - started < 10 * FENCE_CHECK_SECONDS
         # Its place is given back: the project's one call may be made again.
         assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
+
+
+class _Body:
+    """A request whose body says when it was read."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.read = False
+
+    async def body(self) -> bytes:
+        self.read = True
+        return self._body
+
+
+async def test_a_call_past_the_activations_share_is_refused_before_its_body_is_read() -> None:
+    """The body of a call may be tens of megabytes: read and parsed before the share was
+    taken, a sandbox's many calls at once took the broker's memory and event loop."""
+    relay = ModelRelay(None, 10)
+    held = [relay.lease(caller("a1")) for _ in range(MAX_CALLS_PER_ACTIVATION)]
+    request = _Body(BODY)
+    broker = SimpleNamespace(relay=relay)
+    with pytest.raises(BrokerError) as refused:
+        await relay_default(cast("Any", request), caller("a1"), cast("Any", broker))
+    assert refused.value.status == 429
+    assert not request.read
+    for release in held:
+        release()
+
+
+@pytest.mark.parametrize(
+    ("body", "twice"),
+    [
+        (b'{"model": "m", "messages": [{"model": "x"}]}', False),  # nested: not the call's
+        (b'{"model": "m", "messages": [{"content": "caf\\u00e9"}]}', False),
+        (b'{"model": "cheap", "messages": [], "model": "dear"}', True),
+        (b'{"model": "cheap", "mod\\u0065l": "dear"}', True),  # the same key, escaped
+    ],
+)
+async def test_a_body_naming_its_model_twice_is_refused(body: bytes, twice: bool) -> None:
+    """Checked by the last `model` (json keeps it), the body went on as sent: a provider that
+    reads the first would be called for a model outside the agent's chain."""
+    request = cast("Any", _Body(body))
+    if not twice:
+        assert (await _asked_model(request))[1] == "m"
+        return
+    with pytest.raises(BrokerError) as refused:
+        await _asked_model(request)
+    assert refused.value.status == 422

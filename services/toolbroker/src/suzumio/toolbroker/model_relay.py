@@ -37,12 +37,12 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -72,6 +72,7 @@ MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out 
 # Relayed calls one activation may have open at once: its loop makes one at a time (two with
 # a compaction's); more is a sandbox holding the relay's connections from everyone else.
 MAX_CALLS_PER_ACTIVATION = 4
+PARSE_ON_LOOP_BYTES = 256 * 1024  # a larger request body is parsed on a thread
 # How often a relayed stream waiting on its provider looks whether its activation still lives.
 FENCE_CHECK_SECONDS = 1.0
 # A stream whose runner stopped reading is closed this long after its deadline (its reads
@@ -251,11 +252,25 @@ class ModelRelay:
         left = (caller.claims.expires_at - datetime.now(UTC)).total_seconds()
         return asyncio.get_running_loop().time() + max(min(self._call_seconds, left), 0.0)
 
-    async def forward(self, upstream: Upstream, body: bytes, caller: Caller, via: str) -> Response:
-        """The call, under the activation's and the project's share of the relay (taken
-        before the provider's name is even looked up) and its deadline."""
-        claims = caller.claims
-        release = self._lease(claims.activation_id, claims.project_id)
+    def lease(self, caller: Caller) -> Callable[[], None]:
+        """The caller's place in the relay (429 past the activation's or the project's
+        share), taken before its body is read: the body of a call may be tens of megabytes,
+        and read (and parsed) beyond the share, a sandbox's many calls at once took the
+        broker's memory and event loop."""
+        return self._lease(caller.claims.activation_id, caller.claims.project_id)
+
+    async def forward(
+        self,
+        upstream: Upstream,
+        body: bytes,
+        caller: Caller,
+        via: str,
+        release: Callable[[], None] | None = None,
+    ) -> Response:
+        """The call, under its place in the relay (`lease`, taken here when not given: given
+        back when the answer has gone, or here if it fails) and its deadline."""
+        if release is None:
+            release = self.lease(caller)
         try:
             return await self._forward(upstream, body, caller, via, release)
         except BaseException:
@@ -440,13 +455,34 @@ def _relay(broker: Broker) -> ModelRelay:
 async def _asked_model(request: Request) -> tuple[bytes, str]:
     body = await request.body()
     try:
-        asked = json.loads(body)
+        # A large body off the loop: parsing megabytes held every other call meanwhile.
+        if len(body) < PARSE_ON_LOOP_BYTES:
+            asked, twice = _read_model(body)
+        else:
+            asked, twice = await asyncio.to_thread(_read_model, body)
     except (ValueError, RecursionError):  # nested past the parser's depth: no request either
         raise BrokerError(400, "invalid", "the body is not JSON") from None
     model = asked.get("model") if isinstance(asked, dict) else None
     if not isinstance(model, str):
         raise BrokerError(422, "invalid", "the body names no model")
+    if twice:
+        # Checked here by the last, forwarded as sent: a provider that reads the first would
+        # be called for a model outside the agent's chain, on the platform's or project's key.
+        raise BrokerError(422, "invalid", "the body names its model more than once")
     return body, model
+
+
+def _read_model(body: bytes) -> tuple[Any, bool]:
+    """The body, and whether its object names `model` more than once (json keeps the last)."""
+    asked = json.loads(body)
+    if body.count(b'"model"') < 2 and b"\\u" not in body:
+        return asked, False  # cannot hold two (a scan in C: the common case)
+    top = json.loads(body, object_pairs_hook=_pairs)
+    return asked, isinstance(top, list) and sum(1 for k, _ in top if k == "model") > 1
+
+
+def _pairs(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return items
 
 
 def _in_chain(chain: tuple[ModelSpec, ...], model: str, provider: str | None) -> bool:
@@ -457,6 +493,31 @@ def _in_chain(chain: tuple[ModelSpec, ...], model: str, provider: str | None) ->
 async def relay_default(request: Request, caller: Auth, broker: Shared) -> Response:
     """A chat completion of the platform's default endpoint, for the caller's agent."""
     relay = _relay(broker)
+    return await _leased(relay, caller, "default", _default_call(relay, broker, caller, request))
+
+
+async def _leased(
+    relay: ModelRelay, caller: Caller, via: str, call: Awaitable[tuple[Upstream, bytes]]
+) -> Response:
+    """`call` (reading and checking the request) and its forwarding, under the caller's
+    place in the relay, taken first (`ModelRelay.lease`)."""
+    try:
+        release = relay.lease(caller)
+    except BaseException:
+        if isinstance(call, Coroutine):
+            call.close()  # never started: no "never awaited" warning
+        raise
+    try:
+        upstream, body = await call
+    except BaseException:
+        release()
+        raise
+    return await relay.forward(upstream, body, caller, via, release)
+
+
+async def _default_call(
+    relay: ModelRelay, broker: Broker, caller: Caller, request: Request
+) -> tuple[Upstream, bytes]:
     body, model = await _asked_model(request)
     if not _in_chain(await model_chain(broker, caller), model, None):
         raise BrokerError(
@@ -466,7 +527,7 @@ async def relay_default(request: Request, caller: Auth, broker: Shared) -> Respo
         raise BrokerError(
             404, "not_found", "this broker has no default model endpoint (SUZUMIO_MODEL_BASE_URL)"
         )
-    return await relay.forward(relay.default, body, caller, "default")
+    return relay.default, body
 
 
 @router.post("/runner/models/providers/{name}/chat/completions")
@@ -474,7 +535,14 @@ async def relay_provider(
     name: Annotated[str, Path(max_length=100)], request: Request, caller: Auth, broker: Shared
 ) -> Response:
     """A chat completion of the project's provider `name`, for the caller's agent."""
-    relay = _relay(broker)
+    return await _leased(
+        _relay(broker), caller, name, _provider_call(broker, caller, request, name)
+    )
+
+
+async def _provider_call(
+    broker: Broker, caller: Caller, request: Request, name: str
+) -> tuple[Upstream, bytes]:
     body, model = await _asked_model(request)
     if not _in_chain(await model_chain(broker, caller), model, name):
         raise BrokerError(
@@ -496,5 +564,4 @@ async def relay_provider(
         except SecretError as exc:
             log.warning("model_relay.key_unopenable", provider=name, error=str(exc))
             raise BrokerError(502, "model_unreachable", f"provider {name!r}: {exc}") from None
-    upstream = Upstream(provider.base_url, api_key or None, checked=True)
-    return await relay.forward(upstream, body, caller, name)
+    return Upstream(provider.base_url, api_key or None, checked=True), body
