@@ -19,6 +19,7 @@ from suzumio.platform.projections.positions import CHANNEL
 from tests.e2e.api import in_pages, new_user, new_world, ok, problem
 from tests.e2e.runner_env import request_activation
 from tests.e2e.stack import Stack, running_stack
+from tests.e2e.test_cli_agents import cli, reviewer_package
 
 
 @pytest_asyncio.fixture
@@ -236,3 +237,27 @@ async def test_a_write_whose_read_model_is_frozen_says_it_was_made(own_stack: St
     assert made == 1  # the frozen table has only the session made before the freeze
     events = await stack.store.load("session", location.rsplit("/", 1)[1])
     assert [e.envelope.type for e in events.events][:1] == ["session.opened"]
+
+
+async def test_an_agent_imported_while_its_read_model_is_frozen_is_told_made(
+    own_stack: Stack, tmp_path: Path
+) -> None:
+    """`suzumio agents import` took the gateway's 504 'made' for a failure (exit 1, no id):
+    run again, it imported a second agent."""
+    stack = own_stack
+    world = await new_world(stack, "importer")
+    await _freeze(stack, "agents")
+    done = await cli(
+        stack,
+        world.key,
+        "agents",
+        "import",
+        str(reviewer_package(tmp_path)),
+        "--project",
+        world.project_id,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    agent_id = done.stdout.strip().rsplit(" ", 1)[-1]
+    assert "was made" in done.stderr
+    events = await stack.store.load("agent", agent_id)
+    assert [e.envelope.type for e in events.events][:1] == ["agent.created"]

@@ -9,7 +9,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import typer
 from rich.console import Console
@@ -83,7 +83,12 @@ def _send(api: str, key: str | None, directory: Path, path: str, expect: int, do
         where = f": {exc.filename}" if exc.filename else ""
         fail(f"cannot pack {directory}: {exc.strerror or exc}{where}", code=2)
     files = {"package": (f"{directory.name}.tar.gz", archive, "application/gzip")}
-    body, response = rest.post(api, path, expect, headers=headers, files=files)
+    body, response = rest.post(api, path, expect, made=True, headers=headers, files=files)
+    if response.status_code == 504:  # made; the read models are behind (or being rebuilt)
+        made = unquote(response.headers["location"].rstrip("/").rsplit("/", 1)[-1])
+        rest.errors.print("the agent was made; the API may take a moment to show it", markup=False)
+        console.print(f"[green]agent[/green] {done}: {made}")
+        return
     if body is None or not {"name", "id"} <= body.keys():
         fail(
             f"the API at {redact(api)} answered {response.status_code} without an agent:"
