@@ -27,16 +27,24 @@ from suzumio.gateway.api.deps import (
 )
 from suzumio.gateway.api.models import ArtifactOut, Uploaded
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
-from suzumio.gateway.api.problems import RETRY_AFTER_SECONDS, ApiError, not_found
-from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
+from suzumio.gateway.api.problems import ApiError, not_found
+from suzumio.gateway.api.routes.common import (
+    RESPONSES,
+    ReadModel,
+    made_before,
+    send,
+    settle,
+    settled,
+)
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 from suzumio.gateway.uploads import ReceivedFile, ReceivedForm, media_type, receive_form
-from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.objects import open_blob, put_blob
 
 router = APIRouter(tags=["artifacts"], responses=RESPONSES)
-ARTIFACTS_PROJECTION = "artifacts"  # the read model artifacts are read from (`proj_artifacts`)
+ARTIFACTS_PROJECTION: ReadModel = (
+    "artifacts"  # the read model artifacts are read from (`proj_artifacts`)
+)
 ID_RE = re.compile(ID_PATTERN)
 Paging = Annotated[PageRequest, Depends(page_request)]
 UPLOAD_BODY = {
@@ -187,26 +195,20 @@ async def _recorded(
         if not ids.keyed:
             raise
         # Its event is in the log by now: the artifacts' read model, once it reached the
-        # log's end, shows it.
-        end = await stream_last_seq(gw.nc, gw.topology.events_stream)
-        timeout = gw.settings.read_your_writes_timeout
-        if not await gw.positions.wait_for(end, timeout, projection=ARTIFACTS_PROJECTION):
-            # Not a 504, which would be kept for the key: the files after this one are not
-            # recorded yet, and every retry would get that answer and never record them.
-            raise ApiError(
-                503,
-                "the files an earlier attempt recorded cannot be read back yet; retry",
-                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-            ) from None
-        row = await gw.pool.fetchrow(
-            "SELECT project_id, session_id, path, sha256, size FROM proj_artifacts.artifacts"
-            " WHERE id = $1 AND deleted_at IS NULL",
+        # log's end, shows it. (Not a 504 while it cannot, which would be kept for the key:
+        # the files after this one are not recorded yet, and every retry would get that
+        # answer and never record them.)
+        row = await made_before(
+            gw,
+            ARTIFACTS_PROJECTION,
+            "SELECT project_id, session_id, path, sha256, size, position"
+            " FROM proj_artifacts.artifacts WHERE id = $1 AND deleted_at IS NULL",
             command.artifact_id,
         )
         sent = (command.project_id, command.session_id, command.path, command.sha256, command.size)
-        if row is None or tuple(row) != sent:
+        if row is None or tuple(row)[:5] != sent:
             raise
-        return end
+        return int(row["position"])
 
 
 @router.get("/v1/projects/{project_id}/artifacts")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import Response
 from nats.errors import MaxPayloadError
 
 from suzumio.contracts.commands import Command, CommandAccepted
+from suzumio.contracts.errors import ConflictError
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import FIRST_READ_WAIT, POSITION_HEADER, written
-from suzumio.gateway.api.problems import ERROR_RESPONSES, ApiError
+from suzumio.gateway.api.problems import ERROR_RESPONSES, RETRY_AFTER_SECONDS, ApiError
 from suzumio.gateway.state import Gateway
+from suzumio.platform.bus.jsapi import stream_last_seq
 
 RESPONSES = ERROR_RESPONSES
 # The read models a route answers from after its write (the projections' names).
@@ -89,3 +92,46 @@ def _made_not_shown(detail: str, position: int, location: str | None) -> ApiErro
     if location is not None:
         headers["Location"] = location
     return ApiError(504, detail, headers=headers)
+
+
+async def made_before(gw: Gateway, reads: ReadModel, sql: str, *args: object) -> Any:
+    """For a keyed request refused as existing — a retry of one whose answer was lost (a
+    command timed out, the gateway died before keeping it): the row `sql` finds in the read
+    model `reads` once that model reached the log's end (None: there is none). The caller
+    answers as the first attempt would have when the row is what this request makes.
+
+    Raises:
+        ApiError: 503 to retry (not kept for the key) when the read model cannot show it yet.
+    """
+    end = await stream_last_seq(gw.nc, gw.topology.events_stream)
+    if not await gw.positions.wait_for(end, gw.settings.read_your_writes_timeout, projection=reads):
+        raise ApiError(
+            503,
+            "what an earlier attempt of this request made cannot be read back yet; retry",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    return await gw.pool.fetchrow(sql, *args)
+
+
+async def earlier_attempt(
+    gw: Gateway,
+    refused: ConflictError,
+    keyed: bool,
+    reads: ReadModel,
+    sql: str,
+    *args: object,
+    same: Callable[[Any], bool],
+) -> Any:
+    """The row of what an earlier attempt of a keyed request made (`made_before`), when a
+    retry is `refused` as existing under the ids derived from the key and the row is `same`
+    as this request would make; else `refused` stands.
+
+    Before, such a retry — its first attempt's answer lost to a command that timed out —
+    answered 409, and the client took its request for failed and sent it again under a
+    new key: a second project, a message posted twice."""
+    if not keyed:
+        raise refused
+    row = await made_before(gw, reads, sql, *args)
+    if row is None or not same(row):
+        raise refused
+    return row

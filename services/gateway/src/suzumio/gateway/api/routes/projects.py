@@ -19,6 +19,7 @@ from suzumio.contracts.commands import (
     SetProvider,
     SetRuntimeProfile,
 )
+from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import ProjectLimits, ProviderSpec, Role, RuntimeProfileSpec, Slug
 from suzumio.gateway.api.auth import Principal
@@ -30,6 +31,7 @@ from suzumio.gateway.api.deps import (
     ReadPosition,
     require_role,
     role_as_the_log_has_it,
+    written,
 )
 from suzumio.gateway.api.models import (
     MemberIn,
@@ -43,7 +45,7 @@ from suzumio.gateway.api.models import (
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
-from suzumio.gateway.api.routes.common import RESPONSES, send, settle, settled
+from suzumio.gateway.api.routes.common import RESPONSES, made_before, send, settle, settled
 from suzumio.gateway.queries.rows import page
 from suzumio.gateway.state import Gateway
 from suzumio.platform.logging import redact_text
@@ -93,11 +95,22 @@ async def create_project(
 ) -> ProjectOut:
     """Create a project; the caller becomes its owner."""
     project_id = ids("project")
-    reply = await send(
-        gw, who, CreateProject(project_id=project_id, name=body.name, limits=body.limits), response
-    )
     location = f"/v1/projects/{project_id}"
-    await settle(gw, reply, reads="projects", location=location)
+    command = CreateProject(project_id=project_id, name=body.name, limits=body.limits)
+    try:
+        await settle(
+            gw, await send(gw, who, command, response), reads="projects", location=location
+        )
+    except ConflictError:
+        if not ids.keyed:
+            raise
+        # A retry whose first attempt made it (its answer lost): as the first answered.
+        row = await made_before(
+            gw, "projects", "SELECT * FROM proj_projects.projects WHERE id = $1", project_id
+        )
+        if row is None or (row["name"], row["owner_id"]) != (body.name, who.user_id):
+            raise
+        written(response, int(row["position"]))
     response.headers["Location"] = location
     return await _read_project(gw, who, project_id, Role.OWNER)
 

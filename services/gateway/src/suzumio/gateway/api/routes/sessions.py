@@ -14,6 +14,7 @@ from suzumio.contracts.commands import (
     RecordSignal,
     ReopenSession,
 )
+from suzumio.contracts.errors import ConflictError
 from suzumio.contracts.ids import Identifier
 from suzumio.contracts.values import Priority, Role
 from suzumio.gateway.api.auth import Principal
@@ -25,6 +26,7 @@ from suzumio.gateway.api.deps import (
     judge,
     require_role,
     role_as_the_log_has_it,
+    written,
 )
 from suzumio.gateway.api.models import (
     ActivationOut,
@@ -42,7 +44,7 @@ from suzumio.gateway.api.models import (
 )
 from suzumio.gateway.api.pagination import Page, PageRequest, page_of, page_request
 from suzumio.gateway.api.problems import ApiError, not_found
-from suzumio.gateway.api.routes.common import RESPONSES, send, settle
+from suzumio.gateway.api.routes.common import RESPONSES, earlier_attempt, send, settle
 from suzumio.gateway.queries.rows import page, page_in_log_order
 from suzumio.gateway.state import Gateway
 
@@ -107,7 +109,16 @@ async def open_session(
     session_id = ids("session")
     command = OpenSession(session_id=session_id, agent_id=body.agent_id, title=body.title)
     location = f"/v1/sessions/{session_id}"
-    await settle(gw, await send(gw, who, command, response), reads="sessions", location=location)
+    try:
+        reply = await send(gw, who, command, response)
+        await settle(gw, reply, reads="sessions", location=location)
+    except ConflictError as refused:
+        row = await earlier_attempt(
+            gw, refused, ids.keyed, "sessions",
+            "SELECT * FROM proj_sessions.sessions WHERE id = $1", session_id,
+            same=lambda r: (r["agent_id"], r["title"]) == (body.agent_id, body.title),
+        )  # fmt: skip
+        written(response, int(row["position"]))
     response.headers["Location"] = location
     return _session(await _read(gw, session_id))
 
@@ -216,9 +227,19 @@ async def post_message(
         text=body.text,
         priority=body.priority,
     )
-    reply = await send(gw, who, command, response)
+    try:
+        position = (await send(gw, who, command, response)).position
+    except ConflictError as refused:
+        row = await earlier_attempt(
+            gw, refused, ids.keyed, "sessions",
+            "SELECT text, position FROM proj_sessions.messages"
+            " WHERE session_id = $1 AND message_id = $2", session_id, message_id,
+            same=lambda r: r["text"] == body.text,
+        )  # fmt: skip
+        position = int(row["position"])
+        written(response, position)
     return MessagePosted(
-        message_id=message_id, signal_id=signal_id, session_id=session_id, position=reply.position
+        message_id=message_id, signal_id=signal_id, session_id=session_id, position=position
     )
 
 
