@@ -116,6 +116,11 @@ async def test_import_against_an_unreachable_api(tmp_path: Path) -> None:
 async def test_import_with_an_api_url_without_scheme(tmp_path: Path) -> None:
     api = f"127.0.0.1:{free_port()}"
     one_line_error(await import_agent(tmp_path, api), 1, "needs a scheme", f"http://{api}")
+    # Without a key too: the scheme is what is wrong, not the key (a URL without one is not
+    # taken for this machine's, whose admin key would have been sent).
+    (tmp_path / "agent.yaml").write_text("name: a\n")
+    keyless = await suzumio("agents", "import", str(tmp_path), "--project", "p", "--api", api)
+    one_line_error(keyless, 1, "needs a scheme", f"http://{api}")
 
 
 async def test_import_answered_by_a_proxy_error_page_or_a_list(

@@ -24,7 +24,7 @@ from suzumio.cli.admin import ADMIN_KEY_FILE, AdminUnconfirmedError, KeyFileErro
 from suzumio.cli.chat import chat_command
 from suzumio.cli.connected import Platform, with_platform
 from suzumio.cli.failures import fail, load_settings
-from suzumio.cli.supervisor import ServiceSpec, Supervisor
+from suzumio.cli.supervisor import ServiceSpec, Supervisor, url_host
 from suzumio.platform.logging import configure_logging
 from suzumio.platform.service.unix_socket import MAX_PATH_BYTES
 
@@ -124,8 +124,8 @@ MODEL_SETTINGS = ("SUZUMIO_MODEL_BASE_URL", "SUZUMIO_MODEL_API_KEY", "OPENAI_API
 
 
 def _reachable(host: str) -> str:
-    """Where sandboxes on this machine reach a listener bound to `host`."""
-    return "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host  # noqa: S104
+    """Where sandboxes on this machine reach a listener bound to `host`, as a URL's host."""
+    return "127.0.0.1" if host in {"0.0.0.0", "::", ""} else url_host(host)  # noqa: S104
 
 
 def docker_network(host: str, *, demo_model: bool, environ: Mapping[str, str]) -> dict[str, str]:

@@ -40,6 +40,7 @@ ApiKey = Annotated[
 def key_headers(api: str, key: str | None) -> dict[str, str]:
     """The `Authorization` header of the key given, else $SUZUMIO_API_KEY, else — for an API
     on this machine only — the data directory's admin key; exit 2 without one."""
+    _has_scheme(api)  # said first: without one, the API would not be taken for this machine
     found = api_key(key, local=is_local(api))
     if found is None:
         errors.print(
@@ -48,6 +49,13 @@ def key_headers(api: str, key: str | None) -> dict[str, str]:
         )
         raise typer.Exit(2)
     return authorization(*found)
+
+
+def _has_scheme(api: str) -> None:
+    """Exit 1, saying so, unless `api` is an http(s) URL."""
+    if not api.startswith(("http://", "https://")):
+        shown = redact(api)
+        fail(f"--api {shown!r} needs a scheme, like http://{shown}")
 
 
 def is_local(api: str) -> bool:
@@ -82,8 +90,7 @@ def _send(
     what the request made (`Location`): the change was made, the read models are behind.
     Anything else exits, one line."""
     shown = redact(api)  # as we print it: a proxy's password (https://user:pw@host) masked
-    if not api.startswith(("http://", "https://")):
-        fail(f"--api {shown!r} needs a scheme, like http://{shown}")
+    _has_scheme(api)
     try:
         response = _with_retries(method, f"{api.rstrip('/')}{path}", **request)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:

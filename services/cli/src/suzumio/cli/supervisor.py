@@ -391,8 +391,8 @@ class Supervisor:
         broker = next(s for s in self.services if s.name == "toolbroker")
         print(
             "\nSuzumio is up.\n"
-            f"  API and web page: http://{self.host}:{api.port}  (OpenAPI: /docs)\n"
-            f"  tool-broker:      http://{self.host}:{broker.port}\n"
+            f"  API and web page: http://{url_host(self.host)}:{api.port}  (OpenAPI: /docs)\n"
+            f"  tool-broker:      http://{url_host(self.host)}:{broker.port}\n"
             f"  NATS:             {redact(nats_url)}\n"
             + "".join(f"  {line}\n" for line in self.banner)
             + f"{admin}"
@@ -490,3 +490,8 @@ def _listens(pid: int, port: int) -> bool:
             if listening and int(cols[1].rsplit(":", 1)[1], 16) == port and cols[9] in inodes:
                 return True
     return False
+
+
+def url_host(host: str) -> str:
+    """`host` as a URL names it: an IPv6 address in brackets (`http://::1:8081` is no URL)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
