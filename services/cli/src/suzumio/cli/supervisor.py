@@ -374,18 +374,28 @@ class Supervisor:
             await self._start(child, env)
 
     async def _announce(self, nats_url: str) -> None:
+        """Wait until every service answers, then make the first admin and say so. A service
+        slow to get ready (a large rebuild, a slow disk) is said to be, once, and waited for
+        still: given up on, the platform came up with no admin key and no word of it, and
+        the service was never counted ready — three crashes hours later stopped everything
+        as if it had never started."""
         deadline = time.monotonic() + self.ready_timeout
         waiting = dict(self._children)
-        while waiting and time.monotonic() < deadline:
+        told = False
+        while waiting:
             for name, child in list(waiting.items()):
                 if await self._is_ready(child):
                     child.ready = True
                     del waiting[name]
-            await asyncio.sleep(0.2)
-        if waiting:
-            names = ", ".join(sorted(waiting))
-            print(f"Still not ready after {self.ready_timeout:.0f}s: {names}", flush=True)
-            return
+            if waiting and not told and time.monotonic() >= deadline:
+                names = ", ".join(sorted(waiting))
+                print(
+                    f"Still not ready after {self.ready_timeout:.0f}s: {names} (waiting on)",
+                    flush=True,
+                )
+                told = True
+            if waiting:
+                await asyncio.sleep(1.0 if told else 0.2)
         admin = await self._bootstrap_admin(nats_url)
         api = next(s for s in self.services if s.name == "gateway")
         broker = next(s for s in self.services if s.name == "toolbroker")
