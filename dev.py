@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import venv
@@ -148,8 +149,29 @@ def _install(dev: bool) -> None:
         stamp.write_text(fingerprint)
 
 
+INTERRUPT_GRACE_SECONDS = 2.0  # after a Ctrl-C, before it is passed on to the command
+
+
 def run(*cmd: str) -> int:
-    return subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    """Run `cmd` to its end, its exit code. A Ctrl-C lets it end on its own: the terminal's
+    reached it too, and pytest's teardown stops what the tests started (containers, servers)
+    — subprocess.run killed it after 0.25 s. Passed on if it still runs after a moment (a
+    SIGINT sent to this process alone); a second Ctrl-C kills it."""
+    process = subprocess.Popen(cmd, cwd=ROOT)
+    interrupts = 0
+    while True:
+        try:
+            if interrupts == 1:
+                try:
+                    return process.wait(INTERRUPT_GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    process.send_signal(signal.SIGINT)
+                    interrupts = 2
+            return process.wait()
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts > 2:
+                process.kill()
 
 
 def images() -> int:
@@ -243,4 +265,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # between commands: no traceback
+        sys.exit(130)

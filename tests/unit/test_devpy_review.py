@@ -10,6 +10,7 @@ import fcntl
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -151,3 +152,30 @@ def test_a_python_without_ensurepip_is_told_what_to_install(
     with pytest.raises(SystemExit) as exited:
         dev.install()
     assert f"apt-get install python3.{sys.version_info.minor}-venv" in str(exited.value.code)
+
+
+def test_a_ctrl_c_lets_the_command_end_on_its_own(tmp_path: Path) -> None:
+    """subprocess.run killed the command 0.25 s after a Ctrl-C: pytest's teardown never ran,
+    and what the tests had started (containers, servers) was left. The command is let end —
+    here one that takes half a second over its SIGINT (passed on to it: the Ctrl-C reached
+    this process alone) and says it did."""
+    done = tmp_path / "torn-down"
+    script = (
+        "import signal, sys, time, pathlib\n"
+        "def stop(*_):\n"
+        "    time.sleep(0.5)\n"
+        f"    pathlib.Path({str(done)!r}).write_text('yes')\n"
+        "    sys.exit(3)\n"
+        "signal.signal(signal.SIGINT, stop)\n"
+        "time.sleep(30)\n"
+    )
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        code = dev.run(sys.executable, "-c", script)
+    except KeyboardInterrupt:
+        code = None  # as subprocess.run re-raised it, after killing the command
+    finally:
+        timer.cancel()
+    assert done.read_text() == "yes"
+    assert code == 3
