@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
+import httpx
 import nats.errors
 import pytest
 
@@ -102,3 +104,46 @@ async def test_signals_received_by_what_is_not_an_id_is_422(platform: Stack) -> 
     assert bad.status_code == 422, bad.text
     assert bad.headers["content-type"] == "application/problem+json"
     assert good.status_code == 200, good.text
+
+
+async def test_an_activation_uploads_a_few_files_at_once(platform: Stack) -> None:
+    """Its runner sends its outputs one at a time; a sandbox sending all its indexes at once
+    had the broker hold every body (in memory, then on disk) together. Past a few at once,
+    the next is refused before its body is read (429, Retry-After), and goes once one ends."""
+    a = await live(platform, "upmany")
+    let_go = asyncio.Event()
+    body_of = [f"file {i}: done".encode() for i in range(5)]
+    under_way = [asyncio.Event() for _ in range(4)]
+
+    def held_back(index: int) -> AsyncIterator[bytes]:
+        async def body() -> AsyncIterator[bytes]:
+            yield body_of[index][:8]
+            under_way[index].set()  # its head and first bytes are written: the next is asked
+            await let_go.wait()
+            yield body_of[index][8:]
+
+        return body()
+
+    async with broker(platform, a.token) as c:
+
+        async def upload(index: int, content: Any) -> httpx.Response:
+            return await c.put(
+                f"/runner/files/out/{index}",
+                params={"path": f"f{index}.txt"},
+                content=content,
+                headers={"Content-Length": str(len(body_of[index]))},
+            )
+
+        held = [asyncio.create_task(upload(i, held_back(i))) for i in range(4)]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in under_way)), STEP)
+
+        async def fifth() -> httpx.Response:
+            return await upload(4, body_of[4])
+
+        refused = await eventually(fifth, lambda r: r.status_code == 429, what="the refusal")
+        assert refused.headers["retry-after"] == "1"
+        let_go.set()
+        answers = await asyncio.wait_for(asyncio.gather(*held), STEP)
+        assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+        again = await fifth()  # its turn now
+        assert again.status_code == 200, again.text

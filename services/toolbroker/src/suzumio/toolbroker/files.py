@@ -34,6 +34,7 @@ from suzumio.contracts.ids import Identifier, derived_id
 from suzumio.contracts.runner import placeable
 from suzumio.platform.bus.objects import open_blob, put_blob
 from suzumio.platform.offloop import OffLoopWriter
+from suzumio.platform.shares import Shares
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.problems import BrokerError
 from suzumio.toolbroker.routes import Auth, Shared
@@ -122,6 +123,8 @@ async def fetch_asset(
 
 # The outputs being uploaded on this replica, by artifact id (an entry goes with its last user).
 _uploading: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+_uploads = Shares()  # the uploads on this replica, by activation
+MAX_UPLOADS_PER_ACTIVATION = 4
 
 
 @router.put("/runner/files/out/{index}")
@@ -148,9 +151,23 @@ async def store_output(
     # One upload of an index at a time on a replica: uploads of it at once each stored their
     # bytes before one was recorded. (Replicas may still race: rare, and bounded by them.)
     artifact_id = output_artifact_id(caller.claims.activation_id, index)
-    lock = _uploading.setdefault(artifact_id, asyncio.Lock())
-    async with lock:
-        return await _store_output(request, index, path, caller, broker, artifact_id)
+    # A few uploads of an activation's at once on a replica, before any body is read: its
+    # runner sends them one at a time (a retry of one may overlap it), and a sandbox
+    # sending all its indexes at once held their bodies in memory and on disk together.
+    if _uploads.held(caller.claims.activation_id) >= MAX_UPLOADS_PER_ACTIVATION:
+        raise BrokerError(
+            429,
+            "too_many_requests",
+            f"an activation uploads at most {MAX_UPLOADS_PER_ACTIVATION} files at once",
+            {"Retry-After": "1"},
+        )
+    release = _uploads.take(caller.claims.activation_id)
+    try:
+        lock = _uploading.setdefault(artifact_id, asyncio.Lock())
+        async with lock:
+            return await _store_output(request, index, path, caller, broker, artifact_id)
+    finally:
+        release()
 
 
 async def _store_output(
