@@ -26,7 +26,12 @@ from suzumio.contracts.subjects import Topology, blob_name
 from suzumio.platform.bus import connection, direct_get
 from suzumio.platform.bus import objects as objects_module
 from suzumio.platform.bus.kv import ensure_object_store
-from suzumio.platform.bus.objects import put_blob, read_chunks, sweep_stray_chunks
+from suzumio.platform.bus.objects import (
+    BlobDigestError,
+    put_blob,
+    read_chunks,
+    sweep_stray_chunks,
+)
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.leadership import Leadership
 
@@ -216,6 +221,20 @@ async def test_a_blob_whose_bytes_are_not_its_name_is_not_served(
     await put_blob(store, _digest(wanted), io.BytesIO(wanted))  # skipped: "already stored"
     with pytest.raises(OSError, match="corrupt"):
         await _read(nc, store, bucket, _digest(wanted))
+
+
+async def test_a_put_of_bytes_that_are_not_its_digests_stores_nothing(
+    nc: NATS, blobs: tuple[ObjectStore, str]
+) -> None:
+    """Recorded, the wrong bytes stood under the digest's name for good: every later put of
+    the right ones found it stored and skipped. The put fails, its chunks go, and the right
+    bytes are stored after it."""
+    store, bucket = blobs
+    with pytest.raises(BlobDigestError):
+        await put_blob(store, _digest(DATA), io.BytesIO(b"not those bytes"))
+    assert await _stored_messages(nc, bucket) == 0
+    await put_blob(store, _digest(DATA), io.BytesIO(DATA))
+    assert await _read(nc, store, bucket, _digest(DATA)) == DATA
 
 
 async def test_a_put_whose_stored_answer_was_lost_keeps_its_bytes(

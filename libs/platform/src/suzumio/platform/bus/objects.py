@@ -17,6 +17,9 @@ if no record is there yet (`Nats-Expected-Last-Subject-Sequence`), and whatever 
 a blob is purged, unless the record stored names it — or may yet name it (its publish
 went out and its fate is unknown: it may land later), when the sweep below takes them.
 
+The bytes sent are checked against the digest they are stored under before the record is
+written: the wrong bytes, recorded, would stand under that name for good.
+
 What a put cannot clean up after itself — a process killed between its chunks and its record
 — `sweep_stray_chunks` does: chunks that no live record names, untouched for long enough that
 no put can still be writing them.
@@ -80,6 +83,7 @@ async def put_blob(store: ObjectStore, sha256_hex: str, source: BufferedIOBase) 
     recording = False
     try:
         info = await _send_chunks(js, chunks, source, name, bucket, nuid)
+        _check_digest(info, sha256_hex)
         recording = True
         if await _send_record(js, store, bucket, name, info):
             return
@@ -96,6 +100,27 @@ async def put_blob(store: ObjectStore, sha256_hex: str, source: BufferedIOBase) 
     if failure is None or (stored and not isinstance(failure, asyncio.CancelledError)):
         return
     raise failure
+
+
+class BlobDigestError(ValueError):
+    """The bytes given to `put_blob` are not those its digest names."""
+
+
+def _check_digest(info: api.ObjectInfo, sha256_hex: str) -> None:
+    """Raise unless the bytes sent are those `sha256_hex` names: recorded, the wrong bytes
+    would stand under the name for good (every later put of the right ones finds it stored,
+    and skips). Its chunks then go, as a failed put's do."""
+    if info.digest != _digest_of(sha256_hex):
+        raise BlobDigestError(f"{info.name}: the bytes sent are not those of its digest")
+
+
+def _digest_of(sha256_hex: str) -> str:
+    """The object store's digest field of the bytes whose SHA-256 is `sha256_hex`."""
+    try:
+        raw = bytes.fromhex(sha256_hex)
+    except ValueError:
+        return ""
+    return f"SHA-256={base64.urlsafe_b64encode(raw).decode()}"
 
 
 async def _send_chunks(
