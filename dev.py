@@ -153,25 +153,35 @@ INTERRUPT_GRACE_SECONDS = 2.0  # after a Ctrl-C, before it is passed on to the c
 
 
 def run(*cmd: str) -> int:
-    """Run `cmd` to its end, its exit code. A Ctrl-C lets it end on its own: the terminal's
-    reached it too, and pytest's teardown stops what the tests started (containers, servers)
-    — subprocess.run killed it after 0.25 s. Passed on if it still runs after a moment (a
-    SIGINT sent to this process alone); a second Ctrl-C kills it."""
+    """Run `cmd` to its end, its exit code. A Ctrl-C lets it end on its own: typed in the
+    terminal it reached the command too, and pytest's teardown stops what the tests started
+    (containers, servers) — subprocess.run killed it after 0.25 s. Passed on after a moment
+    when it did not reach it (a SIGINT sent to this process alone); the next kills it."""
     process = subprocess.Popen(cmd, cwd=ROOT)
-    interrupts = 0
+    interrupted = heard = False
     while True:
         try:
-            if interrupts == 1:
+            if interrupted and not heard:
                 try:
                     return process.wait(INTERRUPT_GRACE_SECONDS)
                 except subprocess.TimeoutExpired:
                     process.send_signal(signal.SIGINT)
-                    interrupts = 2
+                    heard = True
             return process.wait()
         except KeyboardInterrupt:
-            interrupts += 1
-            if interrupts > 2:
+            if interrupted:
                 process.kill()
+            interrupted = True
+            heard = heard or _in_the_foreground(process.pid)
+
+
+def _in_the_foreground(pid: int) -> bool:
+    """Whether `pid` is in the terminal's foreground process group: a Ctrl-C typed there
+    reached it as well (passed on too, a second one would cut pytest's teardown short)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgid(pid)
+    except OSError:  # no terminal, or the process is gone
+        return False
 
 
 def images() -> int:

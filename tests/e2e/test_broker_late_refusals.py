@@ -109,7 +109,8 @@ async def test_signals_received_by_what_is_not_an_id_is_422(platform: Stack) -> 
 async def test_an_activation_uploads_a_few_files_at_once(platform: Stack) -> None:
     """Its runner sends its outputs one at a time; a sandbox sending all its indexes at once
     had the broker hold every body (in memory, then on disk) together. Past a few at once,
-    the next is refused before its body is read (429, Retry-After), and goes once one ends."""
+    the next is put off before its body is read (503, Retry-After: a runner tries it again),
+    and goes once one ends."""
     a = await live(platform, "upmany")
     let_go = asyncio.Event()
     body_of = [f"file {i}: done".encode() for i in range(5)]
@@ -140,7 +141,7 @@ async def test_an_activation_uploads_a_few_files_at_once(platform: Stack) -> Non
         async def fifth() -> httpx.Response:
             return await upload(4, body_of[4])
 
-        refused = await eventually(fifth, lambda r: r.status_code == 429, what="the refusal")
+        refused = await eventually(fifth, lambda r: r.status_code == 503, what="the refusal")
         assert refused.headers["retry-after"] == "1"
         let_go.set()
         answers = await asyncio.wait_for(asyncio.gather(*held), STEP)

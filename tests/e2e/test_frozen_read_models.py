@@ -261,3 +261,21 @@ async def test_an_agent_imported_while_its_read_model_is_frozen_is_told_made(
     assert "was made" in done.stderr
     events = await stack.store.load("agent", agent_id)
     assert [e.envelope.type for e in events.events][:1] == ["agent.created"]
+
+
+async def test_a_keyed_request_refused_for_itself_is_refused_at_once(own_stack: Stack) -> None:
+    """A refusal of the request — the session closed — is no earlier attempt's: answered 409
+    as ever, not looked for in the read model, which, frozen, made it a 503 that clients
+    retried for good."""
+    stack = own_stack
+    world = await new_world(stack, "closer")
+    await _freeze(stack, "sessions")
+    async with stack.client(world.key) as c:
+        closing = await c.post(f"/v1/sessions/{world.session_id}/close", json={})
+        _made_not_shown(closing, "sessions")
+        posted = await c.post(
+            f"/v1/sessions/{world.session_id}/messages",
+            json={"text": "hi"},
+            headers={"Idempotency-Key": "to-a-closed-session"},
+        )
+    assert "closed" in problem(posted, 409, "conflict")["detail"]

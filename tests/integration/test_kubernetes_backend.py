@@ -424,8 +424,21 @@ async def test_a_cancel_returns_once_the_pod_is_gone(server, backend, platform_n
     [pod] = server.objects("Pod", NS)
     assert pod["spec"]["terminationGracePeriodSeconds"] == backend.settings.stop_grace_seconds
     server.pod_grace = 1.0
+    task = await watching(server, backend, handle)
     await asyncio.wait_for(backend.cancel(handle), backend.settings.stop_grace_seconds + 15)
     assert server.objects("Pod", NS) == []
+    # The watch too ends the activation only once the pod is gone: the Job goes at once, and
+    # its end let the engine start the replacement beside the runner still stopping.
+    server.pod_grace = 1.0
+    other = await backend.launch(plan_in(platform_ns))
+    watched = await watching(server, backend, other)
+    await backend._delete_job(other.sandbox_id)  # the Job gone, its pod stopping
+    assert server.objects("Job", NS) == []
+    assert server.objects("Pod", NS) != []
+    ended = await asyncio.wait_for(watched, 15)
+    assert ended.reason == "lost"
+    assert server.objects("Pod", NS) == []  # gone before the end was told
+    assert (await asyncio.wait_for(task, 5)).reason == "cancelled"
 
 
 @pytest.mark.parametrize(

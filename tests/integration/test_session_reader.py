@@ -444,3 +444,9 @@ async def test_a_retrys_snapshot_names_its_messages_an_earlier_attempt_compacted
     assert (await reader.snapshot(session, first)).summarized == ()
     assert (await reader.snapshot(session, tag)).summarized == ()
     assert (await load_session(store, session, tag)).summarized == ()
+    # Both messages, retried together: only the one attempt 1 worked on is in the summary as
+    # done; the other one it archived (posted meanwhile, never handed to it) is still asked.
+    both = request(user_signal.signal_id, later_signal.signal_id).model_copy(update={"attempt": 3})
+    await add(both)
+    assert (await SessionReader(store).snapshot(session, both)).summarized == (user.message_id,)
+    assert (await load_session(store, session, both)).summarized == (user.message_id,)

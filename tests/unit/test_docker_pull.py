@@ -68,6 +68,7 @@ def _api_error(status: int, explanation: str) -> APIError:
             ),
             True,
         ),
+        (_Engine(stream=({"status": "Pulling"},)), True),  # cut short: no word of why
         (_Engine(_api_error(404, "manifest for app:nope not found: manifest unknown")), False),
         (_Engine(_api_error(400, "invalid reference format")), False),
         (
@@ -81,6 +82,6 @@ def test_a_failed_pull_is_for_good_only_when_the_image_is_not_to_be_had(
 ) -> None:
     backend = DockerBackend()
     monkeypatch.setattr(backend, "_client", lambda: engine)
-    with pytest.raises(LaunchError, match="could not be pulled") as failed:
+    with pytest.raises(LaunchError, match="image app:nope") as failed:
         backend._pull_sync("app:nope")
     assert failed.value.retryable is retryable, failed.value

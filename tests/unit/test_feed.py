@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from suzumio.gateway import feed as feed_module
+from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.feed import QUEUE_BYTES, QUEUE_SIZE, Cursor, SessionFeed
 from suzumio.gateway.state import Gateway
 from suzumio.platform.errors import PlatformError
@@ -163,7 +164,8 @@ async def test_a_recheck_that_cannot_be_made_for_a_moment_does_not_end_the_strea
     with no `end`. The stream goes on and checks again soon; a check that keeps failing
     for two intervals ends it (503), and a refusal ends it as ever."""
     gateway = cast("Gateway", cast("Any", object()))  # this path never touches the gateway
-    outcomes: list[BaseException | None] = [OSError("postgres away"), None]
+    # The log asked while a read model is frozen, and the session service did not answer.
+    outcomes: list[BaseException | None] = [ApiError(503, "the log did not answer"), None]
     made: list[str] = []
 
     async def flaky() -> None:

@@ -414,12 +414,18 @@ async def test_a_call_past_the_activations_share_is_refused_before_its_body_is_r
         (b'{"model": "m", "messages": [{"content": "caf\\u00e9"}]}', False),
         (b'{"model": "cheap", "messages": [], "model": "dear"}', True),
         (b'{"model": "cheap", "mod\\u0065l": "dear"}', True),  # the same key, escaped
+        (b'[1, "model", "model"]', None),  # no object: names no model (it was a 500)
     ],
 )
-async def test_a_body_naming_its_model_twice_is_refused(body: bytes, twice: bool) -> None:
+async def test_a_body_naming_its_model_twice_is_refused(body: bytes, twice: bool | None) -> None:
     """Checked by the last `model` (json keeps it), the body went on as sent: a provider that
     reads the first would be called for a model outside the agent's chain."""
     request = cast("Any", _Body(body))
+    if twice is None:
+        with pytest.raises(BrokerError) as refused:
+            await _asked_model(request)
+        assert refused.value.status == 422
+        return
     if not twice:
         assert (await _asked_model(request))[1] == "m"
         return

@@ -292,18 +292,24 @@ class SessionFeed:
         try:
             await self._recheck()
         except ApiError as exc:
-            return _end(exc.status, exc.detail), 0.0
+            if exc.status < 500:
+                return _end(exc.status, exc.detail), 0.0
+            return self._unchecked(exc)
         except Exception as exc:
-            # Postgres or NATS in trouble for a moment: access stood at the last check, and
-            # cutting every stream of the gateway at once (with no `end`, as it did) had
-            # them all reconnect together. Checked again soon; ended once no check has
-            # passed for two intervals.
-            log.warning("stream.recheck_failed", session=self._session_id, error=repr(exc))
-            if time.monotonic() - self._checked_at >= 2 * self._recheck_seconds:
-                return _end(503, RECHECK_FAILED), 0.0
-            return None, min(RECHECK_RETRY_SECONDS, self._recheck_seconds)
+            return self._unchecked(exc)
         self._checked_at = time.monotonic()
         return None, self._recheck_seconds
+
+    def _unchecked(self, exc: Exception) -> tuple[Item | None, float]:
+        """A check that could not be made — Postgres or NATS in trouble for a moment, a 503
+        of the log's answer while a read model is frozen: access stood at the last check,
+        and cutting every stream of the gateway at once (with no `end`, as it did) had them
+        all reconnect together. Checked again soon; ended once none passed for two
+        intervals."""
+        log.warning("stream.recheck_failed", session=self._session_id, error=repr(exc))
+        if time.monotonic() - self._checked_at >= 2 * self._recheck_seconds:
+            return _end(503, RECHECK_FAILED), 0.0
+        return None, min(RECHECK_RETRY_SECONDS, self._recheck_seconds)
 
     def _render(self, source: str, seq: int, data: bytes) -> list[Item]:
         if source == "live":

@@ -136,6 +136,13 @@ class _SessionFold:
                 if activation_id not in by:
                     by.append(activation_id)
 
+    def _summarized(self, signal_id: str, request: ActivationRequested) -> bool:
+        """Whether an earlier attempt at this very signal archived its message (one that
+        archived another signal's message never worked on it: that message is the request's
+        still)."""
+        attempts = set(self.attempts.get(signal_id, ())) - {request.activation_id}
+        return bool(attempts.intersection(self.archived_by.get(signal_id, ())))
+
     def _forget(self, signal_id: str) -> None:
         self.signals.pop(signal_id, None)
         self.origins.pop(signal_id, None)
@@ -189,7 +196,7 @@ class _SessionFold:
                 dict.fromkeys(
                     s.message_id
                     for s in signals
-                    if s.message_id and set(earlier).intersection(self.archived_by.get(s.id, ()))
+                    if s.message_id and self._summarized(s.id, request)
                 )
             ),
         )

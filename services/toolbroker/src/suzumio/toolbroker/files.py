@@ -155,9 +155,12 @@ async def store_output(
     # runner sends them one at a time (a retry of one may overlap it), and a sandbox
     # sending all its indexes at once held their bodies in memory and on disk together.
     if _uploads.held(caller.claims.activation_id) >= MAX_UPLOADS_PER_ACTIVATION:
+        # A 503, which every runner tries again (after Retry-After): a 429 is a refusal to
+        # it, and the file was dropped — one whose earlier try timed out still holding its
+        # place, say.
         raise BrokerError(
-            429,
-            "too_many_requests",
+            503,
+            "unavailable",
             f"an activation uploads at most {MAX_UPLOADS_PER_ACTIVATION} files at once",
             {"Retry-After": "1"},
         )

@@ -475,8 +475,8 @@ async def _asked_model(request: Request) -> tuple[bytes, str]:
 def _read_model(body: bytes) -> tuple[Any, bool]:
     """The body, and whether its object names `model` more than once (json keeps the last)."""
     asked = json.loads(body)
-    if body.count(b'"model"') < 2 and b"\\u" not in body:
-        return asked, False  # cannot hold two (a scan in C: the common case)
+    if not isinstance(asked, dict) or (body.count(b'"model"') < 2 and b"\\u" not in body):
+        return asked, False  # not an object, or cannot hold two (a scan in C: the common case)
     top = json.loads(body, object_pairs_hook=_pairs)
     return asked, isinstance(top, list) and sum(1 for k, _ in top if k == "model") > 1
 

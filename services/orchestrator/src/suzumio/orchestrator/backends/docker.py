@@ -442,7 +442,12 @@ class DockerBackend:
         try:
             api.inspect_image(image)
         except DockerException as exc:  # a pull can fail inside its stream without raising
-            raise _pull_failed(image, _stream_error(output) or str(exc), None) from None
+            said = _stream_error(output)
+            if said is None:  # no word of the registry's (a pull cut short): not for good
+                raise LaunchError(
+                    f"image {image} is not on the engine after its pull: {exc}"[:2_000]
+                ) from None
+            raise _pull_failed(image, said, None) from None
 
     def _name(self, plan: LaunchPlan) -> str:
         ns = _NAME_UNSAFE.sub("-", self._namespace).strip("-.")
@@ -617,7 +622,6 @@ _PULL_FOR_GOOD = (
     "does not exist",
     "pull access denied",
     "unauthorized",
-    "denied",
     "invalid reference",
 )
 

@@ -403,6 +403,10 @@ class KubernetesBackend:
                         return await self._give_up(name, stuck)
                     outcome = job_outcome(job) if job else None
                     if outcome is None:  # the Job is gone
+                        # Its pod may still be stopping (the Job goes at once, its pod takes
+                        # its grace): the activation ends, and its replacement starts, once
+                        # the runner is gone too.
+                        await self._pods_gone(name)
                         return self._gone(name)
                     return exit_from(outcome, await self._pod_of(api, name))
                 except ApiException as exc:

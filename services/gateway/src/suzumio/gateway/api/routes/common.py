@@ -17,6 +17,7 @@ from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 RESPONSES = ERROR_RESPONSES
+EXISTS_ALREADY = "exists already"  # how the services refuse an id that is taken
 # The read models a route answers from after its write (the projections' names).
 ReadModel = Literal[
     "activations",
@@ -129,9 +130,14 @@ async def earlier_attempt(
     Before, such a retry — its first attempt's answer lost to a command that timed out —
     answered 409, and the client took its request for failed and sent it again under a
     new key: a second project, a message posted twice."""
-    if not keyed:
+    # Only a refusal of the ids as taken: "the session is closed", "the agent is disabled"
+    # are refusals of the request, whoever asks.
+    if not keyed or EXISTS_ALREADY not in str(refused):
         raise refused
-    row = await made_before(gw, reads, sql, *args)
+    try:
+        row = await made_before(gw, reads, sql, *args)
+    except ApiError:  # the read model cannot say yet: the refusal stands
+        raise refused from None
     if row is None or not same(row):
         raise refused
     return row
