@@ -158,24 +158,34 @@ def test_a_ctrl_c_lets_the_command_end_on_its_own(tmp_path: Path) -> None:
     """subprocess.run killed the command 0.25 s after a Ctrl-C: pytest's teardown never ran,
     and what the tests had started (containers, servers) was left. The command is let end —
     here one that takes half a second over its SIGINT (passed on to it: the Ctrl-C reached
-    this process alone) and says it did."""
+    dev.py alone, run in a process of its own here) and says it did."""
     done = tmp_path / "torn-down"
-    script = (
+    ready = tmp_path / "ready"
+    command = (
         "import signal, sys, time, pathlib\n"
         "def stop(*_):\n"
         "    time.sleep(0.5)\n"
         f"    pathlib.Path({str(done)!r}).write_text('yes')\n"
         "    sys.exit(3)\n"
         "signal.signal(signal.SIGINT, stop)\n"
+        f"pathlib.Path({str(ready)!r}).write_text('yes')\n"
         "time.sleep(30)\n"
     )
-    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    runner = f"import sys, dev\nsys.exit(dev.run(sys.executable, '-c', {command!r}))\n"
+    process = subprocess.Popen(
+        [sys.executable, "-c", runner],
+        cwd=Path(dev.__file__).parent,
+        start_new_session=True,  # no terminal of ours: the Ctrl-C reaches dev.py alone
+    )
     try:
-        code = dev.run(sys.executable, "-c", script)
-    except KeyboardInterrupt:
-        code = None  # as subprocess.run re-raised it, after killing the command
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        process.send_signal(signal.SIGINT)
+        code = process.wait(20)
     finally:
-        timer.cancel()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
     assert done.read_text() == "yes"
     assert code == 3
