@@ -171,7 +171,13 @@ def test_a_ctrl_c_lets_the_command_end_on_its_own(tmp_path: Path) -> None:
         f"pathlib.Path({str(ready)!r}).write_text('yes')\n"
         "time.sleep(30)\n"
     )
-    runner = f"import sys, dev\nsys.exit(dev.run(sys.executable, '-c', {command!r}))\n"
+    # SIGINT as a terminal's python has it: one started in the background (CI's pytest) is
+    # handed it ignored, and would never hear the Ctrl-C.
+    runner = (
+        "import signal, sys, dev\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"sys.exit(dev.run(sys.executable, '-c', {command!r}))\n"
+    )
     process = subprocess.Popen(
         [sys.executable, "-c", runner],
         cwd=Path(dev.__file__).parent,
