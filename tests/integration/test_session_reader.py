@@ -74,11 +74,19 @@ async def opened(store: EventStore) -> tuple[str, Callable[..., Awaitable[None]]
     return session, add
 
 
-async def posted(add: Callable[..., Awaitable[None]], text: str) -> ActivationRequested:
-    """A user's message stored with its signal; the request for that signal (not stored)."""
+async def stored(
+    add: Callable[..., Awaitable[None]], text: str
+) -> tuple[SessionMessageAppended, SignalRecorded]:
+    """A user's message stored with its signal."""
     msg = message(text)
     signal = signal_for(msg)
     await add(msg, signal)
+    return msg, signal
+
+
+async def posted(add: Callable[..., Awaitable[None]], text: str) -> ActivationRequested:
+    """A user's message stored with its signal; the request for that signal (not stored)."""
+    _, signal = await stored(add, text)
     return request(signal.signal_id)
 
 
@@ -371,9 +379,7 @@ async def test_a_retrys_snapshot_names_its_earlier_attempts_and_who_wrote_what(
     await add(work)
     # A message handed to the running activation at a tool boundary (a P1): its retry
     # carries it too, and that activation worked on it.
-    handed = message("and the logs too")
-    handed_signal = signal_for(handed)
-    await add(handed, handed_signal)
+    _, handed_signal = await stored(add, "and the logs too")
     await add(
         SignalsDelivered(activation_id=first.activation_id, signal_ids=(handed_signal.signal_id,))
     )
@@ -407,17 +413,13 @@ async def test_a_retrys_snapshot_names_its_messages_an_earlier_attempt_compacted
     """Attempt 1 compacted with its message archived; its retry is told so (the summary holds
     the message), a request whose message another activation archived is not."""
     session, add = await opened(store)
-    user = message("delete the old branch")
-    user_signal = signal_for(user)
-    await add(user, user_signal)
+    user, user_signal = await stored(add, "delete the old branch")
     first = request(user_signal.signal_id)
     await add(first)
     work = answer("listing the branches", first.activation_id)
     await add(work)
     # A message posted while attempt 1 ran, not handed to it.
-    later = message("and tag the release")
-    later_signal = signal_for(later)
-    await add(later, later_signal)
+    later, later_signal = await stored(add, "and tag the release")
     archived_ids = (user.message_id, work.message_id, later.message_id)
     await add(
         HistoryCompacted(
