@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -19,6 +19,21 @@ from suzumio.platform.errors import PlatformError
 
 async def never_refused() -> None:
     return None
+
+
+def reading_the_log(
+    monkeypatch: pytest.MonkeyPatch, read: Callable[..., AsyncIterator[Any]], cursor: Cursor
+) -> SessionFeed:
+    """A feed of s1 opened where the log ended at 9, whose reading of it is `read` (a
+    stand-in for `iter_subject`)."""
+    monkeypatch.setattr(feed_module, "iter_subject", read)
+    topology = SimpleNamespace(
+        events_stream="EVENTS", event_subject=lambda aggregate, i: f"ev.{aggregate}.{i}"
+    )
+    gateway = cast("Gateway", SimpleNamespace(nc=None, topology=topology))
+    feed = SessionFeed(gateway, "s1", cursor, never_refused)
+    feed._log_end = 9
+    return feed
 
 
 async def test_a_feed_that_falls_behind_ends_with_a_reason_and_keeps_its_cursor() -> None:
@@ -110,30 +125,47 @@ async def test_a_feed_holding_too_many_bytes_of_live_output_ends_like_one_too_ma
 async def test_log_events_queued_for_a_client_are_bounded_in_bytes_not_only_in_count() -> None:
     """A log message may be as large as the bus carries: a client that stops reading holds
     at most QUEUE_BYTES of them here (a thousand messages of megabytes each would be
-    gigabytes); the rest waits on the server (the ordered consumer's flow control)."""
+    gigabytes). One more, and the client fell behind: it resumes from its cursor."""
     gateway = cast("Gateway", cast("Any", object()))
     feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
     big = json.dumps({"type": "session.message_appended", "text": "x" * (QUEUE_BYTES // 4)})
-    taken = 0
-
-    async def take_all() -> None:
-        nonlocal taken
-        for seq in range(1, 9):
-            await feed.take_event(seq, big.encode())
-            taken = seq
-
-    taking = asyncio.create_task(take_all())
-    await asyncio.sleep(0.05)
-    assert taken == 3  # each a little over a fourth of the budget: three fit
     items = feed.items()
+    await feed.take_event(1, big.encode())
     first = await anext(items)
     assert first is not None
     assert first.cursor == "1.0"
-    await asyncio.sleep(0.05)
-    assert taken == 4  # one read, one more taken
-    rest = [await anext(items) for _ in range(7)]
-    await asyncio.wait_for(taking, 5)
-    assert [i.cursor for i in rest if i is not None] == [f"{n}.0" for n in range(2, 9)]
+
+    for seq in range(2, 6):  # each a little over a fourth of the budget: the fourth does not fit
+        await feed.take_event(seq, big.encode())
+    rest = [item async for item in items]  # ends at once: nothing more is waited for
+    assert [i.event for i in rest if i is not None] == ["end"]
+    last = rest[-1]
+    assert last is not None
+    assert json.loads(last.data)["status"] == 503
+    assert feed.cursor.events == 1  # a reconnect resumes right after what was sent
+
+
+async def test_a_log_that_cannot_be_read_up_to_where_its_consumer_began_ends_the_feed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the cursor names of the log before the feed opened is read from the stream; a
+    failed read ends the stream (503) with the cursor of what was sent, not mid-stream with
+    no `end`. (The reading is a stand-in that fails after one message.)"""
+
+    async def one_then_fails(*_: Any, **__: Any) -> AsyncIterator[Any]:
+        yield SimpleNamespace(seq=4, data=b'{"type": "session.message_appended"}')
+        raise PlatformError("direct get failed with status 503")
+
+    feed = reading_the_log(monkeypatch, one_then_fails, Cursor(events=2, live=0))
+    items = [item async for item in feed.items()]
+    assert [(i.event, i.cursor) for i in items if i is not None] == [
+        ("session.message_appended", "4.0"),
+        ("end", None),
+    ]
+    end = items[-1]
+    assert end is not None
+    assert json.loads(end.data) == {"status": 503, "detail": feed_module.HISTORY_FAILED}
+    assert feed.cursor.events == 4
 
 
 async def test_a_backlog_the_stream_cannot_serve_up_to_the_join_point_ends_the_feed(
@@ -157,6 +189,65 @@ async def test_a_backlog_the_stream_cannot_serve_up_to_the_join_point_ends_the_f
     [end] = [item async for item in feed.items()]
     assert end is not None
     assert (end.event, json.loads(end.data)["status"]) == ("end", 503)
+
+
+async def test_live_output_and_a_shutdown_reach_a_client_catching_up_between_log_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A catch-up through a long log on a busy session: the live output that comes meanwhile
+    goes between log messages (held until the end, it overflowed the feed's queue), a log
+    event stored meanwhile comes after the catch-up, and a gateway shutting down ends the
+    stream after the message being sent. (The reading is a stand-in.)"""
+    envelope = b'{"type": "session.message_appended"}'
+    feed: SessionFeed
+
+    async def log_read(*_: Any, **__: Any) -> AsyncIterator[Any]:
+        yield SimpleNamespace(seq=3, data=envelope)
+        feed.deliver(1, b'{"text": "meanwhile"}')
+        await feed.take_event(12, envelope)  # stored after the feed opened
+        yield SimpleNamespace(seq=5, data=envelope)
+        feed.deliver(2, b'{"text": "then"}')
+        yield SimpleNamespace(seq=8, data=envelope)
+        feed.closing()
+        yield SimpleNamespace(seq=9, data=envelope)
+
+    feed = reading_the_log(monkeypatch, log_read, Cursor(events=0, live=0))
+    items = [item async for item in feed.items()]
+    # Each stand-in's step runs as the next message is read: what it did goes after that one.
+    assert [(i.event, i.cursor) for i in items if i is not None] == [
+        ("session.message_appended", "3.0"),
+        ("session.message_appended", "5.0"),
+        ("live", "5.1"),
+        ("session.message_appended", "8.1"),
+        ("live", "8.2"),
+        ("session.message_appended", "9.2"),
+        ("end", None),  # the event stored meanwhile was not sent: the cursor says so
+    ]
+    end = items[-1]
+    assert end is not None
+    assert json.loads(end.data)["detail"] == feed_module._ENDINGS["closing"]
+
+
+async def test_log_events_stored_during_a_catch_up_follow_it_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    envelope = b'{"type": "session.message_appended"}'
+    feed: SessionFeed
+
+    async def log_read(*_: Any, **__: Any) -> AsyncIterator[Any]:
+        yield SimpleNamespace(seq=3, data=envelope)
+        await feed.take_event(12, envelope)  # stored after the feed opened
+        await feed.take_event(13, envelope)
+        yield SimpleNamespace(seq=5, data=envelope)
+
+    feed = reading_the_log(monkeypatch, log_read, Cursor(events=0, live=0))
+    items = feed.items()
+    got = [await anext(items) for _ in range(4)]
+    assert [i.cursor for i in got if i is not None] == ["3.0", "5.0", "12.0", "13.0"]
+    feed.deliver(1, b"{}")
+    after = await anext(items)  # the queue is drained of what was held: it goes on
+    assert after is not None
+    assert after.cursor == "13.1"
 
 
 async def test_a_recheck_that_cannot_be_made_for_a_moment_does_not_end_the_stream() -> None:

@@ -1,6 +1,14 @@
 """A session's timeline as one ordered feed: its durable events (history, signals, activation
 requests) from EVENTS and its live output from LIVE, resumable from a cursor `E.L` (the last
-EVENTS and LIVE sequences a client has seen)."""
+EVENTS and LIVE sequences a client has seen).
+
+What a cursor names of either stream before the feed opened is read as the client takes it
+(direct gets, a batch at a time); what comes after is pushed, into queues bounded in count and
+in bytes. A client too slow for what its session produces overflows them and is let go, to
+resume from its cursor. Catching up through a long log used to be pushed too, held back only
+by the consumer's flow control — which nats-py lifts whatever was read, when the server's
+heartbeat says the consumer stalled: a slow client reading a long log piled up to 256 MiB in
+the gateway, per stream."""
 
 from __future__ import annotations
 
@@ -9,15 +17,17 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from suzumio.gateway.api.problems import ApiError
 from suzumio.gateway.state import Gateway
-from suzumio.platform.bus.direct_get import iter_subject
+from suzumio.platform.bus.direct_get import StoredMessage, iter_subject
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.ordered import ordered_from
 from suzumio.platform.errors import PlatformError
@@ -32,6 +42,7 @@ _CURSOR = re.compile(r"^(\d{1,19})\.(\d{1,19})(?:\.([0-9a-f]{8}))?$")
 CLOSE_SECONDS = 10.0  # a feed's cleanup gives up on NATS after this (its consumer then expires)
 RECHECK_RETRY_SECONDS = 1.0  # a recheck that could not be made is tried again this soon
 RECHECK_FAILED = "the caller's access could not be checked; reconnect with Last-Event-ID"
+HISTORY_FAILED = "the session's log could not be read; reconnect with Last-Event-ID"
 _CLOSING: set[asyncio.Task[None]] = set()  # cleanups under way: held, so none is collected
 
 
@@ -94,15 +105,13 @@ class SessionFeed:
         self.cursor = cursor
         self._recheck = recheck
         self._recheck_seconds = recheck_seconds
-        # One queue keeps the two kinds in arrival order; each kind has its own bound. Log
-        # events wait for room (the ordered consumer's flow control holds the rest back);
-        # live chunks cannot wait (the hub serves every watcher), so too many of them queued
-        # means this client reads too slowly — a catch-up through a long log does not count.
+        # One queue keeps the two kinds in arrival order; each kind has its own bound, in
+        # count and in bytes (one log message or chunk may be as large as the bus carries).
+        # Neither waits for room: too many queued means this client reads more slowly than
+        # its session writes (a catch-up does not count: it is read, not queued).
         self._queue: asyncio.Queue[tuple[str, int, bytes]] = asyncio.Queue()
-        # Log events are bounded in bytes as well as in count: one log message may be as
-        # large as the bus carries (megabytes), and a client that stops reading must not
-        # make this gateway hold a thousand of them.
-        self._event_room = asyncio.Condition()
+        # Log events taken off the queue during the catch-up, which come after it (in order).
+        self._held: deque[tuple[str, int, bytes]] = deque()
         self._events_queued = 0
         self._event_bytes = 0
         self._live_queued = 0
@@ -111,6 +120,9 @@ class SessionFeed:
         self._joined = False
         self._overflowed = False
         self._joined_at = 0  # the hub hands over every LIVE message after this sequence
+        self._log_end = 0  # the log's consumer pushes every message after this sequence
+        self._next_check = 0.0  # when the caller's access is checked next
+        self._ended = False
         self._checked_at = time.monotonic()  # the caller's access, last found to stand
 
     async def open(self) -> None:
@@ -122,9 +134,8 @@ class SessionFeed:
 
     async def _subscribe(self) -> None:
         topology = self._gw.topology
-        if self.cursor.events and self.cursor.events > await stream_last_seq(
-            self._gw.nc, topology.events_stream
-        ):
+        self._log_end = await stream_last_seq(self._gw.nc, topology.events_stream)
+        if self.cursor.events > self._log_end:
             # EVENTS is durable and never numbers again: a cursor past its end was never given
             # out, and the consumer would wait there for ever, silently skipping every event
             # the session gets meanwhile.
@@ -152,20 +163,23 @@ class SessionFeed:
         async def on_event(msg: Msg) -> None:
             await self.take_event(msg.metadata.sequence.stream, msg.data)
 
+        # From where the log ended: what the cursor names before it is read by `_history`.
         self._sub = await ordered_from(
             self._gw.nc,
             topology.event_subject("session", self._session_id),
-            self.cursor.events + 1,
+            self._log_end + 1,
             on_event,
         )
 
     async def take_event(self, seq: int, data: bytes) -> None:
-        """One log message of this session's subject (waits while QUEUE_SIZE, or QUEUE_BYTES,
-        are queued; a message larger than that alone waits for an empty queue)."""
-        async with self._event_room:
-            await self._event_room.wait_for(lambda: self._fits_event(len(data)))
-            self._events_queued += 1
-            self._event_bytes += len(data)
+        """One log message of this session's subject, stored after the feed opened. Past
+        QUEUE_SIZE, or QUEUE_BYTES, queued (a message larger than that alone fits an empty
+        queue), the client fell behind: the feed ends, to be resumed from its cursor."""
+        if not self._fits_event(len(data)):
+            self._overflowed = True
+            return
+        self._events_queued += 1
+        self._event_bytes += len(data)
         self._queue.put_nowait(("events", seq, data))
 
     def _fits_event(self, size: int) -> bool:
@@ -239,16 +253,85 @@ class SessionFeed:
             self.cursor.live = stored.seq
             yield Item(str(self.cursor), "live", stored.data)
 
-    async def items(self) -> AsyncIterator[Item | None]:
-        """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence; a last
-        `end` item when the caller lost access or fell too far behind."""
+    async def _caught_up(self) -> AsyncIterator[Item]:
+        """What the cursor names of LIVE and of the log before the feed opened, as read; a
+        last `end` item (and `_ended`) when that could not be read, the caller lost access,
+        or the gateway shuts down meanwhile. Live output that comes meanwhile goes between
+        log messages (else a long catch-up on a busy session overflowed its queue)."""
         try:
             async for item in self._backlog():
                 yield item
         except PlatformError:  # a 412: LIVE behind the join point (made again meanwhile)
-            yield _end(503, _ENDINGS["restart"])
+            yield self._ending(_ENDINGS["restart"])
             return
-        next_check = time.monotonic() + self._recheck_seconds
+        self._next_check = time.monotonic() + self._recheck_seconds
+        async with contextlib.aclosing(self._history()) as history:  # its batch let go at once
+            while True:
+                try:
+                    stored = await anext(history, None)
+                except (PlatformError, NatsError, TimeoutError, OSError) as exc:
+                    log.warning("stream.history_failed", session=self._session_id, error=repr(exc))
+                    yield self._ending(HISTORY_FAILED)
+                    return
+                if stored is None:
+                    return
+                for item in self._render("events", stored.seq, stored.data):
+                    yield item
+                async for item in self._meanwhile():  # after the whole message (a commit)
+                    yield item
+                if self._ended:
+                    return
+
+    async def _meanwhile(self) -> AsyncIterator[Item]:
+        """During the catch-up: the live chunks queued, a shutdown or a LIVE restart (its
+        `end`), and the access check when due. Log events queued are held for after it."""
+        while not self._queue.empty():
+            entry = self._queue.get_nowait()
+            if (ending := _ENDINGS.get(entry[0])) is not None:
+                yield self._ending(ending)
+                return
+            if entry[0] == "events":
+                self._held.append(entry)
+                continue
+            self._live_queued -= 1
+            self._live_bytes -= len(entry[2])
+            for item in self._render(*entry):
+                yield item
+        if time.monotonic() >= self._next_check:
+            refused, wait = await self._refused()
+            if refused is not None:
+                self._ended = True
+                yield refused
+                return
+            self._next_check = time.monotonic() + wait
+
+    def _ending(self, detail: str) -> Item:
+        self._ended = True
+        return _end(503, detail)
+
+    async def _history(self) -> AsyncGenerator[StoredMessage, None]:
+        """The session's log messages after the cursor, up to where the consumer took over."""
+        if self.cursor.events >= self._log_end:
+            return
+        async for stored in iter_subject(
+            self._gw.nc,
+            self._gw.topology.events_stream,
+            self._gw.topology.event_subject("session", self._session_id),
+            after_seq=self.cursor.events,
+            min_last_seq=self._log_end,  # a lagging replica must not end it early
+        ):
+            if stored.seq > self._log_end:
+                return
+            yield stored
+
+    async def items(self) -> AsyncIterator[Item | None]:
+        """Timeline items as they come; None every `KEEPALIVE_SECONDS` of silence; a last
+        `end` item when the caller lost access or fell too far behind."""
+        async for item in self._caught_up():
+            yield item
+        if self._ended:
+            return
+        next_check = self._next_check
         last_out = time.monotonic()
         while not self._overflowed:
             entry = await self._next(min(last_out + KEEPALIVE_SECONDS, next_check))
@@ -273,6 +356,11 @@ class SessionFeed:
         yield _end(503, "the client fell behind; reconnect with Last-Event-ID")
 
     async def _next(self, deadline: float) -> tuple[str, int, bytes] | None:
+        if self._held:
+            entry = self._held.popleft()
+            self._events_queued -= 1
+            self._event_bytes -= len(entry[2])
+            return entry
         try:
             entry = await asyncio.wait_for(self._queue.get(), max(deadline - time.monotonic(), 0))
         except TimeoutError:
@@ -281,10 +369,8 @@ class SessionFeed:
             self._live_queued -= 1
             self._live_bytes -= len(entry[2])
         elif entry[0] == "events":
-            async with self._event_room:
-                self._events_queued -= 1
-                self._event_bytes -= len(entry[2])
-                self._event_room.notify_all()
+            self._events_queued -= 1
+            self._event_bytes -= len(entry[2])
         return entry
 
     async def _refused(self) -> tuple[Item | None, float]:
