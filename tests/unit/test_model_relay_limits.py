@@ -380,6 +380,30 @@ async def test_a_stream_of_an_activation_cancelled_meanwhile_is_cut_and_its_plac
         assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
 
 
+async def test_a_call_of_an_activation_cancelled_before_its_answer_came_is_refused() -> None:
+    """A provider that answers a whole reply at once sends its headers last, after minutes
+    of thinking: a cancel meanwhile ends the call within a look or two (403, fenced), not at
+    the relay's deadline, and gives its place back."""
+    relay = ModelRelay(None, 10, call_seconds=60, max_calls_per_project=1)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.text("too late", delay=30.0), Reply.text("x")])
+        upstream = Upstream(f"{model.url}/v1", None)
+        cancelled = caller("a")
+        whole = b'{"model": "m", "messages": []}'
+        call = asyncio.create_task(relay.forward(upstream, whole, cancelled, "p"))
+        await asyncio.sleep(0.3)  # the provider thinks
+        assert not call.done()
+        cancelled.activation.fenced = "cancelled"  # as the registry's fold marks it
+        started = time.monotonic()
+        with pytest.raises(BrokerError) as refused:
+            await call
+        assert time.monotonic() - started < 3 * FENCE_CHECK_SECONDS
+        assert (refused.value.status, refused.value.code) == (403, "fenced")
+        assert "cancelled" in refused.value.detail
+        # Its place is given back: the project's one call may be made again.
+        assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
+
+
 class _Body:
     """A request whose body says when it was read."""
 

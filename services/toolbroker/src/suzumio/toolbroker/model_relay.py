@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -66,6 +66,7 @@ from suzumio.toolbroker.routes import Auth, Shared
 from suzumio.toolbroker.state import Broker
 
 log = get_logger(__name__)
+T = TypeVar("T")
 router = APIRouter()
 PASSED_HEADERS = ("content-type", "retry-after", "retry-after-ms", "x-request-id")
 MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out of it
@@ -302,7 +303,19 @@ class ModelRelay:
                     if upstream.checked
                     else ()
                 )
-                answer = await self._send(url, body, headers, addresses)
+                # A provider that answers a whole reply at once sends its headers last: the wait
+                # is cut when the activation is, not left to the deadline (up to an hour).
+                answer = await _while_live(
+                    self._send(url, body, headers, addresses),
+                    deadline,
+                    caller.activation,
+                    unused=_closed,
+                )
+        except _FencedError:
+            activation = caller.activation
+            log.info("model_relay.fenced", via=via, activation=activation.id,
+                     why=activation.fenced)  # fmt: skip
+            raise BrokerError(403, "fenced", f"the activation is {activation.fenced}") from None
         except TimeoutError:
             log.warning("model_relay.too_long", via=via, stage="answer")
             raise BrokerError(
@@ -419,16 +432,32 @@ class _FencedError(Exception):
     pass
 
 
+async def _closed(answer: httpx.Response) -> None:
+    await answer.aclose()
+
+
 async def _next_by(
     chunks: AsyncIterator[bytes], deadline: float, activation: LiveActivation
 ) -> bytes | None:
     """The stream's next chunk (None at its end), read by the deadline and while the
-    activation lives (looked at every `FENCE_CHECK_SECONDS` of a wait: a provider may think
-    for minutes before its next word). The deadline bounds each read, never the relay's
-    yield: the consumer's own waits (sending to the runner) are not ours to cancel (a stalled
-    one is `stalled`'s, which closes the answer: past the deadline it is not read again)."""
+    activation lives. The deadline bounds each read, never the relay's yield: the consumer's
+    own waits (sending to the runner) are not ours to cancel (a stalled one is `stalled`'s,
+    which closes the answer: past the deadline it is not read again)."""
+    return await _while_live(anext(chunks, None), deadline, activation)
+
+
+async def _while_live(
+    work: Awaitable[T],
+    deadline: float,
+    activation: LiveActivation,
+    unused: Callable[[T], Awaitable[None]] | None = None,
+) -> T:
+    """`work`'s result, waited for by the deadline (else TimeoutError) and while the
+    activation lives (else `_FencedError`; looked at every `FENCE_CHECK_SECONDS` of the wait:
+    a provider may think for minutes). `work` is cancelled when the wait ends without it;
+    `unused` is given its result when it came as the wait was cancelled."""
     loop = asyncio.get_running_loop()
-    read: asyncio.Future[bytes | None] = asyncio.ensure_future(anext(chunks, None))
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
     try:
         while True:
             if activation.fenced:
@@ -436,14 +465,18 @@ async def _next_by(
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError
-            done, _ = await asyncio.wait({read}, timeout=min(left, FENCE_CHECK_SECONDS))
+            done, _ = await asyncio.wait({task}, timeout=min(left, FENCE_CHECK_SECONDS))
             if done:
-                return read.result()
+                return task.result()
+    except asyncio.CancelledError:
+        if unused is not None and task.done() and not task.cancelled() and not task.exception():
+            await unused(task.result())
+        raise
     finally:
-        if not read.done():
-            read.cancel()
+        if not task.done():
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                await read
+                await task
 
 
 def _relay(broker: Broker) -> ModelRelay:
