@@ -391,7 +391,8 @@ async def test_a_call_of_an_activation_cancelled_before_its_answer_came_is_refus
         cancelled = caller("a")
         whole = b'{"model": "m", "messages": []}'
         call = asyncio.create_task(relay.forward(upstream, whole, cancelled, "p"))
-        await asyncio.sleep(0.3)  # the provider thinks
+        await model.wait_for_requests(1)  # the provider has it, and thinks
+        await asyncio.sleep(0.1)
         assert not call.done()
         cancelled.activation.fenced = "cancelled"  # as the registry's fold marks it
         started = time.monotonic()

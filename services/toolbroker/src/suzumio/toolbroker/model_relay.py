@@ -304,7 +304,7 @@ class ModelRelay:
                     else ()
                 )
                 # A provider that answers a whole reply at once sends its headers last: the wait
-                # is cut when the activation is, not left to the deadline (up to an hour).
+                # is cut when the activation is, not left to the deadline (half an hour).
                 answer = await _while_live(
                     self._send(url, body, headers, addresses),
                     deadline,
@@ -470,7 +470,8 @@ async def _while_live(
                 return task.result()
     except asyncio.CancelledError:
         if unused is not None and task.done() and not task.cancelled() and not task.exception():
-            await unused(task.result())
+            with contextlib.suppress(httpx.HTTPError):  # the cancel goes on, whatever comes
+                await unused(task.result())
         raise
     finally:
         if not task.done():
