@@ -16,7 +16,7 @@ from suzumio.contracts.commands import (
 )
 from suzumio.contracts.commands.sessions import HistoryEntry
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, ForbiddenError
+from suzumio.contracts.errors import ID_TAKEN, ConflictError, ForbiddenError, is_id_taken
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
@@ -145,8 +145,10 @@ def test_a_cancelled_activation_queues_no_more_work_for_its_session() -> None:
     with pytest.raises(ForbiddenError, match="later one"):
         session.record_signal(later, signal("h" * 26, RUNNING), by_user=False)
     # A retry of one recorded before the cancel is told it exists (taken as done).
-    with pytest.raises(ConflictError, match="exists already"):
+    with pytest.raises(ConflictError, match="exists already") as taken:
         session.record_signal(cancelled, signal("g" * 26, RUNNING), by_user=False)
+    assert is_id_taken(taken.value)
+    assert taken.value.details == {"reason": ID_TAKEN}  # typed: a retry looks for it
     # Neither the activation that replaced it nor a user is fenced by it.
     assert len(session.record_signal(later, signal("i" * 26, OTHER), by_user=False)) == 1
     assert len(session.record_signal(cancelled, signal("j" * 26, None), by_user=False)) == 1

@@ -75,6 +75,24 @@ class ConflictError(CommandError):
     code = ErrorCode.CONFLICT
 
 
+ID_TAKEN = "id_taken"
+"""The `reason` of a ConflictError refusing an id already used."""
+
+
+def id_taken(what: str) -> ConflictError:
+    """The refusal of an id already used (`what`: "a session"). Typed by its `reason`: a
+    retry whose first attempt's answer was lost is refused so, and looks for it."""
+    return ConflictError(f"{what} with this id exists already", reason=ID_TAKEN)
+
+
+def is_id_taken(exc: CommandError) -> bool:
+    """Whether `exc` refused an id as already used. By its words too: a service of the
+    release before this one (mid-upgrade) said so only in words."""
+    return isinstance(exc, ConflictError) and (
+        exc.details.get("reason") == ID_TAKEN or "exists already" in exc.message
+    )
+
+
 class InvalidError(CommandError):
     """The command is malformed or breaks a rule of the domain."""
 

@@ -44,7 +44,7 @@ from suzumio.contracts.commands import (
     SaveCheckpoint,
     TakeSignals,
 )
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import ConflictError, is_id_taken
 from suzumio.contracts.events import (
     ActivationOutputRecorded,
     HistoryToolCall,
@@ -539,7 +539,7 @@ async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
                 actor=caller.actor,
             )
         except ConflictError as exc:
-            if "exists already" not in exc.message:
+            if not is_id_taken(exc):
                 raise  # e.g. the session is closed: nothing was asked
             # Asked before (a retry): its outcome may be known — if it is this session's.
             if await _pending_session(broker, pending_action_id) != c.session_id:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from suzumio.contracts.broker import MessageSend, SignalRecord
 from suzumio.contracts.commands import CommandAccepted, PostMessage, RecordSignal
 from suzumio.contracts.envelope import decode_data
-from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError
+from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError, is_id_taken
 from suzumio.contracts.events import SessionOpened
 from suzumio.contracts.ids import derived_id, is_valid_id
 from suzumio.contracts.toolpacks import ToolpackManifest, resolve
@@ -131,7 +131,7 @@ class SupportContext:
                 bare = command.model_copy(update={"activation_id": None})
                 return await self.commands.send(bare, actor=actor)
         except ConflictError as exc:
-            if "exists already" not in exc.message:
+            if not is_id_taken(exc):
                 raise
             return CommandAccepted(result=result)
 

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from suzumio.contracts.commands import CreateAgent, DisableAgent, EnableAgent, UpdateAgent
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, InvalidError
+from suzumio.contracts.errors import InvalidError, id_taken
 from suzumio.contracts.events import AgentCreated, AgentDisabled, AgentEnabled, AgentUpdated
 from suzumio.contracts.values import MAX_ENV_FACTS
 from suzumio.session.domain.project import ProjectState
@@ -57,7 +57,7 @@ def _check_references(
 
 def create(state: AgentState, project: ProjectState, cmd: CreateAgent) -> list[DomainEvent]:
     if state.exists:
-        raise ConflictError("an agent with this id exists already")
+        raise id_taken("an agent")
     providers = [cmd.model.provider, *(m.provider for m in cmd.fallbacks)]
     _check_references(project, cmd.runtime_profile, providers, cmd.env_facts)
     return [AgentCreated(**cmd.model_dump(exclude={"agent_id"}))]

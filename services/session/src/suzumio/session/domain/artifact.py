@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from suzumio.contracts.commands import DeleteArtifact, RecordArtifact
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, InvalidError, NotFoundError
+from suzumio.contracts.errors import InvalidError, NotFoundError, id_taken
 from suzumio.contracts.events import ArtifactDeleted, ArtifactRecorded
 from suzumio.session.domain.state import AggregateState
 
@@ -41,7 +41,7 @@ def relative_path(path: str) -> str:
 
 def record(state: ArtifactState, cmd: RecordArtifact) -> list[DomainEvent]:
     if state.exists:
-        raise ConflictError("an artifact with this id exists already")
+        raise id_taken("an artifact")
     return [
         ArtifactRecorded(
             **cmd.model_dump(exclude={"artifact_id", "path"}), path=relative_path(cmd.path)

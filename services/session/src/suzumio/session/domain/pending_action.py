@@ -11,7 +11,7 @@ from suzumio.contracts.commands import (
     ExpirePendingAction,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError, id_taken
 from suzumio.contracts.events import (
     PendingActionAnswered,
     PendingActionCancelled,
@@ -60,7 +60,7 @@ def create(
     state: PendingActionState, session: SessionState, cmd: CreatePendingAction, now: datetime
 ) -> list[DomainEvent]:
     if state.exists:
-        raise ConflictError("a pending action with this id exists already")
+        raise id_taken("a pending action")
     if session.closed:
         raise ConflictError("the session is closed")
     fenced = fenced_because(session, cmd.activation_id)

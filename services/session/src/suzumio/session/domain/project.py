@@ -21,7 +21,13 @@ from suzumio.contracts.commands import (
     SetRuntimeProfile,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError, NotFoundError
+from suzumio.contracts.errors import (
+    ConflictError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+    id_taken,
+)
 from suzumio.contracts.events import (
     MemberAdded,
     MemberRemoved,
@@ -129,7 +135,7 @@ class ProjectState(AggregateState):
 
 def create(state: ProjectState, cmd: CreateProject, owner_id: str) -> list[DomainEvent]:
     if state.exists:
-        raise ConflictError("a project with this id exists already")
+        raise id_taken("a project")
     return [ProjectCreated(name=cmd.name, owner_id=owner_id, limits=cmd.limits)]
 
 
@@ -240,7 +246,7 @@ def grant_mount(
     state: ProjectState, cmd: GrantMount, canonical_host_path: str
 ) -> list[DomainEvent]:
     if cmd.grant_id in state.mounts:
-        raise ConflictError("a mount grant with this id exists already")
+        raise id_taken("a mount grant")
     if cmd.grant_id in state.revoked_mounts:
         raise ConflictError("a mount grant with this id was revoked: a new grant takes a new id")
     target = normalised_target(cmd.target)

@@ -15,7 +15,7 @@ from suzumio.contracts.commands import (
     SaveCheckpoint,
 )
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError
+from suzumio.contracts.errors import ConflictError, ForbiddenError, InvalidError, id_taken
 from suzumio.contracts.events import (
     ActivationCancelRequested,
     ActivationRequested,
@@ -105,7 +105,7 @@ class SessionState(AggregateState):
 
 def open_(state: SessionState, agent: AgentState, cmd: OpenSession) -> list[DomainEvent]:
     if state.exists:
-        raise ConflictError("a session with this id exists already")
+        raise id_taken("a session")
     if agent.disabled:
         raise ConflictError("the agent is disabled")
     return [SessionOpened(project_id=agent.project_id, agent_id=agent.id, title=cmd.title)]
@@ -130,9 +130,9 @@ def post_message(state: SessionState, cmd: PostMessage, author: Author) -> list[
     # Ids first: a retry of a message recorded before the session closed is told it exists
     # (and taken as done), not that the session is closed (and taken as failed).
     if cmd.signal_id in state.signals:
-        raise ConflictError("a signal with this id exists already")
+        raise id_taken("a signal")
     if cmd.message_id in state.entries:  # a second one would break the read model's key
-        raise ConflictError("a message with this id exists already")
+        raise id_taken("a message")
     if cmd.activation_id is not None:  # an agent writing to its own session (`record_signal`)
         _live(state, cmd.activation_id)
     _writable(state)
@@ -157,7 +157,7 @@ def record_signal(state: SessionState, cmd: RecordSignal, *, by_user: bool) -> l
     if by_user and cmd.kind not in USER_SIGNAL_KINDS:
         raise ForbiddenError(f"{cmd.kind.value} signals are recorded by the platform")
     if cmd.signal_id in state.signals:  # before the closing: a retry is told it exists
-        raise ConflictError("a signal with this id exists already")
+        raise id_taken("a signal")
     if cmd.activation_id is not None:
         # An agent's own work for later, recorded through the tool-broker: on the state the
         # append is conditional on, so a cancel stored while the call was on its way stops it

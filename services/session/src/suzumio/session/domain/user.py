@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from suzumio.contracts.commands import BootstrapAdmin, CreateApiKey, CreateUser, RevokeApiKey
 from suzumio.contracts.envelope import DomainEvent
-from suzumio.contracts.errors import ConflictError, NotFoundError
+from suzumio.contracts.errors import ConflictError, NotFoundError, id_taken
 from suzumio.contracts.events import ApiKeyCreated, ApiKeyRevoked, UserCreated
 from suzumio.session.domain.state import AggregateState
 
@@ -54,14 +54,14 @@ def bootstrap(state: UserState, cmd: BootstrapAdmin) -> list[DomainEvent]:
 
 def create(state: UserState, cmd: CreateUser) -> list[DomainEvent]:
     if state.exists:
-        raise ConflictError("a user with this id exists already")
+        raise id_taken("a user")
     created = UserCreated(name=cmd.name, email=cmd.email, admin=cmd.admin)
     return [created, _first_key(cmd.key_id, cmd.digest)]
 
 
 def create_key(state: UserState, cmd: CreateApiKey, now: datetime) -> list[DomainEvent]:
     if cmd.key_id in state.keys:
-        raise ConflictError("a key with this id exists already")
+        raise id_taken("a key")
     # An expired key no longer opens anything: it must not hold a place among the active.
     active = [k for k in state.keys.values() if not k.revoked and not _expired(k, now)]
     if len(active) >= MAX_KEYS:

@@ -9,7 +9,7 @@ from fastapi import Response
 from nats.errors import MaxPayloadError
 
 from suzumio.contracts.commands import Command, CommandAccepted
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import ConflictError, is_id_taken
 from suzumio.gateway.api.auth import Principal
 from suzumio.gateway.api.deps import FIRST_READ_WAIT, POSITION_HEADER, written
 from suzumio.gateway.api.problems import ERROR_RESPONSES, RETRY_AFTER_SECONDS, ApiError
@@ -17,7 +17,6 @@ from suzumio.gateway.state import Gateway
 from suzumio.platform.bus.jsapi import stream_last_seq
 
 RESPONSES = ERROR_RESPONSES
-EXISTS_ALREADY = "exists already"  # how the services refuse an id that is taken
 # The read models a route answers from after its write (the projections' names).
 ReadModel = Literal[
     "activations",
@@ -132,7 +131,7 @@ async def earlier_attempt(
     new key: a second project, a message posted twice."""
     # Only a refusal of the ids as taken: "the session is closed", "the agent is disabled"
     # are refusals of the request, whoever asks.
-    if not keyed or EXISTS_ALREADY not in str(refused):
+    if not keyed or not is_id_taken(refused):
         raise refused
     try:
         row = await made_before(gw, reads, sql, *args)
