@@ -10,7 +10,9 @@ literals: no traffic leaves this host)."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import ipaddress
+import json
 import ssl
 import time
 from datetime import UTC, datetime, timedelta
@@ -403,6 +405,35 @@ async def test_a_call_of_an_activation_cancelled_before_its_answer_came_is_refus
         assert "cancelled" in refused.value.detail
         # Its place is given back: the project's one call may be made again.
         assert b"x" in await read(await relay.forward(upstream, BODY, caller("b"), "p"))
+
+
+async def test_a_compressed_answer_is_decoded_before_the_key_is_taken_out() -> None:
+    """A provider may compress its answer although the relay asks for none. The key an
+    error quotes is taken out of the decoded text (compressed, it passed unseen, and reached
+    the sandbox in a gzip body it could open), and a stream goes on decoded, as the headers
+    passed on (no content-encoding) say it is."""
+    key = "sk-compressed-0123456789"
+    said = json.dumps({"error": {"message": f"invalid key {key}"}}).encode()
+    gzip_headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    relay = ModelRelay(None, 10)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.error(401, gzip.compress(said), headers=gzip_headers)])
+        answer = await relay.forward(Upstream(f"{model.url}/v1", key), BODY, caller("a"), "p")
+    assert answer.status_code == 401
+    assert "content-encoding" not in answer.headers
+    body = bytes(answer.body)
+    assert key.encode() not in body
+    assert json.loads(body) == {"error": {"message": "invalid key ***"}}
+
+    stream = b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+    async with NoopModelServer() as noop:
+        noop._streamed = (  # the no-op server's answer, compressed
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+            + f"content-length: {len(gzip.compress(stream))}\r\n\r\n".encode()
+            + gzip.compress(stream)
+        )
+        answer = await relay.forward(Upstream(f"{noop.url}/v1", None), BODY, caller("b"), "p")
+        assert await read(answer) == stream
 
 
 class _Body:

@@ -390,7 +390,9 @@ def _scoped(address: IPAddress) -> bool:
 async def _bounded(answer: httpx.Response) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    async for chunk in answer.aiter_raw():
+    # Decoded: a provider that compressed it all the same (despite `identity`) would have the
+    # key it quoted pass the redaction unseen, and reach the sandbox in a gzip stream.
+    async for chunk in answer.aiter_bytes():
         chunks.append(chunk)
         size += len(chunk)
         if size >= MAX_ERROR_BYTES:
@@ -405,7 +407,7 @@ async def _relayed(
     deadline: float,
     activation: LiveActivation,
 ) -> AsyncIterator[bytes]:
-    chunks = answer.aiter_raw()
+    chunks = answer.aiter_bytes()  # as the headers passed on say: no content-encoding
     try:
         while (chunk := await _next_by(chunks, deadline, activation)) is not None:
             yield chunk

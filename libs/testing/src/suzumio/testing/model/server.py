@@ -281,6 +281,8 @@ def _invalid(message: str, code: str | None = None) -> dict[str, Any]:
 
 def _error_response(reply: Reply) -> Response:
     headers = dict(reply.headers)
+    if isinstance(reply.body, bytes):  # as it is (compressed, say: with its header)
+        return Response(reply.body, status_code=reply.status, headers=headers)
     if isinstance(reply.body, str):
         return PlainTextResponse(reply.body, status_code=reply.status, headers=headers)
     return JSONResponse(reply.body, status_code=reply.status, headers=headers)
