@@ -68,7 +68,22 @@ from suzumio.toolbroker.state import Broker
 log = get_logger(__name__)
 T = TypeVar("T")
 router = APIRouter()
-PASSED_HEADERS = ("content-type", "retry-after", "retry-after-ms", "x-request-id")
+# A stream a provider compressed all the same (it is asked for none) goes on as it came, for
+# the runner to decode: decoded here, a few compressed bytes could grow to gigabytes at once.
+PASSED_HEADERS = (
+    "content-type", "content-encoding", "retry-after", "retry-after-ms", "x-request-id"
+)  # fmt: skip
+# An error answer compressed all the same is not passed on: the key it may quote cannot be
+# taken out of it unread, and the sandbox could open it.
+WITHHELD = json.dumps(
+    {
+        "error": {
+            "message": "the provider's error answer came compressed, which the relay does "
+            "not open: withheld, as it may quote the key",
+            "type": "relay_error",
+        }
+    }
+).encode()
 MAX_ERROR_BYTES = 1 << 20  # an error answer is read whole, to take the key out of it
 # Relayed calls one activation may have open at once: its loop makes one at a time (two with
 # a compaction's); more is a sandbox holding the relay's connections from everyone else.
@@ -335,17 +350,7 @@ class ModelRelay:
             ms=round((time.monotonic() - started) * 1000, 1),
         )
         if answer.status_code >= 400:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    text = await _bounded(answer)
-            except (httpx.HTTPError, TimeoutError):
-                text = b""
-            finally:
-                await answer.aclose()
-                release()
-            if upstream.api_key:  # up to a MiB the provider chose: not on the loop
-                text = await asyncio.to_thread(redacted, text, upstream.api_key)
-            return Response(text, status_code=answer.status_code, headers=passed)
+            return await _error_answer(answer, upstream, passed, deadline, release)
 
         loop = asyncio.get_running_loop()
 
@@ -383,6 +388,31 @@ class ModelRelay:
             return await self._http.send(request, stream=True)
 
 
+async def _error_answer(
+    answer: httpx.Response,
+    upstream: Upstream,
+    passed: dict[str, str],
+    deadline: float,
+    release: Callable[[], None],
+) -> Response:
+    """A provider's error, read whole (bounded) with the key taken out; withheld when it
+    came compressed."""
+    compressed = passed.pop("content-encoding", "identity").strip().lower() != "identity"
+    try:
+        async with asyncio.timeout_at(deadline):
+            text = WITHHELD if compressed else await _bounded(answer)
+    except (httpx.HTTPError, TimeoutError):
+        text = b""
+    finally:
+        await answer.aclose()
+        release()
+    if compressed:
+        passed["content-type"] = "application/json"
+    if upstream.api_key:  # up to a MiB the provider chose: not on the loop
+        text = await asyncio.to_thread(redacted, text, upstream.api_key)
+    return Response(text, status_code=answer.status_code, headers=passed)
+
+
 def _scoped(address: IPAddress) -> bool:
     return isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None
 
@@ -390,9 +420,7 @@ def _scoped(address: IPAddress) -> bool:
 async def _bounded(answer: httpx.Response) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    # Decoded: a provider that compressed it all the same (despite `identity`) would have the
-    # key it quoted pass the redaction unseen, and reach the sandbox in a gzip stream.
-    async for chunk in answer.aiter_bytes():
+    async for chunk in answer.aiter_raw():
         chunks.append(chunk)
         size += len(chunk)
         if size >= MAX_ERROR_BYTES:
@@ -407,7 +435,7 @@ async def _relayed(
     deadline: float,
     activation: LiveActivation,
 ) -> AsyncIterator[bytes]:
-    chunks = answer.aiter_bytes()  # as the headers passed on say: no content-encoding
+    chunks = answer.aiter_raw()
     try:
         while (chunk := await _next_by(chunks, deadline, activation)) is not None:
             yield chunk
