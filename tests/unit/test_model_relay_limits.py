@@ -32,6 +32,7 @@ from suzumio.toolbroker.model_relay import (
     FENCE_CHECK_SECONDS,
     LOOKUPS_PER_PROJECT,
     MAX_CALLS_PER_ACTIVATION,
+    MAX_ERROR_BYTES,
     STALLED_GRACE_SECONDS,
     ModelRelay,
     Resolver,
@@ -435,6 +436,24 @@ async def test_a_compressed_error_is_withheld_and_a_compressed_stream_goes_as_it
         answer = await relay.forward(Upstream(f"{noop.url}/v1", None), BODY, caller("b"), "p")
         assert answer.headers["content-encoding"] == "gzip"
         assert gzip.decompress(await read(answer)) == stream
+
+
+async def test_an_error_cut_at_its_bound_amid_a_quote_of_the_key_leaves_none_of_it() -> None:
+    """An error answer is read up to 1 MiB: a provider echoing what the sandbox sent, padded
+    to place the cut amid the key it quotes, left the key's start at the end of what was
+    passed on."""
+    key = "sk-straddle-0123456789abcdef"
+    padding = "x" * (MAX_ERROR_BYTES - 12)  # the cut falls after the key's first 12 bytes
+    relay = ModelRelay(None, 10)
+    async with ScriptedModelServer() as model:
+        model.script([Reply.error(400, f"{padding}{key} is not valid")])
+        answer = await relay.forward(Upstream(f"{model.url}/v1", key), BODY, caller("a"), "p")
+    body = bytes(answer.body)
+    assert answer.status_code == 400
+    assert body.startswith(b"x" * 1000)
+    assert key[:6].encode() not in body
+    assert redacted(f"bad {key}!".encode(), key, cut=True) == b""  # all of it could be the key
+    assert redacted(b"y" * 500 + key[:4].encode(), key, cut=True) == b"y" * (504 - 6 * len(key))
 
 
 class _Body:

@@ -397,19 +397,22 @@ async def _error_answer(
 ) -> Response:
     """A provider's error, read whole (bounded) with the key taken out; withheld when it
     came compressed."""
-    compressed = passed.pop("content-encoding", "identity").strip().lower() != "identity"
+    if passed.pop("content-encoding", "identity").strip().lower() != "identity":
+        await answer.aclose()
+        release()
+        passed["content-type"] = "application/json"
+        return Response(WITHHELD, status_code=answer.status_code, headers=passed)
     try:
         async with asyncio.timeout_at(deadline):
-            text = WITHHELD if compressed else await _bounded(answer)
+            text = await _bounded(answer)
     except (httpx.HTTPError, TimeoutError):
         text = b""
     finally:
         await answer.aclose()
         release()
-    if compressed:
-        passed["content-type"] = "application/json"
     if upstream.api_key:  # up to a MiB the provider chose: not on the loop
-        text = await asyncio.to_thread(redacted, text, upstream.api_key)
+        cut = len(text) >= MAX_ERROR_BYTES
+        text = await asyncio.to_thread(partial(redacted, text, upstream.api_key, cut=cut))
     return Response(text, status_code=answer.status_code, headers=passed)
 
 

@@ -13,14 +13,21 @@ import bisect
 import re
 
 MASK = b"***"
+# The most bytes one byte of a key takes, escaped (`\u00e9` for a character of two bytes).
+ESCAPED_BYTES_PER_BYTE = 6
 _ESCAPE = re.compile(rb'%[0-9A-Fa-f]{2}|\\u[0-9A-Fa-f]{4}|\\["\\/]')
 
 
-def redacted(text: bytes, key: str) -> bytes:
-    """`text` with every occurrence of `key`, raw or escaped, replaced by `***`."""
+def redacted(text: bytes, key: str, *, cut: bool = False) -> bytes:
+    """`text` with every occurrence of `key`, raw or escaped, replaced by `***`. `cut`:
+    `text` is the start of a longer body, which may end amid a quote of the key (the start of
+    it would be left: a sandbox padding what the provider echoes could place the cut there):
+    as much as the key takes escaped is dropped from its end first."""
     needle = key.encode()
     if not needle:
         return text
+    if cut:
+        text = text[: max(len(text) - ESCAPED_BYTES_PER_BYTE * len(needle), 0)]
     text = text.replace(needle, MASK)
     decoded, starts, spans = _decode(text)
     cuts: list[tuple[int, int]] = []
