@@ -63,7 +63,7 @@ async def test_catching_up_through_a_long_log_while_live_output_comes_is_not_fal
     feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
     envelope = json.dumps({"type": "session.message_appended"}).encode()
     for seq in range(1, QUEUE_SIZE):  # a long log, read from the start
-        await feed.take_event(seq, envelope)
+        feed.take_event(seq, envelope)
     for seq in range(1, 101):  # and an activation's output meanwhile
         feed.deliver(seq, b"{}")
 
@@ -130,13 +130,13 @@ async def test_log_events_queued_for_a_client_are_bounded_in_bytes_not_only_in_c
     feed = SessionFeed(gateway, "s1", Cursor(events=0, live=0), never_refused)
     big = json.dumps({"type": "session.message_appended", "text": "x" * (QUEUE_BYTES // 4)})
     items = feed.items()
-    await feed.take_event(1, big.encode())
+    feed.take_event(1, big.encode())
     first = await anext(items)
     assert first is not None
     assert first.cursor == "1.0"
 
     for seq in range(2, 6):  # each a little over a fourth of the budget: the fourth does not fit
-        await feed.take_event(seq, big.encode())
+        feed.take_event(seq, big.encode())
     rest = [item async for item in items]  # ends at once: nothing more is waited for
     assert [i.event for i in rest if i is not None] == ["end"]
     last = rest[-1]
@@ -204,7 +204,7 @@ async def test_live_output_and_a_shutdown_reach_a_client_catching_up_between_log
     async def log_read(*_: Any, **__: Any) -> AsyncIterator[Any]:
         yield SimpleNamespace(seq=3, data=envelope)
         feed.deliver(1, b'{"text": "meanwhile"}')
-        await feed.take_event(12, envelope)  # stored after the feed opened
+        feed.take_event(12, envelope)  # stored after the feed opened
         yield SimpleNamespace(seq=5, data=envelope)
         feed.deliver(2, b'{"text": "then"}')
         yield SimpleNamespace(seq=8, data=envelope)
@@ -236,8 +236,8 @@ async def test_log_events_stored_during_a_catch_up_follow_it_in_order(
 
     async def log_read(*_: Any, **__: Any) -> AsyncIterator[Any]:
         yield SimpleNamespace(seq=3, data=envelope)
-        await feed.take_event(12, envelope)  # stored after the feed opened
-        await feed.take_event(13, envelope)
+        feed.take_event(12, envelope)  # stored after the feed opened
+        feed.take_event(13, envelope)
         yield SimpleNamespace(seq=5, data=envelope)
 
     feed = reading_the_log(monkeypatch, log_read, Cursor(events=0, live=0))

@@ -161,7 +161,7 @@ class SessionFeed:
         self.cursor.generation = generation
 
         async def on_event(msg: Msg) -> None:
-            await self.take_event(msg.metadata.sequence.stream, msg.data)
+            self.take_event(msg.metadata.sequence.stream, msg.data)
 
         # From where the log ended: what the cursor names before it is read by `_history`.
         self._sub = await ordered_from(
@@ -171,7 +171,7 @@ class SessionFeed:
             on_event,
         )
 
-    async def take_event(self, seq: int, data: bytes) -> None:
+    def take_event(self, seq: int, data: bytes) -> None:
         """One log message of this session's subject, stored after the feed opened. Past
         QUEUE_SIZE, or QUEUE_BYTES, queued (a message larger than that alone fits an empty
         queue), the client fell behind: the feed ends, to be resumed from its cursor."""
@@ -297,13 +297,9 @@ class SessionFeed:
             self._live_bytes -= len(entry[2])
             for item in self._render(*entry):
                 yield item
-        if time.monotonic() >= self._next_check:
-            refused, wait = await self._refused()
-            if refused is not None:
-                self._ended = True
-                yield refused
-                return
-            self._next_check = time.monotonic() + wait
+        if (refused := await self._check_due()) is not None:
+            self._ended = True
+            yield refused
 
     def _ending(self, detail: str) -> Item:
         self._ended = True
@@ -331,20 +327,16 @@ class SessionFeed:
             yield item
         if self._ended:
             return
-        next_check = self._next_check
         last_out = time.monotonic()
         while not self._overflowed:
-            entry = await self._next(min(last_out + KEEPALIVE_SECONDS, next_check))
+            entry = await self._next(min(last_out + KEEPALIVE_SECONDS, self._next_check))
             ending = _ENDINGS.get(entry[0]) if entry is not None else None
             if ending is not None:  # after what came before it
                 yield _end(503, ending)
                 return
-            if time.monotonic() >= next_check:
-                refused, wait = await self._refused()
-                if refused is not None:
-                    yield refused
-                    return
-                next_check = time.monotonic() + wait
+            if (refused := await self._check_due()) is not None:
+                yield refused
+                return
             if entry is None:
                 if time.monotonic() >= last_out + KEEPALIVE_SECONDS:
                     last_out = time.monotonic()
@@ -372,6 +364,14 @@ class SessionFeed:
             self._events_queued -= 1
             self._event_bytes -= len(entry[2])
         return entry
+
+    async def _check_due(self) -> Item | None:
+        """The stream's `end` if the caller's access, checked when due, no longer stands."""
+        if time.monotonic() < self._next_check:
+            return None
+        refused, wait = await self._refused()
+        self._next_check = time.monotonic() + wait
+        return refused
 
     async def _refused(self) -> tuple[Item | None, float]:
         """The stream's `end` if the caller may no longer watch; and when to check next."""
