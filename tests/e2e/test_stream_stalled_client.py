@@ -1,11 +1,13 @@
-"""An SSE client that keeps its connection open and reads nothing is let go: the server's write
-waited for room in the socket with no end of its own, holding the stream's feed, its queues
-and consumer, and the user's stream slot for good."""
+"""A stream client (SSE or WebSocket) that keeps its connection open and reads nothing is let
+go: the server's write waited for room in the socket with no end of its own, holding the
+stream's feed, its queues and consumer, and the user's stream slot for good."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -42,19 +44,33 @@ async def _stream_status(stack: Stack, key: str, session_id: str) -> int:
         return response.status_code
 
 
-async def test_a_client_that_stops_reading_is_let_go(strict_stack: Stack) -> None:
+STREAM_REQUESTS = {
+    "sse": "GET /v1/sessions/{session}/stream HTTP/1.1\r\nHost: {host}\r\n"
+    "Authorization: Bearer {key}\r\n\r\n",
+    "websocket": "GET /v1/sessions/{session}/ws HTTP/1.1\r\nHost: {host}\r\n"
+    "Authorization: Bearer {key}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: {nonce}\r\nSec-WebSocket-Version: 13\r\n\r\n",
+}
+STREAM_HEADS = {"sse": b"HTTP/1.1 200", "websocket": b"HTTP/1.1 101"}
+
+
+@pytest.mark.parametrize("transport", ["sse", "websocket"])
+async def test_a_client_that_stops_reading_is_let_go(strict_stack: Stack, transport: str) -> None:
     stack = strict_stack
     world = await new_world(stack, "sloth")
     api = urlsplit(stack.api)
     reader, writer = await asyncio.open_connection(api.hostname, api.port)
     try:
-        writer.write(
-            f"GET /v1/sessions/{world.session_id}/stream HTTP/1.1\r\n"
-            f"Host: {api.netloc}\r\nAuthorization: Bearer {world.key}\r\n\r\n".encode()
+        request = STREAM_REQUESTS[transport].format(
+            session=world.session_id,
+            host=api.netloc,
+            key=world.key,
+            nonce=base64.b64encode(os.urandom(16)).decode(),
         )
+        writer.write(request.encode())
         await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-        assert head.startswith(b"HTTP/1.1 200")
+        assert head.startswith(STREAM_HEADS[transport])
         # Its one stream is open: another is refused.
         assert await _stream_status(stack, world.key, world.session_id) == 429
         # Far more live output than the sockets between hold; the client reads none of it.

@@ -25,8 +25,8 @@ class GatewaySettings(ServiceSettings):
         default=60.0,
         gt=0,
         le=3_600,
-        description="an SSE stream whose client takes none of its bytes for this long is ended "
-        "(the client resumes from its cursor)",
+        description="a stream (SSE or WebSocket) whose client takes none of a write's bytes for "
+        "this long is ended (the client resumes from its cursor)",
     )
     stream_max_per_user: int = Field(
         default=32,

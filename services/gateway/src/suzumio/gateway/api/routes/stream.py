@@ -108,6 +108,16 @@ class _StalledError(Exception):
     """The client took none of a write's bytes within the write timeout."""
 
 
+async def _within(seconds: float, write: Awaitable[None]) -> None:
+    """The write, given up as stalled after `seconds`: a server's write waits for room in the
+    socket with no end of its own."""
+    try:
+        async with asyncio.timeout(seconds):
+            await write
+    except TimeoutError:
+        raise _StalledError from None
+
+
 class _FeedResponse(StreamingResponse):
     """A stream whose feed is closed however the response ends: a body that never started
     (the client gone before its first byte) runs no `finally` of its own. A client that
@@ -130,11 +140,7 @@ class _FeedResponse(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_within(message: Message) -> None:
-            try:
-                async with asyncio.timeout(self._write_seconds):
-                    await send(message)
-            except TimeoutError:
-                raise _StalledError from None
+            await _within(self._write_seconds, send(message))
 
         try:
             await super().__call__(scope, receive, send_within)
@@ -181,21 +187,27 @@ async def stream_ws(
         await websocket.accept()
         await websocket.close(code=4000 + exc.status, reason=exc.detail[:120])
         return
+    seconds = gw.settings.stream_write_timeout_seconds
     try:
         await websocket.accept()  # in here: a client gone by now leaves no feed open
         async for item in feed.items():
             if item is None:
-                await websocket.send_json({"event": "keepalive"})
+                await _within(seconds, websocket.send_json({"event": "keepalive"}))
                 continue
             data = json.loads(item.data)
-            await websocket.send_text(
-                json.dumps({"id": item.cursor, "event": item.event, "data": data})
-            )
+            message = json.dumps({"id": item.cursor, "event": item.event, "data": data})
+            await _within(seconds, websocket.send_text(message))
             if item.event == "end":
-                await websocket.close(code=4000 + int(data["status"]), reason=data["detail"][:120])
+                status, reason = 4000 + int(data["status"]), data["detail"][:120]
+                await _within(seconds, websocket.close(code=status, reason=reason))
                 return
     except WebSocketDisconnect:
         pass
+    except _StalledError:
+        # As the SSE stream's: a client that keeps its socket open and reads nothing held
+        # the feed, its queues and consumer, and the user's stream slot for good (uvicorn's
+        # keepalive ping gives up on it, but its close waits for the unread bytes too).
+        log.info("stream.client_stalled", seconds=seconds, transport="websocket")
     finally:
         release()
         await feed.close()
