@@ -13,7 +13,10 @@ from typing import Any
 import asyncpg
 import httpx
 
+from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.live import LiveChunk
+from suzumio.contracts.values import Backend, RuntimeProfileSpec
+from suzumio.platform.bus.commands import CommandClient
 from tests.e2e.stack import Stack
 from tests.support import eventually
 
@@ -85,6 +88,24 @@ async def new_world(stack: Stack, name: str) -> World:
             201,
         )
     return World(key, user_id, project["id"], agent["id"], session["id"])
+
+
+async def on_backend(stack: Stack, world: World, backend: str) -> None:
+    """Run the world's agent on `backend` (a runtime profile naming it)."""
+    if backend == "process":
+        return
+    spec = RuntimeProfileSpec(
+        backend=Backend(backend),
+        image="suzumio-runner:latest" if backend == "docker" else None,
+        pool="default" if backend == "pool" else None,
+    )
+    commands = CommandClient(stack.nc, stack.topology)
+    await commands.send(
+        SetRuntimeProfile(project_id=world.project_id, name="box", spec=spec), actor="system:t"
+    )
+    await commands.send(
+        UpdateAgent(agent_id=world.agent_id, runtime_profile="box"), actor="system:t"
+    )
 
 
 async def upload_artifact(

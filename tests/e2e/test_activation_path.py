@@ -15,12 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 
-from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.events import ActivationRequested
-from suzumio.contracts.values import Backend, RuntimeProfileSpec
-from suzumio.platform.bus.commands import CommandClient
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
-from tests.e2e.api import World, new_world, upload_artifact
+from tests.e2e.api import World, new_world, on_backend, upload_artifact
 from tests.e2e.runner_env import post
 from tests.e2e.stack import Stack, running_stack
 from tests.support import eventually, start_pool_worker
@@ -56,24 +53,6 @@ async def everything(
         finally:
             worker.terminate()
             worker.wait(30)
-
-
-async def on_backend(stack: Stack, world: World, backend: str) -> None:
-    """Run the world's agent on `backend` (a runtime profile naming it)."""
-    if backend == "process":
-        return
-    spec = RuntimeProfileSpec(
-        backend=Backend(backend),
-        image="suzumio-runner:latest" if backend == "docker" else None,
-        pool="default" if backend == "pool" else None,
-    )
-    commands = CommandClient(stack.nc, stack.topology)
-    await commands.send(
-        SetRuntimeProfile(project_id=world.project_id, name="box", spec=spec), actor="system:t"
-    )
-    await commands.send(
-        UpdateAgent(agent_id=world.agent_id, runtime_profile="box"), actor="system:t"
-    )
 
 
 async def sse_texts(stack: Stack, world: World, texts: list[str], ready: asyncio.Event) -> None:

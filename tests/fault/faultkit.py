@@ -29,7 +29,7 @@ from suzumio.platform.projections.reader import LogReader
 from suzumio.platform.projections.verify import verify
 from suzumio.testing.model_server import Reply, ScriptedModelServer, ToolCall
 from suzumio.testing.processes import ServiceProcess
-from tests.e2e.api import World, new_world
+from tests.e2e.api import World, new_world, on_backend
 from tests.e2e.stack import Stack, running_stack
 from tests.scheduling import Audit, audit
 from tests.support import eventually
@@ -369,9 +369,14 @@ async def projections_equal_a_rebuild(stack: Stack, timeout: float = 90) -> None
         await pool.close()
 
 
-async def under_way(platform: Stack, prefix: str, count: int) -> tuple[list[World], Posted]:
-    """`count` worlds, each with a message acknowledged, two of their runs started at least."""
+async def under_way(
+    platform: Stack, prefix: str, count: int, backend: str = "process"
+) -> tuple[list[World], Posted]:
+    """`count` worlds, their agents on `backend`, each with a message acknowledged, two of
+    their runs started at least."""
     worlds = [await new_world(platform, f"{prefix}{i}") for i in range(count)]
+    for world in worlds:
+        await on_backend(platform, world, backend)
     posted = Posted()
     for i, world in enumerate(worlds):
         await post_until_acknowledged(platform, world, f"before {i}", posted)

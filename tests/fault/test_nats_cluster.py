@@ -13,18 +13,21 @@ import asyncio
 import contextlib
 import signal
 import socket
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from suzumio.contracts.envelope import EventMeta
+from suzumio.contracts.envelope import EventMeta, decode_data
 from suzumio.contracts.errors import CommandTimeoutError
-from suzumio.contracts.events import SessionMessageAppended
+from suzumio.contracts.events import ActivationStarted, SessionMessageAppended
 from suzumio.contracts.ids import new_id
+from suzumio.contracts.runner import PoolStatus
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Author
 from suzumio.platform.bus.connection import connect
@@ -36,6 +39,7 @@ from suzumio.platform.embedded.nats import TOKEN_FILE, ClusterRoutes, start_nats
 from suzumio.platform.embedded.process import RunningServer
 from suzumio.platform.errors import JetStreamApiError
 from suzumio.testing.model_server import ScriptedModelServer
+from tests.e2e.stack import Stack
 from tests.fault.faultkit import (
     new_work_and_done_once,
     post_until_acknowledged,
@@ -43,7 +47,7 @@ from tests.fault.faultkit import (
     whole_platform,
     work_then_answer,
 )
-from tests.support import eventually
+from tests.support import eventually, start_pool_worker
 
 NODES = 3
 AGGREGATES = 8
@@ -237,31 +241,74 @@ async def write_through_the_loss_of(
                 await nc.close()
 
 
+@contextlib.contextmanager
+def pool_worker(url: str, namespace: str, tmp: Path, backend: str) -> Iterator[None]:
+    """A pool worker on the cluster while inside, for `pool`."""
+    if backend != "pool":
+        yield
+        return
+    worker = start_pool_worker(url, namespace, tmp / "worker", tmp / "worker.log")
+    try:
+        yield
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["process", "pool"])
 async def test_the_platform_at_work_loses_a_node_of_its_cluster(
-    cluster: Cluster, client: NATS, postgres_url: str, tmp_path: Path
+    cluster: Cluster, client: NATS, postgres_url: str, tmp_path: Path, backend: str
 ) -> None:
     """Every service as its own process on the cluster (given all three nodes' URLs, each
-    on the one nats-py picks; R3 streams, KV buckets and consumers), runs under way: the
-    node leading the event log is killed, a client posts meanwhile, the node comes back.
-    As after a NATS
-    restart (test_nats_restart.py): every acknowledged message is done once, every
-    activation ends once, no event or output twice, the projections equal a rebuild."""
+    on the one nats-py picks; R3 streams, KV buckets and consumers), runs under way — in
+    process sandboxes, or on a pool worker connected to the node that leads the event log
+    (its work queue and claims R3) —: that node is killed, a client posts meanwhile, the
+    node comes back. As after a NATS restart (test_nats_restart.py): every acknowledged
+    message is done once, every activation ends once, no event or output twice, the
+    projections equal a rebuild."""
     cluster.start(NODES - 1)
     await jetstream_answers(client)
     urls = ",".join(cluster.url(i) for i in range(NODES))
-    replicated = {"SUZUMIO_REPLICAS": str(NODES)}
+    env = {"SUZUMIO_REPLICAS": str(NODES), "SUZUMIO_BACKENDS": '["process", "pool"]'}
     async with (
         ScriptedModelServer(default=work_then_answer(delay=3.0)) as model,
-        whole_platform(urls, postgres_url, tmp_path / "stack", model.url, replicated) as platform,
+        whole_platform(urls, postgres_url, tmp_path / "stack", model.url, env) as platform,
     ):
-        worlds, posted = await under_way(platform, "c", WORLDS)
         leader = await leader_of(platform.nc, platform.topology.events_stream)
-        cluster.kill(leader)
-        during = asyncio.create_task(post_until_acknowledged(platform, worlds[0], "during", posted))
-        await asyncio.sleep(2.0)
-        cluster.start(leader)
-        await during
+        # A pool worker is on that node (the others it learns from it): it loses its
+        # connection, mid-run, with the node.
+        with pool_worker(cluster.url(leader), platform.topology.namespace, tmp_path, backend):
+            await _loses_a_node(cluster, platform, backend, leader)
 
-        assert "during" in posted.acknowledged, "the post was not taken after the loss"
-        await new_work_and_done_once(platform, worlds, posted)
+
+async def _loses_a_node(cluster: Cluster, platform: Stack, backend: str, leader: int) -> None:
+    running = asyncio.Event()  # a pool worker started a run (a run is "started" once queued)
+
+    async def on_status(msg: Msg) -> None:
+        if PoolStatus.model_validate_json(msg.data).kind == "started":
+            running.set()
+
+    sub = await platform.nc.subscribe(platform.topology.pool_status_subject("*"), cb=on_status)
+    try:
+        worlds, posted = await under_way(platform, "c", WORLDS, backend)
+        if backend == "pool":
+            await asyncio.wait_for(running.wait(), 60)
+    finally:
+        await sub.unsubscribe()
+    cluster.kill(leader)
+    during = asyncio.create_task(post_until_acknowledged(platform, worlds[0], "during", posted))
+    await asyncio.sleep(2.0)
+    cluster.start(leader)
+    await during
+
+    assert "during" in posted.acknowledged, "the post was not taken after the loss"
+    envelopes = await new_work_and_done_once(platform, worlds, posted)
+    # Every sandbox was on the backend asked for (none fell back to another).
+    started = [d for d in map(decode_data, envelopes) if isinstance(d, ActivationStarted)]
+    backends = {d.backend for d in started}
+    assert backends == {backend}, backends
