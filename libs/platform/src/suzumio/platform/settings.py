@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from suzumio.contracts.subjects import Topology
+from suzumio.platform.embedded.nats import SYNC_INTERVAL, SYNC_INTERVAL_PATTERN
 
 
 class PlatformSettings(BaseSettings):
@@ -24,6 +25,13 @@ class PlatformSettings(BaseSettings):
     nats_url: str | None = None
     database_url: SecretStr | None = None
     data_dir: Path = Field(default=Path(".suzumio"), description="embedded servers' data")
+    nats_sync_interval: str = Field(
+        default=SYNC_INTERVAL,
+        pattern=SYNC_INTERVAL_PATTERN,
+        description="how often the embedded NATS server writes the event log to disk: a "
+        "duration (500ms, 1s, 2m) or 'always' (each message); an OS crash or a power cut "
+        "loses what it has not written (a process killed loses nothing)",
+    )
     namespace: str = Field(default="", description="prefix of every stream and subject")
     replicas: int = Field(default=1, ge=1, le=5, description="stream replicas (3 in a cluster)")
     live_max_bytes: int = Field(

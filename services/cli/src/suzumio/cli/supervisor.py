@@ -199,9 +199,9 @@ class Supervisor:
                     f"Starting embedded servers in {self.settings.data_dir.resolve()} ...",
                     flush=True,
                 )
-                servers = EmbeddedServers(self.settings.data_dir).ensure(
-                    need_nats=not nats_url, need_postgres=not db_url
-                )
+                servers = EmbeddedServers(
+                    self.settings.data_dir, nats_sync_interval=self.settings.nats_sync_interval
+                ).ensure(need_nats=not nats_url, need_postgres=not db_url)
         except (OSError, EmbeddedServerError) as exc:  # TimeoutError is an OSError
             print(f"Cannot start Suzumio: {first_line(exc)}", file=sys.stderr, flush=True)
             return 1

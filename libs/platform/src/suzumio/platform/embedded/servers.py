@@ -45,6 +45,7 @@ class EmbeddedServers:
 
     data_dir: Path
     durable: bool = True
+    nats_sync_interval: str = nats.SYNC_INTERVAL
     nats: RunningServer | None = None
     postgres: RunningServer | None = None
     _started: list[RunningServer] = field(default_factory=list)
@@ -62,7 +63,11 @@ class EmbeddedServers:
                 if need_nats:
                     self.nats = self._borrow_nats(state.get("nats")) or self._own(
                         # No monitoring listener: nothing here reads it, and it answers anyone.
-                        start_nats(self.data_dir / "nats", monitoring=False)
+                        start_nats(
+                            self.data_dir / "nats",
+                            monitoring=False,
+                            sync_interval=self.nats_sync_interval,
+                        )
                     )
                     state["nats"] = {"url": redact(self.nats.url), "pid": self.nats.pid}
                 if need_postgres:
@@ -94,7 +99,12 @@ class EmbeddedServers:
         port = urlsplit(server.url).port
         with _locked(self.data_dir / "embedded.lock"):
             if server is self.nats:
-                again = start_nats(self.data_dir / "nats", port=port or -1, monitoring=False)
+                again = start_nats(
+                    self.data_dir / "nats",
+                    port=port or -1,
+                    monitoring=False,
+                    sync_interval=self.nats_sync_interval,
+                )
             elif server is self.postgres:
                 again = start_postgres(self.data_dir / "postgres", port=port, durable=self.durable)
             else:

@@ -296,9 +296,9 @@ def resolve_endpoints(settings: PlatformSettings) -> tuple[str, str, EmbeddedSer
     database_url = settings.database_url.get_secret_value() if settings.database_url else None
     if nats_url and database_url:
         return nats_url, database_url, None
-    servers = EmbeddedServers(settings.data_dir).ensure(
-        need_nats=not nats_url, need_postgres=not database_url
-    )
+    servers = EmbeddedServers(
+        settings.data_dir, nats_sync_interval=settings.nats_sync_interval
+    ).ensure(need_nats=not nats_url, need_postgres=not database_url)
     nats_url = nats_url or (servers.nats.url if servers.nats else None)
     database_url = database_url or (servers.postgres.url if servers.postgres else None)
     assert nats_url
