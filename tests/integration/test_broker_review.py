@@ -163,9 +163,14 @@ class RacingStore(EventStore):
         self.raced = False
 
     async def load(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
     ) -> AggregateStream:
-        stream = await super().load(aggregate, aggregate_id, after=after)
+        stream = await super().load(aggregate, aggregate_id, after=after, min_last_seq=min_last_seq)
         if aggregate == "session" and not self.raced and self.world is not None:
             assert self.registry is not None
             self.raced = True
@@ -276,9 +281,14 @@ class CountingStore(EventStore):
         self.read = 0
 
     async def load(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
     ) -> AggregateStream:
-        stream = await super().load(aggregate, aggregate_id, after=after)
+        stream = await super().load(aggregate, aggregate_id, after=after, min_last_seq=min_last_seq)
         if aggregate == "session":
             self.read += len(stream.events)
         return stream

@@ -53,9 +53,14 @@ class BlinkingStore(EventStore):
     blinked = False
 
     async def load(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
     ) -> AggregateStream:
-        stream = await super().load(aggregate, aggregate_id, after=after)
+        stream = await super().load(aggregate, aggregate_id, after=after, min_last_seq=min_last_seq)
         answered = any(isinstance(e.data, PendingActionAnswered) for e in stream.events)
         if aggregate == "pending_action" and answered and not self.blinked:
             self.blinked = True
@@ -167,9 +172,14 @@ class LaggingStore(EventStore):
     lagging = 2
 
     async def load(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
     ) -> AggregateStream:
-        stream = await super().load(aggregate, aggregate_id, after=after)
+        stream = await super().load(aggregate, aggregate_id, after=after, min_last_seq=min_last_seq)
         if aggregate != "pending_action" or self.lagging <= 0:
             return stream
         self.lagging -= 1

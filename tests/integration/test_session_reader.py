@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from suzumio.contracts.envelope import DomainEvent, EventEnvelope, EventMeta
 from suzumio.contracts.events import (
     ActivationCancelRequested,
@@ -24,6 +26,7 @@ from suzumio.contracts.values import Author, Priority, SignalKind, SignalOutcome
 from suzumio.orchestrator.sessions import (
     REQUESTS_KEPT,
     SessionReader,
+    SessionReadError,
     SessionSnapshot,
     load_session,
 )
@@ -452,3 +455,28 @@ async def test_a_retrys_snapshot_names_its_messages_an_earlier_attempt_compacted
     await add(both)
     assert (await SessionReader(store).snapshot(session, both)).summarized == (user.message_id,)
     assert (await load_session(store, session, both)).summarized == (user.message_id,)
+
+
+async def test_a_stored_request_not_found_is_an_error_not_a_snapshot_without_its_signals(
+    store: EventStore,
+) -> None:
+    """A request the orchestrator folded from the log (`stored_at`: its message's sequence)
+    is read from a replica holding the log up to there. Not found all the same, its plan
+    fails (and is retried) rather than starting a runner on a batch without its signals —
+    as the session standing without the request would give it. A request never stored (a
+    dry run) is planned on the session as it stands."""
+    session, add = await opened(store)
+    r1 = await posted(add, "one")  # its message and signal stored, the request not
+    at = await store.last_position()
+    reader = SessionReader(store)
+
+    with pytest.raises(SessionReadError, match=r1.activation_id):
+        await reader.snapshot(session, r1, stored_at=at)
+    with pytest.raises(SessionReadError):
+        await load_session(store, session, r1, stored_at=at)
+
+    dry = await reader.snapshot(session, r1)
+    assert texts(dry) == ["one"]
+    await add(r1)
+    stored_r1 = await reader.snapshot(session, r1, stored_at=await store.last_position())
+    assert [s.text for s in stored_r1.signals] == ["one"]

@@ -579,7 +579,11 @@ class Orchestrator:
         try:
             try:
                 plan = await self._planner.plan(
-                    tracked.session_id, tracked.request, tracked.agent, tracked.project
+                    tracked.session_id,
+                    tracked.request,
+                    tracked.agent,
+                    tracked.project,
+                    tracked.request_seq,
                 )
             except PlanError as exc:
                 await self._end(tracked, ActivationFailed(reason=str(exc), retryable=False))

@@ -177,9 +177,11 @@ class Planner:
         request: ActivationRequested,
         agent: Agent | None,
         project: Project | None,
+        stored_at: int = 0,
     ) -> LaunchPlan:
         """The plan of `request`, with its agent and project as they were when it was
-        stored (the orchestrator's `Directory` at that point of the log)."""
+        stored (the orchestrator's `Directory` at that point of the log); `stored_at`: the
+        log's sequence that stored it (0: not stored, a dry run)."""
         if agent is None or not agent.project_id or project is None:
             raise PlanError(f"agent {request.agent_id} does not exist")
         profile = self.profile(agent, project)
@@ -188,7 +190,7 @@ class Planner:
         bounds, own_images = self.settings.bounds, self.settings.default_images()
         if (why := bounds.refusal(profile, own_images)) is not None:
             raise PlanError(f"runtime profile {agent.runtime_profile!r}: {why}")
-        snapshot = await self._sessions.snapshot(session_id, request)
+        snapshot = await self._sessions.snapshot(session_id, request, stored_at)
         offline = profile.network is NetworkProfile.NONE
         if offline and self.settings.broker_socket is None:
             raise PlanError(

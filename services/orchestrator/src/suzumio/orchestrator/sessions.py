@@ -203,11 +203,18 @@ class _SessionFold:
 
 
 async def _read_on(
-    store: EventStore, session_id: str, fold: _SessionFold, request: ActivationRequested
+    store: EventStore,
+    session_id: str,
+    fold: _SessionFold,
+    request: ActivationRequested,
+    stored_at: int = 0,
 ) -> SessionSnapshot | None:
-    """Fold every event of the session after `fold.head`; the snapshot as the request found
-    them (None when it is not among them: older than `fold.head`, or not there)."""
-    events = (await store.load("session", session_id, after=fold.head)).events
+    """Fold every event of the session after `fold.head`, from a replica of the log holding
+    it up to `stored_at` at least; the snapshot as the request found them (None when it is
+    not among them: older than `fold.head`, or not there)."""
+    events = (
+        await store.load("session", session_id, after=fold.head, min_last_seq=stored_at)
+    ).events
     taken: SessionSnapshot | None = None
     for i, event in enumerate(events):
         data = event.data
@@ -218,7 +225,7 @@ async def _read_on(
         ):
             if fold.prune and not fold.complete(request):
                 # One of its signals was let go by this fold: the session read whole.
-                return await load_session(store, session_id, request)
+                return await load_session(store, session_id, request, stored_at)
             taken = fold.snapshot(request)
         fold.apply(event)
         if i + 1 == len(events) or events[i + 1].seq != event.seq:  # its message is whole
@@ -227,13 +234,32 @@ async def _read_on(
 
 
 async def load_session(
-    store: EventStore, session_id: str, request: ActivationRequested
+    store: EventStore, session_id: str, request: ActivationRequested, stored_at: int = 0
 ) -> SessionSnapshot:
     """The session as it was when the activation was requested: the active history (after
     the last compaction, whose summary stands in for the archived range), the batch's signals
-    in the scheduler's order and the latest checkpoint."""
+    in the scheduler's order and the latest checkpoint. `stored_at`: as for
+    `SessionReader.snapshot`."""
     fold = _SessionFold(prune=False)
-    return await _read_on(store, session_id, fold, request) or fold.snapshot(request)
+    snapshot = await _read_on(store, session_id, fold, request, stored_at)
+    return snapshot or _unstored(fold, request, stored_at)
+
+
+def _unstored(fold: _SessionFold, request: ActivationRequested, stored_at: int) -> SessionSnapshot:
+    """The snapshot of a request not found on the session's subject: the session as it
+    stands, for one never stored (a dry run). One stored (`stored_at`) that a read from a
+    replica holding it did not find is an error: its snapshot would lack the signals it was
+    requested for, and the runner would start on a batch without them."""
+    if stored_at:
+        raise SessionReadError(
+            f"activation {request.activation_id}, stored at {stored_at}, is not on the "
+            "session's subject"
+        )
+    return fold.snapshot(request)
+
+
+class SessionReadError(Exception):
+    """A request stored in the log was not found where it was stored."""
 
 
 class SessionReader:
@@ -282,18 +308,25 @@ class SessionReader:
         while len(self._taken) > self._keep_taken:
             self._taken.popitem(last=False)
 
-    async def snapshot(self, session_id: str, request: ActivationRequested) -> SessionSnapshot:
+    async def snapshot(
+        self, session_id: str, request: ActivationRequested, stored_at: int = 0
+    ) -> SessionSnapshot:
+        """The session as `request` found it. `stored_at`: the log's sequence of the message
+        that stored it (0: never stored, a dry run); the session is read from a replica of
+        the log that holds it — a Direct Get of a replicated stream may be answered by a
+        follower behind the leader, where the request is not yet (its snapshot then lacked
+        the signals it was requested for) — and a request not found there is an error."""
         taken = self._taken.pop(request.activation_id, None)
         if taken is not None and taken[0] == request:
             return taken[1]
         cached = self._folds.get(session_id)
         fold = cached.copy() if cached is not None else _SessionFold()
-        snapshot = await _read_on(self._store, session_id, fold, request)
+        snapshot = await _read_on(self._store, session_id, fold, request, stored_at)
         if snapshot is None and cached is not None:  # an older request than the one kept
             fold = _SessionFold()
-            snapshot = await _read_on(self._store, session_id, fold, request)
+            snapshot = await _read_on(self._store, session_id, fold, request, stored_at)
         if snapshot is None:
-            return fold.snapshot(request)  # not in the log: the session as it stands
+            return _unstored(fold, request, stored_at)
         kept = self._folds.get(session_id)  # folded on by `observe` meanwhile, perhaps
         if kept is None or fold.head.seq >= kept.head.seq:
             self._folds[session_id] = fold  # a copy of its own: nothing else holds it

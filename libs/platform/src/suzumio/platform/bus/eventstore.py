@@ -476,15 +476,26 @@ class EventStore:
 
     # -- reading -------------------------------------------------------------------------
     async def load(
-        self, aggregate: str, aggregate_id: str, *, after: Head | None = None
+        self,
+        aggregate: str,
+        aggregate_id: str,
+        *,
+        after: Head | None = None,
+        min_last_seq: int = 0,
     ) -> AggregateStream:
         """The events of one aggregate, typed and upcast, in version order; with `after`,
-        only those newer than that head (to bring a cached state up to date).
+        only those newer than that head (to bring a cached state up to date); `min_last_seq`
+        as for `events`.
 
         Raises:
             UnknownEventTypeError: an event of a type this code does not know.
         """
-        events = [e async for e in self.events(aggregate, aggregate_id, after=after)]
+        events = [
+            e
+            async for e in self.events(
+                aggregate, aggregate_id, after=after, min_last_seq=min_last_seq
+            )
+        ]
         return AggregateStream(aggregate, aggregate_id, tuple(events))
 
     async def events(
