@@ -14,13 +14,14 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from suzumio.contracts.envelope import EventMeta
-from suzumio.contracts.errors import ConflictError
+from suzumio.contracts.errors import CommandTimeoutError, ConflictError
 from suzumio.contracts.events import ProjectCreated, ProjectRenamed
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.replies import Replies
+from suzumio.platform.errors import PlatformError
 
 
 @pytest.fixture
@@ -80,3 +81,34 @@ async def test_the_head_as_the_leader_has_it(
     assert body["min_last_seq"] >= last
     assert body["last_by_subj"] == topology.event_subject("project", project)
     assert (await store.head("project", new_id(), latest=True)).version == 0
+
+
+async def test_a_conflict_whose_head_cannot_be_read_is_trouble_not_a_refusal(
+    nc: NATS, topology: Topology, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused for a stale version, the append was not stored, but the version the subject
+    is at is read from a replica holding the log to the refusal's point: one that cannot
+    answer now (a follower behind, 412; a leader being elected) is trouble that passes —
+    `CommandTimeoutError`, asked again — not a refusal of the append itself, which its
+    writer would take as final (the orchestrator ended a completed activation as failed)."""
+    project = new_id()
+    created = await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
+    await store.append(project, [ProjectRenamed(name="q")], 1, EventMeta())
+    behind = EventStore(nc, topology)
+    behind.observe("project", project, 1, created.events[0].seq)
+    real = Replies.request
+
+    async def request(
+        self: Replies, subject: str, payload: bytes, headers: Any, timeout: float
+    ) -> Any:
+        if ".DIRECT.GET." in subject and b"last_by_subj" in payload:
+            raise PlatformError("direct get failed with status 412")  # a replica behind
+        return await real(self, subject, payload, headers, timeout)
+
+    monkeypatch.setattr(Replies, "request", request)
+    with pytest.raises(CommandTimeoutError):
+        await behind.append(project, [ProjectRenamed(name="r")], 1, EventMeta())
+    monkeypatch.setattr(Replies, "request", real)
+    with pytest.raises(ConflictError) as refused:  # readable again: the conflict it is
+        await behind.append(project, [ProjectRenamed(name="r")], 1, EventMeta())
+    assert refused.value.details["actual_version"] == 2

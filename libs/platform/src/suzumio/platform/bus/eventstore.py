@@ -356,17 +356,21 @@ class EventStore:
             try:
                 floor = floor or await self.last_position()
                 stored = await self._find_own(p, floor=floor)
+                if stored is None:
+                    conflict = await self._conflict(p, floor)
             except _UNREADABLE:
                 # Refused, perhaps because an earlier attempt of this very append was
-                # stored (its ack lost): unknown, not failed, until the log can be read.
+                # stored (its ack lost): unknown, not failed, until the log can be read. (Or
+                # not, but the version the subject is at could not be read: trouble that
+                # passes all the same, not a refusal of the append itself.)
                 raise CommandTimeoutError(
-                    f"event store refused the append to {p.subject} and could not tell"
-                    " whether an earlier attempt of it was stored",
+                    f"event store refused the append to {p.subject} and could not read the"
+                    " subject to tell why (an earlier attempt of it stored, or another write)",
                     subject=p.subject,
                 ) from None
             if stored is not None:
                 return stored
-            raise await self._conflict(p, floor)
+            raise conflict
         refused = JetStreamApiError(int(error.get("code", 0)), err_code, error["description"])
         if unsure and jetstream_trouble(refused):
             # The server in trouble now (a leader being elected) says nothing of the earlier
