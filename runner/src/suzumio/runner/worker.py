@@ -64,7 +64,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, get_args
+from typing import IO, Any, Literal, get_args
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -74,6 +74,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError as JetStreamAPIError
 from nats.js.errors import Error as JetStreamError
+from nats.js.errors import NoStreamResponseError
 from nats.js.object_store import ObjectStore
 from pydantic import ValidationError
 
@@ -121,10 +122,12 @@ ROUTED_HOLD_SECONDS = 5.0
 # A worker's own consumer (dispatches routed to it) outlives its pulls this long: its id dies
 # with its process, and a new worker makes its own.
 OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
-# A dispatch's claim (`_claim`): how long the write may take before the run starts without it,
-# and how long past the deadline the claim outlives it (a redelivery after the deadline is
-# refused for that already).
+# A dispatch's claim (`_claim`): how long one write of it may take, the pauses before it is
+# written again (its outcome unknown: NATS slow, or this worker cut off), and how long past
+# the deadline the claim outlives it (a redelivery after the deadline is refused for that
+# already).
 CLAIM_TIMEOUT_SECONDS = 5.0
+CLAIM_PAUSES_SECONDS = (0.5, 1.0, 2.0)
 CLAIM_MARGIN_SECONDS = 60.0
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's, and the cluster's
 # Runs that could not start here for a fault of this worker's own (a full disk, cgroups
@@ -193,6 +196,10 @@ class WorkerConfig:
         if self.cpu_policy not in get_args(CpuPolicy):
             choices = ", ".join(get_args(CpuPolicy))
             raise ValueError(f"cpu policy must be one of {choices}: {self.cpu_policy!r}")
+
+
+# What became of a dispatch's claim (`Worker._claim`).
+Claim = Literal["ours", "theirs", "unknown"]
 
 
 @dataclass
@@ -897,8 +904,8 @@ class Worker:
             return "cancelled"
         return None
 
-    async def _claim(self, dispatch: ActivationDispatch) -> PoolStatusReason | None:
-        """Claim the dispatch before it starts: `claimed` if a worker started it before.
+    async def _claim(self, run: _Run) -> Claim:
+        """Claim the dispatch before it starts: `theirs` if a worker started it before.
 
         Its message stays in the queue until its run ended, and the queue hands it out again
         if no ack comes within the ack wait — after its worker died mid-run, and no leading
@@ -906,25 +913,52 @@ class Worker:
         died with the worker). Run again, the attempt would do its work twice with a token
         still good. The claim is a message on the dispatch's own subject of `CLAIMS`, written
         only where there is none (and kept to the deadline): the second worker's is refused.
-        Unknown (NATS slow, or a platform from before the stream) runs it, as before."""
+
+        A write whose outcome is unknown is written again: a worker cut off from NATS is the
+        very one whose dispatch the queue hands to another worker after the ack wait, and
+        started unclaimed it ran beside that worker's run. The claim found there is then
+        read: this process's own (a write that got through, its answer lost) is `ours`.
+        Still unknown after the tries: `unknown`, not started here. A platform from before
+        the stream (no stream answers any try) runs it unclaimed, as before."""
+        dispatch = run.dispatch
         value = f"{self.cfg.worker_id} {self._instance}".encode()
         subject = self.topology.claim_subject(dispatch.dispatch_id)
+        no_stream = True
+        for pause in (0.0, *CLAIM_PAUSES_SECONDS):
+            if pause:
+                if run.stop_reason is not None or self._stopping():
+                    return "unknown"
+                await asyncio.sleep(pause)
+            try:
+                await self.js.publish(
+                    subject,
+                    value,
+                    timeout=CLAIM_TIMEOUT_SECONDS,
+                    headers={"Nats-Expected-Last-Subject-Sequence": "0"},
+                    msg_ttl=max(_seconds_left(dispatch), 0) + CLAIM_MARGIN_SECONDS,
+                )
+            except JetStreamAPIError as exc:
+                if exc.err_code in WRONG_LAST_SEQUENCE:
+                    return "ours" if await self._holds_claim(subject, value) else "theirs"
+                no_stream = False
+                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
+            except NoStreamResponseError as exc:
+                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
+            except Exception as exc:
+                no_stream = False
+                log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
+            else:
+                return "ours"
+        return "ours" if no_stream else "unknown"
+
+    async def _holds_claim(self, subject: str, value: bytes) -> bool:
+        """Whether the claim on `subject` is this process's (False if it cannot be read)."""
         try:
-            await self.js.publish(
-                subject,
-                value,
-                timeout=CLAIM_TIMEOUT_SECONDS,
-                headers={"Nats-Expected-Last-Subject-Sequence": "0"},
-                msg_ttl=max(_seconds_left(dispatch), 0) + CLAIM_MARGIN_SECONDS,
-            )
-        except JetStreamAPIError as exc:
-            if exc.err_code in WRONG_LAST_SEQUENCE:
-                return "claimed"  # a claim is there: whose, it says (never this process's)
-            log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
-            return None
+            found = await self.js.get_last_msg(self.topology.claims_stream, subject)
         except Exception as exc:
-            log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
-        return None
+            log("worker.claim_unread", subject=subject, error=repr(exc))
+            return False
+        return found.data == value
 
     async def _refuse_unreadable(self, msg: Msg) -> None:
         log("worker.invalid_dispatch", seq=msg.metadata.sequence.stream)
@@ -1021,11 +1055,15 @@ class Worker:
                 return
             # Claimed last thing before it starts: a worker that died before (bringing its
             # files in, say) ran nothing of it, and the queue's next worker may run it.
-            if (claimed := await self._claim(dispatch)) is not None:
-                log("worker.refused", dispatch=dispatch.dispatch_id, reason=claimed)
-                refused = self._status(dispatch, "refused", reason=claimed)
+            claim = await self._claim(run)
+            if claim == "theirs":
+                log("worker.refused", dispatch=dispatch.dispatch_id, reason="claimed")
+                refused = self._status(dispatch, "refused", reason="claimed")
                 await self._publish(refused, flush=True)
                 await run.msg.term()
+                return
+            if claim == "unknown":  # for another worker, or this one once NATS answers
+                await self._give_back(dispatch, run.msg, own=run.own)
                 return
             if (stopped := run.stop_reason) is not None:  # cancelled while it was made ready
                 detail = "stopped before its runner started"

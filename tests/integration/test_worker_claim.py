@@ -1,0 +1,111 @@
+"""A pool worker claims a dispatch before it starts it (`CLAIMS`): a write whose outcome it
+cannot learn — NATS slow, or this worker cut off from it, the very case in which the queue
+hands the dispatch to another worker after the ack wait — no longer starts the run
+unclaimed beside that worker's. Real NATS; the worker's JetStream publishes are wrapped to
+lose their answers (the write made, or not), as a worker cut off sees them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import NoStreamResponseError
+
+from suzumio.contracts.ids import new_id
+from suzumio.contracts.subjects import Topology
+from suzumio.runner import worker as worker_module
+from suzumio.runner.worker import Worker, WorkerConfig
+
+Publish = Callable[..., Awaitable[Any]]
+
+
+@pytest.fixture(autouse=True)
+def _short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "CLAIM_PAUSES_SECONDS", (0.01, 0.01, 0.01))
+
+
+def worker_on(nc: NATS, topology: Topology, tmp_path: Path, worker_id: str) -> Worker:
+    worker = Worker(
+        WorkerConfig(namespace=topology.namespace, workdir=tmp_path, worker_id=worker_id)
+    )
+    worker._nc = nc  # noqa: SLF001 - the test's connection, no worker loop around it
+    return worker
+
+
+def run_of(dispatch_id: str) -> Any:
+    """What `_claim` reads of a run: its dispatch's id and deadline, and whether it stops."""
+    deadline = datetime.now(UTC) + timedelta(minutes=5)
+    return SimpleNamespace(
+        dispatch=SimpleNamespace(dispatch_id=dispatch_id, deadline=deadline), stop_reason=None
+    )
+
+
+def answers_lost(worker: Worker, *, first_written: bool, times: int) -> list[str]:
+    """The worker's next `times` claim writes lose their answer (a timeout); the first of
+    them reaches the server all the same when `first_written`. The subjects written."""
+    real: Publish = worker.js.publish
+    seen: list[str] = []
+
+    async def publish(subject: str, payload: bytes, **options: Any) -> Any:
+        seen.append(subject)
+        if len(seen) > times:
+            return await real(subject, payload, **options)
+        if len(seen) == 1 and first_written:
+            await real(subject, payload, **options)
+        raise NatsTimeoutError
+
+    worker.js.publish = publish  # type: ignore[method-assign,assignment]
+    return seen
+
+
+async def claim(worker: Worker, dispatch_id: str) -> str:
+    return cast("str", await worker._claim(run_of(dispatch_id)))  # noqa: SLF001
+
+
+async def test_a_claim_written_whose_answer_was_lost_is_this_workers_own(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    dispatch_id = f"{new_id()}.1"
+    first = worker_on(nc, topology, tmp_path, "wa")
+    tries = answers_lost(first, first_written=True, times=1)
+
+    assert await claim(first, dispatch_id) == "ours"  # written again: its own claim found
+    assert len(tries) == 2
+    # Another worker handed the dispatch after the ack wait finds it claimed.
+    assert await claim(worker_on(nc, topology, tmp_path, "wb"), dispatch_id) == "theirs"
+
+
+async def test_a_claim_never_answered_does_not_start_the_run(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    dispatch_id = f"{new_id()}.1"
+    cut_off = worker_on(nc, topology, tmp_path, "wa")
+    tries = answers_lost(cut_off, first_written=False, times=10)
+
+    assert await claim(cut_off, dispatch_id) == "unknown"  # given back, not started
+    assert len(tries) == 1 + len(worker_module.CLAIM_PAUSES_SECONDS)
+    # Nothing was written: the worker the queue hands it to next claims and runs it.
+    assert await claim(worker_on(nc, topology, tmp_path, "wb"), dispatch_id) == "ours"
+
+
+async def test_a_platform_without_the_claims_stream_still_runs_its_dispatches(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    """No stream answers any try (a platform from before `CLAIMS`): run unclaimed, as
+    before — where an answer that is lost says nothing of whether it was written."""
+    older = worker_on(nc, topology, tmp_path, "wa")
+    tried: list[str] = []
+
+    async def publish(subject: str, payload: bytes, **options: Any) -> Any:
+        tried.append(subject)
+        raise NoStreamResponseError
+
+    older.js.publish = publish  # type: ignore[method-assign,assignment]
+    assert await claim(older, f"{new_id()}.1") == "ours"
+    assert len(tried) == 1 + len(worker_module.CLAIM_PAUSES_SECONDS)
