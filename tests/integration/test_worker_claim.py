@@ -68,30 +68,35 @@ async def claim(worker: Worker, dispatch_id: str) -> str:
     return cast("str", await worker._claim(run_of(dispatch_id)))  # noqa: SLF001
 
 
-async def test_a_claim_written_whose_answer_was_lost_is_this_workers_own(
-    nc: NATS, topology: Topology, tmp_path: Path
+@pytest.mark.parametrize(
+    ("first_written", "lost", "outcome", "next_worker"),
+    [
+        # Written, its answer lost: written again, its own claim is found; the worker the
+        # queue hands the dispatch to after the ack wait finds it claimed.
+        (True, 1, "ours", "theirs"),
+        # Never answered: given back, not started; nothing was written, and the worker it
+        # goes to next claims and runs it.
+        (False, 10, "unknown", "ours"),
+    ],
+    ids=["answer-lost", "never-answered"],
+)
+async def test_a_claim_whose_write_goes_unanswered(
+    nc: NATS,
+    topology: Topology,
+    tmp_path: Path,
+    *,
+    first_written: bool,
+    lost: int,
+    outcome: str,
+    next_worker: str,
 ) -> None:
     dispatch_id = f"{new_id()}.1"
     first = worker_on(nc, topology, tmp_path, "wa")
-    tries = answers_lost(first, first_written=True, times=1)
+    tries = answers_lost(first, first_written=first_written, times=lost)
 
-    assert await claim(first, dispatch_id) == "ours"  # written again: its own claim found
-    assert len(tries) == 2
-    # Another worker handed the dispatch after the ack wait finds it claimed.
-    assert await claim(worker_on(nc, topology, tmp_path, "wb"), dispatch_id) == "theirs"
-
-
-async def test_a_claim_never_answered_does_not_start_the_run(
-    nc: NATS, topology: Topology, tmp_path: Path
-) -> None:
-    dispatch_id = f"{new_id()}.1"
-    cut_off = worker_on(nc, topology, tmp_path, "wa")
-    tries = answers_lost(cut_off, first_written=False, times=10)
-
-    assert await claim(cut_off, dispatch_id) == "unknown"  # given back, not started
-    assert len(tries) == 1 + len(worker_module.CLAIM_PAUSES_SECONDS)
-    # Nothing was written: the worker the queue hands it to next claims and runs it.
-    assert await claim(worker_on(nc, topology, tmp_path, "wb"), dispatch_id) == "ours"
+    assert await claim(first, dispatch_id) == outcome
+    assert len(tries) == min(lost + 1, 1 + len(worker_module.CLAIM_PAUSES_SECONDS))
+    assert await claim(worker_on(nc, topology, tmp_path, "wb"), dispatch_id) == next_worker
 
 
 async def test_a_platform_without_the_claims_stream_still_runs_its_dispatches(
