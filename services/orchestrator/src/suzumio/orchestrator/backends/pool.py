@@ -505,7 +505,10 @@ class PoolBackend:
 
     async def _claimed(self, tracker: _Tracker) -> bool:
         """Heartbeats stopped: ask the workers before declaring it lost (a core NATS message
-        may have been missed across a reconnect)."""
+        may have been missed across a reconnect). Heard of while they were asked — its
+        worker back from an outage, its buffered heartbeats or end flushed before its
+        subscription to the question is back — it is not lost either: killed for that, a
+        healthy run was done again, and an end's outputs were never recorded."""
         for info in await self._ask_workers(tracker.dispatch_id):
             for status in info.exited:
                 if status.dispatch_id == tracker.dispatch_id and tracker.update(status):
@@ -514,7 +517,8 @@ class PoolBackend:
                 if status.dispatch_id == tracker.dispatch_id:
                     tracker.update(status)  # its `started`: alive, and on that worker
                     return True
-        return False
+        heard = self._silence(tracker) < self.settings.heartbeat_timeout_seconds
+        return tracker.final is not None or heard
 
     async def _queued_still(self, handle: Handle) -> bool:
         """Whether its message is still in the work queue (waiting, or held unacked by a
