@@ -129,6 +129,8 @@ OWN_CONSUMER_INACTIVE_SECONDS = 3600.0
 CLAIM_TIMEOUT_SECONDS = 5.0
 CLAIM_PAUSES_SECONDS = (0.5, 1.0, 2.0)
 CLAIM_MARGIN_SECONDS = 60.0
+# How often a pull loop looks whether NATS is back, while it is away (`_fetch`).
+AWAY_PAUSE_SECONDS = 0.25
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's, and the cluster's
 # Runs that could not start here for a fault of this worker's own (a full disk, cgroups
 # refused, its runner not starting), in a row, before it pauses its pulls from the pool's
@@ -723,7 +725,14 @@ class Worker:
     ) -> list[Msg]:
         """What the queue hands out; nothing on a timeout or an error (NATS away, a 503 or
         a leader's change in a cluster: nats-py raises those), which must not end the
-        worker's loop — the next round asks again."""
+        worker's loop — the next round asks again. Nothing is asked while the connection is
+        away: nats-py buffers the request, and sends it at the reconnect with every other
+        one asked meanwhile (one a second) — the queue then handed this worker that many
+        dispatches at once, more than its slots, held unstarted past their ack wait and
+        handed out again (a delivery each, towards their `max_deliver`)."""
+        if not self.nc.is_connected:
+            await asyncio.sleep(min(timeout, AWAY_PAUSE_SECONDS))
+            return []
         try:
             msgs = await psub.fetch(batch, timeout=timeout)
         except (TimeoutError, NatsTimeoutError):
