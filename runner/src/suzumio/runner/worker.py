@@ -1041,8 +1041,8 @@ class Worker:
             return run
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root / "input.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(spec)
+        with os.fdopen(fd, "wb") as f:  # UTF-8, as the runner reads it: not the locale's
+            f.write(spec.encode())
         return run
 
     def _resident_for(self, run: _Run) -> bool:
