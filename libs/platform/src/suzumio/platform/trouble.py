@@ -5,6 +5,7 @@ of the request itself is not trouble."""
 
 from __future__ import annotations
 
+from suzumio.platform.bus.direct_get import DirectGetError
 from suzumio.platform.bus.jsapi import ERR_STREAM_NOT_FOUND
 from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, POSTGRES_TROUBLE, is_postgres_trouble
@@ -17,6 +18,8 @@ def is_trouble(exc: BaseException) -> bool:
     """The platform's servers in trouble (to retry), not a failure of ours."""
     if isinstance(exc, JetStreamApiError):
         return jetstream_trouble(exc)
+    if isinstance(exc, DirectGetError):
+        return exc.passes
     return isinstance(exc, TROUBLE) or (
         isinstance(exc, POSTGRES_SUSPECTS) and is_postgres_trouble(exc)
     )

@@ -64,7 +64,7 @@ from suzumio.orchestrator.resumption import (
     exit_of_gone,
     list_live,
 )
-from suzumio.platform.bus.direct_get import last_for_subject
+from suzumio.platform.bus.direct_get import DirectGetError, last_for_subject
 from suzumio.platform.bus.eventstore import (
     AggregateStream,
     ConcurrencyConflictError,
@@ -154,7 +154,11 @@ def _readable(msg: LogMessage) -> list[EventEnvelope] | None:
 
 
 def _trouble(exc: BaseException) -> bool:
-    return isinstance(exc, _TROUBLE) or (isinstance(exc, JetStreamApiError) and exc.code >= 500)
+    return (
+        isinstance(exc, _TROUBLE)
+        or (isinstance(exc, JetStreamApiError) and exc.code >= 500)
+        or (isinstance(exc, DirectGetError) and exc.passes)
+    )
 
 
 _outcomes = meter.create_counter("suzumio_activations", description="activations by outcome")

@@ -21,6 +21,21 @@ from suzumio.platform.errors import PlatformError
 BATCH_BYTES = 16 * 1024 * 1024
 
 
+class DirectGetError(PlatformError):
+    """A Direct Get answered with an error status."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"direct get failed with status {status}")
+        self.status = status
+
+    @property
+    def passes(self) -> bool:
+        """Trouble that passes: a replica behind the floor asked for (412), the server's own
+        (5xx: no leader while a cluster elects one), a timeout; else a request the server
+        refused (a bug)."""
+        return self.status in {408, 412, 429} or self.status >= 500
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     seq: int
@@ -35,7 +50,7 @@ def _stored(msg: Msg) -> StoredMessage | None:
     if status in {"404", "204"}:
         return None
     if status:
-        raise PlatformError(f"direct get failed with status {status}")
+        raise DirectGetError(int(status) if status.isdigit() else 0)
     return StoredMessage(
         seq=int(headers["Nats-Sequence"]),
         subject=headers["Nats-Subject"],
