@@ -757,18 +757,30 @@ class Worker:
         started here only to be stopped by the drain (nor held until its ack wait passes)."""
         if stop.is_set():
             for msg in msgs:
-                if own:  # only this worker takes those: back to the orchestrator with them
-                    with contextlib.suppress(ValidationError):
-                        await self._hand_back(ActivationDispatch.model_validate_json(msg.data), msg)
-                        continue
-                with contextlib.suppress(Exception):
-                    await msg.nak()
+                await self._decline(msg, own=own)
             return False
         for msg in msgs:
             task = asyncio.create_task(self._handle(msg, own=own))
             self._tasks.add(task)
             task.add_done_callback(self._done)
         return bool(msgs)
+
+    async def _decline(self, msg: Msg, *, own: bool) -> None:
+        """A dispatch fetched as the worker began to stop: back for another worker — unless
+        it is a copy of one this worker runs or ran (redelivered), which its run answers for:
+        handed back `busy`, the orchestrator took the word of the run's own worker for its
+        end, and cancelled the healthy run."""
+        try:
+            dispatch: ActivationDispatch | None = ActivationDispatch.model_validate_json(msg.data)
+        except ValidationError:
+            dispatch = None
+        if dispatch is not None and await self._seen_before(dispatch.dispatch_id, msg, own=own):
+            return
+        if own and dispatch is not None:  # only this worker takes those: to the orchestrator
+            await self._hand_back(dispatch, msg)
+            return
+        with contextlib.suppress(Exception):
+            await msg.nak()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
