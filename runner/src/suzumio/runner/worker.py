@@ -74,7 +74,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError as JetStreamAPIError
 from nats.js.errors import Error as JetStreamError
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 from nats.js.object_store import ObjectStore
 from pydantic import ValidationError
 
@@ -458,6 +458,8 @@ class Worker:
             try:
                 while not stop.is_set():
                     await self._pull_once(psub, stop, self._freed)
+                    if self._fetch_error is not None:
+                        psub = await self._bound_again(psub)
             finally:
                 self._pulling = False
                 # Said at once, not at the next beat: till an orchestrator hears it, it sends
@@ -587,6 +589,37 @@ class Worker:
         await self.nc.subscribe(self.topology.pool_cancel_filter(), cb=self._on_cancel)
         await self.nc.subscribe(self.topology.pool_list_subject(), cb=self._on_list)
         return await js.pull_subscribe_bind(durable, stream=stream)
+
+    async def _bound_again(
+        self, psub: JetStreamContext.PullSubscription
+    ) -> JetStreamContext.PullSubscription:
+        """After a failed pull: the pool's consumer made again if it is gone (deleted by an
+        operator, its stream made again), and bound anew — else every pull failed, once a
+        second, for as long as the worker lived, and the pool sat idle. `psub` as it was when
+        the consumer is there, or cannot be looked at now."""
+        js = self.js
+        stream, durable = (
+            self.topology.activations_stream,
+            self.topology.pool_consumer(self.cfg.pool),
+        )
+        try:
+            await js.consumer_info(stream, durable)
+        except NotFoundError:
+            pass
+        except Exception:
+            return psub  # NATS away, or a leader being elected: the next pull tells
+        else:
+            return psub
+        log("worker.pool_consumer_gone", consumer=durable)
+        try:
+            await self._ensure_consumer(js, stream, durable)
+            bound = await js.pull_subscribe_bind(durable, stream=stream)
+        except Exception as exc:
+            log("worker.pool_consumer_failed", error=repr(exc))
+            return psub
+        with contextlib.suppress(Exception):
+            await psub.unsubscribe()
+        return bound
 
     async def _pull_own(
         self,
