@@ -218,3 +218,28 @@ async def test_the_bytes_stored_are_the_bytes_hashed(
     [ref] = await bring_out(racing, outbox, max_files=10, max_bytes=10_000)  # type: ignore[arg-type]
     assert (ref.sha256, ref.size) == (hashlib.sha256(first).hexdigest(), len(first))
     assert (await store.get(blob_name(ref.sha256))).data == first
+
+
+async def test_an_input_read_stopped_midway_leaves_no_subscription_behind(
+    nc: NATS, topology: Topology, tmp_path: Path
+) -> None:
+    """A run cancelled while its inputs come in (or a write that fails): the chunks' ordered
+    consumer goes with the read — nats-py's own `get` left it, with its tasks and the
+    server's consumer, for the life of the worker's connection."""
+    store = await objects(nc, topology)
+    ref = await stored(store, os.urandom(24 * 1024 * 1024), "big.bin")
+    inbox = tmp_path / "in"
+    before = len(nc._subs)  # noqa: SLF001 - the connection's subscriptions
+    bringing = asyncio.create_task(bring_in(store, inbox, (ref,)))
+
+    def partly_written() -> bool:
+        return any(p.is_file() and p.stat().st_size > 0 for p in tmp_path.rglob("*"))
+
+    deadline = asyncio.get_running_loop().time() + 30
+    while not partly_written() and not bringing.done():
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.001)
+    bringing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await bringing
+    assert len(nc._subs) == before  # noqa: SLF001

@@ -10,6 +10,7 @@ and any beyond its count, stay behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import tempfile
 from functools import partial
@@ -36,6 +37,7 @@ __all__ = ["ExchangeError", "bring_in", "bring_out"]
 
 Spooled = tempfile.SpooledTemporaryFile[bytes]
 SPOOL_BYTES = 8 * 1024 * 1024  # an output copied aside stays in memory up to this size
+CHUNK_STALL_SECONDS = 60.0  # an input's read with no chunk for this long fails
 
 
 async def bring_in(store: ObjectStore, inbox: Path, refs: tuple[FileRef, ...]) -> None:
@@ -56,7 +58,36 @@ async def bring_in(store: ObjectStore, inbox: Path, refs: tuple[FileRef, ...]) -
 
 
 async def _fetch(store: ObjectStore, ref: FileRef, sink: BufferedWriter) -> None:
-    await store.get(blob_name(ref.sha256), writeinto=sink)  # checks the digest
+    """The blob's bytes into `sink`, checked against the digest it is named by.
+
+    Not nats-py's `ObjectStore.get`: stopped midway (a cancel, a write that failed — a full
+    disk, which the worker retries), it left its subscription behind — an ordered consumer
+    with tasks of its own, and the server's consumer with its buffered chunks — and it waited
+    with no bound for a chunk that never came (the object deleted under it), holding the
+    worker's slot. Here the subscription goes however the read ends, and a read that stalls
+    for `CHUNK_STALL_SECONDS` fails."""
+    info = await store.get_info(blob_name(ref.sha256))
+    if info.is_link() or not info.nuid:
+        raise ExchangeError(f"blob {ref.sha256} is no plain object of the store")
+    digest = hashlib.sha256()
+    if info.size:
+        # The object store's layout (nats-py's own, `OBJ_CHUNKS_PRE_TEMPLATE`): its chunks'
+        # subject, in the bucket's stream.
+        subject = f"$O.{store._name}.C.{info.nuid}"
+        chunks = await store._js.subscribe(subject, ordered_consumer=True)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                msg = await chunks.next_msg(timeout=CHUNK_STALL_SECONDS)
+                await loop.run_in_executor(None, sink.write, msg.data)
+                digest.update(msg.data)
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await chunks.unsubscribe()
+    if digest.hexdigest() != ref.sha256:
+        raise ExchangeError(f"blob {ref.sha256} read back as {digest.hexdigest()}")
 
 
 async def bring_out(
