@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -676,3 +677,32 @@ async def test_a_replica_leading_again_ends_a_cancel_on_a_silent_backend_at_once
             lambda: terminals(store, activation_id), bool, timeout=10, what="the end"
         )
     assert [type(e) for e in ended] == [ActivationCancelled]
+
+
+async def test_a_kept_directory_counts_from_its_activations_end_however_it_ended(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str, pool: Pool, tmp_path: Path
+) -> None:
+    """Retention counts from an activation's end, read off its directory's time: refreshed by
+    the end of a watched sandbox only, the directory of one ended otherwise — its sandbox gone
+    when a new leader took over, say — kept its launch's time, and a long activation's went
+    at the next sweep after its end."""
+    _, activation_id = await launched_before(store, "fake")  # started; its sandbox is gone
+    settings = OrchestratorSettings(
+        work_dir=tmp_path / "sandboxes", data_dir=tmp_path, namespace=topology.namespace
+    )
+    kept = settings.activation_dir(activation_id)
+    kept.mkdir(parents=True)
+    launched = time.time() - 3 * 3600  # launched three hours ago, past the retention
+    os.utime(kept, (launched, launched))
+    before = time.time()
+
+    async with leading(nc, topology, store, database_url, pool, tmp_path, {"fake": Sandboxes([])}):
+
+        async def told() -> list[str]:
+            return [e.envelope.type for e in (await store.load("activation", activation_id)).events]
+
+        await eventually(told, lambda types: "activation.failed" in types, what="its end")
+        await eventually(
+            lambda: asyncio.sleep(0, kept.stat().st_mtime), lambda t: t >= before, what="its time"
+        )
+    assert kept.is_dir()

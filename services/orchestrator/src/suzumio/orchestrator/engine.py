@@ -787,7 +787,6 @@ class Orchestrator:
         target = Collection.of(plan) if plan else self._found_again(tracked, handle.backend)
         await self._collect(target, exit_)
         terminal = await self._end(tracked, lambda output: self._terminal(tracked, exit_, output))
-        self._mark_ended(handle.activation_id)
         await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
 
     def _mark_ended(self, activation_id: str) -> None:
@@ -920,6 +919,7 @@ class Orchestrator:
             ended = await self._append_end(tracked, lambda _: failed, None)
         tracked.ended, tracked.completed = True, isinstance(ended, ActivationCompleted)
         tracked.ending_seen.set()
+        self._mark_ended(tracked.request.activation_id)  # however it ended: watched or not
         return ended
 
     async def _append_end(
