@@ -32,6 +32,7 @@ from suzumio.platform.bus.objects import (
     read_chunks,
     sweep_stray_chunks,
 )
+from suzumio.platform.db import leadership
 from suzumio.platform.db import pool as db
 from suzumio.platform.db.leadership import Leadership
 
@@ -449,3 +450,42 @@ async def test_the_chunks_of_a_put_killed_half_way_are_swept_once_old(
     assert await _stored_messages(nc, bucket) == before - 2
     assert await _read(nc, store, bucket, _digest(DATA)) == DATA
     assert await sweep_stray_chunks(store, 0) == 0
+
+
+async def test_a_term_overdue_ends_before_another_replica_leads(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A term whose `lead` does not end when told is cancelled — and its cleanup (its
+    `finally`) finished before the lock goes: another replica taking it at the cancel led
+    beside the old term's last acts, which cleared the new term's state under it."""
+    monkeypatch.setattr(leadership, "LEAD_END_SECONDS", 1.0)
+    first = Leadership(database_url, "overdue")
+    second = Leadership(database_url, "overdue", retry_seconds=0.05)
+    first_stop, second_stop = asyncio.Event(), asyncio.Event()
+    cleaned_at: list[float] = []
+    led_at: list[float] = []
+
+    async def deaf(done: asyncio.Event) -> None:  # noqa: ARG001 - told, it goes on
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.5)  # its cleanup: slow, and awaited
+            cleaned_at.append(time.monotonic())
+
+    async def lead(done: asyncio.Event) -> None:
+        led_at.append(time.monotonic())
+        await done.wait()
+
+    running = asyncio.create_task(first.run(first_stop, deaf))
+    await _until(lambda: first.leading, 10)
+    contending = asyncio.create_task(second.run(second_stop, lead))
+    try:
+        first_stop.set()
+        await running
+        await _until(lambda: second.leading, 10)
+        assert cleaned_at, "the overdue term's cleanup was cut short"
+        assert led_at[0] >= cleaned_at[0]
+    finally:
+        first_stop.set()
+        second_stop.set()
+        await asyncio.gather(running, contending, return_exceptions=True)

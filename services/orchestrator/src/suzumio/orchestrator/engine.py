@@ -384,24 +384,30 @@ class Orchestrator:
             running = [*self._tasks.values(), *self._cancels.values()]
             for task in running:
                 task.cancel()  # a new leader takes over the watching; sandboxes live on
-            await asyncio.gather(*running, return_exceptions=True)
-            self._tasks.clear()
-            self._cancels.clear()
-            self._ending.clear()  # (an end cancelled before it began never took itself out)
-            self._orphaned.clear()
-            self._unlisted = set()
-            for tracked in self.activations.values():
-                if not tracked.ended:
-                    # What this term knew of its sandbox is the next term's to find again: a
-                    # handle kept across a term that matched nothing (its backend silent)
-                    # had a cancel stop that sandbox for ever, never the activation ended.
-                    tracked.handle, tracked.timed_out = None, False
+            try:
+                await asyncio.gather(*running, return_exceptions=True)
+            finally:  # cancelled meanwhile (the term's end overdue): its state goes all the same
+                self._end_term()
             for backend in self.backends.values():
                 try:
                     await backend.release()
                 except Exception as exc:  # a backend's fault must not stop the stepping down
                     log.warning("orchestrator.release_failed", backend=backend.name,
                                 error=repr(exc))  # fmt: skip
+
+    def _end_term(self) -> None:
+        """What a term knew that the next must find again for itself."""
+        self._tasks.clear()
+        self._cancels.clear()
+        self._ending.clear()  # (an end cancelled before it began never took itself out)
+        self._orphaned.clear()
+        self._unlisted = set()
+        for tracked in self.activations.values():
+            if not tracked.ended:
+                # What this term knew of its sandbox is the next term's to find again: a
+                # handle kept across a term that matched nothing (its backend silent) had a
+                # cancel stop that sandbox for ever, never the activation ended.
+                tracked.handle, tracked.timed_out = None, False
 
     async def _reconcile(self, done: asyncio.Event) -> None:
         """Match the log's unfinished activations with what the backends have. A backend

@@ -23,6 +23,9 @@ from suzumio.platform.logging import get_logger
 log = get_logger(__name__)
 
 Lead = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+# How long a term's `lead` has to end once told, and then, cancelled, to finish its cleanup
+# (each): the lock is held meanwhile, so no other replica leads beside the term's last acts.
+LEAD_END_SECONDS = 10.0
 _LOCK = "SELECT pg_try_advisory_lock(hashtext('suzumio.leader.' || $1))"
 
 
@@ -75,9 +78,13 @@ class Leadership:
             finally:
                 self.leading = False
                 done.set()
-                _, unfinished = await asyncio.wait({task}, timeout=10)
+                _, unfinished = await asyncio.wait({task}, timeout=LEAD_END_SECONDS)
                 for late in unfinished:
                     late.cancel()
+                if unfinished:
+                    # Its cleanup is under way (its `finally`): another replica taking the
+                    # lock now would lead beside it, its state cleared under the new term.
+                    await asyncio.wait(unfinished, timeout=LEAD_END_SECONDS)
                 log.info("leadership.ended", name=self.name)
         finally:
             with contextlib.suppress(Exception):
