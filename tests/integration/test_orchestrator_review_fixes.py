@@ -706,3 +706,42 @@ async def test_a_kept_directory_counts_from_its_activations_end_however_it_ended
             lambda: asyncio.sleep(0, kept.stat().st_mtime), lambda t: t >= before, what="its time"
         )
     assert kept.is_dir()
+
+
+class CleanupFailsOnce(Sandboxes):
+    """Sandboxes that end by themselves as soon as watched, and whose first cleanup fails
+    (an engine briefly unreachable)."""
+
+    def __init__(self, live: list[Handle]) -> None:
+        super().__init__(live)
+        self.failing_cleanups = 1
+
+    async def watch(self, handle: Handle) -> Exit:
+        return Exit(0, "exited")
+
+    async def cleanup(self, handle: Handle, succeeded: bool) -> None:
+        await super().cleanup(handle, succeeded)
+        if self.failing_cleanups > 0:
+            self.failing_cleanups -= 1
+            raise ConnectionError("the engine is briefly unreachable")
+
+
+async def test_a_cleanup_that_fails_after_the_end_stops_nothing(
+    nc: NATS, topology: Topology, store: EventStore, database_url: str, pool: Pool, tmp_path: Path
+) -> None:
+    """The activation ended as its sandbox did; the cleanup after fails once. Taken for a
+    failure of the activation's, it stopped — deleted — the finished sandbox that its
+    cleanup policy may keep, and said the activation erred."""
+    _, activation_id = await launched_before(store, "fake")
+    sandboxes = CleanupFailsOnce([Handle(activation_id, "fake", "s1")])
+    async with leading(nc, topology, store, database_url, pool, tmp_path, {"fake": sandboxes}):
+
+        async def told() -> list[str]:
+            return [e.envelope.type for e in (await store.load("activation", activation_id)).events]
+
+        await eventually(told, lambda types: types[-1] in TERMINAL_ACTIVATION_EVENTS, what="end")
+        await eventually(
+            lambda: asyncio.sleep(0, sandboxes.calls[activation_id]), bool, what="its cleanup"
+        )
+        await asyncio.sleep(0.5)  # what a failure path would do next, done by now
+    assert sandboxes.calls[activation_id] == [("cleanup", False)]

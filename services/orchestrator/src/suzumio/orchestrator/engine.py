@@ -760,11 +760,13 @@ class Orchestrator:
             # No end could be stored: the sandbox is stopped, and nothing else would remove
             # it while this replica leads (left to the policy as failed). Not when cancelled:
             # a replica that stops leading leaves the sandbox to the next leader.
-            await self._clean_up_failed(handle, None)
+            await self._clean_up(handle, None)
             raise
-        await self._clean_up_failed(handle, ended)
+        await self._clean_up(handle, ended)
 
-    async def _clean_up_failed(self, handle: Handle | None, ended: DomainEvent | None) -> None:
+    async def _clean_up(self, handle: Handle | None, ended: DomainEvent | None) -> None:
+        """The sandbox left to its cleanup policy by how it ended (`ended`: None, no end
+        stored). A cleanup that fails is logged: the orphan sweep meets the sandbox again."""
         if handle is None:
             return
         try:
@@ -793,7 +795,9 @@ class Orchestrator:
         target = Collection.of(plan) if plan else self._found_again(tracked, handle.backend)
         await self._collect(target, exit_)
         terminal = await self._end(tracked, lambda output: self._terminal(tracked, exit_, output))
-        await backend.cleanup(handle, succeeded=isinstance(terminal, ActivationCompleted))
+        # Ended: a cleanup that fails now is no failure of the activation's — taken for one, it
+        # stopped (deleted) the finished sandbox its policy keeps. The orphan sweep tries again.
+        await self._clean_up(handle, terminal)
 
     def _mark_ended(self, activation_id: str) -> None:
         """Retention counts from an activation's end, and the sweep reads it off its
