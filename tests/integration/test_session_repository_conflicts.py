@@ -111,3 +111,28 @@ async def test_a_no_op_on_a_record_read_behind_is_decided_again_on_the_leaders(
     assert state.name == "p"
     stored = await EventStore(nc, topology).load("project", project)  # as the leader has it
     assert [e.data.name for e in stored.events[1:]] == ["q", "p"]  # type: ignore[attr-defined]
+
+
+async def test_a_refusal_read_behind_on_the_last_attempt_is_unavailable(
+    nc: NATS, topology: Topology
+) -> None:
+    """Every attempt but the last met a newer write; the last read a refusal from a follower
+    behind, which the leader's record does not confirm. No answer was decided: `unavailable`
+    (send again) — it ran off the end of its attempts into an `internal` error, which a
+    client's Idempotency-Key kept and replayed for a day."""
+    await ensure_streams(nc, topology.streams())
+    store = ReadsBehind(nc, topology)
+    project = new_id()
+    await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
+    repo = Repository(store)
+    decided: list[int] = []
+
+    def refused_last(state: Any) -> Sequence[DomainEvent]:
+        decided.append(state.version)
+        if len(decided) < 6:  # each append meets the write the follower has not shown yet
+            return [ProjectRenamed(name=f"mine {len(decided)}")]
+        raise ConflictError("refused on what it read")
+
+    with pytest.raises(UnavailableError, match="send it again"):
+        await repo.execute(ProjectState, project, refused_last, EventMeta())
+    assert len(decided) == 6

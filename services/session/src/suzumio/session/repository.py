@@ -168,7 +168,11 @@ class Repository:
             else:
                 self._forget((cls.aggregate, aggregate_id))
             return state, result
-        raise AssertionError("unreachable")
+        # The last attempt read a refusal (or nothing to do) that a replica behind may have
+        # decided: not confirmed on the latest, it is no answer — the record kept changing.
+        raise UnavailableError(
+            f"{cls.aggregate} {aggregate_id} kept changing under this command; send it again"
+        )
 
 
 def _decided(decide: Decide[S], state: S) -> tuple[list[DomainEvent], CommandError | None]:
