@@ -130,8 +130,11 @@ class ActivationRegistry:
         self, store: EventStore, activation_id: str, session_id: str, after: dict[str, Head]
     ) -> dict[str, Head]:
         heads: dict[str, Head] = {}
+        floor = await store.last_position() if self._replicated else 0  # as `fresh` reads
         for aggregate, aggregate_id in (("session", session_id), ("activation", activation_id)):
-            stream = await store.load(aggregate, aggregate_id, after=after.get(aggregate))
+            stream = await store.load(
+                aggregate, aggregate_id, after=after.get(aggregate), min_last_seq=floor
+            )
             for event in stream.events:
                 data = event.data
                 if event.envelope.type not in WANTED:
@@ -150,9 +153,16 @@ class ActivationRegistry:
     async def fresh(self, store: EventStore, session_id: str, timeout: float = 5.0) -> bool:
         """Fold the session's subject up to now — where a cancel or a P0 is written — so a
         fence stored before this moment is seen; False if that took longer than `timeout`.
-        (Waiting for the whole log would also wait for the broker's own audit appends.)"""
-        head = await store.head("session", session_id)
+        (Waiting for the whole log would also wait for the broker's own audit appends.) On a
+        replicated log, its head is read from a replica holding every write acknowledged: a
+        follower behind answered without a cancel acknowledged a moment ago, and the call
+        it fences went through. (One server holds them all: no look-up of the log's end.)"""
+        head = await store.head("session", session_id, latest=self._replicated)
         return await self.folded.reached(head.seq, timeout)
+
+    @property
+    def _replicated(self) -> bool:
+        return self._topology.replicas > 1
 
     async def _fold_loop(self) -> None:
         assert self._follower is not None
