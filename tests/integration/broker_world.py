@@ -89,6 +89,7 @@ def client(
     token: str,
     operations: SupportOperations | None = None,
     live_budget: int | None = None,
+    log_budget: int | None = None,
 ) -> httpx.AsyncClient:
     broker = Broker(
         nc=nc,
@@ -105,6 +106,8 @@ def client(
     )
     if live_budget is not None:
         broker.live_budget = live_budget
+    if log_budget is not None:
+        broker.log_budget = log_budget
     app = SignedFirst(create_app(broker), TokenSigner([KEY]))  # as the service serves it
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),

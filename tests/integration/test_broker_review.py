@@ -79,6 +79,45 @@ async def test_an_output_no_reader_could_parse_back_is_refused(
     assert [e.envelope.type for e in stream.events] == ["activation.output_recorded"]
 
 
+async def test_an_output_too_large_for_the_bus_is_refused_before_its_history_is_written(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    """The final call's usage was bounded by nothing but the body's 32 MiB: its history went
+    to the session and its live batch out, then its output event, too large for the bus, was
+    refused — a refused call that had its effects, and one sent again and again wrote
+    history each time, never charged to the log budget."""
+    w = await world(store)
+    commands = Recorder()
+    entry = {"message_id": new_id(), "role": "assistant", "text": "the answer"}
+    async with client(nc, topology, store, registry, commands, w.token) as c:
+        refused = await c.post(
+            "/activation-output",
+            json={"text": "done", "usage": {"pad": "x" * 9_000_000}, "history": [entry]},
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["code"] == "invalid"
+        assert commands.sent == []  # no history appended
+        fine = await c.post(
+            "/activation-output", json={"text": "done", "usage": {"a": 1}, "history": [entry]}
+        )
+        assert fine.json() == {"recorded": True}
+    assert [type(command).__name__ for command in commands.sent] == ["AppendHistory"]
+
+
+async def test_the_final_calls_history_counts_against_the_log_budget(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    """As a history call's entries do: past the budget, nothing of the call is written."""
+    w = await world(store)
+    commands = Recorder()
+    entry = {"message_id": new_id(), "role": "assistant", "text": "x" * 4_000}
+    async with client(nc, topology, store, registry, commands, w.token, log_budget=3_000) as c:
+        refused = await c.post("/activation-output", json={"text": "done", "history": [entry]})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["code"] == "limit_reached"
+    assert commands.sent == []
+
+
 LONE = '"\\ud800"'  # a lone surrogate, as JSON lets one be written
 DEEP = "[" * 300 + "]" * 300  # past what the encoder writes out at all
 

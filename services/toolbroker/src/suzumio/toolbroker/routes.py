@@ -239,6 +239,7 @@ def _tool_span(headers: Mapping[str, str], caller: Caller, body: ToolCallFinish,
 
 
 MIN_LOG_CHARGE = 1024  # bytes a call counts against its activation's log budget at least
+MAX_USAGE_BYTES = 64 * 1024  # an output's usage (its model calls and tokens), as JSON
 
 
 def _charge(broker: Broker, caller: Caller, body: BaseModel, *, now: bool = True) -> int:
@@ -248,8 +249,13 @@ def _charge(broker: Broker, caller: Caller, body: BaseModel, *, now: bool = True
     (checkpoints of 256 KB, asks under new ids) could otherwise write on for as long as its
     token lasts. Not a 401/403, which the runner takes for a fence: a refused request, which
     ends the activation failed with this reason in its output."""
+    return _charge_bytes(broker, caller, len(body.model_dump_json()), now=now)
+
+
+def _charge_bytes(broker: Broker, caller: Caller, written: int, *, now: bool = True) -> int:
+    """As `_charge`, for `written` bytes of JSON."""
     a = caller.activation
-    size = max(len(body.model_dump_json()), MIN_LOG_CHARGE)
+    size = max(written, MIN_LOG_CHARGE)
     if a.log_bytes + size > broker.log_budget:
         raise BrokerError(
             409,
@@ -645,8 +651,13 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
 @router.post("/activation-output")
 async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorded:
     a = caller.activation
-    # The contract bounds the text as the event does: nothing below can be refused for it.
+    # The contract bounds the text as the event does, and the usage is bounded here: the
+    # output cannot be refused (too large for the bus) after the history and the live batch
+    # had their effect — a refused call publishes nothing, and one sent again and again
+    # wrote history past the log budget each time.
     _plain_json(body.usage, "usage")
+    if len(to_json(body.usage)) > MAX_USAGE_BYTES:
+        raise BrokerError(422, "invalid", f"usage is at most {MAX_USAGE_BYTES} bytes of JSON")
     recorded = ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)
     _distinct(body.history)
     _model_replies(body.history)
@@ -666,8 +677,10 @@ async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorde
         # a refused call must have published nothing. Then the live batch and the output side
         # by side, their publishes sent together: live chunks and log events are not ordered
         # with each other on the session's timeline anyway.
-        if body.history:
-            await _append_history(broker, caller, body.history)
+        if body.history:  # counted against the log budget as a history call's entries are
+            size = _charge_bytes(broker, caller, len(to_json(body.history)), now=False)
+            if await _append_history(broker, caller, body.history):
+                a.log_bytes += size
         live = None
         if body.live is not None:
             live = asyncio.ensure_future(_publish_live_last(broker, caller, body.live))
