@@ -15,7 +15,9 @@ app; the session service is a recorder of the commands it would get):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -364,3 +366,23 @@ async def test_the_latest_checkpoint_is_read_on_from_the_last_read_not_whole_eac
         newest = await c.get("/runner/checkpoint")
         assert (newest.json()["id"], newest.json()["data"]) == ("c2", {"n": 2})
         assert counting.read == 1
+
+
+async def test_a_cancel_committed_beside_an_event_the_registry_cannot_read_still_fences(
+    nc: NATS, store: EventStore, registry: ActivationRegistry
+) -> None:
+    """One commit, two events: one this release cannot read (a newer release's, mid-upgrade)
+    and the cancel of this activation. The registry skipped the commit whole, and the
+    activation it cancels acted on."""
+    w = await world(store)
+    cancel = ActivationCancelRequested(activation_id=w.activation_id, reason="asked")
+    other = ActivationCancelRequested(activation_id=new_id(), reason="asked")
+    prepared = await store.prepare(w.session_id, [other, cancel], 2, SCHEDULER)
+    unreadable = json.loads(prepared.payload)
+    unreadable[0]["data"] = {"activation_id": ["not", "an", "id"]}
+    await store.commit(dataclasses.replace(prepared, payload=json.dumps(unreadable).encode()))
+
+    assert await registry.fresh(store, w.session_id)
+    live = registry.get(w.activation_id)
+    assert live is not None
+    assert live.fenced

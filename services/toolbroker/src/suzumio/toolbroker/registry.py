@@ -30,7 +30,7 @@ from suzumio.contracts.events.activation import TERMINAL_ACTIVATION_EVENTS
 from suzumio.contracts.subjects import Topology
 from suzumio.platform.bus.direct_get import first_since
 from suzumio.platform.bus.eventstore import EventStore, Head, envelopes_of
-from suzumio.platform.bus.follower import LogFollower
+from suzumio.platform.bus.follower import LogFollower, LogMessage
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.logging import get_logger
 from suzumio.platform.position import Position
@@ -172,13 +172,7 @@ class ActivationRegistry:
             while msg is not None:  # fold what is queued before waking the waiters
                 folded = True
                 if WANTED.intersection(msg.types):
-                    try:
-                        for envelope in envelopes_of(msg.data):
-                            if envelope.type in WANTED:
-                                self._apply(envelope.aggregate_id, decode_data(envelope))
-                    except Exception:  # one bad message must not stop the fencing
-                        log.exception("registry.undecodable", seq=msg.seq)
-                        folded = False
+                    folded = self._fold_message(msg)
                 if folded and msg.subject.startswith(self._activation_prefix):
                     # Only a version whose every event was folded: a write on top of it relies
                     # on none of them having ended the activation (see `append_own`).
@@ -189,6 +183,26 @@ class ActivationRegistry:
                 msg = self._follower.next_nowait()
             self._forget_ended()
             await self.folded.advance(position)
+
+    def _fold_message(self, msg: LogMessage) -> bool:
+        """Fold the wanted events of one message; False if any could not be read. Each event on
+        its own: one that cannot be (a newer release's, mid-upgrade) must not take the others
+        of its commit with it — a cancel or an end among them, and the activation acted on."""
+        try:
+            envelopes = envelopes_of(msg.data)
+        except Exception:  # one bad message must not stop the fencing
+            log.exception("registry.undecodable", seq=msg.seq)
+            return False
+        folded = True
+        for envelope in envelopes:
+            if envelope.type not in WANTED:
+                continue
+            try:
+                self._apply(envelope.aggregate_id, decode_data(envelope))
+            except Exception:
+                log.exception("registry.undecodable", seq=msg.seq, type=envelope.type)
+                folded = False
+        return folded
 
     def _forget_ended(self) -> None:
         horizon = time.monotonic() - self._lookback.total_seconds()
