@@ -1,7 +1,9 @@
 """The session service's cache of aggregate states is bounded by the ids they hold, not only by
 their number: a long session keeps one per message, signal and checkpoint for good, and
-20,000 of them could hold hundreds of millions. The least recently used go first; the one just
-kept stays, however heavy (it is in use)."""
+20,000 of them could hold hundreds of millions. The least recently used go first; the two used
+last stay, however heavy: a command reads its aggregate, then another (a session, then its
+project for the caller's role), and a session heavier than the whole budget, evicted by its
+project's read, was read again whole by every command on it."""
 
 from __future__ import annotations
 
@@ -27,10 +29,21 @@ def test_the_cache_lets_the_least_recently_used_go_past_its_weight() -> None:
     repo._keep(("session", "d"), session("d", 300))  # 1,204 in all: the oldest goes
     assert set(repo._cache) == {("session", n) for n in "bcd"}
 
-    grown = session("b", 900)  # kept again, grown: the others go, it stays
+    grown = session("b", 900)  # kept again, grown: the older go, the two used last stay
     repo._keep(("session", "b"), grown)
-    assert set(repo._cache) == {("session", "b")}
-    huge = session("e", 5_000)  # over the bound alone: kept, being used
+    assert set(repo._cache) == {("session", "d"), ("session", "b")}
+    huge = session("e", 5_000)  # over the bound alone: kept, being used, with the one before
     repo._keep(("session", "e"), huge)
-    assert set(repo._cache) == {("session", "e")}
-    assert repo._weight == huge.weight
+    assert set(repo._cache) == {("session", "b"), ("session", "e")}
+    assert repo._weight == grown.weight + huge.weight
+
+
+def test_a_session_heavier_than_the_budget_outlives_its_projects_read() -> None:
+    repo = Repository(cast("EventStore", None), cache_size=100, cache_weight=1_000)
+    repo._keep(("session", "long"), session("long", 5_000))
+    project = SessionState("p")  # any light aggregate read after it, as a project is
+    project.version = 1
+    repo._keep(("project", "p"), project)
+    assert ("session", "long") in repo._cache
+    repo._keep(("session", "next"), session("next", 10))  # a third: the oldest goes
+    assert set(repo._cache) == {("project", "p"), ("session", "next")}

@@ -28,6 +28,7 @@ from suzumio.session.domain.state import AggregateState
 
 S = TypeVar("S", bound=AggregateState)
 RETRY_PAUSE_SECONDS = 0.005  # the first retry's longest pause; doubled at each one after
+KEPT_HOWEVER_HEAVY = 2  # the aggregates used last, kept over the cache's bounds (`_keep`)
 Decide = Callable[[S], Sequence[DomainEvent]]
 
 
@@ -86,8 +87,11 @@ class Repository:
         weight = state.weight
         self._weight += weight - self._weights.get(key, 0)
         self._weights[key] = weight
-        # The least recently used go first; the one just kept stays, however heavy.
-        while len(self._cache) > 1 and (
+        # The least recently used go first; the two used last stay, however heavy: a command
+        # reads its aggregate and then another (a session, then its project for the role),
+        # and a session heavier than the whole budget, evicted by its project's read, was read
+        # again whole — every message text of it decoded — by every command on it.
+        while len(self._cache) > KEPT_HOWEVER_HEAVY and (
             len(self._cache) > self._cache_size or self._weight > self._cache_weight
         ):
             self._forget(next(iter(self._cache)))
