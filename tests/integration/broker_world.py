@@ -21,6 +21,7 @@ from suzumio.platform.bus.eventstore import EventStore
 from suzumio.platform.tokens import TokenSigner
 from suzumio.toolbroker.access import Gate
 from suzumio.toolbroker.bootstrap import create_app
+from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.registry import ActivationRegistry
 from suzumio.toolbroker.signed_first import SignedFirst
 from suzumio.toolbroker.state import Broker, Metrics
@@ -90,6 +91,7 @@ def client(
     operations: SupportOperations | None = None,
     live_budget: int | None = None,
     log_budget: int | None = None,
+    waiter: PendingWaiter | None = None,
 ) -> httpx.AsyncClient:
     broker = Broker(
         nc=nc,
@@ -101,7 +103,7 @@ def client(
         operations=operations or SupportOperations({}),
         metrics=Metrics(),
         gate=Gate(TokenSigner([KEY]), registry, store),
-        waiter=cast("Any", None),
+        waiter=cast("Any", waiter),
         artifacts=cast("Any", None),
     )
     if live_budget is not None:

@@ -22,6 +22,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -35,7 +36,9 @@ from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
 from suzumio.contracts.values import Author
 from suzumio.platform.bus.eventstore import AggregateStream, EventStore, Head
+from suzumio.toolbroker.pending import PendingWaiter
 from suzumio.toolbroker.registry import ActivationRegistry
+from suzumio.toolbroker.routes import MAX_ASKS_PER_ACTIVATION
 from tests.integration.broker_world import (
     SCHEDULER,
     Recorder,
@@ -43,6 +46,7 @@ from tests.integration.broker_world import (
     client,
     world,
 )
+from tests.support import eventually
 
 
 def nested(levels: int) -> Any:
@@ -386,3 +390,42 @@ async def test_a_cancel_committed_beside_an_event_the_registry_cannot_read_still
     live = registry.get(w.activation_id)
     assert live is not None
     assert live.fenced
+
+
+async def test_an_activation_waits_on_a_few_asks_at_once(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    """Each ask may hold its request for minutes, and one asked again writes nothing new:
+    nothing bounded how many a sandbox held open — a socket and a waiter each. Past the
+    share, 503 (sent again after Retry-After); an ask that ended gives its place back."""
+    w = await world(store)
+    waiter = PendingWaiter(nc, topology, store)
+    await waiter.start()
+    try:
+        async with client(nc, topology, store, registry, Recorder(), w.token, waiter=waiter) as c:
+
+            async def ask(i: int, wait: float) -> httpx.Response:
+                body = {"pending_action_id": f"q{i}", "prompt": "which?", "wait_seconds": wait}
+                return await c.post("/runner/ask", json=body)
+
+            waiting = [asyncio.create_task(ask(i, 30)) for i in range(MAX_ASKS_PER_ACTIVATION)]
+            await eventually(
+                lambda: asyncio.sleep(0, waiter._waiting),  # noqa: SLF001
+                lambda held: len(held) == MAX_ASKS_PER_ACTIVATION,
+                what="the asks waiting",
+            )
+            refused = await ask(99, 0)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] == "1"
+            waiting.pop().cancel()
+            await eventually(
+                lambda: asyncio.sleep(0, waiter._waiting),  # noqa: SLF001
+                lambda held: len(held) < MAX_ASKS_PER_ACTIVATION,
+                what="a place given back",
+            )
+            assert (await ask(100, 0)).status_code == 200
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+    finally:
+        await waiter.close()

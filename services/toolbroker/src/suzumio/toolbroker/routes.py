@@ -59,6 +59,7 @@ from suzumio.contracts.subjects import LIVE_DUPLICATE_WINDOW_SECONDS
 from suzumio.contracts.values import MAX_JSON_DEPTH, PendingKind
 from suzumio.platform import telemetry
 from suzumio.platform.logging import get_logger
+from suzumio.platform.shares import Shares
 from suzumio.toolbroker.access import Caller
 from suzumio.toolbroker.own_writes import append_own, output_in_log, started_in_log
 from suzumio.toolbroker.policy import approval_asked, permit
@@ -240,6 +241,8 @@ def _tool_span(headers: Mapping[str, str], caller: Caller, body: ToolCallFinish,
 
 MIN_LOG_CHARGE = 1024  # bytes a call counts against its activation's log budget at least
 MAX_USAGE_BYTES = 64 * 1024  # an output's usage (its model calls and tokens), as JSON
+MAX_ASKS_PER_ACTIVATION = 16  # asks of one activation waiting at once on a replica
+_asking = Shares()  # the asks waiting on this replica, by activation
 
 
 def _charge(broker: Broker, caller: Caller, body: BaseModel, *, now: bool = True) -> int:
@@ -516,6 +519,26 @@ async def _take_signals(caller: Caller, broker: Broker, received: tuple[str, ...
 
 @router.post("/runner/ask")
 async def ask(body: AskRequest, caller: Auth, broker: Shared) -> AskOutcome:
+    # A few asks of an activation's at once on a replica: each may hold its request for
+    # minutes (`wait_seconds`), and one asked again writes nothing new, so the log budget
+    # bounded nothing — a sandbox could hold tens of thousands open, each a socket and a
+    # waiter. A 503 (sent again after Retry-After), as an upload past its share gets.
+    activation_id = caller.claims.activation_id
+    if _asking.held(activation_id) >= MAX_ASKS_PER_ACTIVATION:
+        raise BrokerError(
+            503,
+            "unavailable",
+            f"an activation waits on at most {MAX_ASKS_PER_ACTIVATION} asks at once",
+            {"Retry-After": "1"},
+        )
+    release = _asking.take(activation_id)
+    try:
+        return await _ask(body, caller, broker)
+    finally:
+        release()
+
+
+async def _ask(body: AskRequest, caller: Caller, broker: Broker) -> AskOutcome:
     c = caller.claims
     prompt = body.prompt
     if body.kind is PendingKind.APPROVAL:  # how `ask` itself works: of one call, worded here
