@@ -597,6 +597,8 @@ class Worker:
         operator, its stream made again), and bound anew — else every pull failed, once a
         second, for as long as the worker lived, and the pool sat idle. `psub` as it was when
         the consumer is there, or cannot be looked at now."""
+        if not self.nc.is_connected:  # asked now, the look would wait for the reconnect
+            return psub
         js = self.js
         stream, durable = (
             self.topology.activations_stream,
@@ -1116,7 +1118,9 @@ class Worker:
                 await self._publish(refused, flush=True)
                 await run.msg.term()
                 return
-            if claim == "unknown":  # for another worker, or this one once NATS answers
+            if claim == "unknown" and run.stop_reason is None:
+                # For another worker, or this one once NATS answers. (Cancelled meanwhile, it
+                # ends below as stopped before its runner started: it never ran.)
                 await self._give_back(dispatch, run.msg, own=run.own)
                 return
             if (stopped := run.stop_reason) is not None:  # cancelled while it was made ready
