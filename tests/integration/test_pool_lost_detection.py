@@ -68,3 +68,16 @@ async def test_a_dispatch_heard_of_while_the_workers_are_asked_is_not_lost(
     claimed: Any = await backend._claimed(tracker)  # noqa: SLF001
 
     assert claimed is (heard is not None)  # silent still, and unclaimed: lost
+
+
+async def test_a_queued_dispatch_no_worker_claims_is_still_lost(backend: PoolBackend) -> None:
+    """The queued path looks at a dispatch just after it noted the look (its silence is then
+    short): what makes it claimed is a word heard while the workers were asked, not that."""
+    tracker = _Tracker(f"{new_id()}.1", started=False)
+    tracker.last_seen = time.monotonic()
+
+    async def ask(dispatch_id: str | None = None) -> list[PoolWorkerInfo]:
+        return []
+
+    backend._ask_workers = ask  # type: ignore[method-assign]  # noqa: SLF001
+    assert not await backend._claimed(tracker)  # noqa: SLF001

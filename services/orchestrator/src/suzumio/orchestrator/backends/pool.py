@@ -509,6 +509,7 @@ class PoolBackend:
         worker back from an outage, its buffered heartbeats or end flushed before its
         subscription to the question is back — it is not lost either: killed for that, a
         healthy run was done again, and an end's outputs were never recorded."""
+        seen = tracker.last_seen  # each word taken moves it
         for info in await self._ask_workers(tracker.dispatch_id):
             for status in info.exited:
                 if status.dispatch_id == tracker.dispatch_id and tracker.update(status):
@@ -517,8 +518,7 @@ class PoolBackend:
                 if status.dispatch_id == tracker.dispatch_id:
                     tracker.update(status)  # its `started`: alive, and on that worker
                     return True
-        heard = self._silence(tracker) < self.settings.heartbeat_timeout_seconds
-        return tracker.final is not None or heard
+        return tracker.last_seen != seen
 
     async def _queued_still(self, handle: Handle) -> bool:
         """Whether its message is still in the work queue (waiting, or held unacked by a
