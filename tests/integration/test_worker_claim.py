@@ -99,18 +99,23 @@ async def test_a_claim_whose_write_goes_unanswered(
     assert await claim(worker_on(nc, topology, tmp_path, "wb"), dispatch_id) == next_worker
 
 
-async def test_a_platform_without_the_claims_stream_still_runs_its_dispatches(
-    nc: NATS, topology: Topology, tmp_path: Path
+@pytest.mark.parametrize("stream_there", [False, True], ids=["no-stream", "electing"])
+async def test_a_claim_no_stream_answers(
+    nc: NATS, topology: Topology, tmp_path: Path, *, stream_there: bool
 ) -> None:
-    """No stream answers any try (a platform from before `CLAIMS`): run unclaimed, as
-    before — where an answer that is lost says nothing of whether it was written."""
-    older = worker_on(nc, topology, tmp_path, "wa")
+    """No stream answers any try: a platform from before `CLAIMS` — the stream is not there —
+    runs it unclaimed, as before; but on a cluster a stream electing its leader answers
+    "no responders" too, to the very worker this guards against: unknown, given back."""
+    if not stream_there:
+        await nc.jetstream().delete_stream(topology.claims_stream)
+    worker = worker_on(nc, topology, tmp_path, "wa")
     tried: list[str] = []
 
     async def publish(subject: str, payload: bytes, **options: Any) -> Any:
         tried.append(subject)
         raise NoStreamResponseError
 
-    older.js.publish = publish  # type: ignore[method-assign,assignment]
-    assert await claim(older, f"{new_id()}.1") == "ours"
+    worker.js.publish = publish  # type: ignore[method-assign,assignment]
+    outcome = "unknown" if stream_there else "ours"
+    assert await claim(worker, f"{new_id()}.1") == outcome
     assert len(tried) == 1 + len(worker_module.CLAIM_PAUSES_SECONDS)

@@ -974,8 +974,11 @@ class Worker:
         very one whose dispatch the queue hands to another worker after the ack wait, and
         started unclaimed it ran beside that worker's run. The claim found there is then
         read: this process's own (a write that got through, its answer lost) is `ours`.
-        Still unknown after the tries: `unknown`, not started here. A platform from before
-        the stream (no stream answers any try) runs it unclaimed, as before."""
+        Still unknown after the tries: `unknown`, not started here. Nothing is written while
+        the connection is away (nats-py would send it at the reconnect, after the dispatch
+        was given back: the next worker then found it claimed, and the attempt was lost).
+        A platform from before the stream (no stream answers any try, and the stream is not
+        there) runs it unclaimed, as before."""
         dispatch = run.dispatch
         value = f"{self.cfg.worker_id} {self._instance}".encode()
         subject = self.topology.claim_subject(dispatch.dispatch_id)
@@ -985,6 +988,9 @@ class Worker:
                 if run.stop_reason is not None or self._stopping():
                     return "unknown"
                 await asyncio.sleep(pause)
+            if not self.nc.is_connected:
+                no_stream = False
+                continue
             try:
                 await self.js.publish(
                     subject,
@@ -995,7 +1001,7 @@ class Worker:
                 )
             except JetStreamAPIError as exc:
                 if exc.err_code in WRONG_LAST_SEQUENCE:
-                    return "ours" if await self._holds_claim(subject, value) else "theirs"
+                    return await self._whose_claim(subject, value)
                 no_stream = False
                 log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
             except NoStreamResponseError as exc:
@@ -1005,16 +1011,29 @@ class Worker:
                 log("worker.claim_unknown", dispatch=dispatch.dispatch_id, error=repr(exc))
             else:
                 return "ours"
-        return "ours" if no_stream else "unknown"
+        # No responders at every try: no stream — or, on a cluster, one electing its leader
+        # (or out of this worker's reach), which only a look at the stream tells apart.
+        return "ours" if no_stream and not await self._claims_stream_there() else "unknown"
 
-    async def _holds_claim(self, subject: str, value: bytes) -> bool:
-        """Whether the claim on `subject` is this process's (False if it cannot be read)."""
+    async def _whose_claim(self, subject: str, value: bytes) -> Claim:
+        """The claim found on `subject`: this process's own, another's, or `unknown` if it
+        cannot be read now."""
         try:
             found = await self.js.get_last_msg(self.topology.claims_stream, subject)
         except Exception as exc:
             log("worker.claim_unread", subject=subject, error=repr(exc))
+            return "unknown"
+        return "ours" if found.data == value else "theirs"
+
+    async def _claims_stream_there(self) -> bool:
+        """Whether `CLAIMS` exists (True when that cannot be told: the claim stays unknown)."""
+        try:
+            await self.js.stream_info(self.topology.claims_stream)
+        except NotFoundError:
             return False
-        return found.data == value
+        except Exception as exc:
+            log("worker.claims_stream_unknown", error=repr(exc))
+        return True
 
     async def _refuse_unreadable(self, msg: Msg) -> None:
         log("worker.invalid_dispatch", seq=msg.metadata.sequence.stream)
