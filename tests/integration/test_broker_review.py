@@ -100,8 +100,8 @@ async def test_an_output_too_large_for_the_bus_is_refused_before_its_history_is_
             "/activation-output",
             json={"text": "done", "usage": {"pad": "x" * 9_000_000}, "history": [entry]},
         )
-        assert refused.status_code == 422, refused.text
-        assert refused.json()["code"] == "invalid"
+        assert refused.status_code == 413, refused.text  # not 422: "a broker from before"
+        assert refused.json()["code"] == "too_large"
         assert commands.sent == []  # no history appended
         fine = await c.post(
             "/activation-output", json={"text": "done", "usage": {"a": 1}, "history": [entry]}

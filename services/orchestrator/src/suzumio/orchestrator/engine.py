@@ -386,14 +386,14 @@ class Orchestrator:
                 task.cancel()  # a new leader takes over the watching; sandboxes live on
             try:
                 await asyncio.gather(*running, return_exceptions=True)
-            finally:  # cancelled meanwhile (the term's end overdue): its state goes all the same
+            finally:  # cancelled meanwhile (the term's end overdue): it steps down all the same
                 self._end_term()
-            for backend in self.backends.values():
-                try:
-                    await backend.release()
-                except Exception as exc:  # a backend's fault must not stop the stepping down
-                    log.warning("orchestrator.release_failed", backend=backend.name,
-                                error=repr(exc))  # fmt: skip
+                for backend in self.backends.values():
+                    try:
+                        await backend.release()
+                    except Exception as exc:  # a backend's fault must not stop the stepping down
+                        log.warning("orchestrator.release_failed", backend=backend.name,
+                                    error=repr(exc))  # fmt: skip
 
     def _end_term(self) -> None:
         """What a term knew that the next must find again for itself."""

@@ -241,7 +241,9 @@ def _tool_span(headers: Mapping[str, str], caller: Caller, body: ToolCallFinish,
 
 MIN_LOG_CHARGE = 1024  # bytes a call counts against its activation's log budget at least
 MAX_USAGE_BYTES = 64 * 1024  # an output's usage (its model calls and tokens), as JSON
-MAX_ASKS_PER_ACTIVATION = 16  # asks of one activation waiting at once on a replica
+# Asks of one activation waiting at once on a replica: above a profile's most tool calls at
+# once (64), each of which may ask for its approval in the same round.
+MAX_ASKS_PER_ACTIVATION = 128
 _asking = Shares()  # the asks waiting on this replica, by activation
 
 
@@ -680,7 +682,9 @@ async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorde
     # wrote history past the log budget each time.
     _plain_json(body.usage, "usage")
     if len(to_json(body.usage)) > MAX_USAGE_BYTES:
-        raise BrokerError(422, "invalid", f"usage is at most {MAX_USAGE_BYTES} bytes of JSON")
+        # Not a 422: from the final call, the runner takes that for a broker from before it,
+        # and sends the parts apart — the history and the live batch had their effect then.
+        raise BrokerError(413, "too_large", f"usage is at most {MAX_USAGE_BYTES} bytes of JSON")
     recorded = ActivationOutputRecorded(text=body.text, usage=body.usage, reason=body.reason)
     _distinct(body.history)
     _model_replies(body.history)
