@@ -22,6 +22,7 @@ from suzumio.runner.worker import Worker, WorkerConfig
 class FakeMsg:
     def __init__(self, pending: int = 0) -> None:
         self.metadata = SimpleNamespace(num_pending=pending)
+        self.data = b"{}"  # no dispatch this worker could have had before
         self.naked = False
 
     async def nak(self) -> None:

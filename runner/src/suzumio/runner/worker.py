@@ -765,7 +765,7 @@ class Worker:
         one asked meanwhile (one a second) — the queue then handed this worker that many
         dispatches at once, more than its slots, held unstarted past their ack wait and
         handed out again (a delivery each, towards their `max_deliver`)."""
-        if not self.nc.is_connected:
+        if self._nc is not None and not self._nc.is_connected:
             await asyncio.sleep(min(timeout, AWAY_PAUSE_SECONDS))
             return []
         try:

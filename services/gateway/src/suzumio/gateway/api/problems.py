@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from asyncpg.exceptions import UndefinedTableError
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -12,6 +13,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from suzumio.contracts.errors import HTTP_STATUS, CommandError, CommandTimeoutError
+from suzumio.platform.bus.direct_get import DirectGetError
 from suzumio.platform.db.trouble import POSTGRES_SUSPECTS, is_postgres_trouble
 from suzumio.platform.errors import JetStreamApiError
 from suzumio.platform.logging import get_logger
@@ -189,6 +191,15 @@ async def _postgres_suspect(request: Request, exc: Exception) -> JSONResponse:
     raise exc
 
 
+async def _relation_missing(request: Request, exc: Exception) -> JSONResponse:
+    """A read model's table not there (yet): on a platform's first start the session
+    service's projector makes them a moment after the gateway is up, and a rebuild swaps them
+    in — a 503 to send again. Any other relation missing is a bug of ours: raised on."""
+    if 'relation "proj_' in str(exc):
+        return await _unavailable(request, exc)
+    raise exc
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("api.unexpected_error", path=request.url.path, exc_info=exc)
     return problem_response(500, "internal", "the request failed unexpectedly")
@@ -198,6 +209,8 @@ HANDLERS = {
     **dict.fromkeys(TROUBLE, _unavailable),
     **dict.fromkeys(POSTGRES_SUSPECTS, _postgres_suspect),
     JetStreamApiError: _jetstream_error,
+    DirectGetError: _jetstream_error,
+    UndefinedTableError: _relation_missing,
     CommandError: _command_error,
     ApiError: _api_error,
     StarletteHTTPException: _http_error,
