@@ -18,7 +18,7 @@ from suzumio.contracts.errors import CommandTimeoutError, ConflictError
 from suzumio.contracts.events import ProjectCreated, ProjectRenamed
 from suzumio.contracts.ids import new_id
 from suzumio.contracts.subjects import Topology
-from suzumio.platform.bus.eventstore import EventStore
+from suzumio.platform.bus.eventstore import EventStore, Head
 from suzumio.platform.bus.jsapi import stream_last_seq
 from suzumio.platform.bus.replies import Replies
 from suzumio.platform.errors import PlatformError
@@ -41,6 +41,19 @@ def direct_gets(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return seen
 
 
+def log_end_looks(store: EventStore) -> list[bool]:
+    """Each look-up of the log's end `store` makes from now on (`last_position`)."""
+    looked_up: list[bool] = []
+    real = store.last_position
+
+    async def last_position() -> int:
+        looked_up.append(True)
+        return await real()
+
+    store.last_position = last_position  # type: ignore[method-assign]
+    return looked_up
+
+
 async def test_an_append_refused_for_a_stale_version_reads_from_the_leaders_log(
     nc: NATS, topology: Topology, store: EventStore, direct_gets: list[dict[str, Any]]
 ) -> None:
@@ -51,14 +64,7 @@ async def test_an_append_refused_for_a_stale_version_reads_from_the_leaders_log(
     behind = EventStore(nc, topology)  # another writer, which saw version 1 last
     behind.observe("project", project, 1, created.events[0].seq)
     direct_gets.clear()
-    looked_up = []
-    real = behind.last_position
-
-    async def last_position() -> int:
-        looked_up.append(True)
-        return await real()
-
-    behind.last_position = last_position  # type: ignore[method-assign]
+    looked_up = log_end_looks(behind)
     with pytest.raises(ConflictError) as refused:
         await behind.append(project, [ProjectRenamed(name="r")], 1, EventMeta())
     # Conflicts are routine: the floor is the one the refusal names, no stream look-up.
@@ -71,16 +77,20 @@ async def test_an_append_refused_for_a_stale_version_reads_from_the_leaders_log(
 async def test_the_head_as_the_leader_has_it(
     nc: NATS, topology: Topology, store: EventStore, direct_gets: list[dict[str, Any]]
 ) -> None:
+    """From the stream's own API, which its leader answers: no Direct Get (which a follower
+    behind may answer), and one round trip (no look-up of the log's end before it)."""
     project = new_id()
-    await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
-    last = await stream_last_seq(nc, topology.events_stream)
+    created = await store.append(project, [ProjectCreated(name="p", owner_id="u")], 0, EventMeta())
+    renamed = await store.append(project, [ProjectRenamed(name="q")], 1, EventMeta())
+    reader = EventStore(nc, topology)  # nothing of it cached
+    looked_up = log_end_looks(reader)
     direct_gets.clear()
-    head = await store.head("project", project, latest=True)
-    assert head.version == 1
-    [body] = direct_gets
-    assert body["min_last_seq"] >= last
-    assert body["last_by_subj"] == topology.event_subject("project", project)
-    assert (await store.head("project", new_id(), latest=True)).version == 0
+    head = await reader.head("project", project, latest=True)
+    assert (head.version, head.seq) == (2, renamed.events[0].seq)
+    assert head.seq > created.events[0].seq
+    assert direct_gets == []
+    assert looked_up == []
+    assert (await reader.head("project", new_id(), latest=True)) == Head(0, 0)
 
 
 async def test_a_conflict_whose_head_cannot_be_read_is_trouble_not_a_refusal(

@@ -16,6 +16,7 @@ server checks, from what it has seen itself or, on a miss, from the last stored 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import re
 import time
@@ -45,7 +46,7 @@ from suzumio.contracts.subjects import DEFAULT_TOPOLOGY, Topology
 from suzumio.platform import telemetry
 from suzumio.platform.bus.direct_get import StoredMessage, first_after, iter_subject
 from suzumio.platform.bus.direct_get import last_for_subject as _last_for_subject
-from suzumio.platform.bus.jsapi import stream_last_seq
+from suzumio.platform.bus.jsapi import API_PREFIX, request, stream_last_seq
 from suzumio.platform.bus.replies import Replies, header_bytes
 from suzumio.platform.bus.trouble import NATS_TROUBLE
 from suzumio.platform.errors import JetStreamApiError, PlatformError
@@ -59,6 +60,7 @@ _UNREADABLE: tuple[type[Exception], ...] = (
     *NATS_TROUBLE,
 )
 
+HTTP_NOT_FOUND = 404  # a JetStream API answer's code: no message on the subject
 HDR_MSG_ID = "Nats-Msg-Id"
 HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 HDR_TYPE = "Suzumio-Type"
@@ -452,10 +454,35 @@ class EventStore:
 
     async def head(self, aggregate: str, aggregate_id: str, *, latest: bool = False) -> Head:
         """The aggregate's current version and last sequence, read from the server; `latest`:
-        from a replica holding every write acknowledged so far (a follower of a replicated
-        log may answer before it applied one)."""
+        as the stream's leader has it, holding every write acknowledged so far (a follower of
+        a replicated log may answer before it applied one)."""
         subject = self.topology.event_subject(aggregate, aggregate_id)
-        return await self._head_of(subject, await self.last_position() if latest else 0)
+        if latest:
+            return await self._leaders_head(subject)
+        return await self._head_of(subject)
+
+    async def _leaders_head(self, subject: str) -> Head:
+        """The subject's head from the stream's own API (`STREAM.MSG.GET`), which its leader
+        answers: one round trip, where a look-up of the log's end and a Direct Get holding a
+        replica to it took two — on every call of the tool-broker's on a cluster."""
+        try:
+            reply = await request(
+                self._nc,
+                f"{API_PREFIX}.STREAM.MSG.GET.{self._stream}",
+                {"last_by_subj": subject},
+                self._timeout,
+            )
+        except JetStreamApiError as exc:
+            if exc.code != HTTP_NOT_FOUND:
+                raise
+            head = Head(0, 0)  # nothing on the subject
+        else:
+            message = reply["message"]
+            headers = _header_block(base64.b64decode(message.get("hdrs") or ""))
+            data = base64.b64decode(message.get("data") or "")
+            head = Head(version_in(headers, data), int(message["seq"]))
+        self._remember(subject, head)
+        return head
 
     async def _head_of(self, subject: str, floor: int = 0) -> Head:
         stored = await _last_for_subject(
@@ -574,6 +601,17 @@ def types_of(headers: dict[str, str] | None) -> list[str] | None:
     """The event types a stored message holds, from its header (None when absent)."""
     value = (headers or {}).get(HDR_TYPE)
     return value.split(TYPE_SEPARATOR) if value else None
+
+
+def _header_block(raw: bytes) -> dict[str, str]:
+    """A stored message's headers (`NATS/1.0` and its `Name: Value` lines), as JetStream's
+    API gives them."""
+    headers: dict[str, str] = {}
+    for line in raw.decode("utf-8", "replace").split("\r\n")[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip()] = value.strip()
+    return headers
 
 
 def _version_of(stored: StoredMessage) -> int:
