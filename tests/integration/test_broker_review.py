@@ -429,3 +429,24 @@ async def test_an_activation_waits_on_a_few_asks_at_once(
             await asyncio.gather(*waiting, return_exceptions=True)
     finally:
         await waiter.close()
+
+
+async def test_an_activation_that_recorded_its_output_writes_nothing_more(
+    nc: NATS, topology: Topology, store: EventStore, registry: ActivationRegistry
+) -> None:
+    """Its runner calls nothing after its output (its files go before it): a call now is a
+    process the sandbox left behind (a shell command's background job, with the token it
+    read), which wrote to the session until the activation's end was stored. The output sent
+    again (its answer lost) is still answered."""
+    w = await world(store)
+    commands = Recorder()
+    entry = {"message_id": new_id(), "role": "assistant", "text": "later"}
+    async with client(nc, topology, store, registry, commands, w.token) as c:
+        done = await c.post("/activation-output", json={"text": "done"})
+        assert done.json() == {"recorded": True}
+        late = await c.post("/runner/history", json={"entries": [entry]})
+        assert late.status_code == 403, late.text
+        assert late.json()["code"] == "fenced"
+        again = await c.post("/activation-output", json={"text": "done"})
+        assert again.json() == {"recorded": False}
+    assert commands.sent == []

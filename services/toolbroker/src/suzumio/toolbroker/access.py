@@ -82,3 +82,9 @@ class Gate:
 def _unfenced(activation: LiveActivation) -> None:
     if activation.fenced:
         raise BrokerError(403, "fenced", f"the activation is {activation.fenced}")
+    if activation.output:
+        # Its work is done and said: its runner calls nothing after its output (its files go
+        # before it). A call now is a process it left behind (a background job of a shell
+        # command, with the token it read), which wrote to the session until the activation's
+        # end was stored.
+        raise BrokerError(403, "fenced", "the activation has recorded its output")
