@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import tarfile
 from collections.abc import AsyncIterator
@@ -12,10 +13,12 @@ from typing import Any
 
 import asyncpg
 import httpx
+from nats.js.errors import KeyNotFoundError
 
 from suzumio.contracts.commands import SetRuntimeProfile, UpdateAgent
 from suzumio.contracts.live import LiveChunk
 from suzumio.contracts.values import Backend, RuntimeProfileSpec
+from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from suzumio.platform.bus.commands import CommandClient
 from tests.e2e.stack import Stack
 from tests.support import eventually
@@ -165,3 +168,23 @@ async def publish_chunk(stack: Stack, world: World, text: str) -> None:
     await stack.nc.jetstream().publish(
         stack.topology.live_subject(world.session_id), chunk.model_dump_json().encode()
     )
+
+
+async def lose_kept_answer(stack: Stack, caller_key: str, path: str, idempotency_key: str) -> None:
+    """Delete the answer the gateway kept for a request under `idempotency_key` (as a command
+    that timed out after it was applied leaves it: its answer is never kept). The slot named
+    as the gateway names it (its caller's key, its path, the key), and waited for: the answer
+    is kept as the response goes out, and may land a moment after the client has it — taking
+    "the slot that came" instead took a slot a request before kept late."""
+    slot = hashlib.sha256(
+        b"\n".join([caller_key.encode(), path.encode() + b"?", idempotency_key.encode()])
+    ).hexdigest()
+    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
+
+    async def kept() -> bool:
+        with contextlib.suppress(KeyNotFoundError):
+            return (await kv.get(slot)).value is not None
+        return False
+
+    await eventually(kept, bool, what="the answer kept")
+    await kv.delete(slot)

@@ -7,14 +7,11 @@ import os
 from typing import Any, cast
 
 import httpx
-from nats.js.errors import NoKeysError
-from nats.js.kv import KeyValue
 
 from suzumio.contracts.subjects import ARTIFACTS_BUCKET, blob_name
 from suzumio.gateway.api.routes.artifacts import attachment
-from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
 from suzumio.platform.bus.objects import has_blob
-from tests.e2e.api import new_world, ok, problem, read_models_held
+from tests.e2e.api import lose_kept_answer, new_world, ok, problem, read_models_held
 from tests.e2e.stack import MAX_UPLOAD, Stack
 
 Part = tuple[str, tuple[str, bytes, str]]
@@ -215,13 +212,6 @@ async def test_an_idempotency_key_tells_uploads_apart_by_their_files(stack: Stac
     assert [i["sha256"] for i in listed["items"]] == [hashlib.sha256(b"12345678").hexdigest()]
 
 
-async def _slots(kv: KeyValue) -> set[str]:
-    try:
-        return set(await kv.keys())
-    except NoKeysError:
-        return set()
-
-
 async def _recorded_alone_then_answer_lost(
     stack: Stack, c: httpx.AsyncClient, base: str, first: Part, headers: dict[str, str]
 ) -> dict[str, Any]:
@@ -230,11 +220,9 @@ async def _recorded_alone_then_answer_lost(
     answer kept for the key — a timed-out command's answer never is, nor a 503's, nor one the
     gateway died before keeping. Simulated by uploading the first file alone under the key
     (the ids derived from a key do not depend on the files) and deleting the answer kept."""
-    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
-    before = await _slots(kv)
     recorded = ok(await c.post(base, files=[first], headers=headers), 201)
-    [slot] = await _slots(kv) - before
-    await kv.delete(slot)
+    caller = c.headers["authorization"].removeprefix("Bearer ")
+    await lose_kept_answer(stack, caller, base, headers["Idempotency-Key"])
     [item] = recorded["items"]
     return cast("dict[str, Any]", item)
 
@@ -279,14 +267,11 @@ async def test_an_upload_retried_while_the_read_models_lag_is_not_kept_unfinishe
     headers = {"Idempotency-Key": f"up-{os.urandom(6).hex()}"}
     readme: Part = ("file", ("docs/readme.md", b"# lag\n", "text/markdown"))
     blob: Part = ("file", ("data/lag.bin", os.urandom(2048), "application/octet-stream"))
-    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
     async with stack.client(world.key) as c:
         async with read_models_held(stack):
-            before = await _slots(kv)
             # The first file recorded; the answer (a 504 here) lost with the gateway.
             problem(await c.post(base, files=[readme], headers=headers), 504, "timeout")
-            [slot] = await _slots(kv) - before
-            await kv.delete(slot)
+            await lose_kept_answer(stack, world.key, base, headers["Idempotency-Key"])
             lagged = await c.post(base, files=[readme, blob], headers=headers)
         problem(lagged, 503, "unavailable")
         assert "retry-after" in lagged.headers

@@ -13,22 +13,17 @@ from typing import Any
 
 import httpx
 
-from suzumio.gateway.bootstrap import IDEMPOTENCY_BUCKET
-from tests.e2e.api import new_world, ok, problem
+from tests.e2e.api import lose_kept_answer, new_world, ok, problem
 from tests.e2e.stack import Stack
-from tests.e2e.test_api_artifacts_mounts import _slots
 
 
 async def _answer_lost(
-    stack: Stack, send: Callable[[], Awaitable[httpx.Response]]
+    stack: Stack, send: Callable[[], Awaitable[httpx.Response]], who: str, path: str, key: str
 ) -> httpx.Response:
     """`send`'s first answer, whose kept copy is then deleted: as a command that timed out
     after it was applied leaves it (its answer is never kept)."""
-    kv = await stack.nc.jetstream().key_value(stack.topology.bucket(IDEMPOTENCY_BUCKET))
-    before = await _slots(kv)
     first = await send()
-    [slot] = await _slots(kv) - before
-    await kv.delete(slot)
+    await lose_kept_answer(stack, who, path, key)
     return first
 
 
@@ -64,8 +59,10 @@ async def test_a_retry_of_a_made_project_session_or_message_answers_as_the_first
             ) -> httpx.Response:
                 return await c.post(path, json=body, headers=headers)
 
-            first = ok(await _answer_lost(stack, post), status)
-            again = await _answer_lost(stack, post)  # lost again: the next may run too
+            key = headers["Idempotency-Key"]
+            first = ok(await _answer_lost(stack, post, world.key, path, key), status)
+            # Lost again: the next may run too.
+            again = await _answer_lost(stack, post, world.key, path, key)
             assert again.status_code == status, (path, again.text)
             assert again.json() == first, path  # the same object, the same position
             # The same key with another body names the same ids: that conflict stands.
