@@ -9,6 +9,7 @@ from typing import Any
 from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
+from suzumio.contracts.nats_headers import parse_header_block
 from suzumio.contracts.nats_servers import nats_servers
 from suzumio.platform.logging import get_logger
 
@@ -25,6 +26,9 @@ class Client(NATS):
     message, no reply, no heartbeat — until the pings found it stale, minutes later.
     The runner's pool worker connects with the same fix (`suzumio.runner.nats_client`).
     """
+
+    # The header blocks parsed in a fraction of the time (`suzumio.contracts.nats_headers`).
+    _parse_header_lines = staticmethod(parse_header_block)
 
     async def _process_pong(self) -> None:
         if self._pongs and self._pongs[0].done():  # its flush gave up: this PONG is its own
