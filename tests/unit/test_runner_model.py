@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
 
 from suzumio.contracts.values import ModelSpec
@@ -282,6 +283,48 @@ async def test_a_client_given_another_base_url_calls_it() -> None:
             await http.aclose()
     assert [r.path for r in a.completion_requests] == ["/v1/chat/completions"]
     assert [r.path for r in b.completion_requests] == ["/v1/chat/completions"]
+
+
+async def test_each_call_sends_its_own_body_with_the_headers_the_sdk_makes() -> None:
+    """The SDK client makes a request but its body once (`connections._SdkClient`): each call
+    still sends its own body with its own length, the headers the SDK itself makes for it,
+    the cookies the provider set since, and the key the client has now."""
+    async with ScriptedModelServer() as server:
+        server.script(
+            [
+                Reply.text("one", headers={"set-cookie": "__cf_bm=abc; Path=/"}),
+                Reply.text("two"),
+                Reply.text("three"),
+            ]
+        )
+        model = ModelClient(ModelSpec(name="m"), Endpoint(server.url + "/v1", "first"))
+        reference = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="first")
+        try:
+            short = [{"role": "user", "content": "hi"}]
+            long = [{"role": "user", "content": "a longer message " * 50}]
+            assert (await model.complete(short, [], 100)).text == "one"
+            assert (await model.complete(long, [], 100)).text == "two"
+            model.use_key("second")
+            assert (await model.complete(short, [], 100)).text == "three"
+            options = openai._models.FinalRequestOptions.construct(
+                method="post", url="/chat/completions", json_data={"x": 1},
+                security={"bearer_auth": True},
+            )  # fmt: skip
+            made = reference._build_request(options)
+        finally:
+            await model.close()
+            await reference.close()
+    first, second, third = server.completion_requests
+    assert [r.messages for r in (first, second, third)] == [short, long, short]
+    for request in (first, second, third):
+        assert request.headers["content-length"] == str(len(orjson.dumps(request.body)))
+    sdk_headers = {k.lower() for k in made.headers} - {"content-length", "cookie"}
+    assert sdk_headers <= set(second.headers), sdk_headers - set(second.headers)
+    assert second.headers["x-stainless-retry-count"] == made.headers["x-stainless-retry-count"]
+    assert "cookie" not in first.headers
+    assert second.headers["cookie"] == "__cf_bm=abc"
+    keys = [r.headers["authorization"] for r in (first, second, third)]
+    assert keys == ["Bearer first", "Bearer first", "Bearer second"]
 
 
 async def test_a_stream_that_ends_with_no_finish_reason_and_no_done_was_cut_short() -> None:
