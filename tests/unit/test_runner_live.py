@@ -94,3 +94,35 @@ async def test_a_rest_with_too_much_text_for_one_batch_is_sent_in_batches_the_br
     sizes = [sum(len(t) for t in texts) for _, texts in broker.batches]
     assert [n for n, _ in broker.batches] == [0, 1]
     assert sizes == [20 * MAX_TEXT_PER_CHUNK, 5 * MAX_TEXT_PER_CHUNK]
+
+
+async def test_a_notice_waits_its_allowance_and_a_token_brings_it_along() -> None:
+    """The `running` notice may wait longer than a token: alone, it is not sent before its
+    allowance; a token coming meanwhile takes it along in its own batch, at the token's time."""
+    broker = Broker()
+    live = LiveStream(broker.client(), flush_seconds=0)
+    live.start()
+    live.event("state", "running", within=60)
+    for _ in range(20):  # the timer's turns, and more: it still waits for the notice's time
+        await asyncio.sleep(0)
+    assert broker.batches == []
+    live.text("ok")
+    await asyncio.wait_for(broker.arrived.wait(), STEP)
+    await live.close()
+    assert broker.batches == [(0, ["running", "ok"])]
+
+
+async def test_a_token_after_a_notice_is_not_held_to_the_notice_time() -> None:
+    """A notice's long allowance never holds a token back: a batch goes at the earliest time
+    of what it holds."""
+    broker = Broker()
+    live = LiveStream(broker.client(), flush_seconds=0)
+    live.start()
+    live.text("first")
+    await asyncio.wait_for(broker.arrived.wait(), STEP)
+    broker.arrived.clear()
+    live.event("state", "compacted", within=60)
+    live.event("tool_progress", "file_read")  # a token's allowance: now
+    await asyncio.wait_for(broker.arrived.wait(), STEP)
+    await live.close()
+    assert broker.batches == [(0, ["first"]), (1, ["compacted", "file_read"])]

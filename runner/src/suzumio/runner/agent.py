@@ -50,7 +50,7 @@ from suzumio.runner.context import (
     render_signal,
     wire_call_id,
 )
-from suzumio.runner.live import LiveStream
+from suzumio.runner.live import NOTICE_SECONDS, LiveStream
 from suzumio.runner.log import MIN_SECRET_CHARS, keep_secret, log
 from suzumio.runner.loop import compaction, figures
 from suzumio.runner.loop.failures import (
@@ -222,7 +222,10 @@ class AgentLoop:
         await self._take_signals(
             self.spec.activation.signals, _after_the_agent(self.spec) | summarized
         )
-        self._live.event("state", "running", activation_id=self.spec.activation.id)
+        # A notice: an answer that comes within its allowance brings it along.
+        self._live.event(
+            "state", "running", within=NOTICE_SECONDS, activation_id=self.spec.activation.id
+        )
         while True:
             if self.model_calls >= self._config.max_model_calls:
                 return await self._grace()

@@ -1,11 +1,17 @@
 """Live output, batched: the model's tokens go to the broker in small batches on a timer, never
 one request per token (DESIGN.md §7). A slow or failing broker never stalls the model stream:
 the buffer keeps growing until the next flush, and live output is best-effort by design (the
-durable record is the history)."""
+durable record is the history).
+
+A chunk waits at most its allowance before it is sent: a token, `FLUSH_SECONDS`; a notice no
+one waits on, such as the `running` state at an activation's start, up to `NOTICE_SECONDS`
+— so that an answer that comes within it brings the notice along (often in the final call,
+with no batch of its own), while one that takes longer, as most do, still shows it in time."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -14,6 +20,7 @@ from suzumio.runner.broker import BrokerClient, FencedError
 from suzumio.runner.log import log
 
 FLUSH_SECONDS = 0.02
+NOTICE_SECONDS = 0.25
 MAX_TEXT_PER_CHUNK = 50_000
 MAX_CHUNKS_PER_BATCH = 1_000
 MAX_TEXT_PER_BATCH = 1_000_000  # of the broker's 2 M bound on text and data a batch
@@ -28,6 +35,7 @@ class LiveStream:
         self._started: float | None = None  # when the oldest buffered token arrived
         self._others: list[StreamChunk] = []
         self._wake = asyncio.Event()
+        self._due: float | None = None  # the loop's time by which the buffer goes
         self._task: asyncio.Task[None] | None = None
         self.fenced = False
         self.chunks_sent = 0
@@ -42,15 +50,22 @@ class LiveStream:
         if delta:
             if not self._text:
                 self._started = time.time()
+                self._send_within(self._flush_seconds)
             self._text.append(delta)
-            self._wake.set()
 
-    def event(self, kind: str, text: str = "", **data: Any) -> None:
+    def event(self, kind: str, text: str = "", *, within: float | None = None, **data: Any) -> None:
+        """A chunk of `kind`, sent within `within` seconds (a token's allowance by default)."""
         self._take_text()
         # A tool's name is the model's to choose: any length, any characters.
         text = _whole(text)[:MAX_TEXT_PER_CHUNK]
         self._others.append(StreamChunk(kind=kind, text=text, data=data))  # type: ignore[arg-type]
-        self._wake.set()
+        self._send_within(self._flush_seconds if within is None else within)
+
+    def _send_within(self, seconds: float) -> None:
+        due = asyncio.get_running_loop().time() + seconds
+        if self._due is None or due < self._due:
+            self._due = due
+            self._wake.set()  # the timer takes the earlier time
 
     def _take_text(self) -> None:
         if self._text:
@@ -68,6 +83,7 @@ class LiveStream:
 
     async def flush(self) -> None:
         self._take_text()
+        self._due = None
         batch, self._others = self._others, []
         if not batch or self.fenced:
             return
@@ -82,10 +98,18 @@ class LiveStream:
             log("live.flush_failed", error=repr(exc), chunks=len(batch))
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(self._flush_seconds)  # gather a batch
+            # Gather a batch until the earliest chunk's time, which one coming meanwhile with
+            # a shorter allowance brings forward.
+            while self._due is not None and (left := self._due - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._wake.wait()
+                self._wake.clear()
+            self._due = None
             self._sending = True
             try:
                 await self.flush()
