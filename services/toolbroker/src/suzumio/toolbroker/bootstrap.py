@@ -61,6 +61,21 @@ def credential_desk(settings: ToolbrokerSettings) -> CredentialDesk | None:
     return CredentialDesk(box, settings.credential_refresh_seconds)
 
 
+# Every activation's calls, the most frequent first (a batch of live output every 20 ms).
+HOT_PATHS = {
+    path: rank
+    for rank, path in enumerate(
+        (
+            "/runner/stream",
+            "/activation-output",
+            "/runner/tool-calls/start",
+            "/runner/tool-calls/finish",
+            "/runner/history",
+        )
+    )
+}
+
+
 def create_app(broker: Broker) -> FastAPI:
     # FastAPI's own OpenTelemetry (on once providers are installed) without its spans around
     # every dependency, endpoint and serialization, nor log records (structlog has the errors):
@@ -73,6 +88,9 @@ def create_app(broker: Broker) -> FastAPI:
     app.state.broker = broker
     for exc_type, handler in HANDLERS.items():
         app.add_exception_handler(exc_type, handler)
+    # A request's path is matched against each route in turn (~3 µs a route, 40 µs for the
+    # activation's output, defined last): the calls every activation makes come first.
+    router.routes.sort(key=lambda route: HOT_PATHS.get(getattr(route, "path", ""), len(HOT_PATHS)))
     app.include_router(router)
     app.include_router(files.router)
     app.include_router(credentials.router)
