@@ -71,6 +71,14 @@ def estimate_tokens(messages: Iterable[Message]) -> int:
 
 def _tokens(message: Message) -> int:
     content = message.get("content")
+    if type(content) is str and "tool_calls" not in message and "tool_call_id" not in message:
+        # Most messages, on every model call: their text alone (what the rest comes to).
+        return MESSAGE_OVERHEAD_TOKENS + -(-len(content) // CHARS_PER_TOKEN)
+    return _any_tokens(message)
+
+
+def _any_tokens(message: Message) -> int:
+    content = message.get("content")
     chars = len(_text(content)) + len(str(message.get("tool_call_id") or ""))
     for call in _tool_calls(message):
         function = call.get("function") or {}
