@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import orjson
@@ -81,7 +82,11 @@ def _sse(*events: bytes) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def _raw(response: bytes) -> AsyncIterator[str]:
+async def _raw(response: bytes, *, hold: bool = False) -> AsyncIterator[str]:
+    """A server answering every request with `response`, then closing the connection (with
+    `hold`, keeping it open until the test ends)."""
+    held: list[asyncio.StreamWriter] = []
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
@@ -92,13 +97,60 @@ async def _raw(response: bytes) -> AsyncIterator[str]:
         await reader.readexactly(length)
         writer.write(response)
         await writer.drain()
-        writer.close()
+        if hold:
+            held.append(writer)
+        else:
+            writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
     finally:
+        for writer in held:
+            writer.close()
         server.close()
+
+
+WHOLE = json.dumps({"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]})
+
+
+def _claiming(length: int, body: bytes) -> bytes:
+    """A streamed answer whose head claims `length` bytes, with `body` sent of them."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
+    return head % length + body
+
+
+DONE_BODY = b"data: " + WHOLE.encode() + b"\n\ndata: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("response", "hold"),
+    [
+        (_sse(WHOLE.encode(), b"[DONE]"), False),
+        (_sse(WHOLE.encode(), b"[DONE]", b'{"choices": "not read"}'), False),
+        (_claiming(len(DONE_BODY) + 100, DONE_BODY), False),  # cut short after [DONE]
+        (_claiming(len(DONE_BODY) + 100, DONE_BODY), True),  # never ends after [DONE]
+    ],
+    ids=["nothing after", "an event after", "cut short after", "held open after"],
+)
+async def test_a_reply_is_whole_at_done_whatever_follows(
+    response: bytes, hold: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner reads a stream's rest after `[DONE]` itself, for a moment (`model._read_out`),
+    so that the SDK's drain finds the response closed; what comes after, a body cut short or
+    one that never ends, changes nothing: the reply came whole."""
+    drained: list[bool] = []
+    sdk_drain = openai._streaming_cleanup.drain_response_async
+
+    async def drain(response: Any) -> None:
+        drained.append(response.is_closed)
+        await sdk_drain(response)
+
+    monkeypatch.setattr(openai._streaming, "drain_response_async", drain)
+    async with _raw(response, hold=hold) as url:
+        turn, pieces = await _complete(url)
+    assert (turn.text, turn.finish_reason, pieces) == ("ok", "stop", ["ok"])
+    assert drained == [True]  # read out (or given up on, held open): closed before its drain
 
 
 async def test_a_chunk_that_is_not_an_object_fails_the_call() -> None:

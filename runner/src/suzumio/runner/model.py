@@ -62,6 +62,7 @@ CALL_OVERHEAD_CHARS = 100  # counted per call, so a stream of empty calls is bou
 # One SSE event, as bytes: a provider that sends a call's whole arguments in one chunk sends
 # at most the 40 M above, JSON-escaped.
 MAX_EVENT_BYTES = 256 << 20
+DONE_READ_SECONDS = 0.1  # as long as the SDK's drain waits for the rest
 
 
 class StreamCutShortError(ConnectionError):
@@ -95,15 +96,29 @@ class _Stream(openai.AsyncStream[object]):
                 yield chunk
 
         try:
-            async for sse in self._decoder.aiter_bytes(counted(self.response.aiter_bytes())):
+            events = self._decoder.aiter_bytes(counted(self.response.aiter_bytes()))
+            async for sse in events:
                 since_event = 0
                 if sse.data.startswith("[DONE]"):
                     self.done = True
+                    await _read_out(events)
                 yield sse
         except timeout_exceptions() as err:  # as the SDK's own reading maps them
             raise openai.APITimeoutError(request=self.response.request) from err
         except request_exceptions() as err:
             raise openai.APIConnectionError(request=self.response.request) from err
+
+
+async def _read_out(events: AsyncIterator[ServerSentEvent]) -> None:
+    """The rest of a stream after its `[DONE]` (its body's end, as a rule), read for a moment:
+    the response is then whole and closed, and the SDK's own drain of it, under anyio's
+    cancel scopes, is skipped (~50 µs of a ~1 ms activation). What is still not read after
+    `DONE_READ_SECONDS` is left to that drain, and a failure reading it changes nothing: the
+    reply came whole."""
+    with contextlib.suppress(Exception):  # a timeout, a connection reset after the end, …
+        async with asyncio.timeout(DONE_READ_SECONDS):
+            async for _ in events:  # nothing is expected after [DONE]: dropped, as the SDK does
+                pass
 
 
 @dataclass(frozen=True)
