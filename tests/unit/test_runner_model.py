@@ -345,8 +345,9 @@ async def test_each_call_sends_its_own_body_with_the_headers_the_sdk_makes() -> 
         server.script(
             [
                 Reply.text("one", headers={"set-cookie": "__cf_bm=abc; Path=/"}),
-                Reply.text("two"),
-                Reply.text("three"),
+                Reply.text("two", headers={"set-cookie": "__cf_bm=def; Path=/"}),
+                Reply.text("three", headers={"set-cookie": "__cf_bm=ghi; Path=/"}),
+                Reply.text("four"),
             ]
         )
         model = ModelClient(ModelSpec(name="m"), Endpoint(server.url + "/v1", "first"))
@@ -356,8 +357,9 @@ async def test_each_call_sends_its_own_body_with_the_headers_the_sdk_makes() -> 
             long = [{"role": "user", "content": "a longer message " * 50}]
             assert (await model.complete(short, [], 100)).text == "one"
             assert (await model.complete(long, [], 100)).text == "two"
-            model.use_key("second")
+            model.use_key("second")  # a client of its own, made with cookies kept already
             assert (await model.complete(short, [], 100)).text == "three"
+            assert (await model.complete(long, [], 100)).text == "four"
             options = openai._models.FinalRequestOptions.construct(
                 method="post", url="/chat/completions", json_data={"x": 1},
                 security={"bearer_auth": True},
@@ -366,17 +368,22 @@ async def test_each_call_sends_its_own_body_with_the_headers_the_sdk_makes() -> 
         finally:
             await model.close()
             await reference.close()
-    first, second, third = server.completion_requests
-    assert [r.messages for r in (first, second, third)] == [short, long, short]
-    for request in (first, second, third):
+    first, second, third, fourth = server.completion_requests
+    assert [r.messages for r in (first, second, third, fourth)] == [short, long, short, long]
+    for request in (first, second, third, fourth):
         assert request.headers["content-length"] == str(len(orjson.dumps(request.body)))
     sdk_headers = {k.lower() for k in made.headers} - {"content-length", "cookie"}
     assert sdk_headers <= set(second.headers), sdk_headers - set(second.headers)
     assert second.headers["x-stainless-retry-count"] == made.headers["x-stainless-retry-count"]
     assert "cookie" not in first.headers
-    assert second.headers["cookie"] == "__cf_bm=abc"
-    keys = [r.headers["authorization"] for r in (first, second, third)]
-    assert keys == ["Bearer first", "Bearer first", "Bearer second"]
+    # Each request with the cookies as they are then: set, rotated, rotated again.
+    assert [r.headers["cookie"] for r in (second, third, fourth)] == [
+        "__cf_bm=abc",
+        "__cf_bm=def",
+        "__cf_bm=ghi",
+    ]
+    keys = [r.headers["authorization"] for r in (first, second, third, fourth)]
+    assert keys == ["Bearer first", "Bearer first", "Bearer second", "Bearer second"]
 
 
 async def test_a_stream_that_ends_with_no_finish_reason_and_no_done_was_cut_short() -> None:

@@ -130,6 +130,9 @@ class Connections:
         self._model = None
 
 
+_PER_REQUEST = frozenset({b"content-length", b"cookie"})
+
+
 @dataclass(frozen=True, slots=True)
 class _Template:
     """A request of the SDK's, but its body (`_SdkClient._build_request`); made with `base`
@@ -180,11 +183,13 @@ class _SdkClient(openai.AsyncOpenAI):
         key += (repr(options.timeout), repr(options.security))  # dicts, or a Timeout
         template = made.get(key)
         if template is None or template.base is not self.base_url or template.key != self.api_key:
-            # Made with an empty body, whose length is the one header dropped.
+            # Made with an empty body, whose length is dropped, and the cookies of the moment,
+            # dropped too: each request takes the client's cookies as they are by then (a
+            # `Cookie` header already there would keep the ones of this moment for good).
             first = super()._build_request(
                 options.model_copy(update={"content": b""}), retries_taken=retries_taken
             )
-            headers = [(k, v) for k, v in first.headers.raw if k.lower() != b"content-length"]
+            headers = [(k, v) for k, v in first.headers.raw if k.lower() not in _PER_REQUEST]
             template = made[key] = _Template(
                 self.base_url, self.api_key, first.method, first.url, headers, first.extensions
             )

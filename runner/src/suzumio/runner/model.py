@@ -101,7 +101,8 @@ class _Stream(openai.AsyncStream[object]):
                 since_event = 0
                 if sse.data.startswith("[DONE]"):
                     self.done = True
-                    await _read_out(events)
+                    if self.response.http_version == "HTTP/1.1":  # as the SDK drains it
+                        await _read_out(events)
                 yield sse
         except timeout_exceptions() as err:  # as the SDK's own reading maps them
             raise openai.APITimeoutError(request=self.response.request) from err
