@@ -7,6 +7,7 @@ activation keeps its own budgets."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -169,3 +170,40 @@ async def test_a_call_past_the_activations_log_budget_is_refused(budgeted: Stack
     async with broker(budgeted, other.token) as c:
         answer = await c.put("/runner/checkpoint", json={"checkpoint_id": new_id(), "data": data})
     assert answer.json() == {"recorded": True}
+
+
+def history_of(text: str) -> dict[str, Any]:
+    return {"entries": [{"message_id": new_id(), "role": "assistant", "text": text}]}
+
+
+async def test_calls_side_by_side_cannot_pass_the_log_budget_together(budgeted: Stack) -> None:
+    """A call's bytes count from its check on, not once it has written: two history calls
+    sent at once, each fitting the budget alone and not together, both passed the check
+    while the other's append was on its way."""
+    a = await live(budgeted, "racer")
+    async with broker(budgeted, a.token) as c:
+        answers = await asyncio.gather(
+            *(c.post("/runner/history", json=history_of("h" * 12_000)) for _ in range(2))
+        )
+    assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]
+    stream = await budgeted.store.load("session", a.world.session_id)
+    assert [e.envelope.type for e in stream.events].count("session.message_appended") == 1
+
+
+async def test_a_refused_call_gives_its_bytes_back(budgeted: Stack) -> None:
+    """A call the session refuses wrote nothing, and counts nothing: a compaction naming
+    entries the session does not hold took its 15 KB of the budget for good, and the history
+    call after it, which fits, was refused."""
+    a = await live(budgeted, "refused")
+    marker = {
+        "marker_id": new_id(),
+        "summary": "s" * 15_000,
+        "archived_from": new_id(),
+        "archived_through": new_id(),
+    }
+    async with broker(budgeted, a.token) as c:
+        refused = await c.post("/runner/history/compaction", json=marker)
+        after = await c.post("/runner/history", json=history_of("h" * 15_000))
+    assert 400 <= refused.status_code < 500, refused.text
+    assert refused.json()["code"] != "limit_reached", refused.text
+    assert after.status_code == 200, after.text

@@ -5,9 +5,11 @@ scheduler) or live chunks. Routes are idempotent where a runner retries."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -44,7 +46,13 @@ from suzumio.contracts.commands import (
     SaveCheckpoint,
     TakeSignals,
 )
-from suzumio.contracts.errors import ConflictError, is_id_taken
+from suzumio.contracts.errors import (
+    CommandError,
+    CommandTimeoutError,
+    ConflictError,
+    InternalError,
+    is_id_taken,
+)
 from suzumio.contracts.events import (
     ActivationOutputRecorded,
     HistoryToolCall,
@@ -247,18 +255,32 @@ MAX_ASKS_PER_ACTIVATION = 128
 _asking = Shares()  # the asks waiting on this replica, by activation
 
 
-def _charge(broker: Broker, caller: Caller, body: BaseModel, *, now: bool = True) -> int:
-    """What the call counts against its activation's log budget (counted now, or by the
-    caller once it knows the call wrote anything: `now=False`), or 409 past the budget: each
+@dataclass
+class _Charge:
+    wrote: bool = True
+    """Whether the call wrote to the log; a call that finds its writing done already (sent
+    again after a lost answer) says False, and its charge is given back."""
+
+
+@contextlib.contextmanager
+def _charged(broker: Broker, caller: Caller, body: BaseModel) -> Iterator[_Charge]:
+    """What the call counts against its activation's log budget, or 409 past the budget: each
     of these calls is an event in the log for good, and a sandbox looping on one
     (checkpoints of 256 KB, asks under new ids) could otherwise write on for as long as its
     token lasts. Not a 401/403, which the runner takes for a fence: a refused request, which
     ends the activation failed with this reason in its output."""
-    return _charge_bytes(broker, caller, len(body.model_dump_json()), now=now)
+    with _charged_bytes(broker, caller, len(body.model_dump_json())) as charge:
+        yield charge
 
 
-def _charge_bytes(broker: Broker, caller: Caller, written: int, *, now: bool = True) -> int:
-    """As `_charge`, for `written` bytes of JSON."""
+@contextlib.contextmanager
+def _charged_bytes(broker: Broker, caller: Caller, written: int) -> Iterator[_Charge]:
+    """As `_charged`, for `written` bytes of JSON. Counted at once, while the call writes:
+    calls side by side each see the others' (counted once written, they all passed the check
+    together, past the budget). Given back when the call wrote nothing — refused (a 4xx of
+    its own, a refusal of the session service's), or its writing found done already; kept
+    when the outcome is unknown (a timeout, the service in trouble): it may have been
+    written."""
     a = caller.activation
     size = max(written, MIN_LOG_CHARGE)
     if a.log_bytes + size > broker.log_budget:
@@ -268,20 +290,33 @@ def _charge_bytes(broker: Broker, caller: Caller, written: int, *, now: bool = T
             f"an activation may write at most {broker.log_budget} bytes to the log through "
             "history, compaction, checkpoint, ask and support calls",
         )
-    if now:
-        a.log_bytes += size
-    return size
+    a.log_bytes += size
+    charge = _Charge()
+    try:
+        yield charge
+    except (BrokerError, CommandError) as exc:
+        if _refused(exc):
+            a.log_bytes -= size
+        raise
+    if not charge.wrote:
+        a.log_bytes -= size
+
+
+def _refused(exc: BrokerError | CommandError) -> bool:
+    """Whether the error says nothing was written."""
+    if isinstance(exc, BrokerError):
+        return exc.status < 500
+    return not isinstance(exc, CommandTimeoutError | InternalError)
 
 
 @router.post("/runner/history")
 async def history(body: HistoryAppend, caller: Auth, broker: Shared) -> Recorded:
     _distinct(body.entries)
     _model_replies(body.entries)
-    size = _charge(broker, caller, body, now=False)
-    recorded = await _append_history(broker, caller, body.entries)
-    if recorded:  # a retry of entries recorded already wrote nothing
-        caller.activation.log_bytes += size
-    return Recorded(recorded=recorded)
+    with _charged(broker, caller, body) as charge:
+        # A retry of entries recorded already writes nothing.
+        charge.wrote = await _append_history(broker, caller, body.entries)
+    return Recorded(recorded=charge.wrote)
 
 
 def _model_replies(entries: Sequence[HistoryEntryIn]) -> None:
@@ -341,13 +376,16 @@ async def _append_history(
 
 @router.post("/runner/history/compaction")
 async def compaction(body: CompactionMarker, caller: Auth, broker: Shared) -> Recorded:
-    _charge(broker, caller, body)
     c = caller.claims
-    reply = await broker.commands.send(
-        CompactHistory(session_id=c.session_id, activation_id=c.activation_id, **body.model_dump()),
-        actor=caller.actor,
-    )
-    return Recorded(recorded=bool(reply.events))
+    with _charged(broker, caller, body) as charge:
+        reply = await broker.commands.send(
+            CompactHistory(
+                session_id=c.session_id, activation_id=c.activation_id, **body.model_dump()
+            ),
+            actor=caller.actor,
+        )
+        charge.wrote = bool(reply.events)
+    return Recorded(recorded=charge.wrote)
 
 
 @router.post("/runner/stream")
@@ -549,32 +587,34 @@ async def _ask(body: AskRequest, caller: Caller, broker: Broker) -> AskOutcome:
         prompt = approval_asked(c.session_id, body.pending_action_id, body.tool, body.approved_call)
     else:
         await permit(broker.store, c, "ask_user", body.approved_call, _asks(body))
-    _charge(broker, caller, body)
     pending_action_id = body.pending_action_id  # an approval's: derived from this session
     if body.kind is not PendingKind.APPROVAL:
         pending_action_id = await _question_id(broker, c.session_id, body.pending_action_id)
     waiter = broker.waiter
     with waiter.watch(pending_action_id) as outcome:
-        try:
-            await broker.commands.send(
-                CreatePendingAction(
-                    pending_action_id=pending_action_id,
-                    session_id=c.session_id,
-                    activation_id=c.activation_id,
-                    kind=body.kind,
-                    prompt=prompt,
-                    options=body.options,
-                    paths=body.paths,
-                    timeout_seconds=body.timeout_seconds,
-                ),
-                actor=caller.actor,
-            )
-        except ConflictError as exc:
-            if not is_id_taken(exc):
-                raise  # e.g. the session is closed: nothing was asked
-            # Asked before (a retry): its outcome may be known — if it is this session's.
-            if await _pending_session(broker, pending_action_id) != c.session_id:
-                raise BrokerError(404, "not_found", "no such pending action") from None
+        with _charged(broker, caller, body) as charge:  # the wait for its answer aside
+            try:
+                await broker.commands.send(
+                    CreatePendingAction(
+                        pending_action_id=pending_action_id,
+                        session_id=c.session_id,
+                        activation_id=c.activation_id,
+                        kind=body.kind,
+                        prompt=prompt,
+                        options=body.options,
+                        paths=body.paths,
+                        timeout_seconds=body.timeout_seconds,
+                    ),
+                    actor=caller.actor,
+                )
+            except ConflictError as exc:
+                if not is_id_taken(exc):
+                    raise  # e.g. the session is closed: nothing was asked
+                # Asked before (a retry), which wrote nothing: its outcome may be known — if
+                # it is this session's.
+                charge.wrote = False
+                if await _pending_session(broker, pending_action_id) != c.session_id:
+                    raise BrokerError(404, "not_found", "no such pending action") from None
         return await waiter.outcome(pending_action_id, outcome, body.wait_seconds)
 
 
@@ -615,20 +655,19 @@ async def put_checkpoint(body: CheckpointPut, caller: Auth, broker: Shared) -> R
     stored = body.model_dump_json(include={"checkpoint_id", "data"})
     if len(stored.encode()) > MAX_CHECKPOINT_BYTES:
         raise BrokerError(413, "too_large", f"checkpoints are at most {MAX_CHECKPOINT_BYTES} bytes")
-    size = _charge(broker, caller, body, now=False)
     c = caller.claims
-    reply = await broker.commands.send(
-        SaveCheckpoint(
-            session_id=c.session_id,
-            activation_id=c.activation_id,
-            checkpoint_id=body.checkpoint_id,
-            data=body.data,
-        ),
-        actor=caller.actor,
-    )
-    if reply.events:  # a retry of one saved already wrote nothing
-        caller.activation.log_bytes += size
-    return Recorded(recorded=bool(reply.events))
+    with _charged(broker, caller, body) as charge:
+        reply = await broker.commands.send(
+            SaveCheckpoint(
+                session_id=c.session_id,
+                activation_id=c.activation_id,
+                checkpoint_id=body.checkpoint_id,
+                data=body.data,
+            ),
+            actor=caller.actor,
+        )
+        charge.wrote = bool(reply.events)  # a retry of one saved already wrote nothing
+    return Recorded(recorded=charge.wrote)
 
 
 @router.get("/runner/checkpoint", response_model=None)
@@ -652,25 +691,25 @@ async def support(toolpack: str, body: SupportCall, caller: Auth, broker: Shared
             403, "forbidden", f"{body.operation!r} is not an allowed operation of {toolpack!r}"
         )
     _plain_json(body.arguments, "the arguments")
-    _charge(broker, caller, body)
-    if toolpack == "core":  # its operations are the core tools of the same names
-        await permit(
-            broker.store,
+    with _charged(broker, caller, body):
+        if toolpack == "core":  # its operations are the core tools of the same names
+            await permit(
+                broker.store,
+                c,
+                body.operation,
+                body.approved_call,
+                lambda written: written == body.arguments,
+            )
+        ctx = SupportContext(
             c,
+            toolpack,
             body.operation,
-            body.approved_call,
-            lambda written: written == body.arguments,
+            body.request_id,
+            broker.commands,
+            broker.store,
+            fence=functools.partial(broker.gate.still_live, caller),
         )
-    ctx = SupportContext(
-        c,
-        toolpack,
-        body.operation,
-        body.request_id,
-        broker.commands,
-        broker.store,
-        fence=functools.partial(broker.gate.still_live, caller),
-    )
-    return SupportResult(result=await operation(ctx, body.arguments))
+        return SupportResult(result=await operation(ctx, body.arguments))
 
 
 @router.post("/activation-output")
@@ -705,9 +744,8 @@ async def output(body: FinalCall, caller: OutputAuth, broker: Shared) -> Recorde
         # by side, their publishes sent together: live chunks and log events are not ordered
         # with each other on the session's timeline anyway.
         if body.history:  # counted against the log budget as a history call's entries are
-            size = _charge_bytes(broker, caller, len(to_json(body.history)), now=False)
-            if await _append_history(broker, caller, body.history):
-                a.log_bytes += size
+            with _charged_bytes(broker, caller, len(to_json(body.history))) as charge:
+                charge.wrote = await _append_history(broker, caller, body.history)
         live = None
         if body.live is not None:
             live = asyncio.ensure_future(_publish_live_last(broker, caller, body.live))
