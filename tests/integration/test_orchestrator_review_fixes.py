@@ -745,3 +745,31 @@ async def test_a_cleanup_that_fails_after_the_end_stops_nothing(
         )
         await asyncio.sleep(0.5)  # what a failure path would do next, done by now
     assert sandboxes.calls[activation_id] == [("cleanup", False)]
+
+
+async def test_a_recovery_that_failed_is_tried_again_while_leading(
+    store: EventStore, lead: Lead, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its story could not be read for more than passing trouble (an event of a newer
+    release, a fault of this code) the first times the new leader asked: the activation was
+    left `running` until the next leader — and its session, one activation at a time, with
+    it. It is tried again, and ends once it can be read (lost: its sandbox is gone)."""
+    monkeypatch.setattr("suzumio.orchestrator.engine.RECOVER_FIRST_SECONDS", 0.05)
+    _, activation_id = await launched_before(store, "fake")
+    load, refusals = store.load, [2]
+
+    async def unreadable_twice(aggregate: str, aggregate_id: str, **kw: object) -> object:
+        if aggregate_id == activation_id and refusals[0] > 0:
+            refusals[0] -= 1
+            raise ValueError("an event of a newer release")  # not trouble: not waited out
+        return await load(aggregate, aggregate_id, **kw)  # type: ignore[arg-type]
+
+    async def ended_as() -> list[DomainEvent]:  # read as the log has it, never refused
+        stream = await load("activation", activation_id)
+        return [e.data for e in stream.events if e.envelope.type in TERMINAL_ACTIVATION_EVENTS]
+
+    monkeypatch.setattr(store, "load", unreadable_twice)
+    async with lead({"fake": Sandboxes([])}):
+        ends = await eventually(ended_as, bool, timeout=30, what="the end")
+    assert refusals == [0]
+    assert [type(e) for e in ends] == [ActivationFailed], ends

@@ -105,6 +105,9 @@ REPLACED_WAIT_SECONDS = 10.0
 RETRY_FIRST_SECONDS = 0.2
 STARTED_ATTEMPTS = 6  # a start that cannot be recorded is tried again over ~6 s, then left out
 RETRY_MAX_SECONDS = 10.0
+# A recovery that failed is tried again after these waits, doubling (`_recover`).
+RECOVER_FIRST_SECONDS = 1.0
+RECOVER_MAX_SECONDS = 60.0
 # A cancel is sent again after these waits, doubling, until the activation's end is seen: one
 # that failed, or that its sandbox missed (a pool worker reconnecting), must not leave it to run
 # to its wall-clock limit.
@@ -510,13 +513,20 @@ class Orchestrator:
         except PlanError:
             return None  # its plan fails at once: nothing of it can run anywhere
 
-    async def _recover(self, tracked: Tracked) -> None:
+    async def _recover(self, tracked: Tracked, pause: _Doubling | None = None) -> None:
         """An activation without a sandbox when this replica took the lead: launched if it
         never was. One the log says started — or whose runner wrote to the log, though its
         start was never appended (the leader crashed in between) — ran, and its sandbox is
         gone: it ends as its recorded output says (its runner had finished), else as lost;
-        what it left in out/ is still collected. It is not launched a second time."""
+        what it left in out/ is still collected. It is not launched a second time.
+
+        A recovery that fails for more than passing trouble (which `_load` waits out) — an
+        event of a newer release in its story, a fault of this code — is tried again, after
+        `pause` (doubling up to `RECOVER_MAX_SECONDS`), for as long as this replica leads: it
+        was left `running` until the next leader, and its session, which runs one activation
+        at a time, with it."""
         activation_id = tracked.request.activation_id
+        failed = False
         try:
             stream = await self._load(activation_id)
             if not tracked.started and not stream.events:
@@ -530,9 +540,21 @@ class Orchestrator:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("orchestrator.recover_error", activation=activation_id)
+            pause = pause or _Doubling(RECOVER_FIRST_SECONDS, RECOVER_MAX_SECONDS)
+            log.exception("orchestrator.recover_error", activation=activation_id,
+                          retry_in=pause.delay)  # fmt: skip
+            failed = True
         finally:
             self._tasks.pop(activation_id, None)
+        if failed and pause is not None and not tracked.ended:
+            self._tasks[activation_id] = asyncio.create_task(self._recover_after(tracked, pause))
+
+    async def _recover_after(self, tracked: Tracked, pause: _Doubling) -> None:
+        await pause.wait()
+        if tracked.ended:  # ended meanwhile (its output or a cancel folded, say)
+            self._tasks.pop(tracked.request.activation_id, None)
+            return
+        await self._recover(tracked, pause)
 
     def _begin(self, activation_id: str) -> None:
         tracked = self.activations[activation_id]
