@@ -773,3 +773,36 @@ async def test_a_recovery_that_failed_is_tried_again_while_leading(
         ends = await eventually(ended_as, bool, timeout=30, what="the end")
     assert refusals == [0]
     assert [type(e) for e in ends] == [ActivationFailed], ends
+
+
+async def test_a_cancel_is_carried_out_while_a_failed_recovery_waits(
+    store: EventStore, lead: Lead, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recovery that failed waits to be tried again; a cancel that comes meanwhile ends the
+    activation at once, as it did before recoveries were tried again — not when (if ever)
+    the recovery next succeeds."""
+    monkeypatch.setattr("suzumio.orchestrator.engine.RECOVER_FIRST_SECONDS", 3600.0)
+    session_id, activation_id = new_id(), new_id()
+    request = ActivationRequested(activation_id=activation_id, agent_id=new_id(), signal_ids=())
+    await store.append(session_id, [request], 0)
+    load, refusals = store.load, [1]
+
+    async def unreadable_once(aggregate: str, aggregate_id: str, **kw: object) -> object:
+        if aggregate_id == activation_id and refusals[0] > 0:
+            refusals[0] -= 1
+            raise ValueError("an event of a newer release")
+        return await load(aggregate, aggregate_id, **kw)  # type: ignore[arg-type]
+
+    async def ended_as() -> list[DomainEvent]:
+        stream = await load("activation", activation_id)
+        return [e.data for e in stream.events if e.envelope.type in TERMINAL_ACTIVATION_EVENTS]
+
+    monkeypatch.setattr(store, "load", unreadable_once)
+    async with lead({"fake": Sandboxes([])}) as orchestrator:
+        await eventually(
+            lambda: asyncio.sleep(0, orchestrator._waiting_to_recover), bool, what="waiting"
+        )
+        cancel = ActivationCancelRequested(activation_id=activation_id, reason="asked")
+        await store.append_next(session_id, [cancel], EventMeta(actor="system:scheduler"))
+        ends = await eventually(ended_as, bool, timeout=30, what="the end")
+    assert [type(e) for e in ends] == [ActivationCancelled], ends

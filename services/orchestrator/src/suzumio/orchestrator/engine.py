@@ -244,6 +244,7 @@ class Orchestrator:
         self.activations: dict[str, Tracked] = {}
         self._ended: deque[str] = deque()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._waiting_to_recover: set[str] = set()  # their tasks wait to try a recovery again
         self._cancels: dict[str, asyncio.Task[None]] = {}  # cancels sent until the end is seen
         # Activations being ended without a sandbox of theirs known (a cancel before a new
         # leader's listing came back), and the orphan the listing then found of each: cleared
@@ -401,6 +402,7 @@ class Orchestrator:
     def _end_term(self) -> None:
         """What a term knew that the next must find again for itself."""
         self._tasks.clear()
+        self._waiting_to_recover.clear()
         self._cancels.clear()
         self._ending.clear()  # (an end cancelled before it began never took itself out)
         self._orphaned.clear()
@@ -550,9 +552,14 @@ class Orchestrator:
             self._tasks[activation_id] = asyncio.create_task(self._recover_after(tracked, pause))
 
     async def _recover_after(self, tracked: Tracked, pause: _Doubling) -> None:
-        await pause.wait()
-        if tracked.ended:  # ended meanwhile (its output or a cancel folded, say)
-            self._tasks.pop(tracked.request.activation_id, None)
+        activation_id = tracked.request.activation_id
+        self._waiting_to_recover.add(activation_id)  # a cancel meanwhile goes its own way
+        try:
+            await pause.wait()
+        finally:
+            self._waiting_to_recover.discard(activation_id)
+        if tracked.ended or not self.leading:  # ended meanwhile (a cancel, its output folded)
+            self._tasks.pop(activation_id, None)
             return
         await self._recover(tracked, pause)
 
@@ -565,6 +572,13 @@ class Orchestrator:
     def _spawn_cancel(self, activation_id: str) -> None:
         tracked = self.activations[activation_id]
         task = self._tasks.get(activation_id)
+        if task is not None and activation_id in self._waiting_to_recover:
+            # A recovery that failed, waiting to be tried again, handles nothing meanwhile:
+            # the cancel is carried out as if it were not there (else, the failure being one
+            # that repeats, never while this replica leads).
+            task.cancel()
+            del self._tasks[activation_id]
+            task = None
         unlisted = tracked.handle is None and self._backend_of(tracked) in self._unlisted
         if task is None and (not tracked.started or unlisted):
             # Not started as the log has it, yet its runner may have run (launched just before

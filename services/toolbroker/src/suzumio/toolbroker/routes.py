@@ -51,6 +51,7 @@ from suzumio.contracts.errors import (
     CommandTimeoutError,
     ConflictError,
     InternalError,
+    UnavailableError,
     is_id_taken,
 )
 from suzumio.contracts.events import (
@@ -303,10 +304,12 @@ def _charged_bytes(broker: Broker, caller: Caller, written: int) -> Iterator[_Ch
 
 
 def _refused(exc: BrokerError | CommandError) -> bool:
-    """Whether the error says nothing was written."""
+    """Whether the error says nothing was written: a refusal, not trouble (a timeout, the
+    session service unavailable — an append stored with its answer lost says so too — or a
+    fault of its)."""
     if isinstance(exc, BrokerError):
         return exc.status < 500
-    return not isinstance(exc, CommandTimeoutError | InternalError)
+    return not isinstance(exc, CommandTimeoutError | InternalError | UnavailableError)
 
 
 @router.post("/runner/history")
