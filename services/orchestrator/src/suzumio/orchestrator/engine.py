@@ -550,16 +550,17 @@ class Orchestrator:
             self._tasks.pop(activation_id, None)
         if failed and pause is not None and not tracked.ended:
             self._tasks[activation_id] = asyncio.create_task(self._recover_after(tracked, pause))
+            self._waiting_to_recover.add(activation_id)  # a cancel meanwhile goes its own way
 
     async def _recover_after(self, tracked: Tracked, pause: _Doubling) -> None:
         activation_id = tracked.request.activation_id
-        self._waiting_to_recover.add(activation_id)  # a cancel meanwhile goes its own way
         try:
             await pause.wait()
         finally:
             self._waiting_to_recover.discard(activation_id)
         if tracked.ended or not self.leading:  # ended meanwhile (a cancel, its output folded)
-            self._tasks.pop(activation_id, None)
+            if self._tasks.get(activation_id) is asyncio.current_task():
+                del self._tasks[activation_id]
             return
         await self._recover(tracked, pause)
 
@@ -572,15 +573,18 @@ class Orchestrator:
     def _spawn_cancel(self, activation_id: str) -> None:
         tracked = self.activations[activation_id]
         task = self._tasks.get(activation_id)
-        if task is not None and activation_id in self._waiting_to_recover:
+        unlisted = tracked.handle is None and self._backend_of(tracked) in self._unlisted
+        ends_here = not tracked.started or unlisted
+        if task is not None and activation_id in self._waiting_to_recover and ends_here:
             # A recovery that failed, waiting to be tried again, handles nothing meanwhile:
             # the cancel is carried out as if it were not there (else, the failure being one
-            # that repeats, never while this replica leads).
+            # that repeats, never while this replica leads). One of a started activation
+            # waits on: its end is the recovery's.
             task.cancel()
             del self._tasks[activation_id]
+            self._waiting_to_recover.discard(activation_id)  # (a task cancelled unstarted)
             task = None
-        unlisted = tracked.handle is None and self._backend_of(tracked) in self._unlisted
-        if task is None and (not tracked.started or unlisted):
+        if task is None and ends_here:
             # Not started as the log has it, yet its runner may have run (launched just before
             # a leader went, its start never appended) and finished: its output decides. Or
             # started, its backend unable to list its sandboxes since this replica began to
